@@ -1,0 +1,59 @@
+# The README's commands. `make run` serves; `make test` runs the whole suite on SQLite and PostgreSQL.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+export HOST PORT
+# Admin connection used to create and drop the throwaway test database.
+PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+PYTEST_ARGS ?=
+
+.PHONY: run test test-sqlite test-postgres bench openapi lint migrate load-catalog clean
+
+# Reinstall only when the dependency files change, so a second `make run` starts in seconds.
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+migrate: $(STAMP)
+	$(PY) -m alembic upgrade head
+
+load-catalog: migrate
+	$(PY) -m app.load_catalog
+
+run: load-catalog
+	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)"
+
+test: test-sqlite test-postgres
+
+test-sqlite: $(STAMP)
+	@echo "== test suite on SQLite =="
+	env -u TEST_DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS)
+
+# A throwaway database on the local server; the suite fails (never skips) if PostgreSQL is unusable.
+test-postgres: $(STAMP)
+	@echo "== test suite on PostgreSQL =="
+	@db=sizing_test_$$$$; \
+	$(PY) scripts/pgdb.py create "$(PG_ADMIN_URL)" $$db || exit 1; \
+	TEST_DATABASE_URL="postgresql+psycopg://$${PG_ADMIN_URL#postgresql://}"; \
+	TEST_DATABASE_URL="$${TEST_DATABASE_URL%/*}/$$db" $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(PY) scripts/pgdb.py drop "$(PG_ADMIN_URL)" $$db; exit $$rc
+
+bench: $(STAMP)
+	$(PY) -m app.bench
+
+openapi: $(STAMP)
+	$(PY) scripts/export_openapi.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check app tests scripts
+
+clean:
+	rm -rf $(VENV) data/*.db
