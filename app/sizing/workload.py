@@ -1,0 +1,338 @@
+"""What the service is asked to serve: prompt/answer length distributions and the arrival process.
+
+A workload is either open loop (`requests_per_s`: Poisson arrivals at the peak rate, optionally
+bursty) or closed loop (`concurrent_users`: each user sends the next request the moment the previous
+one finishes). `sample_requests` turns it into concrete, seeded requests for the simulator.
+
+Lengths are token counts. A length distribution is one of three kinds, each with `.mean`,
+`.quantile(q)` and `.sample(rng, n)` (integers >= 1):
+- `Fixed(tokens)`: every request has exactly this length;
+- `LogNormal(mean, p50, p90, p99)`: fitted to whichever statistics are given (see its docstring);
+- `Histogram(bins)`: explicit `(tokens, weight)` point masses, e.g. read off a production log.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+# Longest length a LogNormal draws unless told otherwise: a lognormal has an unbounded tail and a
+# 1-in-10^5 draw of millions of tokens would exceed any KV cache. 131,072 is the context of the
+# Llama-3.1 / Qwen2.5 class of models; callers pass the model's max_model_len instead.
+DEFAULT_MAX_TOKENS = 131_072
+
+# A fitted lognormal must reproduce every statistic it was given to within this fraction; beyond it
+# the numbers do not describe a lognormal and a Histogram is the honest input.
+LOGNORMAL_FIT_TOLERANCE = 0.10
+
+_STANDARD_NORMAL = NormalDist()
+
+
+def _z(q: float) -> float:
+    """Standard normal quantile: z(0.9) = 1.2816, z(0.99) = 2.3263."""
+    return _STANDARD_NORMAL.inv_cdf(q)
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """Every request has exactly `tokens` tokens."""
+
+    tokens: int
+
+    def __post_init__(self) -> None:
+        if int(self.tokens) != self.tokens or self.tokens < 1:
+            raise ValueError(f"tokens must be a whole number >= 1, got {self.tokens}")
+
+    @property
+    def mean(self) -> float:
+        return float(self.tokens)
+
+    def quantile(self, q: float) -> float:
+        _check_quantile(q)
+        return float(self.tokens)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.tokens, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormal:
+    """A lognormal length, ln(tokens) ~ Normal(mu, sigma), fitted to the statistics given.
+
+    Fitting rules (a lognormal has two parameters, so two statistics fix it):
+    - p50 with p90 and/or p99: mu = ln(p50); sigma = ln(pq/p50)/z(q), least squares over the tails
+      given (z(0.90) = 1.2816, z(0.99) = 2.3263);
+    - p90 with p99, no p50: both equations ln(pq) = mu + sigma·z(q), solved exactly;
+    - mean with p50: mean/median = exp(sigma²/2), so sigma = sqrt(2·ln(mean/p50));
+    - mean with one tail percentile, no p50: mu + sigma²/2 = ln(mean) and mu + sigma·z = ln(pq),
+      the smaller root sigma = z − sqrt(z² − 2·ln(pq/mean)) (the less heavy-tailed fit);
+    - mean alone: rejected, it says nothing about the spread.
+    Every statistic given but not needed for the fit is checked against the fitted distribution
+    (within LOGNORMAL_FIT_TOLERANCE); numbers that no lognormal reproduces are rejected, and a
+    Histogram is the right input for them.
+
+    `mean` (filled in when not given) is the fitted lognormal's mean, exp(mu + sigma²/2). Samples are
+    rounded to whole tokens and clipped to [1, max_tokens]; that truncation lowers the sampled mean
+    by the mass beyond max_tokens, which is negligible unless max_tokens sits inside the tail.
+    """
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    mu: float = field(init=False)
+    sigma: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        given = {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99}
+        for name, value in given.items():
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value}")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.p50 is not None:
+            for name in ("p90", "p99"):
+                if given[name] is not None and given[name] <= self.p50:
+                    raise ValueError(f"{name} must be above p50 (the median)")
+        if self.p90 is not None and self.p99 is not None and self.p99 <= self.p90:
+            raise ValueError("p99 must be above p90")
+
+        mu, sigma = _fit_lognormal(self.mean, self.p50, self.p90, self.p99)
+        object.__setattr__(self, "mu", mu)
+        object.__setattr__(self, "sigma", sigma)
+        fitted_mean = math.exp(mu + sigma * sigma / 2)
+        if self.mean is not None and abs(fitted_mean / self.mean - 1) > LOGNORMAL_FIT_TOLERANCE:
+            raise ValueError(_misfit("mean", self.mean, fitted_mean))
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99)):
+            value = given[name]
+            fitted = math.exp(mu + sigma * _z(q))
+            if value is not None and abs(fitted / value - 1) > LOGNORMAL_FIT_TOLERANCE:
+                raise ValueError(_misfit(name, value, fitted))
+        if self.mean is None:
+            object.__setattr__(self, "mean", fitted_mean)
+
+    def quantile(self, q: float) -> float:
+        """Length at quantile q of the fitted lognormal, clipped like the samples."""
+        _check_quantile(q)
+        if q == 0:
+            return 1.0
+        if q == 1:
+            return float(self.max_tokens)
+        return min(max(math.exp(self.mu + self.sigma * _z(q)), 1.0), float(self.max_tokens))
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        draws = np.rint(rng.lognormal(self.mu, self.sigma, n))
+        return np.clip(draws, 1, self.max_tokens).astype(np.int64)
+
+
+def _fit_lognormal(mean: float | None, p50: float | None, p90: float | None,
+                   p99: float | None) -> tuple[float, float]:
+    """(mu, sigma) from the statistics given, by the rules in LogNormal's docstring."""
+    tails = [(_z(q), value) for q, value in ((0.9, p90), (0.99, p99)) if value is not None]
+    if p50 is not None and tails:
+        mu = math.log(p50)
+        sigma = sum(z * math.log(v / p50) for z, v in tails) / sum(z * z for z, _ in tails)
+        return mu, sigma
+    if len(tails) == 2:
+        (z90, v90), (z99, v99) = tails
+        sigma = math.log(v99 / v90) / (z99 - z90)
+        return math.log(v90) - sigma * z90, sigma
+    if mean is not None and p50 is not None:
+        if mean < p50:
+            raise ValueError(f"a lognormal's mean is never below its median (mean {mean} < p50 {p50})")
+        return math.log(p50), math.sqrt(2 * math.log(mean / p50))
+    if mean is not None and tails:
+        (z, value), = tails
+        if value <= mean:
+            raise ValueError("a tail percentile at or below the mean needs the median (p50) to fit")
+        discriminant = z * z - 2 * math.log(value / mean)
+        if discriminant < 0:
+            raise ValueError(
+                f"no lognormal has mean {mean} and that tail: the tail percentile can be at most "
+                f"{math.exp(z * z / 2):.3g} x the mean; give p50 too, or a Histogram")
+        sigma = z - math.sqrt(discriminant)
+        return math.log(mean) - sigma * sigma / 2, sigma
+    if mean is not None:
+        raise ValueError(
+            "a lognormal needs two statistics: the mean alone does not say how spread the lengths "
+            "are; add p50 (the median) or a tail percentile (p90/p99), or use Fixed for one length")
+    raise ValueError("a lognormal needs two of mean, p50, p90, p99")
+
+
+def _misfit(name: str, given: float, fitted: float) -> str:
+    return (f"{name} {given:g} does not fit a lognormal with the other statistics (the fit gives "
+            f"{fitted:.4g}); give fewer statistics, or the lengths as a Histogram")
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Explicit lengths: `bins` are `(tokens, weight)` point masses; weights need not sum to 1."""
+
+    bins: tuple[tuple[int, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.bins:
+            raise ValueError("a histogram needs at least one bin")
+        for tokens, weight in self.bins:
+            if int(tokens) != tokens or tokens < 1:
+                raise ValueError(f"bin tokens must be whole numbers >= 1, got {tokens}")
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"bin weights must be >= 0, got {weight}")
+        if sum(weight for _, weight in self.bins) <= 0:
+            raise ValueError("histogram weights must not all be zero")
+        object.__setattr__(self, "bins", tuple(sorted((int(t), float(w)) for t, w in self.bins)))
+
+    @property
+    def mean(self) -> float:
+        total = sum(weight for _, weight in self.bins)
+        return sum(tokens * weight for tokens, weight in self.bins) / total
+
+    def quantile(self, q: float) -> float:
+        """Smallest bin length whose cumulative weight reaches q of the total."""
+        _check_quantile(q)
+        total = sum(weight for _, weight in self.bins)
+        cumulative = 0.0
+        for tokens, weight in self.bins:
+            cumulative += weight
+            if cumulative >= q * total and weight > 0:
+                return float(tokens)
+        return float(self.bins[-1][0])
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        tokens = np.array([t for t, _ in self.bins], dtype=np.int64)
+        weights = np.array([w for _, w in self.bins])
+        return rng.choice(tokens, size=n, p=weights / weights.sum())
+
+
+LengthDistribution = Fixed | LogNormal | Histogram
+
+
+def _check_quantile(q: float) -> None:
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """Lengths plus load. Exactly one of `requests_per_s` (open loop) and `concurrent_users`.
+
+    - `burst_factor` b >= 1 is the squared coefficient of variation of the gaps between arrivals:
+      1 is Poisson; b > 1 draws gaps from a Gamma of shape 1/b with the same mean 1/rate, i.e.
+      arrivals come in clumps at the same average rate (vLLM's benchmark `--burstiness` = 1/b).
+      Open loop only: in a closed loop the users' own finishing times pace the arrivals.
+    - `prefix_cache_hit_rate` r: the share of each prompt's tokens found in the prefix cache
+      (vLLM reports the same token-level rate); those tokens skip prefill compute.
+    - `shared_prefix_tokens` P: a prefix every prompt starts with (system prompt, few-shot block),
+      always a cache hit once warm and stored once in the KV cache, not per request.
+    Per request of n prompt tokens: shared = min(P, n − 1) and cached = max(shared,
+    min(n − 1, round(r·n))); at least the last prompt token is always computed, as engines do to
+    produce the first output token's logits.
+    """
+
+    input_tokens: LengthDistribution
+    output_tokens: LengthDistribution
+    requests_per_s: float | None = None
+    concurrent_users: int | None = None
+    burst_factor: float = 1.0
+    prefix_cache_hit_rate: float = 0.0
+    shared_prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if (self.requests_per_s is None) == (self.concurrent_users is None):
+            raise ValueError("give exactly one of requests_per_s (open loop) and concurrent_users "
+                             "(closed loop)")
+        if self.requests_per_s is not None and not (math.isfinite(self.requests_per_s)
+                                                    and self.requests_per_s > 0):
+            raise ValueError("requests_per_s must be positive")
+        if self.concurrent_users is not None and self.concurrent_users < 1:
+            raise ValueError("concurrent_users must be >= 1")
+        if not (math.isfinite(self.burst_factor) and self.burst_factor >= 1):
+            raise ValueError("burst_factor must be >= 1 (1 = Poisson arrivals)")
+        if self.concurrent_users is not None and self.burst_factor != 1:
+            raise ValueError("burst_factor applies to open-loop arrivals (requests_per_s) only")
+        if not 0 <= self.prefix_cache_hit_rate <= 1:
+            raise ValueError("prefix_cache_hit_rate must be in [0, 1]")
+        if self.shared_prefix_tokens < 0:
+            raise ValueError("shared_prefix_tokens must be >= 0")
+
+    @property
+    def is_closed_loop(self) -> bool:
+        return self.concurrent_users is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Requests:
+    """Concrete requests in arrival order (read-only arrays of equal length).
+
+    `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself.
+    `shared_prefix_tokens` is the one prefix stored once in the KV cache; a request's share of it is
+    min(shared_prefix_tokens, cached_prefix_tokens).
+    """
+
+    arrival_s: np.ndarray  # float64, non-decreasing
+    input_tokens: np.ndarray  # int64, >= 1
+    output_tokens: np.ndarray  # int64, >= 1
+    cached_prefix_tokens: np.ndarray  # int64, 0 <= cached < input
+    shared_prefix_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        arrays = {}
+        for name, dtype in (("arrival_s", np.float64), ("input_tokens", np.int64),
+                            ("output_tokens", np.int64), ("cached_prefix_tokens", np.int64)):
+            array = np.array(getattr(self, name), dtype=dtype)  # a private copy, then frozen
+            if array.ndim != 1:
+                raise ValueError(f"{name} must be one-dimensional")
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+            arrays[name] = array
+        n = len(self.arrival_s)
+        if any(len(a) != n for a in arrays.values()):
+            raise ValueError("all request arrays must have the same length")
+        if n and (self.input_tokens.min() < 1 or self.output_tokens.min() < 1):
+            raise ValueError("input_tokens and output_tokens must be >= 1")
+        if n and (self.cached_prefix_tokens.min() < 0
+                  or np.any(self.cached_prefix_tokens >= self.input_tokens)):
+            raise ValueError("cached_prefix_tokens must be in [0, input_tokens − 1]")
+        timed = self.arrival_s[~np.isnan(self.arrival_s)]
+        if len(timed) not in (0, n):
+            raise ValueError("arrival_s must be all set (open loop) or all NaN (closed loop)")
+        if len(timed) and (timed[0] < 0 or np.any(np.diff(timed) < 0)):
+            raise ValueError("arrival_s must be non-negative and non-decreasing")
+        if self.shared_prefix_tokens < 0:
+            raise ValueError("shared_prefix_tokens must be >= 0")
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1.0) -> Requests:
+    """`n` requests drawn from the workload with a PCG64 generator seeded by `seed`.
+
+    Draw order is fixed (arrival gaps, then input lengths, then output lengths), and a gap is a unit
+    draw divided by the rate, so the same seed at another `rate_scale` gives the same lengths and
+    arrivals scaled in time: load sweeps compare like with like (common random numbers).
+    """
+    if n < 1:
+        raise ValueError("n must be >= 1")
+    if not (math.isfinite(rate_scale) and rate_scale > 0):
+        raise ValueError("rate_scale must be positive")
+    rng = np.random.Generator(np.random.PCG64(seed))
+    if workload.requests_per_s is None:
+        if rate_scale != 1:
+            raise ValueError("rate_scale applies to open-loop workloads only")
+        arrival_s = np.full(n, np.nan)
+    else:
+        rate = workload.requests_per_s * rate_scale
+        b = workload.burst_factor
+        unit_gaps = rng.standard_exponential(n) if b == 1 else rng.gamma(1 / b, b, n)
+        arrival_s = np.cumsum(unit_gaps / rate)
+    input_tokens = workload.input_tokens.sample(rng, n)
+    output_tokens = workload.output_tokens.sample(rng, n)
+    shared = np.minimum(workload.shared_prefix_tokens, input_tokens - 1)
+    by_rate = np.minimum(input_tokens - 1, np.rint(workload.prefix_cache_hit_rate * input_tokens))
+    cached = np.maximum(shared, by_rate).astype(np.int64)
+    return Requests(arrival_s, input_tokens, output_tokens, cached, workload.shared_prefix_tokens)
