@@ -1,0 +1,76 @@
+"""Communication time of tensor and pipeline parallelism (SIZING.md section 6).
+
+Tensor parallelism adds two all-reduces per decoder layer (after the attention output projection and
+after the MLP down projection), each of `tokens · hidden · activation bytes`. A ring all-reduce costs
+`alpha + 2·(tp-1)/tp · message / link bandwidth`; at decode the message is tiny and alpha dominates,
+which is why TP speeds decode up sub-linearly. Pipeline parallelism sends the same activations once
+across each stage boundary.
+
+Functions accept numbers or numpy arrays for the message sizes and token counts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from app.sizing.specs import GpuSpec
+
+ALLREDUCES_PER_LAYER = 2  # after attention-out and after MLP-down
+
+
+def allreduce_time_s(message_bytes: ArrayLike, tensor_parallel: int, link_bandwidth_bytes_per_s: float,
+                     latency_s: float) -> float | np.ndarray:
+    """One ring all-reduce: alpha + 2·(tp-1)/tp · message / bandwidth; 0 when tp == 1 (no call)."""
+    if tensor_parallel < 1:
+        raise ValueError("tensor_parallel must be >= 1")
+    if link_bandwidth_bytes_per_s <= 0:
+        raise ValueError("link_bandwidth_bytes_per_s must be positive")
+    if tensor_parallel == 1:
+        return 0.0
+    return latency_s + 2 * (tensor_parallel - 1) / tensor_parallel * message_bytes / link_bandwidth_bytes_per_s
+
+
+def link_bandwidth(gpu: GpuSpec, gpus_spanned: int) -> float:
+    """Per-GPU, per-direction bandwidth of the slowest link a group of `gpus_spanned` GPUs uses.
+
+    Inside one node (NVLink domain) it is the GPU's interconnect; a group larger than a node also
+    crosses the scale-out network, which then bounds a ring.
+    """
+    if gpus_spanned < 1:
+        raise ValueError("gpus_spanned must be >= 1")
+    if gpus_spanned <= gpu.gpus_per_node:
+        return gpu.interconnect_bandwidth_bytes_per_s
+    return gpu.scale_out_bandwidth_bytes_per_s
+
+
+def tp_link_bandwidth(gpu: GpuSpec, tensor_parallel: int) -> float:
+    """Link a tensor-parallel group's all-reduces run over: NVLink inside a node, scale-out beyond."""
+    return link_bandwidth(gpu, tensor_parallel)
+
+
+def step_allreduce_time_s(tokens: ArrayLike, num_layers: int, message_bytes_per_token: float,
+                          tensor_parallel: int, link_bandwidth_bytes_per_s: float,
+                          latency_s: float) -> float | np.ndarray:
+    """Tensor-parallel communication of one engine step: 2 all-reduces per layer of tokens·h·a bytes.
+
+    An empty step (0 tokens) makes no calls and costs nothing.
+    """
+    tokens = np.asarray(tokens, dtype=float)
+    per_call = allreduce_time_s(tokens * message_bytes_per_token, tensor_parallel,
+                                link_bandwidth_bytes_per_s, latency_s)
+    time = (tokens > 0) * ALLREDUCES_PER_LAYER * num_layers * per_call
+    return float(time) if np.ndim(time) == 0 else time
+
+
+def pipeline_hops_time_s(tokens: ArrayLike, pipeline_parallel: int, message_bytes_per_token: float,
+                         link_bandwidth_bytes_per_s: float, latency_s: float) -> float | np.ndarray:
+    """Point-to-point sends of one step across the pp-1 stage boundaries: alpha + message / bandwidth each."""
+    if pipeline_parallel < 1:
+        raise ValueError("pipeline_parallel must be >= 1")
+    if link_bandwidth_bytes_per_s <= 0:
+        raise ValueError("link_bandwidth_bytes_per_s must be positive")
+    tokens = np.asarray(tokens, dtype=float)
+    per_hop = latency_s + tokens * message_bytes_per_token / link_bandwidth_bytes_per_s
+    time = (tokens > 0) * (pipeline_parallel - 1) * per_hop
+    return float(time) if np.ndim(time) == 0 else time

@@ -1,0 +1,130 @@
+"""Achieved fractions of peak and fixed costs: the calibratable part of the step-time model.
+
+SIZING.md section 5: ideal time assumes every FLOP at peak and every byte at full HBM bandwidth;
+expected time divides by what kernels actually achieve, which for matmuls depends on how many rows
+(tokens) a step multiplies: small-M GEMMs are inefficient. A "calibration profile" is one
+`Efficiency`; `DEFAULT_EFFICIENCY` holds cited constants, and a fit replaces them per GPU family and
+precision (mostly through `compute_scale`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    """Achieved fractions of peak, per-step fixed costs, and where the numbers came from.
+
+    `compute_curve` is (matmul rows M, achieved fraction of peak FLOP/s) points with M strictly
+    increasing. Between points the fraction is interpolated in log M; below the first point it is
+    proportional to M; above the last it stays flat. Within a segment the log interpolation is capped
+    by proportionality to the segment's left point, so that `M / fraction(M)` (the time of a matmul
+    with M rows) never falls as M grows: adding tokens to a step can never make it faster. For the
+    same reason the points themselves must satisfy fraction/M non-increasing; every real GEMM sweep
+    does (the time of a GEMM does not drop when rows are added).
+    """
+
+    bandwidth_fraction: float  # achieved fraction of HBM bandwidth, 0..1
+    compute_curve: tuple[tuple[int, float], ...]  # matmuls: (rows M, achieved fraction of peak)
+    compute_scale: float = 1.0  # multiplies every compute fraction (what a fit adjusts per GPU family/precision)
+    # Attention is not an M-row matmul: its kernels (FlashAttention/FlashInfer) reach a fraction of peak
+    # that does not grow with the step's tokens. FlashAttention-2 reaches 50-73% of A100 peak (Dao,
+    # 2023) and FlashAttention-3 75% of H100's fp16 peak (Shah et al., 2024); we take 0.6.
+    attention_fraction: float = 0.6
+    per_step_overhead_s: float  # scheduling, sampling, launches: once per engine step
+    per_layer_overhead_s: float  # kernel launches and small ops: once per decoder layer per step
+    allreduce_latency_s: float  # alpha: fixed cost of one communication call
+    source: str
+    # The curve as arrays, for interpolation (derived once, on construction).
+    _curve_tokens: np.ndarray = field(init=False, repr=False, compare=False)
+    _curve_log_tokens: np.ndarray = field(init=False, repr=False, compare=False)
+    _curve_fractions: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.bandwidth_fraction <= 1:
+            raise ValueError("bandwidth_fraction must be in (0, 1]")
+        if not self.compute_curve:
+            raise ValueError("compute_curve needs at least one point")
+        previous_tokens, previous_ratio = 0, float("inf")
+        for tokens, fraction in self.compute_curve:
+            if tokens <= previous_tokens:
+                raise ValueError("compute_curve token counts must be positive and strictly increasing")
+            if not 0 < fraction <= 1:
+                raise ValueError("compute_curve fractions must be in (0, 1]")
+            if fraction / tokens > previous_ratio:
+                raise ValueError(
+                    "compute_curve fraction/tokens must not increase: a matmul with more rows cannot "
+                    "take less time")
+            previous_tokens, previous_ratio = tokens, fraction / tokens
+        if self.compute_scale <= 0:
+            raise ValueError("compute_scale must be positive")
+        if not 0 < self.attention_fraction <= 1:
+            raise ValueError("attention_fraction must be in (0, 1]")
+        for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)
+        object.__setattr__(self, "_curve_tokens", curve_tokens)
+        object.__setattr__(self, "_curve_log_tokens", np.log(curve_tokens))
+        object.__setattr__(self, "_curve_fractions",
+                           np.array([point[1] for point in self.compute_curve], dtype=float))
+
+    def compute_fraction(self, tokens_per_step: ArrayLike) -> float | np.ndarray:
+        """Achieved fraction of peak FLOP/s of a matmul of M rows (0 at M = 0, never above 1).
+
+        Accepts a number or an array; returns a float or an array of the same shape.
+        """
+        tokens = np.asarray(tokens_per_step, dtype=float)
+        curve_tokens, curve_fractions = self._curve_tokens, self._curve_fractions
+        at_least_first = np.maximum(tokens, curve_tokens[0])  # keeps log() finite; M < M0 is capped below
+        interpolated = np.interp(np.log(at_least_first), self._curve_log_tokens, curve_fractions)
+        left = np.searchsorted(curve_tokens, at_least_first, side="right") - 1
+        proportional = curve_fractions[left] / curve_tokens[left] * tokens
+        fraction = np.minimum(np.minimum(interpolated, proportional) * self.compute_scale, 1.0)
+        return float(fraction) if fraction.ndim == 0 else fraction
+
+    @property
+    def attention_compute_fraction(self) -> float:
+        """Achieved fraction of peak FLOP/s in attention kernels (scaled, never above 1)."""
+        return min(self.attention_fraction * self.compute_scale, 1.0)
+
+    def overhead_time_s(self, tokens_per_step: ArrayLike, num_layers: int) -> float | np.ndarray:
+        """Fixed cost of one engine step: per-step plus per-layer overhead (an empty step costs 0)."""
+        tokens = np.asarray(tokens_per_step, dtype=float)
+        time = (tokens > 0) * (self.per_step_overhead_s + self.per_layer_overhead_s * num_layers)
+        return float(time) if time.ndim == 0 else time
+
+
+# Published A100 fp16 GEMM sweep (SIZING.md section 5): achieved fraction of peak vs rows M.
+A100_FP16_GEMM_CURVE: tuple[tuple[int, float], ...] = (
+    (64, 0.33), (128, 0.62), (256, 0.78), (4096, 0.89), (16384, 0.93),
+)
+
+DEFAULT_EFFICIENCY = Efficiency(
+    # Decode weight reads reach 52-80% of HBM bandwidth (SIZING.md section 5). Two batch-1 decode
+    # measurements on A100-80GB (2039 GB/s) bracket our choice: gpt-fast Llama-3.1-8B bf16 reads
+    # 1410.76 GB/s (0.692) and LMDeploy Llama-2-7B fp16 100 tok/s x 13.2 GB = 1321 GB/s (0.648), both
+    # end to end, i.e. with the step overhead inside; with the overhead below taken out (0.3 ms +
+    # 32 x 3 us of a ~10 ms step) the kernels themselves read at ~0.68-0.72. We use 0.70.
+    bandwidth_fraction=0.70,
+    compute_curve=A100_FP16_GEMM_CURVE,
+    compute_scale=1.0,
+    # "order 0.1-1 ms per step, plus a few microseconds per layer" (SIZING.md section 5): the low end,
+    # as engines replay decode steps from CUDA graphs; 0.3 ms + 32 x 3 us ~ 0.4 ms on a 32-layer model.
+    per_step_overhead_s=0.3e-3,
+    per_layer_overhead_s=3e-6,
+    # alpha of one all-reduce: "roughly 5-10 us" (SIZING.md section 6); the midpoint.
+    allreduce_latency_s=7.5e-6,
+    source=(
+        "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64, 62% at 128, "
+        "78% at 256, 89% at 4096, 93% at 16k; SIZING.md s5); attention 0.6 of peak (FlashAttention-2: "
+        "50-73% on A100; FlashAttention-3: 75% on H100); bandwidth 0.70 = batch-1 decode on A100-80GB "
+        "(gpt-fast Llama-3.1-8B 0.69, LMDeploy Llama-2-7B 0.65 end to end; SIZING.md range 0.52-0.80); "
+        "overhead 0.3 ms/step + 3 us/layer (SIZING.md: 0.1-1 ms + a few us/layer); all-reduce alpha "
+        "7.5 us (SIZING.md: 5-10 us). Uncalibrated for this GPU and precision."
+    ),
+)

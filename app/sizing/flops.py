@@ -1,0 +1,408 @@
+"""FLOPs and bytes of one engine step, per operator (SIZING.md sections 4 and 5).
+
+What a step costs, on ONE GPU of a `tensor_parallel`-way split, summed over all decoder layers:
+
+- Linear layers: 2 FLOPs per weight per token (the seed's "2P"). MoE layers multiply only the k
+  routed experts a token picks (plus shared experts), but READ the weights of every distinct expert
+  the step's tokens touch: E·(1-(1-k/E)^T) per MoE layer for T tokens under uniform routing, so MoE
+  weight traffic grows with the batch until every expert is read.
+- Attention: per query token, per layer, 2·H·(d_qk + d_v) FLOPs per attended position (= 4·H·d·c for
+  plain attention; MLA uses d_nope+d_rope for q·k and d_v for the weighted sum). GQA/MQA do not reduce
+  it. Attention is causal: the i-th of n new tokens after a cached prefix p attends p+i positions
+  (itself included), so a prefill attends n·(p + (n+1)/2) positions, half of the n² peers count.
+  Window layers attend at most `w` positions (chunked layers: at most the chunk, an upper bound).
+- LM head: 2·h·V per sampled position only: the last prompt token of a prefill, every decode token.
+- Bytes: weights read once per step (the embedding reads only the rows of the step's tokens) + the KV
+  of every attended cached token read once + the new tokens' KV written + activations (below).
+  FlashAttention never writes the n x n score matrix; naive attention writes it and reads it back
+  (H·n·(p+n) elements each way per layer and sequence).
+- Tensor parallelism splits attention by heads (KV heads replicate when tp > Hkv, MLA's latent and
+  down-projections replicate), MLPs, experts and the vocabulary, exactly as `weights.py` shards them;
+  routers and norms are replicated. KV bytes per GPU come from `kv.py`.
+
+Activation traffic is modelled simply, as it is small next to weights at decode and next to FLOPs at
+prefill: each matmul reads its input and writes its output once (widths per GPU), the MLP's
+intermediate is written and read back once (gate/up fused with the activation), attention reads Q and
+writes O, norms and residual adds are fused into their neighbours. Embedding and LM head under TP
+touch their vocabulary shard; the extra all-reduce of a vocabulary-parallel embedding is not counted.
+
+Every operator's cost is a linear form over a step's SHAPE (the tokens it processes, the positions
+it samples, the positions its tokens attend to and the KV tokens it reads per attention window, the
+distinct experts it touches): `StepCostModel` holds those coefficients once per model and precision,
+`prefill_cost`/`decode_cost` evaluate them at an exact shape, and the fast step-time model
+(`perf.py`) evaluates the same coefficients over arrays of shapes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from app.sizing.kv import kv_bytes_per_token_per_layer
+from app.sizing.params import (
+    attention_params,
+    ceil_div,
+    layer_params_by_kind,
+    mlp_params,
+    param_counts,
+    shared_expert_width,
+)
+from app.sizing.specs import WEIGHT_DTYPES, ModelSpec, bits_per_value
+from app.sizing.weights import HIGH_PRECISION_BITS
+
+PREFILL = "prefill"
+DECODE = "decode"
+
+# Operators, in forward order.
+EMBEDDING = "embedding"
+QKV = "qkv"
+ATTENTION = "attention"
+OUT = "out"
+MLP = "mlp"
+MOE = "moe"
+ROUTER = "router"
+NORM = "norm"
+LM_HEAD = "lm_head"
+OPERATORS = (EMBEDDING, QKV, ATTENTION, OUT, MLP, MOE, ROUTER, NORM, LM_HEAD)
+
+# Operators whose operands stay 16-bit whatever the weight dtype (weights.WEIGHT_QUANTIZATION_SCOPE):
+# attention multiplies activations by the KV cache; embedding, LM head, router and norms keep bf16.
+HIGH_PRECISION_OPERATORS = frozenset({EMBEDDING, ATTENTION, ROUTER, NORM, LM_HEAD})
+
+# The step shape: the quantities every operator's cost is linear in (indices into a shape vector).
+STEP = 0  # 1 when the step processes any token: the layer weights are read once per step
+SAMPLED_STEP = 1  # 1 when any position is sampled: the LM head's weights are read
+TOKENS = 2  # new tokens processed: prompt tokens being prefilled plus one per decoding sequence
+SAMPLED = 3  # positions whose logits are computed: one per sequence in the step
+DISTINCT_EXPERTS = 4  # expected routed experts touched per MoE layer
+SCORE_ENTRIES = 5  # naive attention only: sum over sequences of n·(p+n) score entries per head
+FIRST_WINDOW_GROUP = 6  # then per attention window: attended positions, KV tokens read
+
+# Rows each operator's matmuls multiply: what its achieved efficiency depends on. The LM head
+# multiplies only the sampled positions; attention is not a row-wise matmul (None), and embedding and
+# norms do no matmul at all.
+MATMUL_ROWS: dict[str, int | None] = {
+    EMBEDDING: None, QKV: TOKENS, ATTENTION: None, OUT: TOKENS, MLP: TOKENS, MOE: TOKENS, ROUTER: TOKENS,
+    NORM: None, LM_HEAD: SAMPLED,
+}
+
+_FLOPS, _WEIGHT, _KV, _ACTIVATION = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorCost:
+    """One operator over the whole step (all layers), on one GPU."""
+
+    name: str
+    flops: float
+    weight_bytes: float
+    kv_bytes: float
+    activation_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        return self.flops / self.bytes if self.bytes else float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseCost:
+    """FLOPs and bytes of one prefill or decode step on one GPU, by operator."""
+
+    phase: str  # PREFILL or DECODE
+    tokens: int  # new tokens processed this step (all sequences)
+    operators: tuple[OperatorCost, ...]
+    sequences: int
+    tensor_parallel: int
+    num_layers: int
+    hidden_state_bytes_per_token: float  # h · activation bytes: one token's TP all-reduce / PP message
+    activation_dtype: str
+
+    @property
+    def flops(self) -> float:
+        return sum(op.flops for op in self.operators)
+
+    @property
+    def bytes(self) -> float:
+        return sum(op.bytes for op in self.operators)
+
+    @property
+    def weight_bytes(self) -> float:
+        return sum(op.weight_bytes for op in self.operators)
+
+    @property
+    def kv_bytes(self) -> float:
+        return sum(op.kv_bytes for op in self.operators)
+
+    @property
+    def activation_bytes(self) -> float:
+        return sum(op.activation_bytes for op in self.operators)
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved (compare with the GPU's ridge point)."""
+        return self.flops / self.bytes
+
+    def operator(self, name: str) -> OperatorCost:
+        for op in self.operators:
+            if op.name == name:
+                return op
+        raise KeyError(f"no operator {name!r} in this step; it has {[op.name for op in self.operators]}")
+
+
+def expected_distinct_experts(num_experts: int, experts_per_token: int,
+                              routed_tokens: ArrayLike) -> float | np.ndarray:
+    """Expected distinct routed experts T tokens touch in one MoE layer: E·(1 − (1 − k/E)^T).
+
+    Each token picks k of E experts (uniform routing), so one expert escapes a token with probability
+    1 − k/E and escapes all T tokens with (1 − k/E)^T. Accepts a number or an array of token counts.
+    """
+    if num_experts < 1 or not 1 <= experts_per_token <= num_experts:
+        raise ValueError("need num_experts >= 1 and 1 <= experts_per_token <= num_experts")
+    miss = 1.0 - experts_per_token / num_experts
+    distinct = num_experts * (1.0 - miss ** np.asarray(routed_tokens, dtype=float))
+    return float(distinct) if distinct.ndim == 0 else distinct
+
+
+def attended_positions(cached_tokens: int, new_tokens: int, window: int | None) -> int:
+    """Sum over `new_tokens` causal query tokens after `cached_tokens` of the positions each attends.
+
+    The i-th new token sits at position p+i and attends min(p+i, w) positions (itself included).
+    Without a window: n·p + n·(n+1)/2.
+    """
+    if window is None:
+        return new_tokens * cached_tokens + new_tokens * (new_tokens + 1) // 2
+    below_window = min(max(window - cached_tokens, 0), new_tokens)  # new tokens at positions <= w
+    return (below_window * cached_tokens + below_window * (below_window + 1) // 2
+            + (new_tokens - below_window) * window)
+
+
+def kv_tokens_read(cached_tokens: int, new_tokens: int, window: int | None) -> int:
+    """KV entries one sequence's attention reads per layer: the cached tokens any new token still sees
+    (a window of w keeps the last w-1 before the first new token) plus the new tokens themselves."""
+    if new_tokens == 0:
+        return 0
+    visible_cache = cached_tokens if window is None else min(cached_tokens, window - 1)
+    return new_tokens + visible_cache
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepCostModel:
+    """Each operator's FLOPs and bytes (one GPU, all layers) as a linear form over a step shape.
+
+    Matrices are (operators, shape features); feature indices are the module constants above, then
+    two per attention window in `windows` (attended positions, KV tokens read).
+    """
+
+    operator_names: tuple[str, ...]
+    windows: tuple[int | None, ...]  # distinct attention windows, None = global attention
+    flops: np.ndarray
+    weight_bytes: np.ndarray
+    kv_bytes: np.ndarray
+    activation_bytes: np.ndarray
+    num_experts: int
+    experts_per_token: int
+    num_layers: int
+    tensor_parallel: int
+    activation_dtype: str
+    hidden_state_bytes_per_token: float
+
+    def shape(self, tokens: ArrayLike, sampled: ArrayLike, attended: Sequence[ArrayLike],
+              kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0) -> list[ArrayLike]:
+        """A step's shape: its feature values in feature order (numbers, or arrays that broadcast).
+
+        `attended` and `kv_read` give, per window of `windows`, the positions the step's new tokens
+        attend to and the KV tokens read, summed over sequences.
+        """
+        distinct = (expected_distinct_experts(self.num_experts, self.experts_per_token, tokens)
+                    if self.num_experts else 0.0)
+        per_window = [value for pair in zip(attended, kv_read, strict=True) for value in pair]
+        return [tokens > 0, sampled > 0, tokens, sampled, distinct, score_entries, *per_window]  # type: ignore[operator]
+
+    def evaluate(self, shape: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(flops, weight bytes, KV bytes, activation bytes) per operator at one step shape."""
+        vector = np.array(shape, dtype=float)
+        return (self.flops @ vector, self.weight_bytes @ vector, self.kv_bytes @ vector,
+                self.activation_bytes @ vector)
+
+    @property
+    def bytes(self) -> np.ndarray:
+        """Total bytes coefficients (weights + KV + activations)."""
+        return self.weight_bytes + self.kv_bytes + self.activation_bytes
+
+    @property
+    def weight_bytes_per_step(self) -> float:
+        """Weights read once by any step that processes and samples tokens (all but routed experts)."""
+        return float(self.weight_bytes[:, STEP].sum() + self.weight_bytes[:, SAMPLED_STEP].sum())
+
+    @property
+    def bytes_per_distinct_expert(self) -> float:
+        """Weight bytes of one routed expert in every MoE layer together (0 for dense models)."""
+        return float(self.weight_bytes[:, DISTINCT_EXPERTS].sum())
+
+
+@lru_cache(maxsize=256)
+def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                    activation_dtype: str = "bf16", tensor_parallel: int = 1) -> StepCostModel:
+    """The per-operator linear forms of a model at these precisions and TP degree (computed once)."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"unknown weight dtype {weight_dtype!r}; expected one of {list(WEIGHT_DTYPES)}")
+    if tensor_parallel < 1:
+        raise ValueError("tensor_parallel must be >= 1")
+    tp = tensor_parallel
+    weight_b = bits_per_value(weight_dtype) / 8
+    high_b = HIGH_PRECISION_BITS / 8
+    act_b = bits_per_value(activation_dtype) / 8
+    kv_value_b = bits_per_value(kv_dtype) / 8
+    h = model.hidden_size
+    heads = ceil_div(model.num_attention_heads, tp)  # the most loaded rank's query heads
+    qk_dim, v_dim = _head_dims(model)
+    windows = tuple(dict.fromkeys(model.layer_window(kind) for kind in model.resolved_layer_types))
+    cost = {name: np.zeros((4, FIRST_WINDOW_GROUP + 2 * len(windows))) for name in OPERATORS}
+    attention = attention_params(model, tp)
+    moe_layers = model.moe_layer_indices
+    # Feed-forward blocks split their intermediate columns: a rank holds ceil(F/tp) of them (weights.py).
+    dense_width = ceil_div(model.dense_intermediate_size, tp)
+    expert_width = ceil_div(model.expert_intermediate_size, tp)
+    shared_width = ceil_div(shared_expert_width(model), tp)
+    expert = mlp_params(model, expert_width)  # one routed expert's weights on this rank
+    shared = model.n_shared_experts * mlp_params(model, shared_width)
+
+    # Embedding: the rows of this step's tokens, from this rank's vocabulary shard.
+    cost[EMBEDDING][_WEIGHT, TOKENS] = h * high_b / tp
+    cost[EMBEDDING][_ACTIVATION, TOKENS] = h * act_b
+    for index, kind in enumerate(model.resolved_layer_types):
+        layer = layer_params_by_kind(model, index in moe_layers)
+        attended = FIRST_WINDOW_GROUP + 2 * windows.index(model.layer_window(kind))
+        kv_token = kv_bytes_per_token_per_layer(model, index, kv_dtype, tp)
+        kv_width = kv_token / kv_value_b  # K and V values (MLA: the latent) one token adds on this GPU
+
+        cost[QKV][_FLOPS, TOKENS] += 2 * attention.qkv_matrices
+        cost[QKV][_WEIGHT, STEP] += attention.qkv_matrices * weight_b + attention.qkv_bias * high_b
+        cost[QKV][_ACTIVATION, TOKENS] += (h + heads * qk_dim + kv_width) * act_b
+
+        cost[ATTENTION][_FLOPS, attended] += 2 * heads * (qk_dim + v_dim)
+        cost[ATTENTION][_KV, attended + 1] += kv_token  # read every visible cached token once
+        cost[ATTENTION][_KV, TOKENS] += kv_token  # write the new tokens' K/V
+        cost[ATTENTION][_ACTIVATION, TOKENS] += heads * (qk_dim + v_dim) * act_b  # read Q, write O
+        cost[ATTENTION][_ACTIVATION, SCORE_ENTRIES] += 2 * heads * act_b  # naive: scores out and back
+
+        cost[OUT][_FLOPS, TOKENS] += 2 * attention.out
+        cost[OUT][_WEIGHT, STEP] += attention.out * weight_b
+        cost[OUT][_ACTIVATION, TOKENS] += (heads * v_dim + h) * act_b
+
+        if layer.mlp_dense:
+            mlp = mlp_params(model, dense_width)
+            cost[MLP][_FLOPS, TOKENS] += 2 * mlp
+            cost[MLP][_WEIGHT, STEP] += mlp * weight_b
+            cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * act_b  # intermediate out and back
+        if layer.routed_experts:
+            k = layer.experts_per_token
+            cost[MOE][_FLOPS, TOKENS] += 2 * (k * expert + shared)
+            cost[MOE][_WEIGHT, STEP] += shared * weight_b
+            cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b
+            moe_width = k * expert_width + model.n_shared_experts * shared_width
+            cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * moe_width) * act_b
+            cost[ROUTER][_FLOPS, TOKENS] += 2 * layer.router
+            cost[ROUTER][_WEIGHT, STEP] += layer.router * high_b
+            cost[ROUTER][_ACTIVATION, TOKENS] += layer.routed_experts * act_b  # router logits
+    cost[NORM][_WEIGHT, STEP] = param_counts(model).norms * high_b  # layer norms + the final norm
+
+    vocabulary_shard = ceil_div(model.vocab_size, tp)  # LM head rows on this rank, as weights.py splits
+    cost[LM_HEAD][_FLOPS, SAMPLED] = 2 * vocabulary_shard * h
+    cost[LM_HEAD][_WEIGHT, SAMPLED_STEP] = vocabulary_shard * h * high_b  # tied or not, the table is read
+    cost[LM_HEAD][_ACTIVATION, SAMPLED] = (h + vocabulary_shard) * act_b  # hidden state in, logits out
+
+    names = tuple(name for name in OPERATORS if cost[name].any())
+    stacked = np.stack([cost[name] for name in names], axis=1)  # (4, operators, features)
+    for matrix in stacked:
+        matrix.setflags(write=False)
+    return StepCostModel(
+        operator_names=names, windows=windows,
+        flops=stacked[_FLOPS], weight_bytes=stacked[_WEIGHT], kv_bytes=stacked[_KV],
+        activation_bytes=stacked[_ACTIVATION],
+        num_experts=model.num_experts, experts_per_token=model.num_experts_per_tok,
+        num_layers=model.num_hidden_layers, tensor_parallel=tp, activation_dtype=activation_dtype,
+        hidden_state_bytes_per_token=h * act_b,
+    )
+
+
+def prefill_cost(model: ModelSpec, prompt_tokens: int, cached_tokens: int = 0, batch_size: int = 1,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", activation_dtype: str = "bf16",
+                 tensor_parallel: int = 1, flash_attention: bool = True) -> PhaseCost:
+    """One step prefilling `prompt_tokens` new tokens for each of `batch_size` sequences, each after
+    `cached_tokens` already in the KV cache (a prefix-cache hit or earlier chunks). The LM head runs
+    on the last prompt position of each sequence only."""
+    if prompt_tokens < 1:
+        raise ValueError("prompt_tokens must be >= 1")
+    return _phase_cost(PREFILL, model, prompt_tokens, cached_tokens, batch_size, weight_dtype, kv_dtype,
+                       activation_dtype, tensor_parallel, flash_attention)
+
+
+def decode_cost(model: ModelSpec, context_tokens: int, batch_size: int = 1, weight_dtype: str = "bf16",
+                kv_dtype: str = "bf16", activation_dtype: str = "bf16",
+                tensor_parallel: int = 1) -> PhaseCost:
+    """One decode step: `batch_size` sequences each hold `context_tokens` in the KV cache and generate
+    one token, which attends its context plus itself (a one-token prefill that samples)."""
+    return _phase_cost(DECODE, model, 1, context_tokens, batch_size, weight_dtype, kv_dtype,
+                       activation_dtype, tensor_parallel, True)
+
+
+def attention_traffic(model: ModelSpec, tokens: int, kv_dtype: str = "bf16",
+                      activation_dtype: str = "bf16") -> tuple[float, float]:
+    """HBM bytes of the attention operator prefilling one `tokens`-token prompt (whole model, one GPU):
+    (with FlashAttention, naive). The gap is the n x n score matrix, written and read back per head and
+    layer by naive attention and kept on chip by FlashAttention (the seed's FlashAttention lesson)."""
+    flash, naive = (
+        prefill_cost(model, tokens, kv_dtype=kv_dtype, activation_dtype=activation_dtype,
+                     flash_attention=flash_attention).operator(ATTENTION).bytes
+        for flash_attention in (True, False)
+    )
+    return flash, naive
+
+
+# Internals ----------------------------------------------------------------------------------------
+
+def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: int, batch_size: int,
+                weight_dtype: str, kv_dtype: str, activation_dtype: str, tensor_parallel: int,
+                flash_attention: bool) -> PhaseCost:
+    if cached_tokens < 0:
+        raise ValueError("cached/context tokens must be >= 0")
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel)
+    windows = model_costs.windows
+    shape = model_costs.shape(
+        tokens=batch_size * new_tokens,
+        sampled=batch_size,
+        attended=[batch_size * attended_positions(cached_tokens, new_tokens, w) for w in windows],
+        kv_read=[batch_size * kv_tokens_read(cached_tokens, new_tokens, w) for w in windows],
+        score_entries=0 if flash_attention else batch_size * new_tokens * (cached_tokens + new_tokens),
+    )
+    flops, weight, kv, activation = model_costs.evaluate(shape)
+    operators = tuple(
+        OperatorCost(name, float(flops[i]), float(weight[i]), float(kv[i]), float(activation[i]))
+        for i, name in enumerate(model_costs.operator_names)
+    )
+    return PhaseCost(
+        phase=phase, tokens=batch_size * new_tokens, operators=operators, sequences=batch_size,
+        tensor_parallel=tensor_parallel, num_layers=model.num_hidden_layers,
+        hidden_state_bytes_per_token=model_costs.hidden_state_bytes_per_token,
+        activation_dtype=activation_dtype,
+    )
+
+
+def _head_dims(model: ModelSpec) -> tuple[int, int]:
+    """(query/key width, value width) of one attention head."""
+    if model.is_mla:
+        assert model.qk_nope_head_dim is not None and model.qk_rope_head_dim is not None
+        assert model.v_head_dim is not None
+        return model.qk_nope_head_dim + model.qk_rope_head_dim, model.v_head_dim
+    return model.resolved_head_dim, model.resolved_head_dim

@@ -1,0 +1,87 @@
+"""Tensor- and pipeline-parallel communication time.
+
+Independent source: SIZING.md section 6 (ring all-reduce alpha + 2·(tp-1)/tp · message / bandwidth,
+two per layer, alpha ~5-10 us; TP beyond a node's NVLink domain uses the scale-out network) and the
+GPU catalog's per-direction link bandwidths (H100 NVLink 4: 900 GB/s bidirectional = 450 per direction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.sizing.comm import (
+    allreduce_time_s,
+    link_bandwidth,
+    pipeline_hops_time_s,
+    step_allreduce_time_s,
+    tp_link_bandwidth,
+)
+from tests.domain.test_roofline import H100_SXM
+
+
+def test_ring_allreduce_by_hand() -> None:
+    """1 MB over 8 GPUs at 450e9 B/s, alpha 7.5 us: 7.5e-6 + 2 x 7/8 x 1e6 / 450e9
+    = 7.5e-6 + 3.8889e-6 = 11.3889 us. Two GPUs: 7.5e-6 + 1e6 / 450e9 = 9.7222 us."""
+    assert allreduce_time_s(1e6, 8, 450e9, 7.5e-6) == pytest.approx(11.388889e-6, rel=1e-6)
+    assert allreduce_time_s(1e6, 2, 450e9, 7.5e-6) == pytest.approx(9.722222e-6, rel=1e-6)
+
+
+def test_no_allreduce_without_tensor_parallelism() -> None:
+    assert allreduce_time_s(1e9, 1, 450e9, 7.5e-6) == 0.0
+
+
+def test_decode_allreduces_are_latency_bound() -> None:
+    """Llama-3-70B (80 layers, h=8192) at batch 1 on TP8: messages of 8192 x 2 = 16,384 B;
+    160 calls x (7.5e-6 + 1.75 x 16,384 / 450e9 = 7.5637e-6) = 1.2102 ms, 99% of it alpha."""
+    total = step_allreduce_time_s(1, 80, 16_384, 8, 450e9, 7.5e-6)
+    assert total == pytest.approx(160 * (7.5e-6 + 1.75 * 16_384 / 450e9), rel=1e-12)
+    assert 160 * 7.5e-6 / total > 0.99
+
+
+def test_empty_step_makes_no_calls() -> None:
+    assert step_allreduce_time_s(0, 80, 16_384, 8, 450e9, 7.5e-6) == 0.0
+    assert pipeline_hops_time_s(0, 4, 16_384, 450e9, 7.5e-6) == 0.0
+
+
+def test_allreduce_accepts_arrays() -> None:
+    times = step_allreduce_time_s(np.array([0, 1, 512]), 80, 16_384, 8, 450e9, 7.5e-6)
+    expected = [0.0, 160 * (7.5e-6 + 1.75 * 16_384 / 450e9), 160 * (7.5e-6 + 1.75 * 512 * 16_384 / 450e9)]
+    np.testing.assert_allclose(times, expected, rtol=1e-12)
+
+
+def test_tensor_parallel_link_is_nvlink_inside_a_node_and_scale_out_beyond() -> None:
+    """H100 SXM nodes hold 8 GPUs on NVLink (450e9 per direction); TP16 spans two nodes and its ring
+    crosses the 400 Gb/s NIC per GPU (50e9 B/s)."""
+    assert tp_link_bandwidth(H100_SXM, 8) == 450e9
+    assert tp_link_bandwidth(H100_SXM, 16) == 50e9
+    assert link_bandwidth(H100_SXM, 1) == 450e9
+
+
+def test_pipeline_hops_by_hand() -> None:
+    """pp=4, 512 tokens of 8192 x 2 B: message 8,388,608 B over NVLink: 3 hops x (7.5e-6 +
+    8,388,608 / 450e9 = 18.641e-6) = 78.42 us."""
+    assert pipeline_hops_time_s(512, 4, 16_384, 450e9, 7.5e-6) == pytest.approx(
+        3 * (7.5e-6 + 8_388_608 / 450e9), rel=1e-12)
+    assert pipeline_hops_time_s(512, 1, 16_384, 450e9, 7.5e-6) == 0.0
+
+
+@given(st.floats(0, 1e10), st.floats(0, 1e10), st.integers(2, 64))
+def test_allreduce_grows_with_the_message_and_is_bounded_by_twice_the_transfer(small: float, large: float,
+                                                                                tp: int) -> None:
+    small, large = sorted((small, large))
+    assert allreduce_time_s(small, tp, 450e9, 7.5e-6) <= allreduce_time_s(large, tp, 450e9, 7.5e-6)
+    assert 7.5e-6 <= allreduce_time_s(large, tp, 450e9, 7.5e-6) <= 7.5e-6 + 2 * large / 450e9 * (1 + 1e-12)
+
+
+def test_invalid_degrees_and_links_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        allreduce_time_s(1.0, 0, 450e9, 7.5e-6)
+    with pytest.raises(ValueError):
+        allreduce_time_s(1.0, 2, 0.0, 7.5e-6)
+    with pytest.raises(ValueError):
+        pipeline_hops_time_s(1, 0, 16_384, 450e9, 7.5e-6)
+    with pytest.raises(ValueError):
+        link_bandwidth(H100_SXM, 0)

@@ -1,0 +1,188 @@
+"""The fast step-time model: the roofline's own numbers, for any mix of decode and prefill, vectorized.
+
+Independent checks: the roofline of `prefill_cost`/`decode_cost` (worked by hand in test_flops.py and
+test_roofline.py) for uniform batches, hand arithmetic for the window bound and pipeline hops, and
+scalar calls against vectorized ones.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from app.sizing.flops import decode_cost, prefill_cost, step_cost_model
+from app.sizing.perf import StepTimeModel, build_step_time_model
+from app.sizing.roofline import default_compute_dtype, roofline
+from app.sizing.specs import GpuSpec, ModelSpec
+from tests.domain.models_for_tests import (
+    ALL_MODELS,
+    DEEPSEEK_V3,
+    GEMMA_2_9B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    MIXTRAL_8X7B,
+    random_models,
+)
+from tests.domain.test_roofline import A100_80GB_SXM, GPUS, H100_SXM
+
+models = st.sampled_from(ALL_MODELS) | random_models()
+weight_dtypes = st.sampled_from(["bf16", "fp8", "int4"])
+
+
+def step_model(model: ModelSpec, gpu: GpuSpec = H100_SXM, tp: int = 1, pp: int = 1,
+               weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> StepTimeModel:
+    return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp,
+                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+
+
+def test_llama_3_8b_decode_step_matches_the_hand_roofline() -> None:
+    """Batch 32 at 511 cached tokens each: 17,300,545,536 B / 3.35e12 = 5.1643 ms ideal (test_roofline)."""
+    model = step_model(LLAMA_3_8B)
+    assert model.ideal_step_time_s(32, 32 * 511, 0, 0) == pytest.approx(17_300_545_536 / 3.35e12, rel=1e-12)
+
+
+def test_empty_step_takes_no_time() -> None:
+    model = step_model(LLAMA_3_70B, tp=4, pp=2)
+    assert model.step_time_s(0, 0, 0, 0) == 0.0
+    assert model.ideal_step_time_s(0, 0, 0, 0) == 0.0
+    np.testing.assert_array_equal(model.step_time_s(np.zeros(3), 0, np.zeros(3), 0), np.zeros(3))
+
+
+@settings(max_examples=80, deadline=None)
+@given(models, st.sampled_from(GPUS), st.integers(1, 256), st.integers(0, 20_000), st.sampled_from([1, 2, 8]),
+       weight_dtypes, st.sampled_from(["bf16", "fp8"]))
+def test_uniform_decode_agrees_with_the_roofline(model: ModelSpec, gpu: GpuSpec, batch: int, context: int,
+                                                 tp: int, weight_dtype: str, kv_dtype: str) -> None:
+    steps = step_model(model, gpu, tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    cost = decode_cost(model, context, batch, weight_dtype=weight_dtype, kv_dtype=kv_dtype, tensor_parallel=tp)
+    result = roofline(cost, gpu, default_compute_dtype(gpu, weight_dtype))
+    assert steps.step_time_s(batch, batch * context, 0, 0) == pytest.approx(result.expected_time_s, rel=1e-9)
+    assert steps.ideal_step_time_s(batch, batch * context, 0, 0) == pytest.approx(result.ideal_time_s, rel=1e-9)
+
+
+@settings(max_examples=80, deadline=None)
+@given(models, st.integers(1, 4), st.integers(1, 3000), st.integers(0, 3000), st.sampled_from([1, 4]))
+def test_uniform_prefill_agrees_with_the_roofline(model: ModelSpec, sequences: int, chunk: int, cached: int,
+                                                  tp: int) -> None:
+    """`sequences` prompts of `chunk` tokens after `cached` tokens each: positions attended sum to
+    sequences x (chunk x cached + chunk x (chunk + 1) / 2). Exact wherever no window cuts through the
+    chunk (all positions inside the window, or all beyond it)."""
+    windows = step_cost_model(model).windows
+    assume(all(w is None or cached + chunk <= w or cached + 1 >= w for w in windows))
+    positions = sequences * (chunk * cached + chunk * (chunk + 1) // 2)
+    steps = step_model(model, tp=tp)
+    result = roofline(prefill_cost(model, chunk, cached, sequences, tensor_parallel=tp), H100_SXM, "bf16")
+    time = steps.step_time_s(0, 0, sequences * chunk, positions, prefill_seqs=sequences)
+    assert time == pytest.approx(result.expected_time_s, rel=1e-9)
+
+
+def test_window_layers_are_bounded_by_the_window_per_sequence() -> None:
+    """Gemma-2-9B decoding two sequences at 100 and 8,000 cached tokens: the model knows only the sum
+    8,100. Sliding layers (21, window 4,096, 8,192 KV bytes per token each) really read
+    min(101, 4096) + min(8001, 4096) = 4,197 tokens; the bound reads min(8,102, 2 x 4,096) = 8,102:
+    3,905 tokens x 8,192 B x 21 layers = 671,784,960 B more. Global layers are exact."""
+    steps = step_model(GEMMA_2_9B)
+    exact_bytes = (decode_cost(GEMMA_2_9B, 100).bytes + decode_cost(GEMMA_2_9B, 8000).bytes
+                   - step_cost_model(GEMMA_2_9B).weight_bytes_per_step)  # two steps share one weight read
+    bound_bytes = steps.ideal_step_time_s(2, 8100, 0, 0) * 3.35e12  # memory-bound at batch 2
+    assert bound_bytes - exact_bytes == pytest.approx(671_784_960, rel=1e-6)
+    # Both sequences beyond the window: min(5001, 4096) + min(8001, 4096) = 8,192 = 2 x 4,096, exact.
+    exact_beyond = (decode_cost(GEMMA_2_9B, 5000).bytes + decode_cost(GEMMA_2_9B, 8000).bytes
+                    - step_cost_model(GEMMA_2_9B).weight_bytes_per_step)
+    assert steps.ideal_step_time_s(2, 13_000, 0, 0) * 3.35e12 == pytest.approx(exact_beyond, rel=1e-12)
+
+
+def test_pipeline_parallel_adds_one_hop_per_stage_boundary() -> None:
+    """Llama-3-70B TP4 x PP2 = 8 GPUs, one NVLink node: a 32-token decode step crosses one boundary with
+    32 x 8192 x 2 = 524,288 B: 7.5e-6 + 524,288 / 450e9 = 8.665 us on top of the same layer work."""
+    flat, piped = step_model(LLAMA_3_70B, tp=4), step_model(LLAMA_3_70B, tp=4, pp=2)
+    hop = 7.5e-6 + 524_288 / 450e9
+    assert piped.step_time_s(32, 32 * 1000, 0, 0) - flat.step_time_s(32, 32 * 1000, 0, 0) == pytest.approx(
+        hop, rel=1e-6)
+    assert piped.ideal_step_time_s(32, 32_000, 0, 0) == flat.ideal_step_time_s(32, 32_000, 0, 0)
+
+
+def test_pipeline_across_nodes_uses_the_scale_out_link() -> None:
+    """TP8 x PP2 spans two nodes: the hop of 524,288 B goes over 50e9 B/s: 7.5e-6 + 10.486e-6 s."""
+    flat, piped = step_model(LLAMA_3_70B, tp=8), step_model(LLAMA_3_70B, tp=8, pp=2)
+    assert piped.step_time_s(32, 32_000, 0, 0) - flat.step_time_s(32, 32_000, 0, 0) == pytest.approx(
+        7.5e-6 + 524_288 / 50e9, rel=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(models, st.lists(st.tuples(st.integers(0, 64), st.integers(0, 4000), st.integers(0, 2048),
+                                  st.integers(0, 2), st.integers(0, 8000)), min_size=1, max_size=12),
+       st.sampled_from([1, 2]), st.sampled_from([1, 2]))
+def test_vectorized_calls_equal_scalar_calls(model: ModelSpec, steps: list[tuple[int, int, int, int, int]],
+                                             tp: int, pp: int) -> None:
+    assume(pp <= model.num_hidden_layers)
+    seqs, per_seq_context, new, extra_seqs, cached = (np.array(column) for column in zip(*steps, strict=True))
+    prefilling = np.where(new > 0, np.minimum(new, 1 + extra_seqs), 0)
+    positions = new * cached + new * (new + 1) // 2
+    context = seqs * per_seq_context
+    model_steps = step_model(model, tp=tp, pp=pp)
+    vector = model_steps.step_time_s(seqs, context, new, positions, prefill_seqs=prefilling)
+    ideal = model_steps.ideal_step_time_s(seqs, context, new, positions, prefill_seqs=prefilling)
+    for i in range(len(steps)):
+        assert vector[i] == pytest.approx(model_steps.step_time_s(
+            int(seqs[i]), int(context[i]), int(new[i]), int(positions[i]), int(prefilling[i])), rel=1e-12)
+        assert ideal[i] == pytest.approx(model_steps.ideal_step_time_s(
+            int(seqs[i]), int(context[i]), int(new[i]), int(positions[i]), int(prefilling[i])), rel=1e-12)
+    assert np.all(vector >= ideal)
+
+
+def test_array_shapes_are_kept_and_scalars_broadcast() -> None:
+    steps = step_model(LLAMA_3_8B)
+    times = steps.step_time_s(np.array([[1, 2], [4, 8]]), 1000, 0, 0)
+    assert times.shape == (2, 2)
+    assert times[1, 1] == pytest.approx(steps.step_time_s(8, 1000, 0, 0), rel=1e-12)
+    assert isinstance(steps.step_time_s(8, 1000, 0, 0), float)
+
+
+@settings(max_examples=60, deadline=None)
+@given(models, st.integers(0, 256), st.integers(0, 256), st.integers(0, 100_000), st.integers(0, 100_000),
+       st.integers(0, 512), st.sampled_from([1, 2, 8]))
+def test_step_time_grows_with_decode_batch_and_context(model: ModelSpec, seqs_a: int, seqs_b: int,
+                                                       context_a: int, context_b: int, prefill: int,
+                                                       tp: int) -> None:
+    (few, many), (short, long) = sorted((seqs_a, seqs_b)), sorted((context_a, context_b))
+    steps = step_model(model, tp=tp)
+    positions = prefill * (prefill + 1) // 2
+    base = steps.step_time_s(few, short * (few > 0), prefill, positions)
+    for seqs, context in ((many, short), (few, long), (many, long)):
+        assert steps.step_time_s(seqs, context * (seqs > 0), prefill, positions) >= base * (1 - 1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([LLAMA_3_8B, MIXTRAL_8X7B, DEEPSEEK_V3]), st.integers(1, 128), st.integers(0, 4000),
+       st.integers(1, 2048))
+def test_a_mixed_step_shares_the_weight_read(model: ModelSpec, seqs: int, context: int, chunk: int) -> None:
+    """Chunked prefill piggybacks on decode: one step reads the weights once, so it costs no more than
+    the two steps apart and no less than either."""
+    steps = step_model(model, tp=8)
+    positions = chunk * (chunk + 1) // 2
+    decode, prefill = steps.step_time_s(seqs, seqs * context, 0, 0), steps.step_time_s(0, 0, chunk, positions)
+    mixed = steps.step_time_s(seqs, seqs * context, chunk, positions)
+    assert max(decode, prefill) <= mixed * (1 + 1e-12)
+    assert mixed <= decode + prefill
+
+
+def test_compute_dtype_defaults_to_the_gpu_rate_for_the_weights() -> None:
+    assert step_model(LLAMA_3_8B, weight_dtype="fp8").compute_dtype == "fp8"
+    assert step_model(LLAMA_3_8B, A100_80GB_SXM, weight_dtype="fp8").compute_dtype == "bf16"
+
+
+def test_invalid_steps_and_layouts_are_rejected() -> None:
+    steps = step_model(LLAMA_3_8B)
+    with pytest.raises(ValueError):
+        steps.step_time_s(-1, 0, 0, 0)
+    with pytest.raises(ValueError):
+        steps.step_time_s(np.array([1, 2]), np.array([10, -5]), 0, 0)
+    with pytest.raises(ValueError):
+        steps.step_time_s(0, 0, 10, 55, prefill_seqs=11)  # more sequences than prompt tokens
+    with pytest.raises(ValueError):
+        steps.step_time_s(0, 0, 10, 55, prefill_seqs=0)  # prompt tokens that belong to no sequence
+    with pytest.raises(ValueError):
+        step_model(LLAMA_3_8B, pp=33)  # more stages than layers
