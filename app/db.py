@@ -1,0 +1,90 @@
+"""Engine and session factory, the declarative base, and the per-request session dependency.
+
+One session per request: the dependency commits when the endpoint returns and rolls back when
+it raises. Repositories and services never commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from fastapi import Request
+from sqlalchemy import Engine, MetaData, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+
+# Deterministic constraint names, so migrations can name (and drop) every constraint on both
+# SQLite (batch mode rebuilds tables) and PostgreSQL.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def make_engine(database_url: str) -> Engine:
+    """An engine for SQLite (creating the file's folder) or PostgreSQL (psycopg 3)."""
+    url = make_url(database_url)
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.get_backend_name() == "sqlite":
+        if url.database and url.database != ":memory:" and not url.database.startswith("file:"):
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        # Requests run in a thread pool; SQLite's own lock serializes writers (wait up to 15 s).
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 15}
+    else:
+        # Fail fast when the server is unreachable, so readiness and requests answer 503 quickly.
+        kwargs["connect_args"] = {"connect_timeout": 5}
+    engine = create_engine(url, **kwargs)
+    if url.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def make_session_factory(engine: Engine, info: dict[str, Any] | None = None) -> sessionmaker[Session]:
+    # `info` is shallow-copied into every session, so an object in it (the application's spec
+    # cache) is shared by all sessions of one application.
+    return sessionmaker(bind=engine, expire_on_commit=False, info=info or {})
+
+
+@cache
+def migration_heads() -> frozenset[str]:
+    """The Alembic head revision(s) this code expects."""
+    return frozenset(ScriptDirectory(str(MIGRATIONS_DIR)).get_heads())
+
+
+def database_revisions(engine: Engine) -> frozenset[str]:
+    """The Alembic revision(s) the database is at (empty before the first migration)."""
+    with engine.connect() as connection:
+        return frozenset(MigrationContext.configure(connection).get_current_heads())
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """FastAPI dependency: one session per request; commit on success, roll back on error."""
+    session: Session = request.app.state.session_factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

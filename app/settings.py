@@ -1,0 +1,114 @@
+"""Service settings, read from the environment and validated at start-up.
+
+The variable names are the ones operators set (`DATABASE_URL`, `API_KEYS`, `HOST`, `PORT`,
+`LOG_LEVEL`, `CORS_ORIGINS`, `REQUEST_TIMEOUT_S`, `MAX_CONCURRENT_REQUESTS`); a bad value stops the service before it serves
+anything.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+# A write key is a shared secret: long enough not to be guessed, and free of the characters
+# that would make it ambiguous in a comma-separated list or an Authorization header.
+API_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    # hide_input_in_errors: a rejected API key must not be echoed into start-up logs.
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", hide_input_in_errors=True)
+
+    database_url: str = Field(
+        "sqlite:///./data/sizing.db",
+        description="SQLAlchemy URL; SQLite by default, PostgreSQL via postgresql+psycopg://",
+    )
+    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated bearer keys accepted for writes (several at once for rotation)",
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    log_level: str = "info"
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated allowed origins; empty turns CORS off"
+    )
+    # The slowest honest request (an /v1/slo-plan search) takes about a second; a request still
+    # running after this gets a 503 problem instead of holding its client (and a proxy slot).
+    request_timeout_s: float = Field(
+        30.0, gt=0, le=3600, allow_inf_nan=False,
+        description="Seconds a request may run (waiting for its turn included) before it is answered "
+                    "with a 503 problem",
+    )
+    # Endpoints are sync: each request needs one of the 40 worker threads several times, and keeps
+    # its pooled database connection (15) between them. Past 40 + 15 requests at once, every thread
+    # can be waiting for a connection held by a request that is waiting for a thread: a deadlock
+    # until the pool times out. Requests beyond this limit wait their turn instead.
+    max_concurrent_requests: int = Field(
+        40, ge=1, le=40,
+        description="Requests one process serves at once; more wait for a slot (within REQUEST_TIMEOUT_S)",
+    )
+
+    @field_validator("database_url")
+    @classmethod
+    def _valid_database_url(cls, value: str) -> str:
+        # Plain postgres:// URLs (as many hosting platforms hand them out) would select psycopg2,
+        # which is not installed; psycopg 3 is the driver this service ships with.
+        for prefix in ("postgres://", "postgresql://"):
+            if value.startswith(prefix):
+                value = "postgresql+psycopg://" + value[len(prefix):]
+        try:
+            url = make_url(value)
+        except ArgumentError as exc:
+            raise ValueError(f"not a database URL: {exc}") from None
+        if url.get_backend_name() not in ("sqlite", "postgresql"):
+            raise ValueError("DATABASE_URL must be a sqlite:// or postgresql+psycopg:// URL")
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _strong_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        for position, key in enumerate(keys, start=1):
+            if not API_KEY_PATTERN.match(key.get_secret_value()):
+                # Say which key is wrong, never what it is.
+                raise ValueError(
+                    f"API key #{position} must be 16-256 characters of A-Z a-z 0-9 . _ ~ + / = -"
+                )
+        return keys
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.strip().lower()
+        if level not in LOG_LEVELS:
+            raise ValueError(f"LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}")
+        return level
+
+    @field_validator("host")
+    @classmethod
+    def _non_empty_host(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("HOST must not be empty")
+        return value.strip()

@@ -1,0 +1,106 @@
+"""Shared fixtures: a database built by the real migrations, the app, a client, write headers.
+
+`TEST_DATABASE_URL` selects the database: unset = a fresh SQLite file in a temporary folder;
+a postgresql+psycopg:// URL = that throwaway database (the Makefile creates and drops it).
+Each test that uses `client` or `db_session` starts from the reference catalog exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, delete
+from sqlalchemy.orm import Session
+
+from app.catalog import load_reference_catalog
+from app.db import MIGRATIONS_DIR
+from app.main import create_app
+from app.orm import CatalogTombstone, GpuRecord, ModelRecord
+from app.repository import bump_catalog_revision
+from app.settings import Settings
+
+TEST_API_KEY = "test-write-key-0123456789abcdef"
+OTHER_API_KEY = "rotated-write-key-fedcba9876543210"
+
+
+def alembic_config() -> Config:
+    """An Alembic config for the project's migrations (the connection is passed in attributes)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def run_migrations(engine: Engine, action: str, target: str) -> None:
+    """`alembic upgrade|downgrade <target>` over one of `engine`'s connections."""
+    config = alembic_config()
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        getattr(command, action)(config, target)
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        return url
+    return f"sqlite:///{tmp_path_factory.mktemp('db') / 'sizing-test.db'}"
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str) -> Settings:
+    return Settings(database_url=database_url, api_keys=f"{TEST_API_KEY},{OTHER_API_KEY}", log_level="warning")
+
+
+@pytest.fixture(scope="session")
+def app(settings: Settings) -> FastAPI:
+    """The application, on a database migrated to head by the real migrations."""
+    application = create_app(settings)
+    run_migrations(application.state.engine, "upgrade", "head")
+    return application
+
+
+@pytest.fixture(scope="session")
+def engine(app: FastAPI) -> Engine:
+    return app.state.engine
+
+
+def reset_catalog(engine: Engine) -> None:
+    """Exactly the reference catalog, and a new catalog revision (drops every spec cache)."""
+    with Session(engine) as session, session.begin():
+        for table in (GpuRecord, ModelRecord, CatalogTombstone):
+            session.execute(delete(table))
+        bump_catalog_revision(session)
+        load_reference_catalog(session)
+
+
+@pytest.fixture
+def fresh_catalog(engine: Engine) -> None:
+    reset_catalog(engine)
+
+
+@pytest.fixture
+def client(app: FastAPI, fresh_catalog: None) -> Iterator[TestClient]:
+    with TestClient(app, raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def db_session(app: FastAPI, fresh_catalog: None) -> Iterator[Session]:
+    """A session from the application's own factory (shares its spec cache); rolled back after."""
+    session: Session = app.state.session_factory()
+    try:
+        yield session
+    finally:
+        session.rollback()
+        session.close()
+
+
+@pytest.fixture
+def write_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TEST_API_KEY}"}
