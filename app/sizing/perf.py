@@ -1,10 +1,11 @@
 """The fast step-time model: expected time of one engine iteration of a continuous-batching engine.
 
 Built once per deployment (model, GPU, tp, pp, precisions, efficiency) from `flops.step_cost_model`'s
-per-operator coefficients and evaluated with the roofline's own timing rules (`roofline.compute_fractions`
-and `roofline.expected_time_s` per operator, the TP all-reduces, the overheads), so for a uniform batch
-it reproduces `roofline(decode_cost(...))` and `roofline(prefill_cost(...))` to float rounding. Calls
-take numbers or numpy arrays of any broadcastable shapes (vectorized) and return a float or an array.
+per-operator coefficients and evaluated with the roofline's own timing rules (per operator
+max(compute / achieved fraction, memory / bandwidth fraction), the TP all-reduces, the overheads), so
+for a uniform batch it reproduces `roofline(decode_cost(...))` and `roofline(prefill_cost(...))` to
+float rounding. Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
+a float or an array.
 
 A step mixes `decode_seqs` sequences decoding one token each (their cached contexts summing to
 `decode_context_tokens`) with `prefill_tokens` prompt tokens whose attended positions sum to
@@ -20,32 +21,109 @@ Pipeline parallelism: a step passes through every stage in turn, so its latency 
 time (each stage runs its L/pp layers on its own GPUs at the same per-layer cost) plus one
 point-to-point send of the step's hidden states per stage boundary. Engines keep up to pp steps in
 flight to fill the pipeline; that throughput overlap is for the caller (the simulator) to model.
+
+Evaluation. The simulator times tens of thousands of steps per run, so a call must cost microseconds.
+Everything that does not depend on the step is prepared once per model and efficiency, from the same
+sources (`flops.py` coefficients, `efficiency.py` fractions, `comm.py` costs, evaluated at build time,
+never re-typed):
+- each operator's ideal compute and memory seconds as a sparse linear form over a few step features
+  (tokens, sampled positions, "any token", "any sampled", distinct experts, per window the attended
+  positions and KV tokens read), memory already divided by the achieved bandwidth fraction;
+- a matmul's compute slowdown (1 / achieved fraction, a function of the rows M it multiplies) and the
+  distinct experts M tokens touch, tabulated at every integer M up to `_TABLE_ROWS` with
+  `Efficiency.compute_fraction` and `flops.expected_distinct_experts` themselves (fractional or larger
+  M call them on the spot). A matmul's FLOPs are proportional to its rows, so "tokens x their
+  slowdown" is one more feature and every operator's expected compute seconds are linear too;
+- operators without FLOPs, the overheads and the communication (alpha per call plus bytes over
+  bandwidth) need no max: one linear form for all of them.
+A step's time is then the linear part plus, per operator, the larger of two linear forms: a handful of
+float operations per operator for a single step (no numpy), one matrix product and a few elementwise
+operations for an array of steps, whatever the operator count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from app.sizing.comm import link_bandwidth, pipeline_hops_time_s, step_allreduce_time_s, tp_link_bandwidth
 from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.flops import StepCostModel, step_cost_model
-from app.sizing.params import pipeline_stages
-from app.sizing.roofline import (
-    compute_fractions,
-    default_compute_dtype,
-    expected_time_s,
-    maximum,
-    minimum,
-    operator_peaks,
+from app.sizing.flops import (
+    DISTINCT_EXPERTS,
+    FIRST_WINDOW_GROUP,
+    MATMUL_ROWS,
+    SAMPLED,
+    SAMPLED_STEP,
+    STEP,
+    TOKENS,
+    StepCostModel,
+    expected_distinct_experts,
+    step_cost_model,
 )
+from app.sizing.params import pipeline_stages
+from app.sizing.roofline import default_compute_dtype, expected_time_s, maximum, minimum, operator_peaks
 from app.sizing.specs import GpuSpec, ModelSpec
 
-# One operator's ideal seconds as sparse linear forms over the step shape: ((feature, seconds per unit),
-# ...) at peak FLOP/s, then the same at full HBM bandwidth.
+# A sparse linear form: ((feature, seconds per unit), ...). `StepTimeModel.operator_terms` holds each
+# operator's ideal seconds at peak FLOP/s, then at full HBM bandwidth, over the cost model's features.
 _Terms = tuple[tuple[int, float], ...]
+
+# Evaluation features, in order: the matmul row counts (tokens, sampled positions), 1 when there are
+# any (the per-step weight reads and costs), per attention window the positions attended and the KV
+# tokens read (the cost model's order), the distinct experts of an MoE model, then the "slowed"
+# features (see `_Forms`). Naive attention's score entries are not among them: FlashAttention here.
+_TOKENS_AT, _SAMPLED_AT, _STEP_AT, _SAMPLED_STEP_AT, _FIRST_WINDOW_AT = range(5)
+_FEATURE_AT = {TOKENS: _TOKENS_AT, SAMPLED: _SAMPLED_AT, STEP: _STEP_AT, SAMPLED_STEP: _SAMPLED_STEP_AT}
+_BY_ROWS = {TOKENS: 0, SAMPLED: 1}  # the slowdown a matmul follows (flops.MATMUL_ROWS): tokens', sampled'
+_SLOWED_ROWS = ((_TOKENS_AT, 0), (_SAMPLED_AT, 1))  # the first slowed features: each row count x its own
+
+# Matmul row counts (tokens or sampled positions per step) tabulated: every batch size and
+# chunked-prefill budget in practice.
+_TABLE_ROWS = 16_384
+_TABLE_GRID = np.arange(_TABLE_ROWS + 1, dtype=float)
+_TABLE_GRID.setflags(write=False)
+
+# Steps of an array evaluated together; longer arrays go block by block (see `_array_steps`).
+_BLOCK_STEPS = 2048
+
+# Rows of the array path's inputs: the prompt part last, `prefill_seqs` (optional) at the very end.
+_SEQS, _CONTEXT, _POSITIONS, _NEW, _PREFILLING = range(5)
+
+_NUMBERS = (int, float)
+_PREFILL_SEQS_ERROR = "prefill_seqs must be between 1 and prefill_tokens when tokens are prefilled"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Forms:
+    """A `StepTimeModel` prepared for evaluation (see the module docstring).
+
+    The "slowed" features, after the evaluation features, are a feature times the slowdown of the rows
+    a matmul multiplies: the tokens times theirs and the sampled positions times theirs (`_SLOWED_ROWS`,
+    as a matmul's FLOPs are its rows times twice its weights), then any other pair `slowed` lists.
+    """
+
+    width: int  # evaluation features, before the slowed ones (an MoE model's distinct experts last)
+    slowed: tuple[tuple[int, int], ...]  # beyond _SLOWED_ROWS: (feature, 0 tokens' / 1 sampled's slowdown)
+    # Operators with FLOPs: (expected compute seconds, memory seconds / bandwidth fraction); then the
+    # seconds that need no max (operators without FLOPs, overheads, communication); the ideal totals.
+    operators: tuple[tuple[_Terms, _Terms], ...]
+    linear: _Terms
+    ideal_compute: _Terms
+    ideal_memory: _Terms
+    # The same as matrices for arrays of steps: the operators' compute rows and a zero row, then their
+    # memory rows and the linear row (the time is the sum of the elementwise max of the two halves);
+    # the ideal compute and memory totals over the evaluation features.
+    expected_matrix: np.ndarray
+    ideal_matrix: np.ndarray
+    slowdowns: np.ndarray  # at 0.._TABLE_ROWS matmul rows
+    slowdown_list: memoryview  # the same, read as Python floats
+    experts: tuple[int, int] | None  # (routed experts, experts per token) of an MoE model
+    distinct_experts: np.ndarray | None  # at 0.._TABLE_ROWS tokens
+    distinct_experts_list: memoryview | None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -60,6 +138,10 @@ class StepTimeModel:
     tp_link_bandwidth_bytes_per_s: float
     pp_link_bandwidth_bytes_per_s: float
     compute_dtype: str
+    _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_forms", _prepare(self))
 
     def step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                     prefill_context_tokens: ArrayLike,
@@ -69,73 +151,161 @@ class StepTimeModel:
         `prefill_seqs`: sequences the prefill tokens belong to (default: one when there are any); each
         samples its last position, as a prompt's final chunk does.
         """
-        tokens, _, _, expected = self._operator_times(
-            decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens, prefill_seqs)
-        layers, message = self.cost_model.num_layers, self.cost_model.hidden_state_bytes_per_token
-        latency = self.efficiency.allreduce_latency_s
-        time = expected + self.efficiency.overhead_time_s(tokens, layers)
-        if self.tensor_parallel > 1:
-            time = time + step_allreduce_time_s(tokens, layers, message, self.tensor_parallel,
-                                                self.tp_link_bandwidth_bytes_per_s, latency)
-        if self.pipeline_parallel > 1:
-            time = time + pipeline_hops_time_s(tokens, self.pipeline_parallel, message,
-                                               self.pp_link_bandwidth_bytes_per_s, latency)
-        return _as_result(time)
+        return self._evaluate(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                              prefill_seqs, expected=True)
 
     def ideal_step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike,
                           prefill_tokens: ArrayLike, prefill_context_tokens: ArrayLike,
                           prefill_seqs: ArrayLike | None = None) -> float | np.ndarray:
         """max(FLOPs / peak, bytes / bandwidth) of the step: no efficiencies, communication or overhead."""
-        _, compute, memory, _ = self._operator_times(
-            decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens, prefill_seqs)
-        return _as_result(maximum(compute, memory))
+        return self._evaluate(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                              prefill_seqs, expected=False)
 
-    def _operator_times(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike,
-                        prefill_tokens: ArrayLike, prefill_context_tokens: ArrayLike,
-                        prefill_seqs: ArrayLike | None) -> tuple[ArrayLike, ArrayLike, ArrayLike, ArrayLike]:
-        """(tokens, ideal compute seconds, ideal memory seconds, expected operator seconds) of a step.
+    def _evaluate(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
+                  prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None,
+                  expected: bool) -> float | np.ndarray:
+        numbers = _NUMBERS
+        if (type(decode_seqs) in numbers and type(decode_context_tokens) in numbers and type(prefill_tokens) in numbers
+                and type(prefill_context_tokens) in numbers and (prefill_seqs is None or type(prefill_seqs) in numbers)):
+            return self._scalar_step(float(decode_seqs), float(decode_context_tokens), float(prefill_tokens),
+                                     float(prefill_context_tokens),
+                                     None if prefill_seqs is None else float(prefill_seqs), expected=expected)
+        values = (decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens)
+        if prefill_seqs is not None:
+            values += (prefill_seqs,)
+        if all(np.ndim(value) == 0 for value in values):  # numpy scalars
+            return self._scalar_step(*map(float, values), expected=expected)  # type: ignore[arg-type]
+        return self._array_steps(values, expected)
 
-        Evaluated operator by operator on whole arrays (few, small temporaries: this is what makes a
-        10,000-step array cost about a millisecond) and with plain floats for scalar calls.
-        """
-        seqs, context, new, positions = (_as_number_or_array(value) for value in (
-            decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens))
-        prefilling = (new > 0) * 1.0 if prefill_seqs is None else _as_number_or_array(prefill_seqs)
-        if any(_anywhere(value < 0) for value in (seqs, context, new, positions, prefilling)):
+    def _scalar_step(self, seqs: float, context: float, new: float, positions: float,
+                     prefilling: float | None = None, *, expected: bool) -> float:
+        """One step, in plain float arithmetic."""
+        if prefilling is None:
+            prefilling = 1.0 if new > 0 else 0.0
+        if seqs < 0 or context < 0 or new < 0 or positions < 0 or prefilling < 0:
             raise ValueError("step sizes must be >= 0")
-        if _anywhere(prefilling > new) or _anywhere((new > 0) & (prefilling == 0)):
-            raise ValueError("prefill_seqs must be between 1 and prefill_tokens when tokens are prefilled")
+        if prefilling > new or (new > 0 and prefilling == 0):
+            raise ValueError(_PREFILL_SEQS_ERROR)
+        forms = self._forms
         tokens, sampled = seqs + new, seqs + prefilling
-        shape = self._shape(seqs, context, new, positions, prefilling, tokens, sampled)
-        fractions = compute_fractions(self.cost_model.operator_names, tokens, sampled, self.efficiency)
-        compute_total: ArrayLike = 0.0  # the first += makes a fresh array; later ones add in place
-        memory_total: ArrayLike = 0.0
-        expected_total: ArrayLike = 0.0
-        for (compute_terms, memory_terms), fraction in zip(self.operator_terms, fractions, strict=True):
-            compute = sum((seconds * shape[feature] for feature, seconds in compute_terms), 0.0)
-            memory = sum((seconds * shape[feature] for feature, seconds in memory_terms), 0.0)
-            compute_total += compute
-            memory_total += memory
-            expected_total += expected_time_s(compute, memory, fraction, self.efficiency.bandwidth_fraction)
-        return tokens, compute_total, memory_total, expected_total
+        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+        features = [tokens, sampled, tokens > 0, sampled > 0]
+        for decode, attended, read in self._window_parts(seqs, context, new, positions, prefilling):
+            features += (decode + attended, decode + read)
+        if forms.experts is not None:
+            features.append(forms.distinct_experts_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
+                            else float(expected_distinct_experts(*forms.experts, tokens)))
+        if not expected:
+            compute = memory = 0.0
+            for feature, seconds in forms.ideal_compute:
+                compute += seconds * features[feature]
+            for feature, seconds in forms.ideal_memory:
+                memory += seconds * features[feature]
+            return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
+        sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
+        slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
+                     forms.slowdown_list[sampled_row] if sampled_row == sampled
+                     else _slowdown(self.efficiency, sampled))
+        features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
+        for feature, by_rows in forms.slowed:
+            features.append(features[feature] * slowdowns[by_rows])
+        total = 0.0
+        for feature, seconds in forms.linear:
+            total += seconds * features[feature]
+        for compute_terms, memory_terms in forms.operators:
+            compute = memory = 0.0
+            for feature, seconds in compute_terms:
+                compute += seconds * features[feature]
+            for feature, seconds in memory_terms:
+                memory += seconds * features[feature]
+            total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
+        return total
 
-    def _shape(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
-               prefilling: ArrayLike, tokens: ArrayLike, sampled: ArrayLike) -> list[ArrayLike]:
+    def _array_steps(self, values: tuple[ArrayLike, ...], expected: bool) -> np.ndarray:
+        """Steps given as arrays (and numbers that broadcast), evaluated a block of steps at a time."""
+        shape = np.broadcast(*values).shape
+        steps = math.prod(shape)
+        if len(shape) == 1 and steps <= _BLOCK_STEPS:
+            return self._block_steps(values, steps, expected)
+        # Longer runs in blocks: their temporaries stay small enough to be reused from call to call
+        # (larger ones go back to the OS and are page-faulted in again), and BLAS stays on one thread.
+        arrays = [np.broadcast_to(np.asarray(value, dtype=float), shape).ravel() for value in values]
+        times = np.empty(steps)
+        for start in range(0, steps, _BLOCK_STEPS):
+            block = slice(start, start + _BLOCK_STEPS)
+            times[block] = self._block_steps(tuple(array[block] for array in arrays), len(times[block]), expected)
+        return times.reshape(shape)
+
+    def _block_steps(self, values: tuple[ArrayLike, ...], steps: int, expected: bool) -> np.ndarray:
+        """`steps` steps given as numbers or arrays of `steps` values."""
+        inputs = np.empty((5, steps))
+        given = inputs[:len(values)]
+        inputs[_SEQS], inputs[_CONTEXT], inputs[_NEW], inputs[_POSITIONS] = values[:4]
+        if len(values) == 5:
+            inputs[_PREFILLING] = values[4]
+        if np.count_nonzero(given < 0):
+            raise ValueError("step sizes must be >= 0")
+        forms = self._forms
+        features = np.empty((forms.width + len(_SLOWED_ROWS) + len(forms.slowed), steps))
+        rows = features[:_STEP_AT]  # tokens, sampled positions
+        seqs, context = inputs[_SEQS], inputs[_CONTEXT]
+        if np.count_nonzero(given[_POSITIONS:]):
+            if len(values) == 4:  # one sequence where there are prompt tokens: sign(new), new >= 0
+                np.sign(inputs[_NEW], out=inputs[_PREFILLING])
+            # An all-zero part is the number 0, which broadcasts alike and costs no array arithmetic.
+            positions, new, prefilling = (row if np.count_nonzero(row) else 0.0 for row in inputs[_POSITIONS:])
+            if _anywhere(prefilling > new) or _anywhere((new > 0) & (prefilling == 0)):
+                raise ValueError(_PREFILL_SEQS_ERROR)
+            np.add(inputs[_NEW:], seqs, out=rows)
+        else:  # decode-only steps
+            positions = new = prefilling = 0.0
+            rows[...] = seqs
+        np.sign(rows, out=features[_STEP_AT:_FIRST_WINDOW_AT])  # rows >= 0: 1 when there are any
+        table_rows = np.fmin(rows, _TABLE_ROWS + 0.5).astype(np.intp)  # fmin: NaN and huge counts in range
+        tabulated = not np.count_nonzero(_TABLE_GRID.take(table_rows) != rows)
+        at = _FIRST_WINDOW_AT
+        for decode, attended, read in self._window_parts(seqs, context, new, positions, prefilling):
+            np.add(decode, attended, out=features[at])
+            np.add(decode, read, out=features[at + 1])
+            at += 2
+        if forms.experts is not None:
+            if tabulated:
+                forms.distinct_experts.take(table_rows[0], out=features[at], mode="clip")  # type: ignore[union-attr]
+            else:
+                features[at] = expected_distinct_experts(*forms.experts, rows[0])
+        if not expected:
+            compute, memory = forms.ideal_matrix @ features[:forms.width]
+            return np.maximum(compute, memory)
+        slowdowns = forms.slowdowns.take(table_rows, mode="clip") if tabulated else _slowdown(self.efficiency, rows)
+        np.multiply(rows, slowdowns, out=features[forms.width:forms.width + len(_SLOWED_ROWS)])
+        for at, (feature, by_rows) in enumerate(forms.slowed, start=forms.width + len(_SLOWED_ROWS)):
+            np.multiply(features[feature], slowdowns[by_rows], out=features[at])
+        seconds = forms.expected_matrix @ features
+        compute, memory = seconds[:len(seconds) // 2], seconds[len(seconds) // 2:]
+        return np.maximum(compute, memory, out=compute).sum(axis=0)
+
+    def _window_parts(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
+                      prefilling: ArrayLike) -> list[tuple[ArrayLike, ArrayLike, ArrayLike]]:
+        """Per attention window, summed over sequences (the bounds of the module docstring): the positions
+        the decoding tokens attend (also the KV tokens they read), the positions the prompt tokens
+        attend, the KV tokens the prompt tokens read."""
         decode_positions = context + seqs  # each decoding token attends its cached context and itself
         chunk = new / maximum(prefilling, 1.0)  # prompt tokens per prefilling sequence (0 if none)
         mean_position = positions / maximum(new, 1.0)
         prefix = maximum(mean_position - (chunk + 1) / 2, 0.0)  # cached tokens before each chunk
         prefill_read = new + prefilling * prefix
-        attended, kv_read = [], []
-        for window in self.cost_model.windows:
-            if window is None:
-                attended.append(decode_positions + positions)
-                kv_read.append(decode_positions + prefill_read)
-            else:
-                decode_window = minimum(decode_positions, seqs * window)
-                attended.append(decode_window + minimum(positions, new * window))
-                kv_read.append(decode_window + minimum(prefill_read, new + prefilling * (window - 1)))
-        return self.cost_model.shape(tokens=tokens, sampled=sampled, attended=attended, kv_read=kv_read)
+        return [(decode_positions, positions, prefill_read) if window is None
+                else (minimum(decode_positions, seqs * window), minimum(positions, new * window),
+                      minimum(prefill_read, new + prefilling * (window - 1)))
+                for window in self.cost_model.windows]
+
+    def _shape(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
+               prefilling: ArrayLike, tokens: ArrayLike, sampled: ArrayLike) -> list[ArrayLike]:
+        """The step's shape in the cost model's features (`StepCostModel.shape`)."""
+        windows = self._window_parts(seqs, context, new, positions, prefilling)
+        return self.cost_model.shape(tokens=tokens, sampled=sampled,
+                                     attended=[decode + attended for decode, attended, _ in windows],
+                                     kv_read=[decode + read for decode, _, read in windows])
 
 
 def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
@@ -161,18 +331,147 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
     )
 
 
+def _prepare(steps: StepTimeModel) -> _Forms:
+    """The model's coefficients over the evaluation features, its efficiency folded in."""
+    structure, efficiency = _structure(steps.cost_model, steps.operator_terms), steps.efficiency
+    bandwidth_fraction, attention_slowdown = efficiency.bandwidth_fraction, _slowdown(efficiency, None)
+    # Overheads and communication are alpha per step plus a cost per token (comm.py), both 0 for an
+    # empty step: evaluated at one token with the message, then the latency, zeroed.
+    layers, message = steps.cost_model.num_layers, steps.cost_model.hidden_state_bytes_per_token
+    latency = efficiency.allreduce_latency_s
+    linear = structure.linear_memory_row / bandwidth_fraction
+    linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers)
+    if steps.tensor_parallel > 1:
+        tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
+        linear[_STEP_AT] += step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth, latency)
+        linear[_TOKENS_AT] += step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
+    if steps.pipeline_parallel > 1:
+        pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s
+        linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
+        linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
+    compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
+    slowdowns = _slowdown_table(efficiency)
+    distinct = _distinct_experts_table(*structure.experts) if structure.experts else None
+    return _Forms(
+        width=structure.width,
+        slowed=structure.slowed,
+        operators=tuple((tuple((feature, seconds * attention_slowdown) for feature, seconds in compute)
+                         if attention else compute,
+                         tuple((feature, seconds / bandwidth_fraction) for feature, seconds in memory))
+                        for compute, memory, attention in structure.operators),
+        linear=_terms(linear),
+        ideal_compute=structure.ideal_compute,
+        ideal_memory=structure.ideal_memory,
+        expected_matrix=np.vstack((compute_rows, np.zeros(len(linear)),  # (the linear part's compute: none)
+                                   structure.memory_rows / bandwidth_fraction, linear)),
+        ideal_matrix=structure.ideal_matrix,
+        slowdowns=slowdowns,
+        slowdown_list=memoryview(slowdowns),
+        experts=structure.experts,
+        distinct_experts=distinct,
+        distinct_experts_list=None if distinct is None else memoryview(distinct),
+    )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Structure:
+    """What `_Forms` holds before an efficiency is folded in (see there), shared by every efficiency
+    of one model: a fit times the same deployments under many."""
+
+    width: int
+    slowed: tuple[tuple[int, int], ...]
+    # Operators with FLOPs: (compute seconds at peak, memory seconds at full bandwidth, whether they run
+    # at the attention fraction rather than a matmul's); the memory seconds of those without FLOPs.
+    operators: tuple[tuple[_Terms, _Terms, bool], ...]
+    ideal_compute: _Terms
+    ideal_memory: _Terms
+    compute_rows: np.ndarray  # the operators' compute, then memory seconds as rows over the features
+    memory_rows: np.ndarray
+    attention: np.ndarray  # bool per operator
+    linear_memory_row: np.ndarray
+    ideal_matrix: np.ndarray
+    experts: tuple[int, int] | None  # (routed experts, experts per token) of an MoE model
+
+
+@lru_cache(maxsize=256)
+def _structure(cost_model: StepCostModel, operator_terms: tuple[tuple[_Terms, _Terms], ...]) -> _Structure:
+    per_window = 2 * len(cost_model.windows)
+    feature_at = _FEATURE_AT | {FIRST_WINDOW_GROUP + at: _FIRST_WINDOW_AT + at for at in range(per_window)}
+    if cost_model.num_experts:  # (dense models touch no experts: the feature is 0)
+        feature_at[DISTINCT_EXPERTS] = _FIRST_WINDOW_AT + per_window
+    width = len(feature_at)
+    slowed = {pair: width + at for at, pair in enumerate(_SLOWED_ROWS)}  # (feature, by rows) -> slowed feature
+    operators: list[tuple[dict[int, float], dict[int, float], bool]] = []
+    linear_memory: dict[int, float] = {}  # operators without FLOPs: memory time, with nothing to compare
+    ideal_compute, ideal_memory = np.zeros(width), np.zeros(width)
+    for name, (compute_terms, memory_terms) in zip(cost_model.operator_names, operator_terms, strict=True):
+        compute = {feature_at[feature]: seconds for feature, seconds in compute_terms if feature in feature_at}
+        memory = {feature_at[feature]: seconds for feature, seconds in memory_terms if feature in feature_at}
+        for feature, seconds in compute.items():
+            ideal_compute[feature] += seconds
+        for feature, seconds in memory.items():
+            ideal_memory[feature] += seconds
+        if not compute:
+            for feature, seconds in memory.items():
+                linear_memory[feature] = linear_memory.get(feature, 0.0) + seconds
+        elif MATMUL_ROWS[name] is None:  # not a row-wise matmul: the constant attention fraction
+            operators.append((compute, memory, True))
+        else:
+            by_rows = _BY_ROWS[MATMUL_ROWS[name]]  # type: ignore[index]
+            operators.append(({slowed.setdefault((feature, by_rows), width + len(slowed)): seconds
+                               for feature, seconds in compute.items()}, memory, False))
+
+    def rows(forms: list[dict[int, float]]) -> np.ndarray:
+        dense = np.zeros((len(forms), width + len(slowed)))
+        for row, terms in zip(dense, forms, strict=True):
+            for feature, seconds in terms.items():
+                row[feature] = seconds
+        return dense
+
+    return _Structure(
+        width=width,
+        slowed=tuple(slowed)[len(_SLOWED_ROWS):],
+        operators=tuple((_sparse(compute), _sparse(memory), attention) for compute, memory, attention in operators),
+        ideal_compute=_terms(ideal_compute),
+        ideal_memory=_terms(ideal_memory),
+        compute_rows=rows([compute for compute, _, _ in operators]),
+        memory_rows=rows([memory for _, memory, _ in operators]),
+        attention=np.array([attention for _, _, attention in operators], dtype=bool),
+        linear_memory_row=rows([linear_memory])[0],
+        ideal_matrix=np.array([ideal_compute, ideal_memory]),
+        experts=(cost_model.num_experts, cost_model.experts_per_token) if cost_model.num_experts else None,
+    )
+
+
+def _slowdown(efficiency: Efficiency, matmul_rows: ArrayLike | None) -> ArrayLike:
+    """Expected seconds per ideal compute second (1 / achieved fraction, as `roofline.expected_time_s`
+    has it) of matmuls of `matmul_rows` rows; None: of attention."""
+    fraction = (efficiency.attention_compute_fraction if matmul_rows is None
+                else efficiency.compute_fraction(matmul_rows))
+    return expected_time_s(1.0, 0.0, fraction, 1.0)
+
+
+@lru_cache(maxsize=16)
+def _slowdown_table(efficiency: Efficiency) -> np.ndarray:
+    table = np.asarray(_slowdown(efficiency, _TABLE_GRID))
+    table.setflags(write=False)
+    return table
+
+
+@lru_cache(maxsize=32)
+def _distinct_experts_table(num_experts: int, experts_per_token: int) -> np.ndarray:
+    table = np.asarray(expected_distinct_experts(num_experts, experts_per_token, _TABLE_GRID))
+    table.setflags(write=False)
+    return table
+
+
+def _sparse(terms: dict[int, float]) -> _Terms:
+    return tuple((feature, seconds) for feature, seconds in sorted(terms.items()) if seconds)
+
+
 def _terms(row: np.ndarray) -> _Terms:
     return tuple((int(feature), float(row[feature])) for feature in np.flatnonzero(row))
 
 
-def _as_number_or_array(value: ArrayLike) -> ArrayLike:
-    """Plain floats for scalars (numpy's per-call overhead would dominate), float arrays otherwise."""
-    return float(value) if np.ndim(value) == 0 else np.asarray(value, dtype=float)  # type: ignore[arg-type]
-
-
 def _anywhere(condition: ArrayLike) -> bool:
-    return condition if isinstance(condition, bool) else bool(np.any(condition))
-
-
-def _as_result(value: ArrayLike) -> float | np.ndarray:
-    return float(value) if np.ndim(value) == 0 else np.asarray(value)  # type: ignore[arg-type]
+    return condition if isinstance(condition, bool) else bool(np.count_nonzero(condition))

@@ -1,18 +1,33 @@
 """The fast step-time model: the roofline's own numbers, for any mix of decode and prefill, vectorized.
 
 Independent checks: the roofline of `prefill_cost`/`decode_cost` (worked by hand in test_flops.py and
-test_roofline.py) for uniform batches, hand arithmetic for the window bound and pipeline hops, and
-scalar calls against vectorized ones.
+test_roofline.py) for uniform batches, the roofline of any step shape evaluated operator by operator
+from `flops.step_cost_model`, hand arithmetic for the window bound and pipeline hops, and scalar calls
+against vectorized ones.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.sizing.flops import decode_cost, prefill_cost, step_cost_model
+from app.sizing.comm import link_bandwidth, pipeline_hops_time_s
+from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.flops import (
+    DECODE,
+    PREFILL,
+    OperatorCost,
+    PhaseCost,
+    attended_positions,
+    decode_cost,
+    kv_tokens_read,
+    prefill_cost,
+    step_cost_model,
+)
 from app.sizing.perf import StepTimeModel, build_step_time_model
 from app.sizing.roofline import default_compute_dtype, roofline
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -30,11 +45,43 @@ from tests.domain.test_roofline import A100_80GB_SXM, GPUS, H100_SXM
 models = st.sampled_from(ALL_MODELS) | random_models()
 weight_dtypes = st.sampled_from(["bf16", "fp8", "int4"])
 
+# A profile unlike the default: its compute curve keeps rising up to 30,000 rows, well past any batch,
+# so large prefill steps meet a fraction that is not the curve's flat top.
+RISING_CURVE = Efficiency(
+    bandwidth_fraction=0.55, compute_curve=((16, 0.05), (512, 0.5), (30_000, 0.8)), compute_scale=0.9,
+    attention_fraction=0.45, per_step_overhead_s=2e-4, per_layer_overhead_s=5e-6, allreduce_latency_s=1.2e-5,
+    source="test profile: a compute curve rising to 30,000 rows",
+)
+efficiencies = st.sampled_from([DEFAULT_EFFICIENCY, RISING_CURVE])
+
 
 def step_model(model: ModelSpec, gpu: GpuSpec = H100_SXM, tp: int = 1, pp: int = 1,
-               weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> StepTimeModel:
+               weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+               efficiency: Efficiency = DEFAULT_EFFICIENCY) -> StepTimeModel:
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp,
-                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency)
+
+
+def per_operator_times(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, efficiency: Efficiency,
+                       tokens: float, sampled: float, attended: list[float],
+                       kv_read: list[float]) -> tuple[float, float]:
+    """(expected, ideal) seconds of a step of this shape, timed by `roofline()` operator by operator from
+    the cost model's linear forms (every operator's FLOPs and bytes at the shape, its own peak and
+    achieved fractions, the all-reduces, the overheads), plus the pipeline's stage-boundary sends."""
+    if tokens == 0:
+        return 0.0, 0.0
+    costs = step_cost_model(model, weight_dtype, "bf16", "bf16", tp)
+    flops, weight, kv, activation = costs.evaluate(costs.shape(tokens, sampled, attended, kv_read))
+    step = PhaseCost(
+        phase=DECODE if tokens == sampled else PREFILL, tokens=tokens,  # type: ignore[arg-type]
+        operators=tuple(OperatorCost(name, *map(float, values))
+                        for name, *values in zip(costs.operator_names, flops, weight, kv, activation, strict=True)),
+        sequences=sampled, tensor_parallel=tp, num_layers=costs.num_layers,  # type: ignore[arg-type]
+        hidden_state_bytes_per_token=costs.hidden_state_bytes_per_token, activation_dtype="bf16")
+    result = roofline(step, gpu, default_compute_dtype(gpu, weight_dtype), efficiency)
+    hops = (pipeline_hops_time_s(tokens, pp, costs.hidden_state_bytes_per_token, link_bandwidth(gpu, tp * pp),
+                                 efficiency.allreduce_latency_s) if pp > 1 else 0.0)
+    return result.expected_time_s + hops, result.ideal_time_s
 
 
 def test_llama_3_8b_decode_step_matches_the_hand_roofline() -> None:
@@ -186,3 +233,95 @@ def test_invalid_steps_and_layouts_are_rejected() -> None:
         steps.step_time_s(0, 0, 10, 55, prefill_seqs=0)  # prompt tokens that belong to no sequence
     with pytest.raises(ValueError):
         step_model(LLAMA_3_8B, pp=33)  # more stages than layers
+
+
+@settings(max_examples=120, deadline=None)
+@given(models, st.sampled_from(GPUS), st.sampled_from([1, 2, 8]), st.sampled_from([1, 2]), weight_dtypes,
+       efficiencies,
+       st.lists(st.tuples(st.integers(0, 64), st.integers(0, 20_000), st.integers(0, 4), st.integers(1, 6000),
+                          st.integers(0, 20_000)), min_size=1, max_size=8),
+       st.booleans())
+def test_scalar_and_vector_calls_agree_with_the_per_operator_roofline(
+        model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, efficiency: Efficiency,
+        steps: list[tuple[int, int, int, int, int]], one_prompt_each: bool) -> None:
+    """Each step: `seqs` sequences decoding after `context` cached tokens each, plus `prompts` prompts
+    prefilling `chunk` tokens each after `cached` ones (up to 4 x 6,000 = 24,000 tokens: beyond the
+    tabulated row counts too; at most one prompt when `prefill_seqs` is left to its default). With
+    equal sequences the model's sums pin the shape down exactly, which `flops.attended_positions`/
+    `kv_tokens_read` give per sequence, unless a window cuts through a chunk; such a prefix is moved
+    past the window (every new token then attends w positions)."""
+    assume(pp <= model.num_hidden_layers)
+    model_steps = step_model(model, gpu, tp, pp, weight_dtype, efficiency=efficiency)
+    windows = model_steps.cost_model.windows
+    widest = max((w for w in windows if w is not None), default=0)
+    rows, expected, ideal = [], [], []
+    for seqs, context, prompts, chunk, cached in steps:
+        if one_prompt_each:
+            prompts = min(prompts, 1)
+        if any(w is not None and cached + 1 < w < cached + chunk for w in windows):
+            cached = widest  # (cached + 1 > every window)
+        if not prompts:
+            chunk = cached = 0
+        tokens, sampled = seqs + prompts * chunk, seqs + prompts
+        attended = [seqs * attended_positions(context, 1, w) + prompts * attended_positions(cached, chunk, w)
+                    for w in windows]
+        kv_read = [seqs * kv_tokens_read(context, 1, w) + prompts * kv_tokens_read(cached, chunk, w)
+                   for w in windows]
+        times = per_operator_times(model, gpu, tp, pp, weight_dtype, efficiency, tokens, sampled, attended, kv_read)
+        expected.append(times[0])
+        ideal.append(times[1])
+        rows.append((seqs, seqs * context, prompts * chunk, prompts * attended_positions(cached, chunk, None))
+                    + (() if one_prompt_each else (prompts,)))
+    columns = [np.array(column) for column in zip(*rows, strict=True)]
+    vector, vector_ideal = model_steps.step_time_s(*columns), model_steps.ideal_step_time_s(*columns)
+    for i, row in enumerate(rows):
+        scalar, scalar_ideal = model_steps.step_time_s(*row), model_steps.ideal_step_time_s(*row)
+        assert isinstance(scalar, float)
+        assert scalar == pytest.approx(expected[i], rel=1e-9)
+        assert vector[i] == pytest.approx(expected[i], rel=1e-9)
+        assert scalar_ideal == pytest.approx(ideal[i], rel=1e-9)
+        assert vector_ideal[i] == pytest.approx(ideal[i], rel=1e-9)
+
+
+@pytest.mark.parametrize("model", [LLAMA_3_8B, DEEPSEEK_V3], ids=lambda model: model.slug)
+def test_fractional_step_sizes_agree_with_the_per_operator_roofline(model: ModelSpec) -> None:
+    """A mean micro-batch (capacity divides a batch by pp) is no whole number of rows: 2.5 sequences
+    of 1,000 cached tokens each (global attention: 2.5 x 1,001 = 2,502.5 positions attended and read),
+    and 2.5 + 1,000.5 prompt tokens in a mixed step; timed alike by scalar calls, a vectorized call and
+    the roofline operator by operator (both without a window, so the model's sums are the shape)."""
+    steps = step_model(model, tp=8)
+    assert steps.cost_model.windows == (None,)
+    decode = per_operator_times(model, H100_SXM, 8, 1, "bf16", DEFAULT_EFFICIENCY, 2.5, 2.5, [2502.5], [2502.5])
+    # The prompt: 1,000.5 tokens of one sequence with no prefix attend 1,000.5 x 1,001.5 / 2 positions.
+    positions = 1000.5 * 1001.5 / 2
+    mixed = per_operator_times(model, H100_SXM, 8, 1, "bf16", DEFAULT_EFFICIENCY, 1003.0, 3.5,
+                               [2502.5 + positions], [2502.5 + 1000.5])
+    for (expected, ideal), args in ((decode, (2.5, 2500.0, 0.0, 0.0)), (mixed, (2.5, 2500.0, 1000.5, positions))):
+        assert steps.step_time_s(*args) == pytest.approx(expected, rel=1e-9)
+        assert steps.ideal_step_time_s(*args) == pytest.approx(ideal, rel=1e-9)
+        assert steps.step_time_s(*(np.full(3, value) for value in args)) == pytest.approx([expected] * 3, rel=1e-9)
+
+
+def test_a_model_timed_under_another_efficiency_equals_one_built_with_it() -> None:
+    """`dataclasses.replace(steps, efficiency=...)` (how a calibration fit re-times a deployment) folds
+    the new efficiency in, as building the model with it does."""
+    rebuilt, replaced = step_model(MIXTRAL_8X7B, tp=2, efficiency=RISING_CURVE), replace(
+        step_model(MIXTRAL_8X7B, tp=2), efficiency=RISING_CURVE)
+    shapes = ((4, 4000, 0, 0), (1, 0, 2048, 2048 * 2049 // 2), (np.arange(1.0, 9.0), 8000, 0, 0))
+    for shape in shapes:
+        assert replaced.step_time_s(*shape) == pytest.approx(rebuilt.step_time_s(*shape), rel=1e-15)
+    assert replaced.step_time_s(4, 4000, 0, 0) != step_model(MIXTRAL_8X7B, tp=2).step_time_s(4, 4000, 0, 0)
+
+
+def test_long_runs_and_grids_of_steps_equal_scalar_calls() -> None:
+    """5,000 decode steps of a growing batch in one call (evaluated in blocks), and a 2-D grid of
+    batch sizes x contexts, step by step as single calls."""
+    steps = step_model(GEMMA_2_9B, tp=2, pp=2)
+    batch = np.arange(5000) % 300 + 1.0
+    context = batch * (np.arange(5000) * 3.0)
+    times = steps.step_time_s(batch, context, 0, 0)
+    for i in (0, 1, 2047, 2048, 2049, 4095, 4096, 4999):
+        assert times[i] == pytest.approx(steps.step_time_s(float(batch[i]), float(context[i]), 0, 0), rel=1e-12)
+    grid = steps.step_time_s(np.array([[1.0], [64.0]]), np.array([[100.0, 10_000.0, 100_000.0]]), 0, 0)
+    assert grid.shape == (2, 3)
+    assert grid[1, 2] == pytest.approx(steps.step_time_s(64, 100_000, 0, 0), rel=1e-12)
