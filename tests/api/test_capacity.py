@@ -1,0 +1,251 @@
+"""/v1/capacity: engine memory accounting, KV capacity and concurrency, fit answers, and bad input.
+
+Expected numbers are worked by hand from the catalog rows (h100-sxm reports 85,520,809,984 bytes,
+h200-sxm 150,754,820,096) and the published architectures; tests/domain/test_capacity.py shows the
+longer derivations these repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.schemas import capacity as shapes
+from app.schemas.catalog import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
+
+GIB = 2**30
+WORKLOAD = {"input_tokens": 1000, "output_tokens": 500}
+# Llama-3.1-8B in bf16: 8,030,261,248 parameters x 2 bytes.
+LLAMA_8B_WEIGHTS = 16_060_522_496
+SEED_EXAMPLE = {"model": "llama-3-70b", "gpu": "h100-sxm", "tensor_parallel": 4, "weight_dtype": "fp16",
+                "kv_dtype": "fp16", "engine": "generic", "gpu_memory_utilization": 1.0,
+                "reserved_bytes_per_gpu": 7_500_000_000, **WORKLOAD}
+
+
+def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_seed_worked_example(client: TestClient) -> None:
+    """Seed s11, Llama-3-70B fp16 on 4 x H100 (TP4), 30 GB of overhead given explicitly (7.5e9 per GPU),
+    utilization 1.0. Per GPU: weights 17,639,415,808 params x 2 = 35,278,831,616 B; KV budget
+    85,520,809,984 − 35,278,831,616 − 7,500,000,000 = 42,741,978,368 B; 81,920 B per token (2 of 8 KV heads
+    x 128 x 2 B x 80 layers); 42,741,978,368 // (16 x 81,920) = 32,609 blocks; 1,500 tokens = 94 blocks
+    per request -> 32,609 // 94 = 346 admitted (the seed's "~310" assumes 80 GB, not the 85.5 GB the
+    driver reports)."""
+    data = post(client, SEED_EXAMPLE)
+    assert data["fits"] is True and data["reasons"] == [] and data["suggestion"] is None
+    assert data["num_gpus"] == 4
+    memory = data["memory"]
+    assert memory["total_bytes_per_gpu"] == 85_520_809_984
+    assert memory["weights_bytes_per_gpu"] == 35_278_831_616
+    assert memory["reserved_bytes_per_gpu"] == memory["overhead_bytes_per_gpu"] == 7_500_000_000
+    assert memory["kv_budget_bytes_per_gpu"] == 42_741_978_368
+    assert data["kv_bytes_per_token_per_gpu"] == 81_920
+    assert (data["kv_tokens"], data["kv_blocks"]) == (521_744, 32_609)
+    assert data["max_concurrency"]["admission"] == {
+        "sequences": 346, "kv_limited_sequences": 346, "limit": "kv_cache", "tokens_per_request": 1500}
+    assert data["operating_point"]["batch_size"] == 346
+    assert data["operating_point"]["concurrency_view"] == "admission"
+
+
+def test_inline_specs_give_the_same_answer(client: TestClient) -> None:
+    """The inline Llama-3-70B architecture and H100 spec (the schema examples) are the catalog rows."""
+    body = {**SEED_EXAMPLE, "model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu_spec": GPU_SPEC_EXAMPLE}
+    del body["model"], body["gpu"]
+    data = post(client, body)
+    assert data["model"] == "model_spec (inline)"
+    assert data["max_concurrency"]["admission"]["sequences"] == 346
+
+
+def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
+    """vLLM, Llama-3.1-8B on H100, utilization 0.9, max-model-len 16k, measured KV 51.38 GiB:
+    0.9 x 85,520,809,984 = 76,968,728,985 − 16,060,522,496 (weights) − 5,111,011,082 (activation
+    4.76 GiB) − 139,586,437 (non-torch 0.13 GiB) − 483,183,821 (CUDA graphs 0.45 GiB) = 55,174,425,149 B
+    = 51.385 GiB."""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm",
+                         "gpu_memory_utilization": 0.9, "max_model_len": 16384, **WORKLOAD})
+    memory = data["memory"]
+    assert memory["usable_bytes_per_gpu"] == 76_968_728_985
+    assert memory["activation_bytes_per_gpu"] == 5_111_011_082
+    assert memory["overhead_bytes_per_gpu"] == 139_586_437 + 483_183_821
+    assert memory["kv_budget_bytes_per_gpu"] == 55_174_425_149
+    assert memory["kv_budget_per_gpu"]["gib"] == pytest.approx(51.38, rel=0.01)
+    # 55,174,425,149 // (16 x 131,072) = 26,309 blocks; 16,384 tokens = 1,024 blocks per request -> 25.
+    assert (data["kv_tokens"], data["kv_blocks"]) == (420_944, 26_309)
+    assert data["max_concurrency"]["worst_case"]["sequences"] == 25
+    assert data["max_context_tokens"] == 16_384
+    engine = data["engine"]
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"]) == (1024, 8192)
+    assert engine["block_size"] == 16
+    assert engine["sources"]["gpu_memory_utilization"] == "given"
+    assert "4.76 GiB" in engine["sources"]["activation_bytes_per_gpu"]
+    assert data["operating_point"]["concurrency_view"] == "steady_state"
+    assert data["calculation_version"] == "2026.11.29"
+    assumptions = data["assumptions"]
+    assert assumptions["efficiency"]["calibration_profile"] == "builtin"
+    assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
+    assert any(line.startswith("max_num_seqs = 1024") for line in assumptions["defaults_used"])
+
+
+def test_405b_on_one_h100_is_an_answer_not_an_error(client: TestClient) -> None:
+    """Llama-3.1-405B bf16: 405,853,388,800 params x 2 = 811,706,777,600 B (811.7 GB) against one GPU of
+    85,520,809,984 B (85.5 GB)."""
+    data = post(client, {"model": "llama-3.1-405b", "gpu": "h100-sxm", **WORKLOAD})
+    assert data["fits"] is False
+    assert data["memory"]["weights_bytes_total"] == 811_706_777_600
+    assert data["memory"]["weights_total"]["gb"] == pytest.approx(811.706778)
+    (reason,) = data["reasons"]
+    assert reason.startswith("weights need 811.7 GB (bf16); 1 x 85.5 GB (TP1, PP1)")
+    assert data["operating_point"] is None
+    assert data["kv_tokens"] == 0
+    suggestion = data["suggestion"]
+    assert suggestion is not None and suggestion["num_gpus"] <= 8
+    again = post(client, {"model": "llama-3.1-405b", "gpu": "h100-sxm", **WORKLOAD,
+                          "tensor_parallel": suggestion["tensor_parallel"],
+                          "pipeline_parallel": suggestion["pipeline_parallel"],
+                          "weight_dtype": suggestion["weight_dtype"]})
+    assert again["fits"] is True
+
+
+def test_sglang_fraction_on_h200(client: TestClient) -> None:
+    """SGLang on H200 (143,771 MiB): fraction round((143,771 − 13,440) / 143,771, 3) = 0.907;
+    0.907 x 150,754,820,096 = 136,734,621,827 (.072 dropped) − 16,060,522,496 = 120,674,099,331 B of KV;
+    page size 1: // 131,072 = 920,670 tokens."""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h200-sxm", "engine": "sglang", **WORKLOAD})
+    assert data["engine"]["gpu_memory_utilization"] == 0.907
+    assert data["engine"]["block_size"] == 1
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 120_674_099_331
+    assert data["kv_tokens"] == 920_670
+
+
+def test_trtllm_rule(client: TestClient) -> None:
+    """TensorRT-LLM: 0.9 x (85,520,809,984 − 16,060,522,496 − 5,111,011,082 − 139,586,437) =
+    0.9 x 64,209,689,969 = 57,788,720,972 B; blocks of 32 x 131,072: 13,777; 47 blocks per 1,500-token
+    request -> 293 admitted."""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "trtllm", **WORKLOAD})
+    assert data["engine"]["utilization_of"] == "free_memory_after_weights_and_activations"
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 57_788_720_972
+    assert data["kv_blocks"] == 13_777
+    assert data["max_concurrency"]["admission"]["sequences"] == 293
+
+
+def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
+    """A 10 GiB KV budget: reserve 85,520,809,984 − 16,060,522,496 − 10,737,418,240 = 58,722,869,248 B.
+    bf16: 10,737,418,240 // (16 x 131,072) = 5,120 blocks = 81,920 tokens, 5,120 // 94 = 54 admitted;
+    fp8: 10,240 blocks = 163,840 tokens, 108 admitted."""
+    body = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "generic", "gpu_memory_utilization": 1.0,
+            "reserved_bytes_per_gpu": 58_722_869_248, **WORKLOAD}
+    bf16, fp8 = post(client, body), post(client, {**body, "kv_dtype": "fp8"})
+    assert bf16["memory"]["kv_budget_bytes_per_gpu"] == fp8["memory"]["kv_budget_bytes_per_gpu"] == 10 * GIB
+    assert (bf16["kv_tokens"], fp8["kv_tokens"]) == (81_920, 163_840)
+    assert (bf16["max_concurrency"]["admission"]["sequences"],
+            fp8["max_concurrency"]["admission"]["sequences"]) == (54, 108)
+
+
+def test_mixtral_moe_at_tp2(client: TestClient) -> None:
+    """Mixtral-8x7B on 2 x H100 (vLLM defaults): 78,679,145,185 usable − 46,704,107,520 weights −
+    5,367,227,132 activation − 644,245,094 non-torch (2 GPUs) − 483,183,821 graphs = 25,480,381,618 B."""
+    data = post(client, {"model": "mixtral-8x7b", "gpu": "h100-sxm", "tensor_parallel": 2, **WORKLOAD})
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 25_480_381_618
+    assert data["kv_blocks"] == 24_299
+
+
+def test_mla_latent_is_not_divided_at_tp8(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 at TP8 on H200: (512 + 64) x 2 B x 61 layers = 70,272 B per token on every GPU."""
+    data = post(client, {"model": "deepseek-v3", "gpu": "h200-sxm", "tensor_parallel": 8,
+                         "weight_dtype": "fp8", **WORKLOAD})
+    assert data["fits"] is True
+    assert data["kv_bytes_per_token_per_gpu"] == 70_272
+    assert data["kv_blocks"] == data["memory"]["kv_budget_bytes_per_gpu"] // (16 * 70_272)
+
+
+def test_max_num_seqs_binds(client: TestClient) -> None:
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "max_num_seqs": 32, **WORKLOAD})
+    for view in ("admission", "steady_state"):
+        assert data["max_concurrency"][view]["sequences"] == 32
+        assert data["max_concurrency"][view]["limit"] == "max_num_seqs"
+        assert data["max_concurrency"][view]["kv_limited_sequences"] > 32
+    assert data["operating_point"]["batch_size"] == 32
+
+
+def test_tensor_parallel_beyond_one_node_is_allowed(client: TestClient) -> None:
+    """TP16 spans two 8-GPU H100 nodes; the answer uses the scale-out link and still fits."""
+    data = post(client, {"model": "llama-3-70b", "gpu": "h100-sxm", "tensor_parallel": 16, **WORKLOAD})
+    assert data["fits"] is True and data["num_gpus"] == 16
+    assert data["kv_bytes_per_token_per_gpu"] == 40_960  # 1 replicated KV head x 128 x 2 x 2 B x 80 layers
+
+
+@pytest.mark.parametrize(("change", "pointer"), [
+    ({"tensor_parallel": 3}, "/body/tensor_parallel"),  # 64 heads
+    ({"pipeline_parallel": 81}, "/body/pipeline_parallel"),  # 80 layers
+    ({"gpu_memory_utilization": 1.5}, "/body/gpu_memory_utilization"),
+    ({"gpu_memory_utilization": 0}, "/body/gpu_memory_utilization"),
+    ({"input_tokens": -1}, "/body/input_tokens"),
+    ({"output_tokens": 0}, "/body/output_tokens"),
+    ({"max_model_len": 8193}, "/body/max_model_len"),  # Llama-3-70B has 8,192 positions
+    ({"max_model_len": 10_000_001}, "/body/max_model_len"),
+    ({"max_num_seqs": 1_000_001}, "/body/max_num_seqs"),
+    ({"reserved_bytes_per_gpu": -1}, "/body/reserved_bytes_per_gpu"),
+    ({"engine": "tgi"}, "/body/engine"),
+    ({"tensor_parallel": "4"}, "/body/tensor_parallel"),
+    ({"kv_dtype": "int4"}, "/body/kv_dtype"),
+    ({"gpu": "a100-80gb-sxm", "compute_dtype": "fp8"}, "/body/compute_dtype"),  # no fp8 tensor cores
+    ({"surprise": 1}, "/body/surprise"),
+])
+def test_bad_input_is_a_422_naming_the_field(client: TestClient, change: dict[str, Any],
+                                              pointer: str) -> None:
+    body = {"model": "llama-3-70b", "gpu": "h100-sxm", "tensor_parallel": 4, **WORKLOAD, **change}
+    response = client.post("/v1/capacity", json=body)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert pointer in [error["pointer"] for error in response.json()["errors"]]
+
+
+def test_model_must_be_given_exactly_once(client: TestClient) -> None:
+    both = client.post("/v1/capacity", json={"model": "llama-3-70b", "model_spec": MODEL_ARCHITECTURE_EXAMPLE,
+                                             "gpu": "h100-sxm", **WORKLOAD})
+    neither = client.post("/v1/capacity", json={"gpu": "h100-sxm", **WORKLOAD})
+    assert both.status_code == neither.status_code == 422
+
+
+def test_unknown_slugs_and_profiles_are_404(client: TestClient) -> None:
+    assert client.post("/v1/capacity", json={"model": "no-such-model", "gpu": "h100-sxm", **WORKLOAD}
+                       ).status_code == 404
+    assert client.post("/v1/capacity", json={"model": "llama-3-70b", "gpu": "no-such-gpu", **WORKLOAD}
+                       ).status_code == 404
+    assert client.post("/v1/capacity", json={"model": "llama-3-70b", "gpu": "h100-sxm", "calibration": "nope",
+                                             **WORKLOAD}).status_code == 404
+
+
+@pytest.mark.parametrize("body", [
+    # Extremes a client may send: each is a 200 answer (fits or not), never a 500.
+    {"model": "llama-3.1-8b", "gpu": "h100-sxm", "input_tokens": 10_000_000, "output_tokens": 10_000_000},
+    {"model": "llama-3.1-8b", "gpu": "h100-sxm", "input_tokens": 100_000, "output_tokens": 1,
+     "max_num_batched_tokens": 1},
+    {"model": "llama-3.1-8b", "gpu": "t4", **WORKLOAD},
+    {"model": "llama-3.1-8b", "gpu": "h100-sxm", "block_size": 65_536, "max_num_seqs": 1_000_000, **WORKLOAD},
+    {"model": "llama-3.1-8b", "gpu": "h100-sxm", "reserved_bytes_per_gpu": 10**13, **WORKLOAD},
+    {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_dtype": "fp4", "engine": "sglang", **WORKLOAD},
+    {"model": "gemma-2-9b", "gpu": "l4", "engine": "trtllm", "pipeline_parallel": 42, **WORKLOAD},
+])
+def test_extremes_are_answers(client: TestClient, body: dict[str, Any]) -> None:
+    data = post(client, body)
+    assert isinstance(data["fits"], bool)
+    assert data["fits"] == (data["reasons"] == [])
+
+
+def test_documented_examples_are_valid(client: TestClient) -> None:
+    """Every request example Swagger UI offers is answered, and every response example is a valid response."""
+    request_schema = shapes.CapacityRequest.model_config["json_schema_extra"]
+    for example in request_schema["examples"]:  # type: ignore[index]
+        post(client, example)
+    for name in ("CapacityResponse", "MemoryOut", "ConcurrencyOut", "MaxConcurrencyOut", "OperatingPointOut",
+                 "SuggestionOut", "EngineOut", "CapacityAssumptions"):
+        shape = getattr(shapes, name)
+        for example in shape.model_config["json_schema_extra"]["examples"]:
+            shape.model_validate(example)

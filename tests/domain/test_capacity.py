@@ -1,0 +1,591 @@
+"""Capacity: engine memory budgets, KV token capacity, concurrency views, fit checks, operating point.
+
+Golden numbers are worked by hand in each docstring from the architecture (tests/domain/models_for_tests)
+and the driver-reported memory of the GPUs (typed in below from ../shared/data/gpus.csv), and checked
+against the seed's worked example and the published vLLM measurement (SIZING.md sections 7 and 10).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.sizing.capacity import (
+    ADMISSION,
+    LIMIT_KV_CACHE,
+    LIMIT_MAX_NUM_SEQS,
+    STEADY_STATE,
+    EngineConfig,
+    activation_peak_bytes,
+    activation_values_per_token,
+    capacity,
+    kv_bytes_per_token_per_gpu,
+    kv_token_capacity,
+    memory_budget,
+    operating_point,
+    requests_fitting,
+    resolve_engine,
+    sglang_mem_fraction_static,
+    steady_state_kv_bytes,
+)
+from app.sizing.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.perf import build_step_time_model
+from app.sizing.specs import GpuSpec, ModelSpec
+from tests.domain.models_for_tests import (
+    DEEPSEEK_V3,
+    GEMMA_2_9B,
+    GPT_OSS_120B,
+    LLAMA_3_1_405B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    MIXTRAL_8X7B,
+    random_models,
+)
+
+GIB = 2**30
+
+# Driver-reported totals (nvidia-smi): H100 SXM 81,559 MiB, H200 SXM 143,771 MiB, A100 80GB 81,920 MiB.
+H100 = GpuSpec(name="NVIDIA H100 SXM5 80GB", slug="h100-sxm", memory_bytes=85_520_809_984,
+               memory_bandwidth_bytes_per_s=3.35e12, interconnect_bandwidth_bytes_per_s=450e9,
+               bf16_flops_per_s=989.5e12, fp16_flops_per_s=989.5e12, fp8_flops_per_s=1979e12)
+H200 = dataclasses.replace(H100, name="NVIDIA H200 SXM 141GB", slug="h200-sxm", memory_bytes=150_754_820_096,
+                           memory_bandwidth_bytes_per_s=4.8e12)
+A100_80GB = GpuSpec(name="NVIDIA A100 80GB SXM4", slug="a100-80gb-sxm", memory_bytes=85_899_345_920,
+                    memory_bandwidth_bytes_per_s=2.039e12, interconnect_bandwidth_bytes_per_s=300e9,
+                    bf16_flops_per_s=312e12, fp16_flops_per_s=312e12)
+
+# Llama-3.1-8B has Llama-3-8B's architecture (32 x 4096, GQA 32/8, SwiGLU 14336, vocab 128256) and a
+# 131,072-token context.
+LLAMA_3_1_8B = dataclasses.replace(LLAMA_3_8B, name="Llama-3.1-8B", slug="llama-3.1-8b",
+                                   max_position_embeddings=131_072)
+LLAMA_8B_WEIGHTS = 16_060_522_496  # 8,030,261,248 parameters x 2 bytes (bf16)
+
+# The measured vLLM components (SIZING.md s7), in bytes: round(GiB x 2^30).
+ACTIVATION_8B = 5_111_011_082  # 4.76 x 1,073,741,824 = 5,111,011,082.24
+NON_TORCH_TP1 = 139_586_437  # 0.13 x 1,073,741,824 = 139,586,437.12
+NON_TORCH_TP2 = 644_245_094  # 0.6 x 1,073,741,824 = 644,245,094.4
+CUDA_GRAPHS = 483_183_821  # 0.45 x 1,073,741,824 = 483,183,820.8
+
+
+def run(model, gpu=H100, *, tp=1, pp=1, weight_dtype="bf16", kv_dtype="bf16", compute_dtype=None,
+        engine=None, input_tokens=1000, output_tokens=500):  # type: ignore[no-untyped-def]
+    return capacity(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
+                    kv_dtype=kv_dtype, compute_dtype=compute_dtype, engine=engine or EngineConfig(),
+                    input_tokens=input_tokens, output_tokens=output_tokens, efficiency=DEFAULT_EFFICIENCY)
+
+
+def generic_with_kv_budget(kv_budget: int, weights: int, gpu: GpuSpec = H100) -> EngineConfig:
+    """A generic engine at utilization 1.0 whose reserve leaves exactly `kv_budget` for the KV cache."""
+    return EngineConfig(engine="generic", gpu_memory_utilization=1.0,
+                        reserved_bytes_per_gpu=gpu.memory_bytes - weights - kv_budget)
+
+
+# The seed's worked example and the published measurement ---------------------------------------------
+
+def test_seed_worked_example_llama_3_70b_on_4_h100() -> None:
+    """Seed s11: Llama-3-70B fp16, TP4 on 4 x H100, ~30 GB of overhead, ~1k in / 500 out: "~310".
+
+    Weights per GPU (TP4, fp16 = 2 B): each layer holds Q 8192·16·128 = 16,777,216, K+V 2·8192·2·128 =
+    4,194,304, O 16,777,216, MLP 3·8192·28672/4 = 176,160,768 -> 213,909,504, plus norms 2·8192; 80 layers
+    = 17,112,760,320 + 1,310,720; embedding + LM head shards 2 · 32,064 · 8192 = 525,336,576; final norm
+    8192. Sum 17,639,415,808 params x 2 = 35,278,831,616 B (the seed rounds to 140 GB / 4 = 35 GB).
+    KV budget per GPU = 85,520,809,984 (driver total) x 1.0 − 35,278,831,616 − 7,500,000,000 (30 GB / 4)
+    = 42,741,978,368 B.
+    KV per token per GPU: 2 · (8/4 KV heads) · 128 · 2 B · 80 layers = 81,920 B; a block of 16 tokens
+    1,310,720 B; blocks = 42,741,978,368 // 1,310,720 = 32,609 (32,609 · 1,310,720 = 42,741,268,480).
+    A request of 1,000 + 500 tokens takes ceil(1500/16) = 94 blocks: 32,609 // 94 = 346 admitted.
+    The seed's own arithmetic, (320 − 140 − 30) GB / (1500 · 327,680 B) = 305, uses 80 GB GPUs; the
+    driver reports 85.5 GB, which is the whole difference (next test).
+    """
+    result = run(LLAMA_3_70B, tp=4, weight_dtype="fp16", kv_dtype="fp16",
+                 engine=EngineConfig(engine="generic", gpu_memory_utilization=1.0,
+                                     reserved_bytes_per_gpu=7_500_000_000))
+    assert result.fits and result.reasons == ()
+    assert result.memory.weights_bytes_per_gpu == 35_278_831_616
+    assert result.memory.kv_budget_bytes_per_gpu == 42_741_978_368
+    assert result.kv_bytes_per_token_per_gpu == 81_920
+    assert (result.kv_tokens, result.kv_blocks) == (32_609 * 16, 32_609)
+    admission = result.max_concurrency.admission
+    assert (admission.sequences, admission.limit) == (346, LIMIT_KV_CACHE)
+    # The generic engine reserves input + output at admission, so it runs at that view.
+    assert result.operating_point is not None
+    assert (result.operating_point.batch_size, result.operating_point.concurrency_view) == (346, ADMISSION)
+
+
+def test_seed_worked_example_with_the_seeds_80_gb_gpus_gives_about_310() -> None:
+    """Same as above on a GPU of exactly 80e9 bytes (the seed's "80 GB"):
+    80,000,000,000 − 35,278,831,616 − 7,500,000,000 = 37,221,168,384 B; // 1,310,720 = 28,397 blocks
+    (28,397 · 1,310,720 = 37,220,515,840); // 94 = 302 admitted: the seed's ~310 (its own rounding of
+    weights to 140 GB and KV to 150 GB gives 305).
+    """
+    gpu_80gb = dataclasses.replace(H100, memory_bytes=80_000_000_000)
+    result = run(LLAMA_3_70B, gpu_80gb, tp=4, weight_dtype="fp16", kv_dtype="fp16",
+                 engine=EngineConfig(engine="generic", gpu_memory_utilization=1.0,
+                                     reserved_bytes_per_gpu=7_500_000_000))
+    assert result.memory.kv_budget_bytes_per_gpu == 37_221_168_384
+    assert result.kv_blocks == 28_397
+    assert result.max_concurrency.admission.sequences == 302
+
+
+def test_vllm_measurement_llama_3_1_8b_on_h100() -> None:
+    """Published vLLM start-up on H100, Llama-3.1-8B, utilization 0.9, max-model-len 16k: KV 51.38 GiB.
+
+    0.9 x 85,520,809,984 = 76,968,728,985 (.6 dropped)
+      − weights 16,060,522,496 (8,030,261,248 params x 2 B; vLLM logs 14.99 GiB, we have 14.96)
+      − activation peak 5,111,011,082 (4.76 GiB: the anchor of the activation estimate)
+      − non-torch 139,586,437 (0.13 GiB)   − CUDA graphs 483,183,821 (0.45 GiB)
+      = 55,174,425,149 B = 51.385 GiB, 0.01% from the measured 51.38.
+    Blocks of 16 x 131,072 B = 2,097,152 B: 55,174,425,149 // 2,097,152 = 26,309 (26,309 · 2,097,152 =
+    55,173,971,968), i.e. 420,944 tokens; 16,384 tokens per request take 1,024 blocks: 26,309 // 1,024 =
+    25 requests in the worst case (vLLM would log 25.69x).
+    """
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="vllm", gpu_memory_utilization=0.9,
+                                                   max_model_len=16_384))
+    memory = result.memory
+    assert memory.usable_bytes_per_gpu == 76_968_728_985
+    assert memory.weights_bytes_per_gpu == LLAMA_8B_WEIGHTS
+    assert memory.activation_bytes_per_gpu == ACTIVATION_8B
+    assert memory.non_torch_bytes_per_gpu == NON_TORCH_TP1
+    assert memory.cuda_graph_bytes_per_gpu == CUDA_GRAPHS
+    assert memory.overhead_bytes_per_gpu == NON_TORCH_TP1 + CUDA_GRAPHS
+    assert memory.kv_budget_bytes_per_gpu == 55_174_425_149
+    assert memory.kv_budget_bytes_per_gpu / GIB == pytest.approx(51.38, rel=0.01)
+    assert (result.kv_tokens, result.kv_blocks) == (420_944, 26_309)
+    assert result.max_concurrency.worst_case.sequences == 25
+    assert dict(result.engine.sources)["gpu_memory_utilization"] == "given"
+
+
+def test_405b_bf16_on_one_h100_does_not_fit_and_gets_a_suggestion() -> None:
+    """Llama-3.1-405B: 405,853,388,800 params (model card 405B) x 2 B = 811,706,777,600 B = 811.7 GB,
+    nearly ten times one H100's 85,520,809,984 B (85.5 GB). An answer, not an error: fits False, the
+    reason with the real numbers, and the smallest configuration in one node that fits. In bf16 no
+    8-GPU layout fits (811.7 GB / 8 = 101.5 GB per GPU), so the suggestion changes the precision.
+    """
+    result = run(LLAMA_3_1_405B)
+    assert result.fits is False
+    assert result.operating_point is None
+    assert result.weights_bytes_total == 811_706_777_600
+    assert result.memory.kv_budget_bytes_per_gpu < 0
+    assert result.kv_tokens == result.kv_blocks == 0
+    assert result.max_concurrency.admission.sequences == 0
+    assert result.max_context_tokens == 0
+    (reason,) = result.reasons
+    assert "811.7 GB" in reason and "1 x 85.5 GB" in reason
+    suggestion = result.suggestion
+    assert suggestion is not None
+    assert suggestion.weight_dtype in ("fp8", "int4")
+    assert suggestion.num_gpus == suggestion.tensor_parallel * suggestion.pipeline_parallel
+    assert suggestion.num_gpus <= H100.gpus_per_node
+    # The suggestion does fit, and nothing with fewer GPUs does at its precision.
+    suggested = run(LLAMA_3_1_405B, tp=suggestion.tensor_parallel, pp=suggestion.pipeline_parallel,
+                    weight_dtype=suggestion.weight_dtype)
+    assert suggested.fits and suggested.kv_tokens == suggestion.kv_tokens
+    for gpus in range(1, suggestion.num_gpus):
+        for tp in (1, 2, 4, 8):
+            if gpus % tp == 0:
+                smaller = run(LLAMA_3_1_405B, tp=tp, pp=gpus // tp, weight_dtype=suggestion.weight_dtype)
+                assert not smaller.fits
+
+
+def test_suggestion_keeps_the_precision_when_more_gpus_suffice() -> None:
+    """Llama-3-70B bf16 (141.1 GB) on one H100 does not fit; TP2 leaves 70.6 GB of weights per GPU,
+    under vLLM's 0.92 x 85.5 = 78.7 GB minus activations and overhead, so the first layout that fits
+    keeps bf16 and needs 2 or more GPUs."""
+    result = run(LLAMA_3_70B)
+    assert not result.fits and result.suggestion is not None
+    assert result.suggestion.weight_dtype == "bf16"
+    assert result.suggestion.num_gpus >= 2
+    assert run(LLAMA_3_70B, tp=result.suggestion.tensor_parallel,
+               pp=result.suggestion.pipeline_parallel).fits
+
+
+# Engine rules ---------------------------------------------------------------------------------------
+
+def test_vllm_defaults_follow_the_gpu() -> None:
+    """vLLM: 0.92 of total memory (v0.11+), block 16; max_num_seqs / max_num_batched_tokens 1024 / 8192
+    on GPUs of >= 70 GiB other than A100, else 256 / 2048. One GPU: non-torch 0.13 GiB."""
+    on_h100 = resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1)
+    assert (on_h100.gpu_memory_utilization, on_h100.block_size) == (0.92, 16)
+    assert (on_h100.max_num_seqs, on_h100.max_num_batched_tokens) == (1024, 8192)
+    assert on_h100.non_torch_bytes_per_gpu == NON_TORCH_TP1
+    assert on_h100.max_model_len == 131_072
+    on_a100 = resolve_engine(EngineConfig(), LLAMA_3_1_8B, A100_80GB, 1)
+    assert (on_a100.max_num_seqs, on_a100.max_num_batched_tokens) == (256, 2048)
+    # 2048 batched tokens: a quarter of the 8192-token activation peak, 5,111,011,082 // 4.
+    assert on_a100.activation_bytes_per_gpu == 5_111_011_082 // 4
+    budget = memory_budget(LLAMA_3_1_8B, H100, on_h100, tensor_parallel=1, pipeline_parallel=1,
+                           weight_dtype="bf16")
+    # 0.92 x 85,520,809,984 = 78,679,145,185 (.28 dropped)
+    assert budget.usable_bytes_per_gpu == 78_679_145_185
+    assert budget.kv_budget_bytes_per_gpu == (78_679_145_185 - LLAMA_8B_WEIGHTS - ACTIVATION_8B
+                                              - NON_TORCH_TP1 - CUDA_GRAPHS)
+
+
+def test_sglang_mem_fraction_static_reproduces_its_rule() -> None:
+    """SGLang 0.5 `_handle_gpu_memory_settings`, memory in MiB:
+    H100 81,559 MiB (< 90 GiB bucket: chunked_prefill_size 8192, cuda_graph_max_bs 256 at tp < 4):
+    reserved = 512 + 1.5·8192 + 2·256 + 1·1/8·1024 = 512 + 12,288 + 512 + 128 = 13,440 MiB (above the
+    10 GiB floor); (81,559 − 13,440) / 81,559 = 0.83521 -> 0.835.
+    H200 143,771 MiB (< 160 GiB bucket, same sizes): (143,771 − 13,440) / 143,771 = 0.90652 -> 0.907.
+    H100 at TP8 (cuda_graph_max_bs 512): 512 + 12,288 + 1,024 + 8/8·1024 = 14,848; 66,711 / 81,559 =
+    0.81795 -> 0.818.
+    H100 with chunked_prefill_size 2048: 512 + 3,072 + 512 + 128 = 4,224 MiB, raised to the 10,240 MiB
+    floor of GPUs over 60 GiB: 71,319 / 81,559 = 0.87445 -> 0.874.
+    """
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, 2048) == (0.874, 2048, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None) == (0.835, 8192, 256)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None) == (0.907, 8192, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None) == (0.818, 8192, 512)
+
+
+def test_sglang_pool_holds_weights_and_kv_only() -> None:
+    """SGLang, Llama-3.1-8B on H100: KV = 0.835 x 85,520,809,984 − weights
+    = 71,409,876,336 (.64 dropped) − 16,060,522,496 = 55,349,353,840 B; page size 1, so
+    55,349,353,840 // 131,072 = 422,282 tokens (422,282 · 131,072 = 55,349,346,304).
+    max_running_requests = min(422,282 // 2, pool of clamp(int(422,282 / 131,072 · 512) = 1,649, 2048,
+    4096) = 2048) = 2048.
+    """
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="sglang"))
+    assert result.memory.usable_bytes_per_gpu == 71_409_876_336
+    assert result.memory.activation_bytes_per_gpu == result.memory.overhead_bytes_per_gpu == 0
+    assert result.memory.kv_budget_bytes_per_gpu == 55_349_353_840
+    assert (result.kv_tokens, result.kv_blocks) == (422_282, 422_282)
+    assert result.engine.max_num_seqs == 2048
+    assert result.operating_point is not None and result.operating_point.concurrency_view == STEADY_STATE
+
+
+def test_trtllm_takes_90_percent_of_the_free_memory_and_reserves_whole_requests() -> None:
+    """TensorRT-LLM, Llama-3.1-8B on H100: free = 85,520,809,984 − 16,060,522,496 (weights)
+    − 5,111,011,082 (activation peak at max_num_tokens 8192) − 139,586,437 (non-torch) = 64,209,689,969;
+    KV = 0.9 x free = 57,788,720,972 (.1 dropped). Blocks of 32 tokens: 32 x 131,072 = 4,194,304 B;
+    57,788,720,972 // 4,194,304 = 13,777 (13,777 · 4,194,304 = 57,784,926,208) = 440,864 tokens.
+    Admission reserves 1,000 + 500 tokens = ceil(1500/32) = 47 blocks: 13,777 // 47 = 293 requests,
+    under max_batch_size 2048, and that is where it runs.
+    """
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="trtllm"))
+    assert result.memory.kv_budget_bytes_per_gpu == 57_788_720_972
+    assert result.memory.usable_bytes_per_gpu == (57_788_720_972 + LLAMA_8B_WEIGHTS + ACTIVATION_8B
+                                                  + NON_TORCH_TP1)
+    assert (result.kv_tokens, result.kv_blocks) == (440_864, 13_777)
+    assert result.max_concurrency.admission.sequences == 293
+    assert result.engine.max_num_seqs == 2048
+    assert result.operating_point is not None
+    assert (result.operating_point.batch_size, result.operating_point.concurrency_view) == (293, ADMISSION)
+
+
+def test_generic_defaults_to_90_percent_and_no_reserve() -> None:
+    """Generic: 0.9 x 85,520,809,984 = 76,968,728,985 − 16,060,522,496 = 60,908,206,489 B; nothing else
+    is subtracted, and no max_num_seqs limit applies."""
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="generic"))
+    assert result.memory.kv_budget_bytes_per_gpu == 60_908_206_489
+    assert result.engine.max_num_seqs is None
+    assert result.max_concurrency.admission.limit == LIMIT_KV_CACHE
+
+
+def test_every_component_can_be_given() -> None:
+    """Each given value replaces the engine's default and is echoed as "given": 0.8 x 85,520,809,984 =
+    68,416,647,987 (.2 dropped) − 16,060,522,496 − 3e9 − 1e9 − 2e9 − 5e8 = 45,856,125,491."""
+    config = EngineConfig(engine="vllm", gpu_memory_utilization=0.8, activation_bytes_per_gpu=3_000_000_000,
+                          non_torch_bytes_per_gpu=1_000_000_000, cuda_graph_bytes_per_gpu=2_000_000_000,
+                          reserved_bytes_per_gpu=500_000_000, block_size=32, max_num_seqs=7,
+                          max_num_batched_tokens=4096, max_model_len=4096)
+    result = run(LLAMA_3_1_8B, engine=config)
+    assert result.memory.kv_budget_bytes_per_gpu == 45_856_125_491
+    assert result.memory.overhead_bytes_per_gpu == 3_500_000_000
+    assert dict(result.engine.sources) == {name: "given" for name in dict(result.engine.sources)}
+    engine = result.engine
+    assert (engine.block_size, engine.max_num_seqs, engine.max_model_len) == (32, 7, 4096)
+
+
+# Activation estimate ----------------------------------------------------------------------------------
+
+def test_activation_estimate_is_anchored_and_scales() -> None:
+    """Per-token live values of one layer, Llama-3.1-8B at TP1: residual + norm 2·4096 = 8,192; Q, K, V and
+    attention output (2·32 + 2·8)·128 = 10,240; gate+up and activated product 3·14,336 = 43,008; total
+    61,440, the anchor. At TP2: 8,192 + (2·16 + 2·4)·128 + 3·7,168 = 8,192 + 5,120 + 21,504 = 34,816.
+    Bytes scale linearly in batched tokens and in those values."""
+    assert activation_values_per_token(LLAMA_3_1_8B, 1) == 61_440
+    assert activation_peak_bytes(LLAMA_3_1_8B, 8192, 1) == ACTIVATION_8B
+    assert activation_peak_bytes(LLAMA_3_1_8B, 4096, 1) == ACTIVATION_8B // 2
+    assert activation_values_per_token(LLAMA_3_1_8B, 2) == 34_816
+    assert activation_peak_bytes(LLAMA_3_1_8B, 8192, 2) == ACTIVATION_8B * 34_816 // 61_440
+
+
+def test_moe_activation_counts_each_chosen_expert() -> None:
+    """Mixtral-8x7B (top-2 of 8 experts of 14,336) at TP1: 8,192 + 10,240 + 2·(3·14,336 + 4,096) + 8
+    router logits = 8,192 + 10,240 + 94,208 + 8 = 112,648 values per token; at 8192 tokens
+    5,111,011,082 · 112,648 // 61,440 = 9,370,852,479 B = 8.73 GiB, near the ~8 GiB measured for MoE
+    models (dense models measured 4.8-5.6 GiB)."""
+    assert activation_values_per_token(MIXTRAL_8X7B, 1) == 112_648
+    peak = activation_peak_bytes(MIXTRAL_8X7B, 8192, 1)
+    assert peak == 9_370_852_479
+    assert 7 * GIB < peak < 10 * GIB
+
+
+def test_mla_activation_widths() -> None:
+    """DeepSeek-V3 at TP8 (16 heads per GPU): attention = q 16·(128+64) = 3,072 + latent 512+64 = 576 +
+    up-projected k_nope and v 16·(128+128) = 4,096 + output 16·128 = 2,048 = 9,792; MoE layer = 8 experts
+    x (3·2048/8 + 7168) = 8 · 7,936 = 63,488 + shared 3·2048/8 = 768 + router 256 = 64,512 (the dense
+    layers' 3·18,432/8 = 6,912 is smaller); plus 2·7,168 = 14,336: 88,640."""
+    assert activation_values_per_token(DEEPSEEK_V3, 8) == 88_640
+
+
+# MoE, MLA, windows, fp8 KV ---------------------------------------------------------------------------
+
+def test_mixtral_moe_on_two_h100() -> None:
+    """Mixtral-8x7B bf16 (93.4 GB) does not fit one H100; at TP2, per GPU:
+    weights: attention (16 q heads, 4 KV heads) 8,388,608 + 4,194,304 + 8,388,608, experts 8 x
+    3·4096·14,336/2 = 704,643,072 -> 725,614,592 per layer; router 32,768 + norms 8,192 stay bf16; 32
+    layers = 23,219,666,944 + 1,310,720; vocabulary shards 2 · 16,000 · 4096 = 131,072,000; final norm
+    4,096: 23,352,053,760 params x 2 = 46,704,107,520 B.
+    activation: 8,192 + (2·16 + 2·4)·128 + 2·(3·7,168 + 4,096) + 8 = 64,520 values ->
+    5,111,011,082 · 64,520 // 61,440 = 5,367,227,132 B; non-torch at 2 GPUs 644,245,094; graphs 483,183,821.
+    KV budget = 78,679,145,185 − 46,704,107,520 − 5,367,227,132 − 644,245,094 − 483,183,821
+    = 25,480,381,618 B; per token 2·4·128·2·32 = 65,536 B, blocks of 1,048,576 B: 24,299 blocks
+    (24,300 would need 25,480,396,800) = 388,784 tokens.
+    """
+    assert not run(MIXTRAL_8X7B).fits
+    result = run(MIXTRAL_8X7B, tp=2)
+    assert result.fits
+    assert result.memory.weights_bytes_per_gpu == 46_704_107_520
+    assert result.memory.activation_bytes_per_gpu == 5_367_227_132
+    assert result.memory.non_torch_bytes_per_gpu == NON_TORCH_TP2
+    assert result.memory.kv_budget_bytes_per_gpu == 25_480_381_618
+    assert result.kv_bytes_per_token_per_gpu == 65_536
+    assert (result.kv_tokens, result.kv_blocks) == (388_784, 24_299)
+
+
+def test_mla_kv_is_not_divided_by_tensor_parallel() -> None:
+    """DeepSeek-V3 at TP8 on H200 (fp8 weights; bf16 would be 1.34 TB, 168 GB per GPU): each token
+    caches (512 + 64) · 2 B = 1,152 B per layer on EVERY rank, 61 layers = 70,272 B, the same as at TP1;
+    blocks = budget // (16 · 70,272 = 1,124,352)."""
+    result = run(DEEPSEEK_V3, H200, tp=8, weight_dtype="fp8")
+    assert result.fits
+    assert result.kv_bytes_per_token_per_gpu == 70_272
+    assert kv_bytes_per_token_per_gpu(DEEPSEEK_V3, "bf16", tensor_parallel=1, pipeline_parallel=1) == 70_272
+    budget = result.memory.kv_budget_bytes_per_gpu
+    assert result.kv_blocks == budget // 1_124_352
+    assert result.kv_tokens == 16 * result.kv_blocks
+    # 10 GiB holds 10,737,418,240 // 1,124,352 = 9,549 blocks = 152,784 tokens.
+    assert kv_token_capacity(DEEPSEEK_V3, 10 * GIB, "bf16", tensor_parallel=8, pipeline_parallel=1,
+                             block_size=16) == (152_784, 9_549)
+
+
+def test_fp8_kv_doubles_tokens_and_concurrency() -> None:
+    """A KV budget of exactly 10 GiB (generic engine, utilization 1.0, the rest reserved), Llama-3.1-8B:
+    bf16 131,072 B/token -> 10,737,418,240 // 2,097,152 = 5,120 blocks = 81,920 tokens; fp8 65,536
+    B/token -> 10,240 blocks = 163,840 tokens: exactly twice. Admission (94 blocks per 1,500-token
+    request): 5,120 // 94 = 54 and 10,240 // 94 = 108."""
+    engine = generic_with_kv_budget(10 * GIB, LLAMA_8B_WEIGHTS)
+    bf16 = run(LLAMA_3_1_8B, engine=engine)
+    fp8 = run(LLAMA_3_1_8B, engine=engine, kv_dtype="fp8")
+    assert bf16.memory.kv_budget_bytes_per_gpu == fp8.memory.kv_budget_bytes_per_gpu == 10 * GIB
+    assert (bf16.kv_tokens, fp8.kv_tokens) == (81_920, 163_840)
+    assert (bf16.max_concurrency.admission.sequences, fp8.max_concurrency.admission.sequences) == (54, 108)
+
+
+def test_steady_state_counts_mean_live_tokens() -> None:
+    """10 GiB of KV, Llama-3.1-8B, 1,000 in / 500 out, blocks of 16. While producing its t-th token a
+    request holds 1,000 + t tokens in ceil((1000+t)/16) blocks: contexts 1,001..1,008 take 63 blocks (8
+    of them), 1,009..1,488 take 64..93 (16 each), 1,489..1,500 take 94 (12): 63·8 + 16·(64+...+93) +
+    94·12 = 504 + 37,680 + 1,128 = 39,312 block-steps = 628,992 token slots over 500 steps, a mean of
+    1,257.984 tokens. 81,920 tokens / 1,257.984 = 65.1 -> 65 requests (admission: 54; worst case at
+    131,072 tokens: 5,120 // 8,192 = 0)."""
+    result = run(LLAMA_3_1_8B, engine=generic_with_kv_budget(10 * GIB, LLAMA_8B_WEIGHTS))
+    steady = result.max_concurrency.steady_state
+    assert steady.sequences == 65
+    assert steady.tokens_per_request == pytest.approx(1257.984, abs=1e-9)
+    assert result.max_concurrency.worst_case.sequences == 0
+    assert steady_state_kv_bytes(LLAMA_3_1_8B, 1000, 500, "bf16", tensor_parallel=1, pipeline_parallel=1,
+                                 block_size=16) == pytest.approx(628_992 * 131_072 / 500, rel=1e-12)
+
+
+def test_window_layers_hold_only_their_window() -> None:
+    """Gemma-2-9B: 21 global and 21 sliding (4,096) layers of 2·8·256·2 = 8,192 B per token each. A block
+    of 16 full-equivalent tokens costs 16 · 8,192 · 42 = 5,505,024 B: 10 GiB holds 1,950 of them (31,200
+    tokens). At 8,192 tokens a request holds 512 blocks in each global layer and ceil(4095/16) + 1 = 257
+    in each sliding one: 8,192 · 21 · (8,192 + 4,112) = 2,116,681,728 B -> 10 GiB // that = 5 requests,
+    where counting every layer as global would give 10 GiB // (344,064 · 8,192) = 3."""
+    budget = 10 * GIB
+    layout = {"tensor_parallel": 1, "pipeline_parallel": 1, "block_size": 16}
+    assert kv_token_capacity(GEMMA_2_9B, budget, "bf16", **layout) == (31_200, 1_950)
+    assert requests_fitting(GEMMA_2_9B, budget, 8192, "bf16", **layout) == 5
+    assert budget // (344_064 * 8192) == 3
+
+
+def test_max_num_seqs_binds() -> None:
+    """vLLM with max_num_seqs 64: the measured-example budget admits 279 requests of 1,500 tokens
+    (26,309 blocks // 94) and sustains more, but the scheduler caps both at 64."""
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(gpu_memory_utilization=0.9, max_num_seqs=64))
+    admission = result.max_concurrency.admission
+    assert (admission.sequences, admission.kv_limited_sequences) == (64, 279)
+    assert admission.limit == LIMIT_MAX_NUM_SEQS
+    assert result.max_concurrency.steady_state.limit == LIMIT_MAX_NUM_SEQS
+    assert result.operating_point is not None and result.operating_point.batch_size == 64
+
+
+def test_longest_single_request() -> None:
+    """10 GiB of KV holds 81,920 tokens of Llama-3.1-8B: the longest request, under max_model_len 131,072."""
+    result = run(LLAMA_3_1_8B, engine=generic_with_kv_budget(10 * GIB, LLAMA_8B_WEIGHTS))
+    assert result.max_context_tokens == 81_920
+
+
+def test_vllm_refuses_a_max_model_len_the_cache_cannot_hold() -> None:
+    """vLLM checks at start-up that one max_model_len request fits: with 81,920 tokens of KV and the model's
+    131,072-token context it does not, so the answer says to lower max_model_len to 81,920."""
+    engine = generic_with_kv_budget(10 * GIB, LLAMA_8B_WEIGHTS)
+    result = run(LLAMA_3_1_8B, engine=dataclasses.replace(
+        engine, engine="vllm", activation_bytes_per_gpu=0, non_torch_bytes_per_gpu=0,
+        cuda_graph_bytes_per_gpu=0))
+    assert not result.fits
+    assert any("lower max_model_len to 81920" in reason for reason in result.reasons)
+
+
+def test_request_longer_than_max_model_len_does_not_fit() -> None:
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(max_model_len=1024))
+    assert not result.fits
+    assert "1500 tokens exceed max_model_len 1024" in result.reasons[0]
+    assert result.suggestion is None  # no layout or precision makes the request shorter
+
+
+# Operating point -------------------------------------------------------------------------------------
+
+def test_operating_point_arithmetic() -> None:
+    """At steady state each running request waits one decode step plus its share of prefill per token:
+    tpot = decode + B · prefill / output; aggregate = B / tpot = requests/s x output. The step producing
+    token t+1 reads 1,000 + t − 1 cached tokens, t = 1..499: a mean of 1,000 + 498/2 = 1,249.
+    The ideal decode step at B is at least the weights and the cached KV read once:
+    (16,060,522,496 + B · 1,249 · 131,072) / 3.35e12, and it is memory-bound, so within a few percent."""
+    result = run(LLAMA_3_1_8B, engine=EngineConfig(gpu_memory_utilization=0.9, max_model_len=16_384))
+    point = result.operating_point
+    assert point is not None
+    batch = point.batch_size
+    assert batch == result.max_concurrency.steady_state.sequences
+    assert point.mean_context_tokens == 1249
+    for decode, prefill, tpot, user, aggregate, requests in (
+        (point.ideal_decode_step_s, point.ideal_prefill_s, point.ideal_tpot_s,
+         point.ideal_tokens_per_s_per_user, point.ideal_output_tokens_per_s, point.ideal_requests_per_s),
+        (point.expected_decode_step_s, point.expected_prefill_s, point.expected_tpot_s,
+         point.expected_tokens_per_s_per_user, point.expected_output_tokens_per_s,
+         point.expected_requests_per_s),
+    ):
+        assert tpot == pytest.approx(decode + batch * prefill / 500)
+        assert user == pytest.approx(1 / tpot)
+        assert aggregate == pytest.approx(batch / tpot)
+        assert requests == pytest.approx(aggregate / 500)
+    memory_floor = (LLAMA_8B_WEIGHTS + batch * 1249 * 131_072) / 3.35e12
+    assert memory_floor <= point.ideal_decode_step_s <= 1.03 * memory_floor
+    assert point.expected_decode_step_s > point.ideal_decode_step_s
+    assert point.expected_tpot_s > point.ideal_tpot_s
+
+
+def test_prefill_is_timed_chunk_by_chunk() -> None:
+    """A 1,000-token prompt with max_num_batched_tokens 1,000 is one step of 1,000 new tokens attending
+    1,000 · 1,001 / 2 = 500,500 positions. A 100,000-token prompt in chunks of 100 is 1,000 steps, chunk k
+    after a prefix of 100·k attending 100·(100·k + 50.5) positions; the evenly spaced sample of 256 chunks
+    stands for the 1,000 within a fraction of a percent."""
+    steps = build_step_time_model(LLAMA_3_1_8B, H100, weight_dtype="bf16", kv_dtype="bf16")
+    common = {"batch_size": 1, "concurrency_view": STEADY_STATE, "output_tokens": 2, "tensor_parallel": 1,
+              "pipeline_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16",
+              "efficiency": DEFAULT_EFFICIENCY}
+    one_chunk = operating_point(LLAMA_3_1_8B, H100, input_tokens=1000, max_num_batched_tokens=1000, **common)
+    assert one_chunk.expected_prefill_s == pytest.approx(steps.step_time_s(0, 0, 1000, 500_500, 1))
+    many = operating_point(LLAMA_3_1_8B, H100, input_tokens=100_000, max_num_batched_tokens=100, **common)
+    exact = sum(steps.step_time_s(0, 0, 100, 100 * (100 * k + 50.5), 1) for k in range(1000))
+    assert many.expected_prefill_s == pytest.approx(exact, rel=2e-3)
+
+
+def test_tensor_parallel_beyond_one_node_uses_the_scale_out_link() -> None:
+    """Llama-3-70B at TP16 is allowed (KV heads replicate: 2·1·128·2·80 = 40,960 B/token per GPU). With 8
+    GPUs per node the all-reduces cross the 50 GB/s scale-out NIC instead of 450 GB/s NVLink; memory and
+    batch are the same, and the decode step grows by 2 all-reduces x 80 layers x 2·15/16 · B·8192·2 B x
+    (1/50e9 − 1/450e9) (SIZING.md s6; the per-call latency is the same on both)."""
+    one_node = dataclasses.replace(H100, gpus_per_node=16)
+    across = run(LLAMA_3_70B, tp=16)
+    inside = run(LLAMA_3_70B, one_node, tp=16)
+    assert across.fits and inside.fits
+    assert across.kv_bytes_per_token_per_gpu == 40_960
+    assert across.operating_point is not None and inside.operating_point is not None
+    batch = across.operating_point.batch_size
+    assert batch == inside.operating_point.batch_size
+    extra = 2 * 80 * 2 * 15 / 16 * batch * 8192 * 2 * (1 / 50e9 - 1 / 450e9)
+    assert across.operating_point.expected_decode_step_s - inside.operating_point.expected_decode_step_s == \
+        pytest.approx(extra, rel=1e-6)
+
+
+def test_pipeline_parallel_splits_layers() -> None:
+    """Llama-3-70B at PP2: each stage holds 40 layers, so a token costs 40 · 4,096 = 163,840 B per GPU."""
+    result = run(LLAMA_3_70B, pp=2, weight_dtype="fp8")
+    assert result.kv_bytes_per_token_per_gpu == 163_840
+    assert result.fits and result.operating_point is not None
+
+
+# Bad input --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs", [
+    {"tp": 3},  # 64 heads
+    {"pp": 81},  # 80 layers
+    {"input_tokens": -1},
+    {"output_tokens": 0},
+    {"weight_dtype": "fp12"},
+    {"kv_dtype": "int4"},
+    {"compute_dtype": "fp4"},  # H100 has no fp4 rate
+])
+def test_inconsistent_input_raises(kwargs: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError):
+        run(LLAMA_3_70B, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"engine": "tgi"}, {"gpu_memory_utilization": 0.0}, {"gpu_memory_utilization": 1.5},
+    {"reserved_bytes_per_gpu": -1}, {"block_size": 0}, {"max_num_seqs": 0},
+])
+def test_engine_config_is_checked(kwargs: dict) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError):
+        EngineConfig(**kwargs)
+
+
+def test_max_model_len_beyond_the_model_raises() -> None:
+    with pytest.raises(ValueError, match="exceeds"):
+        run(LLAMA_3_70B, tp=4, engine=EngineConfig(max_model_len=8193))
+
+
+# Properties ---------------------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(model=random_models(), budget=st.integers(1, 10**9), block=st.sampled_from([1, 16, 32]),
+       tp=st.sampled_from([1, 2, 4]), pp=st.integers(1, 3))
+def test_kv_capacity_is_whole_blocks_of_every_layer(model: ModelSpec, budget: int, block: int, tp: int,
+                                                     pp: int) -> None:
+    pp = min(pp, model.num_hidden_layers)
+    tokens, blocks = kv_token_capacity(model, budget, "bf16", tensor_parallel=tp, pipeline_parallel=pp,
+                                       block_size=block)
+    per_token = kv_bytes_per_token_per_gpu(model, "bf16", tensor_parallel=tp, pipeline_parallel=pp)
+    assert tokens == blocks * block
+    assert blocks * block * per_token <= budget < (blocks + 1) * block * per_token
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=random_models(), budget=st.integers(1, 10**8), block=st.sampled_from([1, 16]),
+       input_tokens=st.integers(1, 300), output_tokens=st.integers(1, 300))
+def test_views_are_ordered(model: ModelSpec, budget: int, block: int, input_tokens: int,
+                           output_tokens: int) -> None:
+    """A request never holds more on average than at its end, nor more at its end than at max_model_len."""
+    layout = {"tensor_parallel": 1, "pipeline_parallel": 1, "block_size": block}
+    admission = requests_fitting(model, budget, input_tokens + output_tokens, "bf16", **layout)
+    longest = requests_fitting(model, budget, 4096 + input_tokens + output_tokens, "bf16", **layout)
+    mean_bytes = steady_state_kv_bytes(model, input_tokens, output_tokens, "bf16", **layout)
+    assert longest <= admission <= int(budget / mean_bytes)
+
+
+def test_window_models_sustain_at_least_their_all_global_twin() -> None:
+    """gpt-oss-120b with its sliding layers holds no more per request than the same model with all
+    layers global, so it never sustains fewer requests."""
+    all_global = dataclasses.replace(GPT_OSS_120B, layer_types=None)
+    layout = {"tensor_parallel": 1, "pipeline_parallel": 1, "block_size": 16}
+    for model_input, model_output in ((1000, 500), (100_000, 4000)):
+        windowed = steady_state_kv_bytes(GPT_OSS_120B, model_input, model_output, "bf16", **layout)
+        assert windowed <= steady_state_kv_bytes(all_global, model_input, model_output, "bf16", **layout)
