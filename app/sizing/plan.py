@@ -1,0 +1,1003 @@
+"""The cheapest deployment that meets a latency SLO, with simulated percentiles (SIZING.md sections 6-9).
+
+`plan` takes a model, a workload, an SLO and the configurations to consider (GPU, tensor and pipeline
+parallel degrees, weight and KV precisions, engine knobs `max_num_seqs` / `max_num_batched_tokens`),
+and returns the cheapest fleets that meet the SLO at the requested percentile, ranked, with a
+cost-latency frontier and, for every configuration that cannot work, the reasons.
+
+How it stays fast (well under a second over the whole catalog):
+
+1. Analytic screening of every configuration, no simulation:
+   - memory, by the engine's own accounting (`capacity.py`): the weights must leave room for a KV
+     cache, and the longest request (prompt + answer) must fit in it alone;
+   - TPOT floor: one decode step at batch 1 attending the median prompt. Every decode step of a
+     request attends at least its prompt, and more sequences or prompt tokens in a step never make it
+     shorter, so at any percentile >= 50 the TPOT is at least this;
+   - TTFT floor: the prefill of the percentile prompt alone, chunked as the engine chunks it;
+   - E2E floor (with an E2E SLO): the larger of the TTFT floor and (percentile answer − 1) decode steps
+     at batch 1;
+   - a throughput ceiling per replica (`_Planner._ceiling`): the best batch is the largest whose TPOT,
+     decode step plus the prefills riding along, meets the SLO within KV capacity and max_num_seqs.
+2. Branch and bound: configurations are visited by a cost lower bound (the replicas the ceiling x
+   CEILING_MARGIN allows, x GPUs x price) and simulated only while that bound can still beat the
+   PLANS_KEPT-th cheapest plan found, at most PLANS_PER_GPU plans per GPU type and MAX_SIMULATED in all.
+   Then the cheapest plan's configuration at the next larger TP degree is simulated too (when the
+   budget allows): more money for lower latency, so the cost-latency frontier has a next point.
+3. For each simulated configuration, the fewest replicas whose share of the peak meets the SLO
+   (`_Planner.settle`): a replica count R means a per-replica load of peak x burst / (R x max
+   utilization), simulated with the seeded simulator. The search starts at the count the ceiling
+   implies; when that meets the SLO it tries the bound (CEILING_MARGIN), else it steps up (by the
+   miss ratio, at least LOAD_STEP); then it bisects until R passes and R − 1 fails, or the loads
+   are within LOAD_TOLERANCE. Searching the replica count rather than the exact limit stops as soon
+   as the cost is settled, usually after one or two runs. Every run draws the same requests (one
+   seed, arrival times scaled to the load: common random numbers), so configurations and loads are
+   compared on the same requests and the answer is deterministic. Every run uses the full request
+   count: short runs were measured to be optimistic near saturation, where the queue has not had
+   time to build.
+
+Fleet arithmetic, for a peak load λ (requests/s, or users), a burst factor b, a utilization cap u and
+N+k spare replicas: replicas = R + k, R = ceil(λ·b / (max load per replica · u)). The burst factor
+multiplies the peak the fleet is sized for; each replica's arrivals are a Poisson stream of its share.
+TPOT is (E2E − TTFT)/(OSL − 1), the mean gap between output tokens after the first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from app.sizing.capacity import (
+    GENERIC,
+    SGLANG,
+    VLLM,
+    EngineConfig,
+    ResolvedEngine,
+    kv_bytes_per_token_per_gpu,
+    kv_token_capacity,
+    memory_budget,
+    resolve_engine,
+    sglang_max_running_requests,
+)
+from app.sizing.efficiency import Efficiency
+from app.sizing.perf import StepTimeModel, build_step_time_model
+from app.sizing.roofline import default_compute_dtype
+from app.sizing.simulate import (
+    FULL,
+    ON_DEMAND,
+    KvCapacityError,
+    SchedulerConfig,
+    SimulationLimitError,
+    SimulationResult,
+    StepTimeFn,
+    simulate,
+)
+from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
+from app.sizing.speculative import SpeculativeDecoding, SpeculativeStepTime
+from app.sizing.weights import weight_bytes_per_gpu
+from app.sizing.workload import Requests, Workload, sample_requests
+
+OPEN_LOOP = "requests_per_s"
+CLOSED_LOOP = "concurrent_users"
+
+MAX_CONFIGURATIONS = 512  # GPUs x TP x PP x weight dtypes x KV dtypes x knob values, per request
+DEFAULT_SIMULATED_REQUESTS = 2000
+PLANS_KEPT = 3  # plans returned per price class; also what a configuration's bound must beat
+PLANS_PER_GPU = 2  # the cheapest few per GPU type, for a meaningful frontier
+MAX_SIMULATED = 6  # configurations simulated per request, at most (keeps a full plan under a second)
+UNPRICED_PLANS_KEPT = 1  # GPU types without a price, ranked by GPU count after the priced plans
+
+CEILING_MARGIN = 1.1  # the analytic ceiling may be beaten a little: the replica-count bound allows for it
+LOAD_STEP = 1.25  # after a miss, add replicas by at least this factor ...
+MAX_LOAD_STEP = 4.0  # ... and at most this one (the factor is the miss ratio in between)
+LIGHT_LOAD_FRACTION = 0.05  # a configuration missing the SLO at this fraction of its ceiling is given up
+LOAD_TOLERANCE = 1.08  # replica counts within 8 % of each other are not told apart
+OFFERED_LOAD_RETRIES = 3  # extra replicas tried when the offered load itself misses (simulation noise)
+CLOSED_LOOP_REQUESTS_PER_USER = 3  # a closed-loop run needs several requests per user to reach steady state
+MAX_CLOSED_LOOP_REQUESTS = 20_000  # ... up to this many (a replica of thousands of users)
+
+PERCENTILES_REPORTED = (50.0, 95.0, 99.0)
+
+BINDING_TTFT = "ttft"
+BINDING_TPOT = "tpot"
+BINDING_E2E = "e2e"
+BINDING_GOODPUT = "goodput"
+
+MAX_MODEL_LEN_SOURCE = "the workload's longest prompt + longest answer"
+
+PRICE_FROM_REQUEST = "request"
+PRICE_FROM_CATALOG = "catalog"
+
+
+class SearchSpaceTooLarge(ValueError):
+    """More configurations than MAX_CONFIGURATIONS."""
+
+
+# Inputs ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """Latency targets at one percentile, and an optional goodput target (share of requests meeting
+    every target)."""
+
+    ttft_s: float
+    tpot_s: float
+    e2e_s: float | None = None
+    percentile: float = 95.0
+    goodput_ratio: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "e2e_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number")
+        if not 50 <= self.percentile <= 99.9:
+            raise ValueError("percentile must be in [50, 99.9]")
+        if self.goodput_ratio is not None and not 0 < self.goodput_ratio <= 1:
+            raise ValueError("goodput_ratio must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class HaPolicy:
+    """Spare replicas (N+k) and a cap on each replica's load as a fraction of what meets the SLO."""
+
+    extra_replicas: int = 0
+    max_utilization_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.extra_replicas < 0:
+            raise ValueError("extra_replicas must be >= 0")
+        if not 0 < self.max_utilization_ratio <= 1:
+            raise ValueError("max_utilization_ratio must be in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Configuration:
+    """One way to serve the model: hardware, layout, precisions and engine knobs (None = default)."""
+
+    gpu: GpuSpec
+    tensor_parallel: int
+    pipeline_parallel: int
+    weight_dtype: str
+    kv_dtype: str
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+    @property
+    def label(self) -> str:
+        knobs = "".join(f", {name} {value}" for name, value in (
+            ("max_num_seqs", self.max_num_seqs), ("max_num_batched_tokens", self.max_num_batched_tokens))
+            if value is not None)
+        return (f"{self.gpu.slug or self.gpu.name} TP{self.tensor_parallel} PP{self.pipeline_parallel}, "
+                f"{self.weight_dtype} weights, {self.kv_dtype} KV{knobs}")
+
+
+@dataclass(frozen=True, slots=True)
+class DraftModel:
+    """Speculative decoding's draft model: it runs on the target's GPUs, at the target's TP degree when
+    that divides its heads, else on one GPU."""
+
+    model: ModelSpec
+    weight_dtype: str
+
+    def tensor_parallel(self, target_tensor_parallel: int) -> int:
+        return target_tensor_parallel if self.model.num_attention_heads % target_tensor_parallel == 0 else 1
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """Everything `plan` needs besides the configurations.
+
+    `efficiencies` maps (GPU slug, compute dtype) to the calibrated efficiency to use there (the
+    service resolves them); a configuration whose pair is missing is reported infeasible.
+    `prices` overrides the catalog price per GPU-hour by GPU slug. The workload's own burst_factor
+    (gamma-distributed gaps) is not used: `burst_factor` here multiplies the peak.
+    """
+
+    model: ModelSpec
+    workload: Workload
+    slo: Slo
+    efficiencies: Mapping[tuple[str, str], Efficiency]
+    engine: str = VLLM
+    burst_factor: float = 1.0
+    policy: HaPolicy = HaPolicy()
+    prices: Mapping[str, float] = field(default_factory=dict)
+    speculative: SpeculativeDecoding | None = None
+    draft: DraftModel | None = None
+    seed: int = 0
+    simulated_requests: int = DEFAULT_SIMULATED_REQUESTS
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.burst_factor) and self.burst_factor >= 1):
+            raise ValueError("burst_factor must be >= 1")
+        if self.workload.is_closed_loop and self.burst_factor != 1:
+            raise ValueError("burst_factor applies to requests_per_s (open loop) only")
+        if self.simulated_requests < 100:
+            raise ValueError("simulated_requests must be >= 100")
+        if (self.speculative is not None and self.speculative.has_draft_model) != (self.draft is not None):
+            raise ValueError("give a draft model exactly when the speculation uses one")
+        if self.draft is not None and self.draft.weight_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"unknown draft weight dtype {self.draft.weight_dtype!r}")
+        if any(not (math.isfinite(price) and price >= 0) for price in self.prices.values()):
+            raise ValueError("prices must be finite and >= 0")
+        longest = _Lengths.of(self.workload, self.slo.percentile).longest_request
+        if longest > self.model.max_position_embeddings:
+            raise ValueError(f"the longest request (prompt + answer up to {longest:,} tokens) exceeds the model's "
+                             f"{self.model.max_position_embeddings:,} positions")
+
+
+# Results -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Percentiles:
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    at_slo_percentile_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What the simulator predicts for one replica at a load (NaN TPOT when every answer is 1 token)."""
+
+    load: float  # requests/s (open loop) or users (closed loop) per replica
+    ttft: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+    goodput_ratio: float  # share of measured requests meeting every SLO
+    requests_per_s: float
+    output_tokens_per_s: float
+    preemptions: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    configuration: Configuration
+    compute_dtype: str
+    efficiency: Efficiency
+    engine: ResolvedEngine  # every engine setting used, max_num_seqs resolved
+    kv_tokens_per_replica: int
+    load_kind: str  # OPEN_LOOP or CLOSED_LOOP
+    max_load_per_replica: float  # the highest load simulated that meets the SLO (it settled the replicas)
+    failing_load_per_replica: float | None  # the lowest load seen to miss it (None: none tried)
+    ceiling_load_per_replica: float  # the analytic throughput ceiling
+    offered_load_per_replica: float
+    replicas: int  # including extra_replicas
+    extra_replicas: int
+    gpus: int
+    nodes: int
+    price_per_gpu_hour_usd: float | None
+    price_source: str | None  # PRICE_FROM_REQUEST or PRICE_FROM_CATALOG; None when unpriced
+    cost_per_hour_usd: float | None
+    cost_per_million_output_tokens_usd: float | None
+    output_tokens_per_s: float  # the whole fleet at the stated peak load
+    output_tokens_per_s_per_gpu: float
+    utilization_ratio: float  # offered / max load per replica
+    predicted: Prediction  # one replica at the offered load
+    meets_slo: bool  # the prediction meets every SLO (a plan is only made when it does)
+    binding_constraint: str  # which SLO limits a replica's load
+    binding_detail: str
+    tokens_per_pass: float | None  # speculative decoding's expected tokens per target pass
+
+    @property
+    def e2e_at_slo_percentile_s(self) -> float:
+        return self.predicted.e2e.at_slo_percentile_s
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    configuration: Configuration
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchStats:
+    configurations: int  # considered
+    screened_out: int  # infeasible by the analytic bounds (memory, floors)
+    bounded_out: int  # feasible as far as the bounds tell, but unable to beat the plans found
+    simulated: int  # configurations simulated
+    infeasible_in_simulation: int  # simulated, but no load met the SLO
+    simulations: int  # simulator runs
+    simulated_requests: int  # requests simulated, all runs together
+    requests_per_run: int
+    seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    feasible: bool
+    plans: tuple[Plan, ...]  # priced cheapest first, then unpriced by GPU count
+    pareto: tuple[int, ...]  # indices into plans: the cost vs E2E frontier, cheapest first
+    infeasible: tuple[Infeasible, ...]
+    stats: SearchStats
+    max_model_len: int
+    notes: tuple[str, ...]
+
+
+# Configuration space -----------------------------------------------------------------------------
+
+def default_tensor_parallel(model: ModelSpec, gpu: GpuSpec) -> tuple[int, ...]:
+    """Degrees that divide the attention heads and fit in one node of this GPU."""
+    return tuple(tp for tp in range(1, gpu.gpus_per_node + 1) if model.num_attention_heads % tp == 0)
+
+
+def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
+                      pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
+                      max_num_seqs: Sequence[int | None] = (None,),
+                      max_num_batched_tokens: Sequence[int | None] = (None,)) -> int:
+    """How many configurations `configurations` would list (counted, not listed)."""
+    per_gpu = sum(len(tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu))
+                  for gpu in gpus)
+    return (per_gpu * len(pipeline_parallel) * len(weight_dtypes) * len(kv_dtypes) * len(max_num_seqs)
+            * len(max_num_batched_tokens))
+
+
+def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
+                   pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
+                   max_num_seqs: Sequence[int | None] = (None,),
+                   max_num_batched_tokens: Sequence[int | None] = (None,)) -> list[Configuration]:
+    """Every combination, GPU by GPU (None tensor_parallel = `default_tensor_parallel` per GPU).
+
+    Raises SearchSpaceTooLarge beyond MAX_CONFIGURATIONS, before listing anything.
+    """
+    size = search_space_size(model, gpus, tensor_parallel, pipeline_parallel, weight_dtypes, kv_dtypes,
+                             max_num_seqs, max_num_batched_tokens)
+    if size > MAX_CONFIGURATIONS:
+        raise SearchSpaceTooLarge(
+            f"{size} configurations (GPUs x tensor_parallel x pipeline_parallel x weight dtypes x KV dtypes x "
+            f"max_num_seqs x max_num_batched_tokens) exceed the limit of {MAX_CONFIGURATIONS}; narrow the "
+            "candidates")
+    return [
+        Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched)
+        for gpu in gpus
+        for tp in (tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu))
+        for pp in pipeline_parallel
+        for weight_dtype in weight_dtypes
+        for kv_dtype in kv_dtypes
+        for seqs in max_num_seqs
+        for batched in max_num_batched_tokens
+    ]
+
+
+# Fleet arithmetic --------------------------------------------------------------------------------
+
+def replicas_needed(peak_load: float, max_load_per_replica: float, policy: HaPolicy,
+                    burst_factor: float = 1.0) -> int:
+    """ceil(peak · burst / (max load per replica · max utilization)) + extra replicas.
+
+    A relative 1e-9 is forgiven before rounding up, so 6 / (2 · 1.0) is 3 replicas, not 4.
+    """
+    if peak_load <= 0 or max_load_per_replica <= 0:
+        raise ValueError("loads must be positive")
+    return _base_replicas(peak_load * burst_factor / policy.max_utilization_ratio,
+                          max_load_per_replica) + policy.extra_replicas
+
+
+def _base_replicas(sized_load: float, max_load_per_replica: float) -> int:
+    return max(1, math.ceil(sized_load / max_load_per_replica * (1 - 1e-9)))
+
+
+def nodes_needed(replicas: int, tensor_parallel: int, pipeline_parallel: int, gpus_per_node: int) -> int:
+    """Nodes for the fleet, tensor parallelism never crossing a node.
+
+    Replicas that fit in a node share nodes (gpus_per_node // (tp·pp) replicas each); a larger replica
+    puts gpus_per_node // tp pipeline stages in each node and needs ceil(pp / that) nodes.
+    """
+    if tensor_parallel > gpus_per_node:
+        raise ValueError("tensor parallelism must stay inside one node")
+    gpus = tensor_parallel * pipeline_parallel
+    if gpus <= gpus_per_node:
+        return math.ceil(replicas / (gpus_per_node // gpus))
+    return replicas * math.ceil(pipeline_parallel / (gpus_per_node // tensor_parallel))
+
+
+def cost_per_million_tokens(cost_per_hour_usd: float, tokens_per_s: float) -> float:
+    """$ per 1e6 tokens produced at `tokens_per_s`: cost per hour / (tokens per hour) x 1e6."""
+    return cost_per_hour_usd / (tokens_per_s * 3600) * 1e6
+
+
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> tuple[int, ...]:
+    """Indices of the (cost, latency) points no other point beats on both (ties kept once), by cost."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    frontier: list[int] = []
+    best_latency = math.inf
+    for index in order:
+        if points[index][1] < best_latency:
+            frontier.append(index)
+            best_latency = points[index][1]
+    return tuple(frontier)
+
+
+# Workload statistics -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Lengths:
+    """The length statistics the bounds use."""
+
+    input_mean: float
+    output_mean: float
+    input_median: int
+    input_at_percentile: int
+    output_at_percentile: int
+    longest_request: int  # longest prompt + longest answer the workload can draw
+
+    @classmethod
+    def of(cls, workload: Workload, percentile: float) -> _Lengths:
+        q = percentile / 100
+        inputs, outputs = workload.input_tokens, workload.output_tokens
+        return cls(
+            input_mean=inputs.mean, output_mean=outputs.mean,
+            input_median=math.ceil(inputs.quantile(0.5)),
+            input_at_percentile=math.ceil(inputs.quantile(q)),
+            output_at_percentile=math.ceil(outputs.quantile(q)),
+            longest_request=math.ceil(inputs.quantile(1.0)) + math.ceil(outputs.quantile(1.0)),
+        )
+
+
+def cached_prompt_tokens(workload: Workload, prompt_tokens: int) -> int:
+    """Prompt tokens a request of this length finds in the prefix cache (the rule of `Workload`)."""
+    shared = min(workload.shared_prefix_tokens, prompt_tokens - 1)
+    return max(shared, min(prompt_tokens - 1, round(workload.prefix_cache_hit_rate * prompt_tokens)))
+
+
+def prefill_time_s(step_time: StepTimeFn, prompt_tokens: int, cached_tokens: int, chunk_tokens: int) -> float:
+    """One prompt prefilled alone, in chunks of at most `chunk_tokens` after its cached prefix.
+
+    A chunk of n tokens starting at position s attends n·s + n(n+1)/2 positions (causal).
+    """
+    starts = np.arange(cached_tokens, prompt_tokens, chunk_tokens, dtype=float)
+    chunks = np.minimum(chunk_tokens, prompt_tokens - starts)
+    zeros = np.zeros_like(chunks)
+    return float(np.sum(step_time(zeros, zeros, chunks, chunks * starts + chunks * (chunks + 1) / 2)))
+
+
+# The planner -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Screened:
+    """A configuration that passed the analytic bounds, ready to simulate."""
+
+    configuration: Configuration
+    compute_dtype: str
+    efficiency: Efficiency
+    engine: ResolvedEngine
+    scheduler: SchedulerConfig
+    step_time: StepTimeFn
+    ceiling: float  # max load per replica the analytic bound allows (requests/s or users)
+    min_replicas: int  # base replicas (before extra_replicas) at CEILING_MARGIN x the ceiling
+    price: float | None
+    price_source: str | None
+    cost_bound: tuple[int, float]  # (0, $/h) when priced, (1, GPUs) when not: a lower bound
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    load: float
+    result: SimulationResult
+    checks: tuple[tuple[str, float, float, float], ...]  # (constraint, value, limit, > 1 = missed)
+
+    @property
+    def meets(self) -> bool:
+        return all(ratio <= 1 for *_, ratio in self.checks)
+
+    @property
+    def worst(self) -> tuple[str, float, float, float]:
+        return max(self.checks, key=lambda check: check[3])
+
+
+@dataclass(frozen=True, slots=True)
+class _Settled:
+    replicas: int  # base replicas (before extra_replicas)
+    passing: _Run  # at the load those replicas carry each
+    failing: _Run | None  # at the load one replica fewer (or the lowest seen missing)
+
+
+class _Planner:
+    """One planning run: the shared inputs and the simulation counters."""
+
+    def __init__(self, inputs: PlanInputs) -> None:
+        self.inputs = inputs
+        self.slo = inputs.slo
+        self.workload = inputs.workload
+        self.closed_loop = inputs.workload.is_closed_loop
+        self.lengths = _Lengths.of(inputs.workload, inputs.slo.percentile)
+        self.max_model_len = self.lengths.longest_request
+        self.peak_load = float(inputs.workload.concurrent_users if self.closed_loop
+                               else inputs.workload.requests_per_s)  # type: ignore[arg-type]
+        # What the base replicas must carry together: the peak, x burst, over the utilization cap.
+        self.sized_load = self.peak_load * inputs.burst_factor / inputs.policy.max_utilization_ratio
+        self.simulations = 0
+        self.simulated_requests = 0
+        self._requests: dict[int, Requests] = {}
+
+    # Screening ---------------------------------------------------------------------------------
+
+    def screen(self, configuration: Configuration) -> _Screened | Infeasible:
+        inputs, model, gpu = self.inputs, self.inputs.model, configuration.gpu
+        tp, pp = configuration.tensor_parallel, configuration.pipeline_parallel
+
+        def infeasible(*reasons: str) -> Infeasible:
+            return Infeasible(configuration, reasons)
+
+        if tp > gpu.gpus_per_node:
+            return infeasible(f"TP{tp} needs {tp} GPUs in one node; a {gpu.slug or gpu.name} node has "
+                              f"{gpu.gpus_per_node} (tensor parallelism stays inside one node)")
+        try:
+            compute_dtype = default_compute_dtype(gpu, configuration.weight_dtype)
+        except ValueError as exc:
+            return infeasible(str(exc))
+        efficiency = inputs.efficiencies.get((gpu.slug, compute_dtype))
+        if efficiency is None:
+            return infeasible(f"no efficiency for {gpu.slug or gpu.name} at {compute_dtype}")
+        config = EngineConfig(engine=inputs.engine, max_num_seqs=configuration.max_num_seqs,
+                              max_num_batched_tokens=configuration.max_num_batched_tokens,
+                              max_model_len=self.max_model_len)
+        engine = resolve_engine(config, model, gpu, tp, pp)
+        engine = replace(engine, sources=tuple(
+            (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
+        memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
+                               weight_dtype=configuration.weight_dtype)
+        kv_budget = memory.kv_budget_bytes_per_gpu
+        draft_steps = None
+        if inputs.draft is not None:
+            kv_budget, draft_steps = self._with_draft(configuration, kv_budget)
+            if draft_steps is None:
+                return infeasible(f"{gpu.slug or gpu.name} has no tensor rate for the draft model's "
+                                  f"{inputs.draft.weight_dtype} weights")
+        if kv_budget <= 0:
+            return infeasible(
+                f"weights need {_gb(memory.weights_bytes_per_gpu)} per GPU ({configuration.weight_dtype}, "
+                f"TP{tp} x PP{pp}); with {_gb(memory.activation_bytes_per_gpu)} of activations and "
+                f"{_gb(memory.overhead_bytes_per_gpu)} of engine overhead"
+                + (" and the draft model" if inputs.draft is not None else "")
+                + f" that leaves no KV cache in {engine.engine}'s {_gb(memory.usable_bytes_per_gpu)} budget of a "
+                f"{_gb(memory.total_bytes_per_gpu)} GPU")
+        kv_tokens, kv_blocks = kv_token_capacity(model, kv_budget, configuration.kv_dtype, tensor_parallel=tp,
+                                                 pipeline_parallel=pp, block_size=engine.block_size)
+        shared_prefix = self.workload.shared_prefix_tokens
+        if -(-self.max_model_len // engine.block_size) + -(-shared_prefix // engine.block_size) > kv_blocks:
+            pinned = f" plus the shared prefix of {shared_prefix:,} kept for all" if shared_prefix else ""
+            return infeasible(
+                f"the KV cache holds {kv_tokens:,} tokens per replica, fewer than the longest request's "
+                f"{self.max_model_len:,} (prompt + answer){pinned}")
+        engine = _resolve_max_num_seqs(engine, kv_tokens)
+        if engine.max_num_seqs is not None and engine.max_num_seqs > engine.max_num_batched_tokens:
+            return infeasible(f"max_num_seqs {engine.max_num_seqs} exceeds max_num_batched_tokens "
+                              f"{engine.max_num_batched_tokens}: a step could not decode every running "
+                              "sequence (vLLM refuses this too)")
+        scheduler = SchedulerConfig(
+            kv_capacity_tokens=kv_tokens, block_size=engine.block_size,
+            max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            chunked_prefill=self._chunked_prefill(engine),
+            kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL)
+        target = build_step_time_model(
+            model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
+            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency)
+        step_time: StepTimeFn = target.step_time_s
+        if inputs.speculative is not None:
+            step_time = SpeculativeStepTime(target, inputs.speculative, draft_steps)
+
+        reasons = self._floor_reasons(step_time, scheduler)
+        if reasons:
+            return infeasible(*reasons)
+        ceiling = self._ceiling(step_time, scheduler)
+        price, source = self._price(gpu)
+        min_replicas = _base_replicas(self.sized_load, ceiling * CEILING_MARGIN)
+        gpus = (min_replicas + inputs.policy.extra_replicas) * configuration.gpus_per_replica
+        bound = (0, gpus * price) if price is not None else (1, float(gpus))
+        return _Screened(configuration, compute_dtype, efficiency, engine, scheduler, step_time, ceiling,
+                         min_replicas, price, source, bound)
+
+    def _with_draft(self, configuration: Configuration, kv_budget: int) -> tuple[int, StepTimeModel | None]:
+        """The target's share of the KV budget once the draft model's weights and KV are placed, and the
+        draft's step times (None when the GPU cannot run the draft's precision).
+
+        The draft's weights come off the budget; the rest is split between the two caches in proportion
+        to their bytes per token, since every sequence keeps both.
+        """
+        draft, gpu = self.inputs.draft, configuration.gpu
+        assert draft is not None
+        draft_tp = draft.tensor_parallel(configuration.tensor_parallel)
+        try:
+            compute_dtype = default_compute_dtype(gpu, draft.weight_dtype)
+        except ValueError:
+            return kv_budget, None
+        efficiency = self.inputs.efficiencies.get((gpu.slug, compute_dtype))
+        if efficiency is None:
+            return kv_budget, None
+        remaining = kv_budget - weight_bytes_per_gpu(draft.model, draft.weight_dtype, draft_tp)
+        target_per_token = kv_bytes_per_token_per_gpu(
+            self.inputs.model, configuration.kv_dtype, tensor_parallel=configuration.tensor_parallel,
+            pipeline_parallel=configuration.pipeline_parallel)
+        draft_per_token = kv_bytes_per_token_per_gpu(draft.model, configuration.kv_dtype,
+                                                     tensor_parallel=draft_tp, pipeline_parallel=1)
+        share = remaining * target_per_token // (target_per_token + draft_per_token) if remaining > 0 else 0
+        steps = build_step_time_model(
+            draft.model, gpu, tensor_parallel=draft_tp, weight_dtype=draft.weight_dtype,
+            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency)
+        return share, steps
+
+    def _chunked_prefill(self, engine: ResolvedEngine) -> bool:
+        """SGLang runs prefill and decode in separate steps (mixed chunks are off by default), unless a
+        request could need a prefill longer than its chunk; the other engines mix prompt chunks into
+        decode steps."""
+        return engine.engine != SGLANG or self.max_model_len > engine.max_num_batched_tokens
+
+    def _floor_reasons(self, step_time: StepTimeFn, scheduler: SchedulerConfig) -> list[str]:
+        slo, lengths, p = self.slo, self.lengths, f"p{self.slo.percentile:g}"
+        reasons = []
+        tpot_floor = float(step_time(1, lengths.input_median, 0, 0))
+        if lengths.output_at_percentile > 1 and tpot_floor > slo.tpot_s:
+            reasons.append(f"TPOT floor {_ms(tpot_floor)} at batch 1 exceeds {_ms(slo.tpot_s)} (one decode "
+                           f"step attending the median prompt of {lengths.input_median:,} tokens)")
+        prompt = lengths.input_at_percentile
+        ttft_floor = prefill_time_s(step_time, prompt, cached_prompt_tokens(self.workload, prompt),
+                                    scheduler.max_num_batched_tokens)
+        if ttft_floor > slo.ttft_s:
+            reasons.append(f"TTFT floor {_ms(ttft_floor)} exceeds {_ms(slo.ttft_s)} (the {p} prompt of "
+                           f"{prompt:,} tokens prefilled alone)")
+        if slo.e2e_s is not None:
+            decode_floor = (lengths.output_at_percentile - 1) * float(step_time(1, 1, 0, 0))
+            e2e_floor = max(ttft_floor, decode_floor)
+            if e2e_floor > slo.e2e_s:
+                answer = lengths.output_at_percentile
+                reasons.append(f"E2E floor {_ms(e2e_floor)} exceeds {_ms(slo.e2e_s)} (the {p} prompt prefilled "
+                               f"alone, or the {p} answer of {answer:,} token{'s' if answer != 1 else ''} decoded "
+                               "at batch 1)")
+        return reasons
+
+    def _ceiling(self, step_time: StepTimeFn, scheduler: SchedulerConfig) -> float:
+        """Max load per replica the step-time model allows (requests/s, or users in a closed loop).
+
+        At a steady batch B every request spends (OSL − 1) decode steps, each shared by B requests,
+        and its prompt is prefilled in chunks riding along decode steps, at the marginal cost p(B) of
+        adding them. A running request's TPOT then includes the prefills of the requests that replace
+        finished ones: TPOT(B) = decode(B) + B·p(B)/(OSL − 1). The best batch is the largest with
+        TPOT(B) within the SLO (and within KV capacity and max_num_seqs); the ceiling is
+        1 / ((OSL − 1)·decode(B)/B + p(B)) requests/s, or B users.
+        """
+        lengths = self.lengths
+        mean_context = lengths.input_mean + lengths.output_mean / 2
+        held = (lengths.input_mean + lengths.output_mean if scheduler.kv_tokens_reserved_per_request == FULL
+                else mean_context)
+        largest = max(1, min(scheduler.max_num_seqs, int(scheduler.kv_capacity_tokens / held)))
+        batches = np.arange(1, largest + 1, dtype=float)
+        contexts = batches * mean_context
+        prompt = max(1, round(lengths.input_mean))
+        new_tokens = prompt - cached_prompt_tokens(self.workload, prompt)
+        prefix = prompt - new_tokens
+        chunks = np.clip(np.minimum(new_tokens, scheduler.max_num_batched_tokens - batches), 1, None)
+        zeros = np.zeros_like(batches)
+        decode = np.asarray(step_time(batches, contexts, zeros, zeros))
+        with_chunk = np.asarray(step_time(batches, contexts, chunks, chunks * prefix + chunks * (chunks + 1) / 2))
+        prefill_per_request = (with_chunk - decode) / chunks * new_tokens
+        tpot = decode + batches * prefill_per_request / max(lengths.output_mean - 1, 1.0)
+        # TPOT(B) grows with B: the best batch is the last of the leading run of batches meeting the SLO.
+        meeting = tpot <= self.slo.tpot_s
+        batch = largest if meeting.all() else max(1, int(np.argmin(meeting)))
+        if self.closed_loop:
+            return float(batch)
+        decode_per_request = max(lengths.output_mean - 1, 0.0) * decode[batch - 1] / batch
+        return float(1 / (decode_per_request + prefill_per_request[batch - 1]))
+
+    def _price(self, gpu: GpuSpec) -> tuple[float | None, str | None]:
+        if gpu.slug in self.inputs.prices:
+            return self.inputs.prices[gpu.slug], PRICE_FROM_REQUEST
+        if gpu.price_per_hour_usd is not None:
+            return gpu.price_per_hour_usd, PRICE_FROM_CATALOG
+        return None, None
+
+    # Simulation --------------------------------------------------------------------------------
+
+    def run(self, screened: _Screened, load: float) -> _Run:
+        """Simulate one replica at `load` (requests/s, or users) with the full request count."""
+        count = self.inputs.simulated_requests
+        users = None
+        if self.closed_loop:
+            users = int(load)
+            count = max(count, min(CLOSED_LOOP_REQUESTS_PER_USER * users, MAX_CLOSED_LOOP_REQUESTS))
+        requests = self._unit_requests(count)
+        if not self.closed_loop:
+            requests = replace(requests, arrival_s=requests.arrival_s / load)
+        self.simulations += 1
+        self.simulated_requests += count
+        result = simulate(screened.step_time, screened.scheduler, requests, closed_loop_users=users)
+        return _Run(load, result, _checks(result, self.slo))
+
+    def _unit_requests(self, count: int) -> Requests:
+        """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run), or none
+        (closed loop). The same draws for every configuration and load (common random numbers)."""
+        if count not in self._requests:
+            workload = self.workload
+            if not self.closed_loop:
+                workload = replace(workload, requests_per_s=1.0, burst_factor=1.0)
+            self._requests[count] = sample_requests(workload, count, self.inputs.seed)
+        return self._requests[count]
+
+    def load_per_replica(self, replicas: int) -> float:
+        """Each of `replicas` base replicas' share of the sized load (whole users in a closed loop)."""
+        share = self.sized_load / replicas
+        return float(math.ceil(share * (1 - 1e-9))) if self.closed_loop else share
+
+    def settle(self, screened: _Screened) -> _Settled | Infeasible:
+        """The fewest base replicas whose per-replica load meets the SLO (module docstring, step 3)."""
+        runs: dict[float, _Run] = {}
+
+        def at(replicas: int) -> _Run:
+            load = self.load_per_replica(replicas)
+            if load not in runs:
+                runs[load] = self.run(screened, load)
+            return runs[load]
+
+        lowest = screened.min_replicas
+        start = max(lowest, _base_replicas(self.sized_load, screened.ceiling))
+        passing: int | None = None
+        failing: int | None = None
+        if at(start).meets:
+            passing = start
+            if start > lowest:  # the bound allows fewer: try it, then bisect in between
+                if at(lowest).meets:
+                    passing = lowest
+                else:
+                    failing = lowest
+        else:
+            failing = start
+            light = max(screened.ceiling * LIGHT_LOAD_FRACTION, 1.0 if self.closed_loop else 0.0)
+            most = _base_replicas(self.sized_load, light)
+            while passing is None:  # more replicas, by the miss ratio, until the SLO holds
+                factor = min(max(at(failing).worst[3], LOAD_STEP), MAX_LOAD_STEP)
+                more = min(max(failing + 1, math.ceil(failing * factor)), max(most, failing + 1))
+                if at(more).meets:
+                    passing = more
+                elif more >= most:
+                    return Infeasible(screened.configuration, (
+                        _light_load_reason(at(more), self.closed_loop, self.slo.percentile),))
+                else:
+                    failing = more
+        while failing is not None and passing - failing > 1 and passing / failing > LOAD_TOLERANCE:
+            middle = min(max(round(math.sqrt(passing * failing)), failing + 1), passing - 1)
+            if at(middle).meets:
+                passing = middle
+            else:
+                failing = middle
+        return _Settled(passing, at(passing), None if failing is None else at(failing))
+
+
+def _checks(result: SimulationResult, slo: Slo) -> tuple[tuple[str, float, float, float], ...]:
+    """Each SLO's measured value, its limit, and how close it is (> 1 = missed)."""
+    q = slo.percentile
+    checks = []
+    for name, limit in ((BINDING_TTFT, slo.ttft_s), (BINDING_TPOT, slo.tpot_s), (BINDING_E2E, slo.e2e_s)):
+        if limit is None:
+            continue
+        value = result.percentile(name, q)
+        if not math.isnan(value):  # TPOT of one-token answers: no gap to measure
+            checks.append((name, value, limit, value / limit))
+    if slo.goodput_ratio is not None:
+        fraction = result.goodput(slo.ttft_s, slo.tpot_s, slo.e2e_s).fraction
+        checks.append((BINDING_GOODPUT, fraction, slo.goodput_ratio,
+                       slo.goodput_ratio / fraction if fraction > 0 else math.inf))
+    return tuple(checks)
+
+
+def _describe(check: tuple[str, float, float, float], percentile: float) -> str:
+    """"p95 TPOT 51.9 ms against 50 ms", or the goodput against its target."""
+    name, value, limit, _ = check
+    if name == BINDING_GOODPUT:
+        return f"{value:.1%} of requests meet every SLO against a goodput target of {limit:.1%}"
+    return f"p{percentile:g} {name.upper()} {_ms(value)} against {_ms(limit)}"
+
+
+def _load_text(load: float, closed_loop: bool) -> str:
+    if closed_loop:
+        return f"{int(load)} user{'' if int(load) == 1 else 's'} per replica"
+    return f"{load:.3g} req/s per replica"
+
+
+def _light_load_reason(run: _Run, closed_loop: bool, percentile: float) -> str:
+    return (f"misses the SLO even at light load ({_load_text(run.load, closed_loop)}): "
+            f"{_describe(run.worst, percentile)}")
+
+
+def _binding(settled: _Settled, slo: Slo, closed_loop: bool) -> tuple[str, str]:
+    """The SLO that limits a replica's load: the one missed with one replica fewer, or else the one
+    closest to its limit at the load that settled the replicas."""
+    if settled.failing is not None:
+        run = settled.failing
+        return run.worst[0], (f"missed first with one replica fewer, at {_load_text(run.load, closed_loop)}: "
+                              f"{_describe(run.worst, slo.percentile)}")
+    run = settled.passing
+    why = ("one replica carries the whole load" if settled.replicas == 1
+           else "fewer replicas exceed the throughput ceiling")
+    return run.worst[0], (f"closest to its limit at {_load_text(run.load, closed_loop)}: "
+                          f"{_describe(run.worst, slo.percentile)} ({why})")
+
+
+def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEngine:
+    """SGLang derives its default from the KV pool; the generic engine has no limit (a step's token
+    budget is then the only cap on running sequences)."""
+    if engine.max_num_seqs is not None:
+        return engine
+    if engine.engine == SGLANG:
+        seqs = min(sglang_max_running_requests(kv_tokens, engine.max_model_len), engine.max_num_batched_tokens)
+        return replace(engine, max_num_seqs=seqs)
+    assert engine.engine == GENERIC
+    return engine
+
+
+def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:
+    p50, p95, p99 = (result.percentile(metric, q) for q in PERCENTILES_REPORTED)
+    return Percentiles(p50, p95, p99, result.percentile(metric, slo_percentile))
+
+
+def _prediction(run: _Run, slo: Slo) -> Prediction:
+    result = run.result
+    return Prediction(
+        load=run.load,
+        ttft=_percentiles(result, "ttft", slo.percentile),
+        tpot=_percentiles(result, "tpot", slo.percentile),
+        e2e=_percentiles(result, "e2e", slo.percentile),
+        goodput_ratio=result.goodput(slo.ttft_s, slo.tpot_s, slo.e2e_s).fraction,
+        requests_per_s=result.requests_per_s,
+        output_tokens_per_s=result.output_tokens_per_s,
+        preemptions=result.preemptions,
+    )
+
+
+def _ms(seconds: float) -> str:
+    """A latency to 3 significant figures: "62.1 ms", or "6.83 s" from a second on."""
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _gb(size_bytes: float) -> str:
+    return f"{size_bytes / 1e9:.1f} GB"
+
+
+# The plan ----------------------------------------------------------------------------------------
+
+def plan(inputs: PlanInputs, candidates: Sequence[Configuration]) -> PlanResult:
+    """The cheapest deployments of `inputs.model` meeting `inputs.slo`, over `candidates`."""
+    if len(candidates) > MAX_CONFIGURATIONS:
+        raise SearchSpaceTooLarge(f"{len(candidates)} configurations exceed the limit of {MAX_CONFIGURATIONS}")
+    planner = _Planner(inputs)
+    screened: list[_Screened] = []
+    infeasible: list[Infeasible] = []
+    for configuration in candidates:
+        outcome = planner.screen(configuration)
+        (infeasible if isinstance(outcome, Infeasible) else screened).append(outcome)
+    screened_out = len(infeasible)
+
+    found: list[Plan] = []
+    failed = 0
+
+    def simulate_candidate(candidate: _Screened) -> None:
+        nonlocal failed
+        try:
+            settled = planner.settle(candidate)
+            built = settled if isinstance(settled, Infeasible) else _fleet(planner, candidate, settled)
+        except (KvCapacityError, SimulationLimitError, ValueError) as exc:
+            # What the simulator refuses (a request that cannot fit, a run past its work cap) is an answer.
+            built = Infeasible(candidate.configuration, (f"the simulation cannot run it: {exc}",))
+        if isinstance(built, Infeasible):
+            infeasible.append(built)
+            failed += 1
+        else:
+            found.append(built)
+
+    waiting = sorted(screened, key=lambda s: (s.cost_bound, s.configuration.gpus_per_replica))
+    simulated = 0
+    for candidate in list(waiting):
+        if _worth_simulating(candidate, found, simulated):
+            waiting.remove(candidate)
+            simulated += 1
+            simulate_candidate(candidate)
+    faster = _faster_variant(found, waiting)
+    if faster is not None and simulated < MAX_SIMULATED:
+        waiting.remove(faster)
+        simulated += 1
+        simulate_candidate(faster)
+    bounded_out = len(waiting)
+
+    plans = tuple(sorted(found, key=_rank_key))
+    priced = [i for i, p in enumerate(plans) if p.cost_per_hour_usd is not None]
+    on_frontier = priced or list(range(len(plans)))
+    axis = [(plans[i].cost_per_hour_usd if priced else plans[i].gpus, plans[i].e2e_at_slo_percentile_s)
+            for i in on_frontier]
+    pareto = tuple(on_frontier[i] for i in pareto_frontier(axis))  # type: ignore[arg-type]
+    notes = []
+    if any(p.cost_per_hour_usd is None for p in plans):
+        notes.append("some GPUs have no price (in the catalog or the request): their plans are ranked by GPU "
+                     "count after the priced plans; give gpu_price_per_hour_usd to compare them on cost")
+    stats = SearchStats(
+        configurations=len(candidates), screened_out=screened_out, bounded_out=bounded_out, simulated=simulated,
+        infeasible_in_simulation=failed, simulations=planner.simulations,
+        simulated_requests=planner.simulated_requests, requests_per_run=inputs.simulated_requests,
+        seed=inputs.seed)
+    return PlanResult(feasible=bool(plans), plans=plans, pareto=pareto, infeasible=tuple(infeasible),
+                      stats=stats, max_model_len=planner.max_model_len, notes=tuple(notes))
+
+
+def _rank_key(plan_: Plan) -> tuple[int, float, int, float, str]:
+    cost = plan_.cost_per_hour_usd
+    return (int(cost is None), cost or 0.0, plan_.gpus, plan_.e2e_at_slo_percentile_s, plan_.configuration.label)
+
+
+def _worth_simulating(candidate: _Screened, found: Sequence[Plan], simulated: int) -> bool:
+    """Branch and bound: can this configuration still make the plans kept?"""
+    if simulated >= MAX_SIMULATED:
+        return False
+    if sum(1 for p in found if p.configuration.gpu.slug == candidate.configuration.gpu.slug) >= PLANS_PER_GPU:
+        return False
+    unpriced, bound = candidate.cost_bound
+    rivals = sorted(float(p.gpus) if unpriced else p.cost_per_hour_usd  # type: ignore[misc]
+                    for p in found if (p.cost_per_hour_usd is None) == bool(unpriced))
+    priced_found = any(p.cost_per_hour_usd is not None for p in found)
+    kept = UNPRICED_PLANS_KEPT if unpriced and priced_found else PLANS_KEPT
+    return len(rivals) < kept or bound < rivals[kept - 1]
+
+
+def _faster_variant(found: Sequence[Plan], waiting: Sequence[_Screened]) -> _Screened | None:
+    """The cheapest plan's configuration at the next larger TP degree (same GPU, precisions, knobs):
+    more money for lower latency, the frontier's next point. None when there is none to try."""
+    priced = [p for p in found if p.cost_per_hour_usd is not None]
+    if not priced:
+        return None
+    cheapest = min(priced, key=_rank_key).configuration
+    larger = [s for s in waiting if s.configuration.tensor_parallel > cheapest.tensor_parallel
+              and replace(s.configuration, tensor_parallel=cheapest.tensor_parallel) == cheapest]
+    return min(larger, key=lambda s: s.configuration.tensor_parallel, default=None)
+
+
+def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan | Infeasible:
+    """Replicas, GPUs, nodes and cost for the peak load, and the prediction at the offered load."""
+    inputs, configuration = planner.inputs, candidate.configuration
+    replicas = settled.replicas + inputs.policy.extra_replicas
+    offered_run = None
+    for _ in range(OFFERED_LOAD_RETRIES + 1):
+        offered = planner.peak_load * inputs.burst_factor / replicas
+        if planner.closed_loop:
+            offered = float(math.ceil(offered * (1 - 1e-9)))
+        offered_run = settled.passing if offered == settled.passing.load else planner.run(candidate, offered)
+        if offered_run.meets:
+            break
+        replicas += 1
+    assert offered_run is not None
+    if not offered_run.meets:
+        return Infeasible(configuration, (
+            "the SLO is not met at the offered load either: "
+            + _describe(offered_run.worst, inputs.slo.percentile),))
+    gpus = replicas * configuration.gpus_per_replica
+    nodes = nodes_needed(replicas, configuration.tensor_parallel, configuration.pipeline_parallel,
+                         configuration.gpu.gpus_per_node)
+    prediction = _prediction(offered_run, inputs.slo)
+    if planner.closed_loop:
+        # Each replica serves `offered` users at most; the fleet's users run at the simulated pace.
+        fleet_tokens_per_s = prediction.output_tokens_per_s * planner.peak_load / offered_run.load
+    else:
+        fleet_tokens_per_s = planner.peak_load * planner.lengths.output_mean
+    cost = None if candidate.price is None else gpus * candidate.price
+    binding, detail = _binding(settled, inputs.slo, planner.closed_loop)
+    return Plan(
+        configuration=configuration, compute_dtype=candidate.compute_dtype, efficiency=candidate.efficiency,
+        engine=candidate.engine, kv_tokens_per_replica=candidate.scheduler.kv_capacity_tokens,
+        load_kind=CLOSED_LOOP if planner.closed_loop else OPEN_LOOP,
+        max_load_per_replica=settled.passing.load,
+        failing_load_per_replica=None if settled.failing is None else settled.failing.load,
+        ceiling_load_per_replica=candidate.ceiling, offered_load_per_replica=offered_run.load,
+        replicas=replicas, extra_replicas=inputs.policy.extra_replicas, gpus=gpus, nodes=nodes,
+        price_per_gpu_hour_usd=candidate.price, price_source=candidate.price_source, cost_per_hour_usd=cost,
+        cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, fleet_tokens_per_s),
+        output_tokens_per_s=fleet_tokens_per_s, output_tokens_per_s_per_gpu=fleet_tokens_per_s / gpus,
+        utilization_ratio=offered_run.load / settled.passing.load, predicted=prediction,
+        meets_slo=offered_run.meets, binding_constraint=binding, binding_detail=detail,
+        tokens_per_pass=None if inputs.speculative is None else inputs.speculative.tokens_per_pass,
+    )

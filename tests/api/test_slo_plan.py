@@ -1,0 +1,246 @@
+"""POST /v1/slo-plan: the cheapest deployment meeting a latency SLO, over the reference catalog.
+
+Most tests restrict the candidates to keep the suite fast; one plans over the whole catalog."""
+
+import math
+
+import pytest
+
+ISSUE_EXAMPLE = {
+    "model": "llama-3.1-70b",
+    "workload": {"input_tokens": 1000, "output_tokens": 500, "requests_per_s": 5},
+    "slo": {"ttft_ms": 1000, "tpot_ms": 50, "percentile": 95},
+}
+HOPPER = {"gpus": ["h100-sxm", "h200-sxm"]}
+
+
+def post(client, body):
+    return client.post("/v1/slo-plan", json=body)
+
+
+def problem_pointers(response):
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    return [error["pointer"] for error in response.json()["errors"]]
+
+
+def assert_meets(plan, slo):
+    predicted = plan["predicted"]
+    assert plan["meets_slo"]
+    assert predicted["ttft"]["at_slo_percentile_ms"] <= slo["ttft_ms"]
+    assert predicted["tpot"]["at_slo_percentile_ms"] <= slo["tpot_ms"]
+
+
+def test_the_issue_example_is_feasible_cheapest_first_and_every_plan_meets_its_slo(client):
+    response = post(client, {**ISSUE_EXAMPLE, "candidates": HOPPER})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["feasible"] is True
+    costs = [plan["cost_per_hour_usd"] for plan in body["plans"]]
+    assert costs == sorted(costs) and len(costs) >= 2
+    for plan in body["plans"]:
+        assert_meets(plan, ISSUE_EXAMPLE["slo"])
+        assert plan["gpu"] in HOPPER["gpus"]
+        assert plan["launch"]["command"].startswith("vllm serve meta-llama/Meta-Llama-3.1-70B --tensor-parallel-size ")
+    assert body["pareto"][0]["rank"] == 1
+    assert body["assumptions"]["tpot_definition"].startswith("TPOT = (E2E - TTFT) / (output tokens - 1)")
+    assert body["calculation_version"]
+    # Llama-3.1-70B in bf16 (141 GB) fits no single 80 GB H100: an infeasible entry with its reason.
+    single_h100 = [item for item in body["infeasible"] if item["gpu"] == "h100-sxm" and item["tensor_parallel"] == 1]
+    assert single_h100[0]["reasons"][0].startswith("weights need 141.1 GB per GPU")
+
+
+def test_the_same_request_gives_the_same_answer(client):
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h200-sxm"], "tensor_parallel": [2, 4]}}
+    assert post(client, body).json() == post(client, body).json()
+
+
+def test_the_whole_catalog_is_planned(client):
+    """No candidates given: every catalog GPU at every valid TP degree within its node."""
+    response = post(client, ISSUE_EXAMPLE)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["feasible"] is True
+    search = body["search"]
+    assert search["configurations_considered"] == (search["screened_out"] + search["bounded_out"]
+                                                    + search["simulated"])
+    assert search["simulated"] >= 1 and search["seed"] == 0
+    priced = [plan["cost_per_hour_usd"] for plan in body["plans"] if plan["cost_per_hour_usd"] is not None]
+    assert priced == sorted(priced)
+    for plan in body["plans"]:
+        assert_meets(plan, ISSUE_EXAMPLE["slo"])
+    assert "gpus = every catalog GPU (34)" in body["assumptions"]["defaults_used"]
+
+
+def test_an_impossible_slo_is_infeasible_with_reasons(client):
+    """TPOT 2 ms for a 70B model: a batch-1 decode step reads ~141 GB of weights, 10+ ms even split
+    eight ways over H200s (141 GB / 8 / 4.8 TB/s = 3.7 ms at full bandwidth, before efficiency)."""
+    body = {**ISSUE_EXAMPLE, "slo": {"ttft_ms": 1000, "tpot_ms": 2, "percentile": 95}, "candidates": HOPPER}
+    response = post(client, body)
+    assert response.status_code == 200
+    result = response.json()
+    assert result["feasible"] is False and result["plans"] == [] and result["pareto"] == []
+    reasons = [reason for item in result["infeasible"] for reason in item["reasons"]]
+    assert any(reason.startswith("TPOT floor") and reason.endswith(
+        "exceeds 2 ms (one decode step attending the median prompt of 1,000 tokens)") for reason in reasons)
+
+
+def test_fleet_arithmetic_of_a_plan_by_hand(client):
+    """Price override $2.00 per H200-hour, peak 5 req/s x burst 1.5 = 7.5 req/s, each replica loaded at
+    most 0.8 of its verified maximum, one spare:
+        replicas = ceil(7.5 / (max_verified x 0.8)) + 1, GPUs = replicas x TP, cost = GPUs x $2.00,
+        output tokens/s at the peak = 5 x 500 = 2,500, $ per million = cost / (2,500 x 3,600) x 1e6,
+        offered = 7.5 / replicas, utilization = offered / max_verified, nodes = ceil(replicas / (8 // TP))."""
+    body = {**ISSUE_EXAMPLE,
+            "workload": {**ISSUE_EXAMPLE["workload"], "burst_factor": 1.5},
+            "candidates": {"gpus": ["h200-sxm"], "tensor_parallel": [2, 4], "gpu_price_per_hour_usd": {"h200-sxm": 2.0}},
+            "ha_policy": {"extra_replicas": 1, "max_utilization_ratio": 0.8}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    for plan in response.json()["plans"]:
+        load = plan["load_per_replica"]
+        assert load["unit"] == "requests_per_s"
+        assert plan["replicas"] == math.ceil(7.5 / (load["max_verified"] * 0.8) - 1e-9) + 1
+        assert plan["extra_replicas"] == 1
+        assert plan["gpus"] == plan["replicas"] * plan["tensor_parallel"]
+        assert plan["nodes"] == math.ceil(plan["replicas"] / (8 // plan["tensor_parallel"]))
+        assert plan["price_per_gpu_hour_usd"] == 2.0 and plan["price_source"] == "request"
+        assert plan["cost_per_hour_usd"] == pytest.approx(plan["gpus"] * 2.0)
+        assert plan["output_tokens_per_s"] == pytest.approx(2500.0)
+        assert plan["output_tokens_per_s_per_gpu"] == pytest.approx(2500.0 / plan["gpus"])
+        assert plan["cost_per_million_output_tokens_usd"] == pytest.approx(plan["gpus"] * 2.0 / (2500 * 3600) * 1e6)
+        assert load["offered"] == pytest.approx(7.5 / plan["replicas"])
+        assert plan["utilization_ratio"] == pytest.approx(load["offered"] / load["max_verified"])
+        assert load["max_verified"] <= load["analytic_ceiling"] * 1.1
+        assert_meets(plan, ISSUE_EXAMPLE["slo"])
+
+
+def test_distributions_speculation_and_percentiles(client):
+    """Lognormal prompts, a histogram of answers, p99 targets, n-gram speculation (k = 3, a = 0.6:
+    E = (1 - 0.6^4) / 0.4 = 2.176 tokens per pass)."""
+    body = {
+        "model": "llama-3.1-8b",
+        "workload": {"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800},
+                     "output_tokens": {"kind": "histogram", "bins": [[100, 0.5], [300, 0.5]]},
+                     "requests_per_s": 10},
+        "slo": {"ttft_ms": 1500, "tpot_ms": 40, "percentile": 99, "goodput_ratio": 0.95},
+        "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+        "speculative": {"acceptance_rate": 0.6, "draft_tokens": 3},
+    }
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["feasible"] is True
+    (plan,) = result["plans"]
+    assert plan["assumptions"]["tokens_per_pass"] == pytest.approx(2.176)
+    assert plan["predicted"]["goodput_ratio"] >= 0.95
+    assert plan["predicted"]["ttft"]["at_slo_percentile_ms"] == plan["predicted"]["ttft"]["p99_ms"]
+    assert '"method":"ngram"' in plan["launch"]["command"]
+    assert any("lognormal" in note for note in result["assumptions"]["notes"])
+
+
+def test_closed_loop_plans_users(client):
+    body = {"model": "llama-3.1-8b",
+            "workload": {"input_tokens": 1000, "output_tokens": 200, "concurrent_users": 40},
+            "slo": {"ttft_ms": 1000, "tpot_ms": 30}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    (plan,) = response.json()["plans"]
+    load = plan["load_per_replica"]
+    assert load["unit"] == "concurrent_users"
+    assert plan["replicas"] == math.ceil(40 / load["max_verified"] - 1e-9)
+    assert load["offered"] == math.ceil(40 / plan["replicas"])
+
+
+def test_a_gpu_without_a_price_is_ranked_by_gpu_count_and_said_so(client):
+    """gb200 has no catalog price: its plans come after priced ones, with a note."""
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["gb200", "h200-sxm"], "tensor_parallel": [2, 4]}}
+    result = post(client, body).json()
+    prices = [plan["cost_per_hour_usd"] for plan in result["plans"]]
+    unpriced = [index for index, price in enumerate(prices) if price is None]
+    assert unpriced and all(index > priced for index in unpriced
+                            for priced, price in enumerate(prices) if price is not None)
+    assert any("no price" in note for note in result["assumptions"]["notes"])
+
+
+# Bad input -----------------------------------------------------------------------------------------
+
+def test_both_a_rate_and_users_is_422(client):
+    body = {**ISSUE_EXAMPLE, "workload": {**ISSUE_EXAMPLE["workload"], "concurrent_users": 10}}
+    assert problem_pointers(post(client, body)) == ["/body/workload"]
+
+
+def test_percentile_100_is_422(client):
+    body = {**ISSUE_EXAMPLE, "slo": {**ISSUE_EXAMPLE["slo"], "percentile": 100}}
+    assert problem_pointers(post(client, body)) == ["/body/slo/percentile"]
+
+
+def test_negative_tokens_are_422(client):
+    body = {**ISSUE_EXAMPLE, "workload": {**ISSUE_EXAMPLE["workload"], "input_tokens": -5}}
+    pointers = problem_pointers(post(client, body))
+    assert pointers and all(pointer.startswith("/body/workload/input_tokens") for pointer in pointers)
+
+
+def test_an_empty_candidate_list_is_422(client):
+    assert problem_pointers(post(client, {**ISSUE_EXAMPLE, "candidates": {"gpus": []}})) == ["/body/candidates/gpus"]
+
+
+def test_an_unknown_gpu_is_404(client):
+    response = post(client, {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm", "no-such-gpu"]}})
+    assert response.status_code == 404
+    assert "no-such-gpu" in response.json()["detail"]
+
+
+def test_an_unknown_draft_model_is_404(client):
+    body = {**ISSUE_EXAMPLE, "candidates": HOPPER,
+            "speculative": {"draft_model": "no-such-model", "acceptance_rate": 0.7, "draft_tokens": 4}}
+    assert post(client, body).status_code == 404
+
+
+def test_tensor_parallel_must_divide_the_heads(client):
+    """Llama-3.1-70B has 64 heads: 3 does not divide them."""
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [2, 3]}}
+    assert problem_pointers(post(client, body)) == ["/body/candidates/tensor_parallel/1"]
+
+
+def test_a_search_space_above_the_limit_is_422(client):
+    """34 catalog GPUs x 6 weight dtypes x 4 KV dtypes x up to 4 TP degrees is far above 512."""
+    body = {**ISSUE_EXAMPLE, "candidates": {"weight_dtypes": ["bf16", "fp16", "fp8", "int8", "int4", "fp4"],
+                                            "kv_dtypes": ["bf16", "fp16", "fp8", "int8"]}}
+    response = post(client, body)
+    assert problem_pointers(response) == ["/body/candidates"]
+    assert "limit of 512" in response.json()["detail"]
+
+
+def test_a_price_for_a_gpu_not_searched_is_422(client):
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm"], "gpu_price_per_hour_usd": {"h200-sxm": 3.0}}}
+    assert problem_pointers(post(client, body)) == ["/body/candidates/gpu_price_per_hour_usd/h200-sxm"]
+
+
+def test_a_request_longer_than_the_model_is_422(client):
+    """Llama-3.1-70B has 131,072 positions."""
+    body = {**ISSUE_EXAMPLE, "workload": {"input_tokens": 130_000, "output_tokens": 5000, "requests_per_s": 1}}
+    assert problem_pointers(post(client, body)) == ["/body/workload"]
+
+
+def test_a_lognormal_no_distribution_fits_is_422(client):
+    body = {**ISSUE_EXAMPLE, "workload": {**ISSUE_EXAMPLE["workload"],
+                                          "input_tokens": {"kind": "lognormal", "mean": 1000}}}
+    assert problem_pointers(post(client, body)) == ["/body/workload/input_tokens"]
+
+
+def test_model_and_model_spec_together_are_422(client):
+    from app.schemas.catalog import MODEL_ARCHITECTURE_EXAMPLE
+    response = post(client, {**ISSUE_EXAMPLE, "model_spec": MODEL_ARCHITECTURE_EXAMPLE})
+    assert problem_pointers(response) == ["/body/model_spec"]
+
+
+def test_an_inline_model_is_planned(client):
+    from app.schemas.catalog import MODEL_ARCHITECTURE_EXAMPLE
+    body = {key: value for key, value in ISSUE_EXAMPLE.items() if key != "model"}
+    body.update(model_spec=MODEL_ARCHITECTURE_EXAMPLE, candidates={"gpus": ["h200-sxm"], "tensor_parallel": [4]})
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["model"] == "model_spec (inline)"
+    assert result["plans"][0]["launch"]["command"].startswith("vllm serve /path/to/model ")

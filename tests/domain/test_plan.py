@@ -1,0 +1,355 @@
+"""The SLO planner: fleet arithmetic, analytic bounds, speculative decoding, the fast step times, and
+the search itself. Expected values are derived by hand in each test's docstring."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from app.sizing.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.launch import LaunchSpec, launch_command
+from app.sizing.plan import (
+    MAX_CONFIGURATIONS,
+    Configuration,
+    HaPolicy,
+    PlanInputs,
+    SearchSpaceTooLarge,
+    Slo,
+    configurations,
+    cost_per_million_tokens,
+    default_tensor_parallel,
+    nodes_needed,
+    pareto_frontier,
+    plan,
+    replicas_needed,
+    search_space_size,
+)
+from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
+from app.sizing.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
+from app.sizing.workload import Fixed, LogNormal, Workload
+from tests.domain.models_for_tests import FALCON_7B, GEMMA_2_9B, LLAMA_3_8B, LLAMA_3_70B
+
+# H100 SXM as the reference catalog has it (driver-reported memory, dense peaks, NVLink per direction).
+H100 = GpuSpec(name="NVIDIA H100 SXM5 80GB", slug="h100-sxm", memory_bytes=85_520_809_984,
+               memory_bandwidth_bytes_per_s=3.35e12, interconnect_bandwidth_bytes_per_s=450e9,
+               bf16_flops_per_s=989.5e12, fp16_flops_per_s=989.5e12, fp8_flops_per_s=1979e12,
+               price_per_hour_usd=3.64)
+
+
+def efficiencies_for(*gpus, efficiency=DEFAULT_EFFICIENCY):
+    return {(gpu.slug, dtype): efficiency for gpu in gpus for dtype in COMPUTE_DTYPES}
+
+
+def inputs_for(model, workload, slo, *gpus, efficiency=DEFAULT_EFFICIENCY, **options):
+    return PlanInputs(model=model, workload=workload, slo=slo,
+                      efficiencies=efficiencies_for(*gpus, efficiency=efficiency), **options)
+
+
+# Fleet arithmetic ----------------------------------------------------------------------------------
+
+def test_replicas_follow_the_issue_formula():
+    """peak 5 req/s x burst 1.2 = 6 req/s; each replica may carry 2.3 x 0.8 = 1.84 req/s;
+    6 / 1.84 = 3.26 -> 4 replicas, + 1 spare (N+1) = 5."""
+    assert replicas_needed(5, 2.3, HaPolicy(extra_replicas=1, max_utilization_ratio=0.8), burst_factor=1.2) == 5
+
+
+def test_an_exact_multiple_does_not_round_up():
+    """6 req/s over replicas of 2 req/s is 3 replicas, although 6 / 2 computed in floating point with
+    a 1.0 utilization could land a hair above 3."""
+    assert replicas_needed(6, 2, HaPolicy()) == 3
+    assert replicas_needed(0.3, 0.1, HaPolicy()) == 3  # 0.3 / 0.1 = 2.9999999999999996 in binary
+    assert replicas_needed(0.1, 5, HaPolicy()) == 1  # a light load still needs one replica
+
+
+def test_nodes_keep_tensor_parallelism_inside_a_node():
+    """8-GPU nodes. TP2: 8 // 2 = 4 replicas per node, so 5 replicas need ceil(5/4) = 2 nodes.
+    TP8 x PP2: one stage per node (8 // 8), so each replica spans ceil(2/1) = 2 nodes: 3 replicas, 6.
+    TP4 x PP4: two stages per node, ceil(4/2) = 2 nodes per replica."""
+    assert nodes_needed(5, 2, 1, 8) == 2
+    assert nodes_needed(3, 8, 2, 8) == 6
+    assert nodes_needed(1, 4, 4, 8) == 2
+    with pytest.raises(ValueError):
+        nodes_needed(1, 16, 1, 8)
+
+
+def test_cost_per_million_output_tokens():
+    """4 GPUs at $3.64 = $14.56 per hour; 5 req/s x 500 output tokens = 2,500 tokens/s = 9.0e6 tokens
+    per hour; 14.56 / 9.0e6 x 1e6 = $1.6178 per million tokens."""
+    assert cost_per_million_tokens(14.56, 2500) == pytest.approx(1.617778, rel=1e-6)
+
+
+def test_pareto_keeps_only_points_no_other_beats_on_cost_and_latency():
+    """(cost, latency): (4, 9) is beaten by (3, 8); (5, 8) ties (3, 8) on latency at a higher cost;
+    the frontier is (1, 10), (3, 8), (6, 2), in cost order: indices 2, 0, 4."""
+    points = [(3, 8), (4, 9), (1, 10), (5, 8), (6, 2)]
+    assert pareto_frontier(points) == (2, 0, 4)
+
+
+# Configuration space -------------------------------------------------------------------------------
+
+def test_default_tensor_parallel_divides_the_heads_within_a_node():
+    """Llama-3-70B has 64 heads: 1, 2, 4, 8 on an 8-GPU node; Falcon-7B's 71 heads (a prime): only 1."""
+    assert default_tensor_parallel(LLAMA_3_70B, H100) == (1, 2, 4, 8)
+    assert default_tensor_parallel(FALCON_7B, H100) == (1,)
+    nvl72 = dataclasses.replace(H100, gpus_per_node=72)
+    assert default_tensor_parallel(LLAMA_3_70B, nvl72) == (1, 2, 4, 8, 16, 32, 64)
+
+
+def test_the_search_space_is_counted_before_it_is_listed():
+    """2 GPUs x 4 default TP degrees x 1 PP x 2 weight dtypes x 2 KV dtypes x 3 x 2 knob values = 192."""
+    gpus = [H100, dataclasses.replace(H100, slug="other")]
+    size = search_space_size(LLAMA_3_70B, gpus, None, [1], ["bf16", "fp8"], ["bf16", "fp8"], [64, 128, 256],
+                             [4096, 8192])
+    assert size == 192
+    assert len(configurations(LLAMA_3_70B, gpus, None, [1], ["bf16", "fp8"], ["bf16", "fp8"], [64, 128, 256],
+                              [4096, 8192])) == 192
+
+
+def test_a_search_space_above_the_limit_is_refused():
+    """8 TP degrees x 4 PP x 6 weight dtypes x 4 KV dtypes x 1 GPU = 768 > 512."""
+    with pytest.raises(SearchSpaceTooLarge, match=str(MAX_CONFIGURATIONS)):
+        configurations(LLAMA_3_70B, [H100], [1, 2, 4, 8, 16, 32, 64, 1], [1, 2, 4, 8],
+                       ["bf16", "fp16", "fp8", "int8", "int4", "fp4"], ["bf16", "fp16", "fp8", "int8"])
+
+
+# Speculative decoding ------------------------------------------------------------------------------
+
+def test_tokens_per_pass_is_the_geometric_sum():
+    """E = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a). a = 0.8, k = 4: (1 - 0.32768) / 0.2 = 3.3616.
+    a = 0.5, k = 1: 1.5. a = 0: only the target's own token, 1. a = 1: every draft kept, k + 1."""
+    assert tokens_per_pass(0.8, 4) == pytest.approx(3.3616)
+    assert tokens_per_pass(0.5, 1) == pytest.approx(1.5)
+    assert tokens_per_pass(0.0, 5) == 1.0
+    assert tokens_per_pass(1.0, 3) == 4.0
+    with pytest.raises(ValueError):
+        tokens_per_pass(1.2, 3)
+
+
+class LinearSteps:
+    """A model whose step costs `fixed` + `per_token` x every token it processes, and that records the
+    calls (the verification pass's prefill_seqs included)."""
+
+    def __init__(self, fixed, per_token):
+        self.fixed, self.per_token, self.calls = fixed, per_token, []
+
+    def step_time_s(self, decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                    prefill_seqs=None):
+        self.calls.append((decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens, prefill_seqs))
+        tokens = np.asarray(decode_seqs, dtype=float) + np.asarray(prefill_tokens, dtype=float)
+        return np.where(tokens > 0, self.fixed + self.per_token * tokens, 0.0)
+
+
+def test_a_speculative_step_amortizes_one_pass_over_the_expected_tokens():
+    """k = 4, a = 0.8: E = 3.3616. Batch 8 at contexts summing to 8,000:
+    target pass over 8 x 5 = 40 tokens: 10 ms + 0.1 ms x 40 = 14 ms; 4 draft steps of 8 tokens:
+    4 x (1 ms + 0.01 ms x 8) = 4.32 ms; per token: (14 + 4.32) / 3.3616 = 5.4498 ms.
+    The verification attends (k+1)·C + B·(k+1)(k+2)/2 = 5 x 8,000 + 8 x 15 = 40,120 positions."""
+    target, draft = LinearSteps(10e-3, 0.1e-3), LinearSteps(1e-3, 0.01e-3)
+    step = SpeculativeStepTime(target, SpeculativeDecoding(4, 0.8), draft)
+    assert step(8, 8000, 0, 0) == pytest.approx(18.32e-3 / 3.3616)
+    verification = target.calls[0]
+    assert (float(verification[2]), float(verification[3]), float(verification[4])) == (40.0, 40120.0, 8.0)
+
+
+def test_prompt_tokens_in_a_speculative_step_are_charged_in_full():
+    """The same step with a 100-token prompt chunk: the target pass grows by 100 x 0.1 ms = 10 ms and the
+    draft's first step by 100 x 0.01 ms = 1 ms, both paid in full: 5.4498 + 11 = 16.4498 ms.
+    A prefill-only step (no decodes) is the target's and the draft's prefill: 10 + 10 + 1 + 1 = 22 ms."""
+    step = SpeculativeStepTime(LinearSteps(10e-3, 0.1e-3), SpeculativeDecoding(4, 0.8),
+                               LinearSteps(1e-3, 0.01e-3))
+    assert step(8, 8000, 100, 5050) == pytest.approx(18.32e-3 / 3.3616 + 11e-3)
+    assert step(0, 0, 100, 5050) == pytest.approx(22e-3)
+
+
+def test_n_gram_drafting_costs_nothing_but_the_verification():
+    """No draft model, k = 3, a = 0.5: E = (1 - 0.0625) / 0.5 = 1.875; batch 1: one target pass over
+    4 tokens, 10 + 0.4 = 10.4 ms, per token 10.4 / 1.875 = 5.5467 ms."""
+    step = SpeculativeStepTime(LinearSteps(10e-3, 0.1e-3), SpeculativeDecoding(3, 0.5, has_draft_model=False), None)
+    assert step(1, 1000, 0, 0) == pytest.approx(10.4e-3 / 1.875)
+
+
+# Analytic bounds ------------------------------------------------------------------------------------
+
+# A hypothetical accelerator with H100 bandwidth and practically unlimited FLOPs: every operator of a
+# batch-1 decode step is memory-bound, so its time is bytes / (bandwidth x achieved fraction).
+BANDWIDTH_ONLY = GpuSpec(name="bandwidth-only", slug="bandwidth-only", memory_bytes=400_000_000_000,
+                         memory_bandwidth_bytes_per_s=3.35e12, interconnect_bandwidth_bytes_per_s=450e9,
+                         bf16_flops_per_s=1e21, price_per_hour_usd=1.0)
+HALF_BANDWIDTH = dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=0.5, per_step_overhead_s=1e-3,
+                                     per_layer_overhead_s=0.0)
+
+
+def test_tpot_floor_of_llama_3_70b_at_batch_1_by_hand():
+    """One decode step of Llama-3-70B (bf16, TP1) attending a 1,000-token prompt reads, in bytes:
+    - per layer: Q, K, V, O = 8192·8192 + 2·8192·1024 + 8192·8192 = 150,994,944 weights and the SwiGLU
+      MLP 3·8192·28672 = 704,643,072, x 2 bytes = 1,711,276,032; + two norms 2·8192·2 = 32,768;
+      x 80 layers = 136,904,704,000;
+    - final norm 8192·2 = 16,384; LM head 128,256·8192·2 = 2,101,346,304; one embedding row 16,384;
+    - KV: 327,680 B per token (2 · 8 heads · 128 · 2 B · 80 layers), reading 1,000 cached + 1 new
+      and writing 1: 327,680 · 1,002 = 328,335,360;
+    total 139,334,418,432 B (activations add ~8 MB, 5 us, below the rounding).
+    At 3.35e12 B/s x 0.5 achieved: 83.185 ms, + 1 ms per-step overhead = 84.2 ms > 50 ms."""
+    slo = Slo(ttft_s=10.0, tpot_s=0.050)
+    inputs = inputs_for(LLAMA_3_70B, Workload(Fixed(1000), Fixed(500), requests_per_s=1.0), slo, BANDWIDTH_ONLY,
+                        efficiency=HALF_BANDWIDTH)
+    result = plan(inputs, [Configuration(BANDWIDTH_ONLY, 1, 1, "bf16", "bf16")])
+    assert not result.feasible
+    assert result.infeasible[0].reasons == (
+        "TPOT floor 84.2 ms at batch 1 exceeds 50 ms (one decode step attending the median prompt of 1,000 tokens)",)
+    assert result.stats.simulations == 0
+
+
+# The opposite: unlimited bandwidth, 1 PFLOP/s, every matmul at 100 % of peak (a one-point curve).
+COMPUTE_ONLY = GpuSpec(name="compute-only", slug="compute-only", memory_bytes=400_000_000_000,
+                       memory_bandwidth_bytes_per_s=1e18, interconnect_bandwidth_bytes_per_s=450e9,
+                       bf16_flops_per_s=1e15, price_per_hour_usd=1.0)
+FULL_PEAK = dataclasses.replace(DEFAULT_EFFICIENCY, compute_curve=((1, 1.0),), attention_fraction=1.0,
+                                per_step_overhead_s=1e-3, per_layer_overhead_s=0.0)
+
+
+def test_ttft_floor_of_llama_3_70b_by_hand():
+    """Prefill of a 1,000-token prompt (one chunk: vLLM's 8,192-token budget) in FLOPs:
+    - linear layers 2 x 855,638,016 weights per layer (attention 150,994,944 + MLP 704,643,072) x 80
+      layers x 1,000 tokens = 1.369021e14;
+    - causal attention 2·64 heads·(128 + 128) = 32,768 FLOPs per attended position per layer, x 80
+      layers x 1,000·1,001/2 = 500,500 positions = 1.312031e12;
+    - LM head for the last position only: 2 x 128,256 x 8192 = 2.101346e9;
+    total 1.382162e14 FLOPs at 1e15 FLOP/s = 138.2 ms, + 1 ms overhead = 139 ms > 100 ms."""
+    slo = Slo(ttft_s=0.100, tpot_s=1.0)
+    inputs = inputs_for(LLAMA_3_70B, Workload(Fixed(1000), Fixed(500), requests_per_s=1.0), slo, COMPUTE_ONLY,
+                        efficiency=FULL_PEAK)
+    result = plan(inputs, [Configuration(COMPUTE_ONLY, 1, 1, "bf16", "bf16")])
+    assert result.infeasible[0].reasons == (
+        "TTFT floor 139 ms exceeds 100 ms (the p95 prompt of 1,000 tokens prefilled alone)",)
+
+
+def test_weights_that_do_not_fit_are_a_reason_not_an_error():
+    """Llama-3-70B in bf16 is 141.1 GB of weights: one 85.5 GB H100 cannot hold them."""
+    inputs = inputs_for(LLAMA_3_70B, Workload(Fixed(1000), Fixed(500), requests_per_s=1.0), Slo(1.0, 0.05), H100)
+    result = plan(inputs, [Configuration(H100, 1, 1, "bf16", "bf16")])
+    (reason,) = result.infeasible[0].reasons
+    assert reason.startswith("weights need 141.1 GB per GPU (bf16, TP1 x PP1)")
+
+
+def test_tensor_parallelism_beyond_a_node_is_infeasible():
+    inputs = inputs_for(LLAMA_3_70B, Workload(Fixed(1000), Fixed(500), requests_per_s=1.0), Slo(1.0, 0.05), H100)
+    result = plan(inputs, [Configuration(H100, 16, 1, "bf16", "bf16")])
+    assert "stays inside one node" in result.infeasible[0].reasons[0]
+
+
+# The search -----------------------------------------------------------------------------------------
+
+EIGHT_B_WORKLOAD = Workload(Fixed(1000), Fixed(200), requests_per_s=20.0)
+EIGHT_B_SLO = Slo(ttft_s=1.0, tpot_s=0.030)
+
+
+def eight_b_plan(**options):
+    inputs = inputs_for(LLAMA_3_8B, options.pop("workload", EIGHT_B_WORKLOAD), options.pop("slo", EIGHT_B_SLO),
+                        H100, simulated_requests=500, **options)
+    return plan(inputs, configurations(LLAMA_3_8B, [H100], [1, 2], [1], ["bf16"], ["bf16"]))
+
+
+def test_every_plan_meets_its_own_predicted_slo_and_the_fleet_arithmetic_holds():
+    """For each plan: replicas = ceil(20 req/s / max verified load) (no burst, spares or cap); GPUs =
+    replicas x TP; cost = GPUs x $3.64; output tokens/s = 20 x 200 = 4,000."""
+    result = eight_b_plan()
+    assert result.feasible
+    for found in result.plans:
+        assert found.meets_slo
+        assert found.predicted.ttft.at_slo_percentile_s <= EIGHT_B_SLO.ttft_s
+        assert found.predicted.tpot.at_slo_percentile_s <= EIGHT_B_SLO.tpot_s
+        assert found.replicas == math.ceil(20.0 / found.max_load_per_replica - 1e-9)
+        assert found.gpus == found.replicas * found.configuration.tensor_parallel
+        assert found.cost_per_hour_usd == pytest.approx(found.gpus * 3.64)
+        assert found.output_tokens_per_s == pytest.approx(4000.0)
+        assert found.offered_load_per_replica == pytest.approx(20.0 / found.replicas)
+    costs = [found.cost_per_hour_usd for found in result.plans]
+    assert costs == sorted(costs)
+
+
+def test_the_same_inputs_give_the_same_plans():
+    assert eight_b_plan() == eight_b_plan()
+
+
+def test_a_spare_replica_and_a_utilization_cap_add_capacity():
+    """With N+1 and a 0.8 cap, R = ceil(20 / (0.8 x max)) + 1, and each replica is offered 20 / R."""
+    result = eight_b_plan(policy=HaPolicy(extra_replicas=1, max_utilization_ratio=0.8))
+    for found in result.plans:
+        assert found.replicas == math.ceil(20.0 / 0.8 / found.max_load_per_replica - 1e-9) + 1
+        assert found.offered_load_per_replica == pytest.approx(20.0 / found.replicas)
+        assert found.utilization_ratio <= 0.8 * (found.replicas - 1) / found.replicas + 1e-9
+
+
+def test_an_impossible_tpot_is_infeasible_with_reasons():
+    """2 ms per token: the 8B model's batch-1 decode reads ~16 GB, ~7 ms on an H100."""
+    result = eight_b_plan(slo=Slo(ttft_s=1.0, tpot_s=0.002))
+    assert not result.feasible and result.plans == ()
+    assert all(item.reasons[0].startswith("TPOT floor") for item in result.infeasible)
+
+
+def test_closed_loop_plans_count_users():
+    """64 users; each replica takes at most its max verified users; replicas = ceil(64 / max users)."""
+    workload = Workload(Fixed(1000), Fixed(200), concurrent_users=64)
+    result = eight_b_plan(workload=workload)
+    assert result.feasible
+    for found in result.plans:
+        assert found.max_load_per_replica == int(found.max_load_per_replica)
+        assert found.replicas == math.ceil(64 / found.max_load_per_replica - 1e-9)
+        assert found.offered_load_per_replica == math.ceil(64 / found.replicas)
+
+
+def test_speculative_decoding_reports_its_tokens_per_pass():
+    """n-gram drafting, k = 3, a = 0.6: E = (1 - 0.6^4) / 0.4 = (1 - 0.1296) / 0.4 = 2.176."""
+    result = eight_b_plan(speculative=SpeculativeDecoding(3, 0.6, has_draft_model=False))
+    assert result.feasible
+    assert result.plans[0].tokens_per_pass == pytest.approx(2.176)
+
+
+def test_a_request_longer_than_the_model_is_refused():
+    """Gemma-2-9B has 8,192 positions: 8,000 prompt + 500 answer tokens cannot be served."""
+    with pytest.raises(ValueError, match="8,192 positions"):
+        inputs_for(GEMMA_2_9B, Workload(Fixed(8000), Fixed(500), requests_per_s=1.0), EIGHT_B_SLO, H100)
+
+
+def test_lognormal_lengths_are_planned():
+    workload = Workload(LogNormal(mean=1000, p50=800, max_tokens=6000), Fixed(200), requests_per_s=10.0)
+    result = eight_b_plan(workload=workload)
+    assert result.feasible
+    assert result.max_model_len == 6200
+
+
+# Launch commands -----------------------------------------------------------------------------------
+
+def launch(**changes):
+    spec = LaunchSpec(engine="vllm", model_id="meta-llama/Meta-Llama-3.1-70B", model_dtype="bf16",
+                      tensor_parallel=4, pipeline_parallel=1, weight_dtype="bf16", kv_dtype="bf16",
+                      max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1500,
+                      gpu_memory_utilization=0.92)
+    return launch_command(dataclasses.replace(spec, **changes))
+
+
+def test_vllm_flags_realize_the_plan():
+    command = launch(weight_dtype="fp8", kv_dtype="fp8").command
+    assert command == ("vllm serve meta-llama/Meta-Llama-3.1-70B --tensor-parallel-size 4 --max-num-seqs 256 "
+                       "--max-num-batched-tokens 8192 --max-model-len 1500 --gpu-memory-utilization 0.92 "
+                       "--kv-cache-dtype fp8 --quantization fp8")
+
+
+def test_vllm_speculative_config_names_the_draft():
+    command = launch(draft_tokens=4, draft_model_id="meta-llama/Llama-3.2-1B").command
+    config = json.loads(command.split("--speculative-config ")[1].strip("'"))
+    assert config == {"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 4}
+
+
+def test_pre_quantized_precisions_are_a_note_not_a_flag():
+    result = launch(weight_dtype="int4")
+    assert "--quantization" not in result.command
+    assert any("AWQ or GPTQ" in note for note in result.notes)
+
+
+def test_other_engines_use_their_own_flags():
+    assert launch(engine="sglang").command.startswith("python -m sglang.launch_server --model-path ")
+    assert "--max_batch_size 256" in launch(engine="trtllm").command
+    assert launch(engine="generic").command is None
