@@ -11,7 +11,7 @@ export HOST PORT
 PG_ADMIN_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
 PYTEST_ARGS ?=
 
-.PHONY: run test test-sqlite test-postgres bench openapi lint migrate load-catalog clean
+.PHONY: run test test-sqlite test-postgres bench openapi lint migrate load-catalog charts accuracy calibrate clean
 
 # Reinstall only when the dependency files change, so a second `make run` starts in seconds.
 $(STAMP): pyproject.toml constraints.txt
@@ -29,7 +29,7 @@ load-catalog: migrate
 	$(PY) -m app.load_catalog
 
 run: load-catalog
-	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)"
+	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)" --no-access-log
 
 test: test-sqlite test-postgres
 
@@ -51,6 +51,17 @@ bench: $(STAMP)
 
 openapi: $(STAMP)
 	$(PY) scripts/export_openapi.py
+
+# docs/ACCURACY.md: the error of the shipped default profile on the published measurements.
+accuracy: $(STAMP)
+	$(PY) -m app.validate tests/data/measured-calibration.csv --markdown docs/ACCURACY.md
+
+# Refit the shipped default calibration profile (a few minutes: includes leave-one-source-out).
+calibrate: $(STAMP)
+	$(PY) -m app.calibrate tests/data/measured-calibration.csv --name default
+
+charts: $(STAMP)
+	$(PY) scripts/render_charts.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check app tests scripts

@@ -13,6 +13,7 @@ from sqlalchemy.exc import DBAPIError
 
 from app.catalog import load_reference_catalog
 from app.db import database_revisions, make_engine, make_session_factory, migration_heads
+from app.profiles import load_default_profile
 from app.settings import Settings
 
 
@@ -25,13 +26,15 @@ def main() -> int:
             return 1
         with make_session_factory(engine)() as session, session.begin():
             report = load_reference_catalog(session)
+            default_profile = load_default_profile(session)  # the fitted calibration profile `default`
     except DBAPIError as exc:
         print(f"Cannot load the catalog: {type(exc.orig).__name__}: {exc.orig}", file=sys.stderr)
         return 1
     finally:
         engine.dispose()
     print(json.dumps({"catalog": "reference", "inserted": report.inserted, "updated": report.updated,
-                      "unchanged": report.unchanged, "kept_user_rows": report.kept_user_rows}))
+                      "unchanged": report.unchanged, "kept_user_rows": report.kept_user_rows,
+                      "default_calibration_profile": default_profile}))
     return 0
 
 

@@ -1,0 +1,144 @@
+"""`make bench` (`python -m app.bench`): per-request compute time of each sizing endpoint's core call,
+then the service under real HTTP load (app.loadtest: requests/s and p50/p99 per endpoint).
+
+Each row times the pure calculation an endpoint's service makes, with the specs already resolved
+from the reference catalog (app/data), so catalog reads, validation and JSON are left out: what is
+measured is the arithmetic a request costs. Each call is timed `REPEATS` times, one call per timing
+(timeit.repeat with number=1, after a warm-up), on the process's CPU-time clock so that time the
+process spends preempted on a busy machine does not count; the table gives the median and p99 in
+microseconds. The target is well under 1 ms per call. A benchmark, not a test:
+nothing here asserts a time.
+
+To add an endpoint (e.g. /v1/capacity or /v1/slo-plan), append one `Case` to `CASES`: the endpoint
+path, a short label for the core call, and a zero-argument callable that makes that call, e.g.
+
+    Case("/v1/capacity", "capacity(llama-3-70b, 4 x h100-sxm)",
+         lambda: capacity(MODELS["llama-3-70b"], GPUS["h100-sxm"], ...)),
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import timeit
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from app.catalog import gpu_spec_from_record, model_spec_from_record, reference_gpu_rows, reference_model_rows
+from app.loadtest import run_load_tests
+from app.services import decode_batch_sweep
+from app.sizing.capacity import EngineConfig, capacity
+from app.sizing.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.flops import decode_cost, prefill_cost
+from app.sizing.kv import kv_cache_size
+from app.sizing.perf import build_step_time_model
+from app.sizing.plan import PlanInputs, Slo, configurations, plan
+from app.sizing.roofline import roofline
+from app.sizing.simulate import SchedulerConfig, simulate
+from app.sizing.specs import COMPUTE_DTYPES
+from app.sizing.workload import Fixed, Workload
+
+REPEATS = 1000
+
+MODELS = {row["slug"]: model_spec_from_record(SimpleNamespace(**row)) for row in reference_model_rows()}
+GPUS = {row["slug"]: gpu_spec_from_record(SimpleNamespace(**row)) for row in reference_gpu_rows()}
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    endpoint: str
+    core_call: str
+    call: Callable[[], object]
+    repeats: int = REPEATS  # fewer for calls that take a good part of a second
+
+
+def _sweep(model: str, gpu: str, context_tokens: int) -> object:
+    return decode_batch_sweep(MODELS[model], GPUS[gpu], context_tokens, [2**i for i in range(11)],
+                              weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16",
+                              activation_dtype="bf16", tensor_parallel=1, efficiency=DEFAULT_EFFICIENCY)
+
+
+def _capacity(model: str, gpu: str, tensor_parallel: int) -> object:
+    return capacity(MODELS[model], GPUS[gpu], tensor_parallel=tensor_parallel, pipeline_parallel=1,
+                    weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16", engine=EngineConfig(engine="vllm"),
+                    input_tokens=1000, output_tokens=500, efficiency=DEFAULT_EFFICIENCY)
+
+
+# /v1/slo-plan: the issue's example (Llama-3.1-70B, 1k in / 500 out, 5 req/s, p95 TTFT 1 s and TPOT 50 ms)
+# planned over the whole catalog at its default TP degrees, and one simulation of 2,000 requests.
+SLO_PLAN_WORKLOAD = Workload(Fixed(1000), Fixed(500), requests_per_s=5.0)
+SLO_PLAN_INPUTS = PlanInputs(
+    model=MODELS["llama-3.1-70b"], workload=SLO_PLAN_WORKLOAD, slo=Slo(ttft_s=1.0, tpot_s=0.050, percentile=95),
+    efficiencies={(slug, dtype): DEFAULT_EFFICIENCY for slug in GPUS for dtype in COMPUTE_DTYPES})
+
+
+def _slo_plan_catalog() -> object:
+    candidates = configurations(MODELS["llama-3.1-70b"], list(GPUS.values()), None, [1], ["bf16"], ["bf16"])
+    return plan(SLO_PLAN_INPUTS, candidates)
+
+
+def _simulation_2000() -> Callable[[], object]:
+    """One replica of the example's cheapest H100 plan (TP4) at 5 req/s, its KV capacity from vLLM's rules."""
+    model, gpu = MODELS["llama-3.1-70b"], GPUS["h100-sxm"]
+    sized = capacity(model, gpu, tensor_parallel=4, pipeline_parallel=1, weight_dtype="bf16", kv_dtype="bf16",
+                     compute_dtype="bf16", engine=EngineConfig(engine="vllm", max_model_len=1500), input_tokens=1000,
+                     output_tokens=500, efficiency=DEFAULT_EFFICIENCY)
+    config = SchedulerConfig(kv_capacity_tokens=sized.kv_tokens, max_num_seqs=1024, max_num_batched_tokens=8192)
+
+    def run() -> object:
+        steps = build_step_time_model(model, gpu, tensor_parallel=4, weight_dtype="bf16",
+                                      kv_dtype="bf16", efficiency=DEFAULT_EFFICIENCY).step_time_s
+        return simulate(steps, config, workload=SLO_PLAN_WORKLOAD, num_requests=2000, seed=0)
+
+    return run
+
+
+CASES: list[Case] = [
+    Case("/v1/kv-cache", "kv_cache_size(llama-3-70b, 8k, tp8)",
+         lambda: kv_cache_size(MODELS["llama-3-70b"], 8192, "bf16", 8)),
+    Case("/v1/kv-cache", "kv_cache_size(gemma-2-9b, 8k, block 16)",
+         lambda: kv_cache_size(MODELS["gemma-2-9b"], 8192, "bf16", 1, 1, 16)),
+    Case("/v1/roofline", "roofline(decode_cost(llama-3-8b, 1k))",
+         lambda: roofline(decode_cost(MODELS["llama-3-8b"], 1024), GPUS["h100-sxm"], "bf16")),
+    Case("/v1/roofline", "roofline(prefill_cost(llama-3-70b, 2k, tp4))",
+         lambda: roofline(prefill_cost(MODELS["llama-3-70b"], 2048, tensor_parallel=4), GPUS["h100-sxm"],
+                          "bf16")),
+    Case("/v1/roofline", "roofline(decode_cost(deepseek-v3, 4k, batch 64, tp8))",
+         lambda: roofline(decode_cost(MODELS["deepseek-v3"], 4096, 64, "fp8", tensor_parallel=8),
+                          GPUS["h200-sxm"], "fp8")),
+    Case("/v1/roofline/batch-sweep", "decode_batch_sweep(llama-3-8b, 11 batches)",
+         lambda: _sweep("llama-3-8b", "h100-sxm", 1024)),
+    Case("/v1/roofline/batch-sweep", "decode_batch_sweep(mixtral-8x7b, 11 batches)",
+         lambda: _sweep("mixtral-8x7b", "h100-sxm", 1024)),
+    Case("/v1/capacity", "capacity(llama-3-70b, 4 x h100-sxm, vllm)",
+         lambda: _capacity("llama-3-70b", "h100-sxm", 4)),
+    Case("/v1/capacity", "capacity(llama-3.1-405b, 1 x h100-sxm: no fit, suggestion search)",
+         lambda: _capacity("llama-3.1-405b", "h100-sxm", 1)),
+    Case("/v1/slo-plan", "plan(llama-3.1-70b, 5 req/s, p95 TTFT 1 s / TPOT 50 ms, whole catalog)",
+         _slo_plan_catalog, repeats=5),
+    Case("/v1/slo-plan", "simulate(llama-3.1-70b, h100-sxm TP4, 2,000 requests at 5 req/s)",
+         _simulation_2000(), repeats=20),
+]
+
+
+def time_call(call: Callable[[], object], repeats: int = REPEATS) -> tuple[float, float]:
+    """(median, p99) seconds per call."""
+    call()  # warm-up: fills the per-model caches a long-running service keeps warm
+    per_call = timeit.repeat(call, repeat=repeats, number=1, timer=time.process_time)
+    return statistics.median(per_call), statistics.quantiles(per_call, n=100)[98]
+
+
+def main() -> None:
+    rows = [(case.endpoint, case.core_call, *time_call(case.call, case.repeats)) for case in CASES]
+    endpoint_width = max(len("endpoint"), *(len(row[0]) for row in rows))
+    call_width = max(len("core call"), *(len(row[1]) for row in rows))
+    print(f"{'endpoint':<{endpoint_width}}  {'core call':<{call_width}}  {'median µs':>10}  {'p99 µs':>10}")
+    for endpoint, core_call, median, p99 in rows:
+        print(f"{endpoint:<{endpoint_width}}  {core_call:<{call_width}}  {median * 1e6:>10.1f}  {p99 * 1e6:>10.1f}")
+    print()
+    print(run_load_tests(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""`python -m app.calibrate FILE.csv [--name NAME] [--write-db]`: fit a calibration profile.
+
+Reads published measurements (the schema of measured-calibration.csv), fits the efficiencies of
+app.sizing.fit per GPU family and compute precision (plus the global fallback) starting from the builtin
+constants, measures leave-one-source-out error, and writes the profile as JSON
+(app/data/calibration/<name>-profile.json unless --output says otherwise). With --write-db it is also
+stored in DATABASE_URL. The shipped default profile is made with:
+
+    python -m app.calibrate tests/data/measured-calibration.csv --name default
+
+Predictions use the catalog shipped in app/data (no database needed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from sqlalchemy.exc import DBAPIError
+
+from app.calibration import (
+    NothingToFit,
+    ReferenceCatalog,
+    RowsInvalid,
+    calibrate,
+    file_sha256,
+    observed_rows,
+    rows_from_csv,
+)
+from app.db import database_revisions, make_engine, make_session_factory, migration_heads
+from app.errors import ServiceError
+from app.orm import ORIGIN_REFERENCE
+from app.profiles import (
+    DEFAULT_PROFILE,
+    DEFAULT_PROFILE_PATH,
+    RESERVED_PROFILE_NAMES,
+    builtin_profile,
+    load_default_profile,
+    store_profile,
+)
+from app.schemas.common import SLUG_PATTERN
+from app.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app.calibrate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("file", type=Path, help="measurements CSV (the measured-calibration.csv schema)")
+    parser.add_argument("--name", default=DEFAULT_PROFILE, help="profile name (default: %(default)s)")
+    parser.add_argument("--description", default=None, help="one line on what the profile is for")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="where to write the profile JSON (default: app/data/calibration/<name>-profile.json)")
+    parser.add_argument("--write-db", action="store_true", help="also store the profile in DATABASE_URL")
+    parser.add_argument("--no-leave-one-out", action="store_true",
+                        help="skip the leave-one-source-out fits (one extra fit per source)")
+    args = parser.parse_args(argv)
+
+    if not re.match(SLUG_PATTERN, args.name) or (args.name in RESERVED_PROFILE_NAMES and args.name != DEFAULT_PROFILE):
+        print(f"--name must match {SLUG_PATTERN} and not be {sorted(RESERVED_PROFILE_NAMES)}", file=sys.stderr)
+        return 2
+    data = args.file.read_bytes()
+    try:
+        rows = observed_rows(rows_from_csv(data.decode("utf-8-sig"), pointer=str(args.file)), pointer=str(args.file))
+    except (RowsInvalid, UnicodeDecodeError) as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        for pointer, message in getattr(exc, "errors", [])[:50]:
+            print(f"  {pointer}: {message}", file=sys.stderr)
+        return 2
+    description = args.description or (
+        f"Fitted to the published measurements in {args.file.name} ({len(rows)} rows): engines' offline, static-"
+        "batch, batch-1 and Poisson-load results; see docs/ACCURACY.md")
+    try:
+        result = calibrate(rows, ReferenceCatalog(), name=args.name, description=description, base=builtin_profile(),
+                           fit_global=True, leave_one_out=not args.no_leave_one_out, source_file=args.file.name,
+                           source_sha256=file_sha256(data), progress=lambda line: print(line, file=sys.stderr))
+    except NothingToFit as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    output = args.output or (DEFAULT_PROFILE_PATH if args.name == DEFAULT_PROFILE
+                             else DEFAULT_PROFILE_PATH.with_name(f"{args.name}-profile.json"))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result.document, indent=2) + "\n", encoding="utf-8")
+    provenance = result.document["provenance"]
+    held_out = provenance["leave_one_source_out"]
+    print(json.dumps({
+        "profile": args.name, "written": str(output), "rows_used": provenance["rows_used"],
+        "median_abs_pct_error_before": provenance["fit_error"]["before"]["median_abs_pct_error"],
+        "median_abs_pct_error_after": provenance["fit_error"]["after"]["median_abs_pct_error"],
+        "leave_one_source_out_median_abs_pct_error": None if held_out is None else held_out["median_abs_pct_error"],
+    }))
+    if args.write_db:
+        return _write_db(result.document, output)
+    return 0
+
+
+def _write_db(document: dict, path: Path) -> int:
+    engine = make_engine(Settings().database_url)
+    try:
+        if database_revisions(engine) != migration_heads():
+            print("The database is not at the migration head: run `alembic upgrade head` first", file=sys.stderr)
+            return 1
+        with make_session_factory(engine)() as session, session.begin():
+            if document["name"] == DEFAULT_PROFILE:
+                status = load_default_profile(session, path=path)
+            else:
+                store_profile(session, document, origin=ORIGIN_REFERENCE)
+                status = "inserted"
+    except (DBAPIError, ServiceError) as exc:
+        print(f"Cannot store the profile: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print(json.dumps({"database": status, "profile": document["name"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,570 @@
+"""Predicting one published serving measurement from specs and an efficiency (SIZING.md sections 5-8).
+
+A `Measurement` is a published benchmark result minus its value: how it was run (scenario, lengths,
+load, layout, precisions, engine) and what it reports (metric and statistic). The value itself never
+enters this module, so a prediction cannot depend on it.
+
+The answer comes from the same core the API uses: the engine's memory accounting and KV capacity
+(`capacity.py`, the /v1/capacity rules), the step-time model (`perf.py`, roofline + efficiencies) for
+every engine step, and the serving simulator (`simulate.py`, the /v1/slo-plan path) for runs with a
+queue. Per scenario:
+
+- `batch1`: one request alone, i.e. a static batch of one (below).
+- `static_batch` on an engine that batches statically (TensorRT-LLM's session benchmark, LMDeploy's
+  static benchmark, gpt-fast): one prefill step of all `batch` prompts, then osl − 1 decode steps of the
+  whole batch, the context growing by one token a step. Throughput = batch · osl / total time; TTFT =
+  the prefill step; TPOT/ITL statistics over the decode steps (mean = (E2E − TTFT)/(osl − 1)). With more
+  GPUs than one replica needs, the batch is split evenly over the replicas.
+  vLLM and SGLang have no static mode: their "fixed batch" benchmark (benchmark_throughput) submits the
+  batch at once to the continuous-batching scheduler, which is the `offline` scenario with
+  num_requests = batch.
+- `offline`: every request queued at t = 0 and run by the continuous-batching simulator with the
+  engine's limits (KV blocks, max_num_seqs, max_num_batched_tokens, TensorRT-LLM's reservation of
+  input + full output at admission, vLLM's on-demand blocks and preemption). We simulate rather than use
+  a steady-state formula because the same run also answers the TTFT and ITL rows of an all-at-once
+  benchmark (queueing behind the prefill of hundreds of prompts), and ramp-up, drain and KV-limited
+  batches come out of the engine's own rules. Requests: the row's num_requests, at most
+  MAX_SIMULATED_REQUESTS (default when not given: that cap); every request of a fixed-length benchmark is
+  identical, so simulating fewer only shortens the run, and the throughput is measured over the whole run
+  as the published harnesses do.
+- `closed_loop`: `concurrency` users each sending the next request when the last finishes.
+- `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
+Data-parallel replicas: num_gpus / (tp · pp) copies of the deployment share the load evenly (each gets
+1/replicas of the requests, users or rate); throughputs add up, latencies are one replica's.
+Every request in a simulated run is measured (no warm-up is left out), as the published harnesses
+average over all requests.
+
+Offline and closed-loop schedules do not depend on how long a step takes: the scheduler decides what
+each step carries from its state (KV blocks, token budget, who finished), never from the clock. So
+`prepare` simulates such a run once with unit step times, recording every step's composition, and
+`predict` times those steps with the step-time model of the efficiency asked for, in one vectorized call:
+the numbers a simulation with that step time gives, to 0.1% (long decode-only runs are timed at sample
+steps and interpolated, see SAMPLES_PER_DECODE_RUN; tested against the simulator run directly). Poisson runs depend on the clock
+(arrivals interleave with steps) and are simulated afresh per efficiency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+import numpy as np
+
+from app.sizing.capacity import (
+    GENERIC,
+    SGLANG,
+    TRTLLM,
+    VLLM,
+    EngineConfig,
+    kv_token_capacity,
+    memory_budget,
+    resolve_engine,
+    sglang_max_running_requests,
+)
+from app.sizing.capacity import (
+    ON_DEMAND as ENGINE_ON_DEMAND,
+)
+from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.perf import StepTimeModel, build_step_time_model
+from app.sizing.simulate import FULL, ON_DEMAND, KvCapacityError, SchedulerConfig, SimulationResult, simulate
+from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
+from app.sizing.workload import Fixed, Workload, sample_requests
+
+OFFLINE = "offline"
+STATIC_BATCH = "static_batch"
+BATCH1 = "batch1"
+CLOSED_LOOP = "closed_loop"
+POISSON = "poisson"
+SCENARIOS = (OFFLINE, STATIC_BATCH, BATCH1, CLOSED_LOOP, POISSON)
+
+OUTPUT_TOKENS_PER_S = "output_tokens_per_s"
+OUTPUT_TOKENS_PER_S_PER_GPU = "output_tokens_per_s_per_gpu"
+TOTAL_TOKENS_PER_S = "total_tokens_per_s"
+REQUESTS_PER_S = "requests_per_s"
+TTFT_MS = "ttft_ms"
+TPOT_MS = "tpot_ms"
+ITL_MS = "itl_ms"
+THROUGHPUT_METRICS = (OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_S_PER_GPU, TOTAL_TOKENS_PER_S, REQUESTS_PER_S)
+LATENCY_METRICS = (TTFT_MS, TPOT_MS, ITL_MS)
+METRICS = THROUGHPUT_METRICS + LATENCY_METRICS
+# Predictions are in SI units (seconds); published latencies are in milliseconds.
+PUBLISHED_UNIT_PER_SI = {metric: 1000.0 if metric in LATENCY_METRICS else 1.0 for metric in METRICS}
+
+STAT_PERCENTILES = {"median": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
+STATS = ("mean", *STAT_PERCENTILES)
+
+ENGINES = ("trtllm", "vllm", "sglang", "lmdeploy", "gpt-fast", "other")
+# How each published engine's memory accounting and scheduler are modelled (capacity.py engines).
+ENGINE_RULES = {"trtllm": TRTLLM, "vllm": VLLM, "sglang": SGLANG, "lmdeploy": GENERIC, "gpt-fast": GENERIC,
+                "other": GENERIC}
+# Engines whose "fixed batch" benchmark is really continuous batching of the batch submitted at once.
+CONTINUOUS_ONLY_ENGINES = ("vllm", "sglang")
+
+MAX_SIMULATED_REQUESTS = 1000  # per replica and run: keeps one prediction in milliseconds
+# Output tokens one simulated run may generate (requests x osl): the largest published benchmark,
+# 1,000 requests of 4,096 tokens, is well inside; a run beyond it would take seconds to minutes.
+MAX_SIMULATED_OUTPUT_TOKENS = 10_000_000
+SEED = 0  # Poisson arrivals: fixed, so a prediction is reproducible
+
+
+def needs_simulation(measurement: Measurement) -> bool:
+    """Whether predicting the measurement runs the serving simulator (the costly part of a prediction)."""
+    return measurement.scenario in (OFFLINE, CLOSED_LOOP, POISSON) or (
+        measurement.scenario == STATIC_BATCH and measurement.engine in CONTINUOUS_ONLY_ENGINES)
+
+
+class Unpredictable(ValueError):
+    """The measurement cannot be predicted honestly; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """How a published number was measured, and which number it is (never the value itself)."""
+
+    scenario: str
+    metric: str
+    num_gpus: int
+    weight_dtype: str
+    engine: str
+    stat: str | None = None  # for latencies: mean, median/p50, p90, p99
+    tp: int | None = None  # None: the source does not say (the best layout on num_gpus is compared)
+    pp: int | None = None  # None: 1
+    compute_dtype: str | None = None  # None: the weights' own where the GPU has that rate
+    kv_dtype: str | None = None  # None: the engine default, 16-bit
+    isl: int | None = None  # None: lengths from a dataset
+    osl: int | None = None
+    batch: int | None = None
+    concurrency: int | None = None
+    num_requests: int | None = None
+    request_rate: float | None = None  # requests/s
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("scenario", SCENARIOS), ("metric", METRICS), ("engine", ENGINES),
+                              ("weight_dtype", WEIGHT_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}")
+        if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}")
+        if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}")
+        if self.stat is not None and self.stat not in STATS:
+            raise ValueError(f"stat must be one of {', '.join(STATS)}")
+        for name in ("num_gpus", "tp", "pp", "isl", "osl", "batch", "concurrency", "num_requests"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
+            raise ValueError("request_rate must be a positive number")
+
+
+# Preparing a prediction --------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One way to run the measurement's GPUs: tensor x pipeline parallel, and replicas of that."""
+
+    tensor_parallel: int
+    pipeline_parallel: int
+    replicas: int
+    kv_tokens: int  # per replica, by the engine's accounting
+    scheduler: SchedulerConfig
+
+
+class PreparedPrediction:
+    """Everything about a measurement that does not depend on efficiency, ready to be timed.
+
+    `predict(efficiency)` returns the metric in SI units (seconds for latencies). When the source does
+    not state the layout, every layout on its GPUs is prepared and the best answer counts (the highest
+    throughput, the lowest latency), as the source would have published its best configuration.
+    """
+
+    def __init__(self, measurement: Measurement, runs: tuple[_Run, ...]) -> None:
+        self.measurement = measurement
+        self.runs = runs
+
+    @property
+    def timing_invariant(self) -> bool:
+        """True when no simulation is needed per efficiency (what a fit can evaluate quickly)."""
+        return all(run.timing_invariant for run in self.runs)
+
+    @property
+    def layouts(self) -> tuple[Layout, ...]:
+        return tuple(run.layout for run in self.runs)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The precision the matmuls run at (the measurement's, or the weights' where the GPU has it)."""
+        return self.runs[0].compute_dtype
+
+    def predict(self, efficiency: Efficiency) -> float:
+        values = [run.metric(self.measurement.metric, self.measurement.stat, efficiency) for run in self.runs]
+        return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
+
+    def utilization(self, efficiency: Efficiency) -> float | None:
+        """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
+        the same lengths); None for every other scenario."""
+        values = [run.utilization(efficiency) for run in self.runs]
+        return None if None in values else min(values)  # type: ignore[type-var]
+
+
+def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> PreparedPrediction:
+    """Check the measurement can be predicted and do the efficiency-free work; raises Unpredictable."""
+    m = measurement
+    if m.isl is None or m.osl is None:
+        raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl)")
+    if m.metric in LATENCY_METRICS and m.stat is None:
+        raise Unpredictable(f"{m.metric} without its statistic (mean, median, p90, p99)")
+    if m.metric in (TPOT_MS, ITL_MS) and m.osl < 2:
+        raise Unpredictable(f"{m.metric} needs at least 2 output tokens (osl {m.osl})")
+    if m.scenario == STATIC_BATCH and m.batch is None:
+        raise Unpredictable("static_batch without its batch size")
+    if m.scenario == CLOSED_LOOP and m.concurrency is None:
+        raise Unpredictable("closed_loop without its concurrency")
+    if m.scenario == POISSON and m.request_rate is None:
+        raise Unpredictable("poisson without its request_rate")
+    compute_dtype = m.compute_dtype
+    if compute_dtype is not None and not gpu.peak_flops_per_s(compute_dtype):
+        raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
+    kv_dtype = m.kv_dtype or "bf16"
+    key = (m.scenario, m.num_gpus, m.pp or 1, m.weight_dtype, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
+           m.batch, m.concurrency, m.num_requests, m.request_rate)
+    if m.tp is not None:
+        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key),))
+    runs, reasons = [], []
+    for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
+        try:
+            runs.append(_prepared_run(model, gpu, tp, *key))
+        except Unpredictable as exc:
+            reasons.append(f"TP{tp}: {exc}")
+    if not runs:
+        raise Unpredictable("no layout on the GPUs can run it: " + "; ".join(reasons or ["none divides the heads"]))
+    return PreparedPrediction(m, tuple(runs))
+
+
+def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:
+    return [tp for tp in range(1, gpus + 1) if gpus % tp == 0 and model.num_attention_heads % tp == 0]
+
+
+@lru_cache(maxsize=4096)
+def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gpus: int, pp: int,
+                  weight_dtype: str, compute_dtype: str | None, kv_dtype: str, engine: str, isl: int, osl: int,
+                  batch: int | None, concurrency: int | None, num_requests: int | None,
+                  request_rate: float | None) -> _Run:
+    """The efficiency-free part of a run (cached: the rows of one benchmark share it)."""
+    layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine)
+    try:
+        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype)
+    except ValueError as exc:
+        raise Unpredictable(str(exc)) from None
+    if scenario == BATCH1:
+        return _StaticRun(layout, steps, batch=1, isl=isl, osl=osl, single_stream=True)
+    if scenario == STATIC_BATCH and engine not in CONTINUOUS_ONLY_ENGINES:
+        return _StaticRun(layout, steps, batch=batch, isl=isl, osl=osl, single_stream=False)
+    replicas = layout.replicas
+    if scenario == STATIC_BATCH:  # continuous batching of the whole batch submitted at once
+        scenario, num_requests = OFFLINE, batch
+    if scenario == OFFLINE:
+        count = min(-(-(num_requests or MAX_SIMULATED_REQUESTS * replicas) // replicas), MAX_SIMULATED_REQUESTS)
+        _check_work(count, osl)
+        workload = Workload(Fixed(isl), Fixed(osl), concurrent_users=count)  # all sent at t = 0
+        return _ReplayedRun(layout, steps, workload, count, users=count)
+    if scenario == CLOSED_LOOP:
+        users = -(-concurrency // replicas)
+        if users > MAX_SIMULATED_REQUESTS:
+            raise Unpredictable(f"{users} users per replica: more than the {MAX_SIMULATED_REQUESTS} requests a "
+                                "prediction simulates")
+        count = max(users, min(num_requests or 10 * users, MAX_SIMULATED_REQUESTS))
+        _check_work(count, osl)
+        return _ReplayedRun(layout, steps, Workload(Fixed(isl), Fixed(osl), concurrent_users=users), count, users)
+    count = min(num_requests or MAX_SIMULATED_REQUESTS, MAX_SIMULATED_REQUESTS)
+    _check_work(count, osl)
+    workload = Workload(Fixed(isl), Fixed(osl), requests_per_s=request_rate / replicas)
+    saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
+                              isl, osl, None, None, None, None)
+    return _PoissonRun(layout, steps, workload, count, saturated)
+
+
+def _check_work(requests: int, osl: int) -> None:
+    if requests * osl > MAX_SIMULATED_OUTPUT_TOKENS:
+        raise Unpredictable(f"too large to simulate: {requests} requests x {osl} output tokens exceed "
+                            f"{MAX_SIMULATED_OUTPUT_TOKENS:,} tokens per run")
+
+
+@lru_cache(maxsize=1024)
+def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, kv_dtype: str,
+                compute_dtype: str | None) -> StepTimeModel:
+    """One deployment's step-time model (shared by every run on it)."""
+    return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
+                                 kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=DEFAULT_EFFICIENCY)
+
+
+@lru_cache(maxsize=4096)
+def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
+    """The deployment's step-time model under another efficiency (built once per pair: a fit tries each
+    efficiency on every run of a deployment)."""
+    return replace(steps, efficiency=efficiency)
+
+
+def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str, kv_dtype: str,
+            engine: str) -> Layout:
+    """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules)."""
+    if model.num_attention_heads % tp:
+        raise Unpredictable(f"TP{tp} does not divide the {model.num_attention_heads} attention heads")
+    if pp > model.num_hidden_layers:
+        raise Unpredictable(f"PP{pp} exceeds the {model.num_hidden_layers} layers")
+    if num_gpus % (tp * pp):
+        raise Unpredictable(f"{num_gpus} GPUs are not a whole number of TP{tp} x PP{pp} replicas")
+    resolved = resolve_engine(EngineConfig(engine=ENGINE_RULES[engine]), model, gpu, tp, pp)
+    budget = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
+                           weight_dtype=weight_dtype).kv_budget_bytes_per_gpu
+    kv_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
+                                     block_size=resolved.block_size)
+    if kv_tokens < resolved.block_size:
+        raise Unpredictable(
+            f"by {resolved.engine}'s memory accounting the weights leave no KV cache on TP{tp} x PP{pp} "
+            f"({budget / 1e9:.1f} GB per GPU after weights, activations and overhead)")
+    max_num_seqs = resolved.max_num_seqs
+    if max_num_seqs is None and resolved.engine == SGLANG:
+        max_num_seqs = sglang_max_running_requests(kv_tokens, resolved.max_model_len)
+    # No sequence limit (generic engine): every running sequence still needs a token of the step budget.
+    max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
+    scheduler = SchedulerConfig(
+        kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=resolved.max_num_batched_tokens, chunked_prefill=True,
+        kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL)
+    return Layout(tp, pp, num_gpus // (tp * pp), kv_tokens, scheduler)
+
+
+# Runs ---------------------------------------------------------------------------------------------
+
+class _Run:
+    """One layout running the measured workload; answers any metric for an efficiency."""
+
+    timing_invariant = True
+
+    def __init__(self, layout: Layout, steps: StepTimeModel) -> None:
+        self.layout = layout
+        self._steps = steps
+
+    @property
+    def compute_dtype(self) -> str:
+        return self._steps.compute_dtype
+
+    def step_model(self, efficiency: Efficiency) -> StepTimeModel:
+        return _retimed(self._steps, efficiency)
+
+    def utilization(self, efficiency: Efficiency) -> float | None:
+        return None
+
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
+        raise NotImplementedError
+
+
+class _StaticRun(_Run):
+    """A fixed batch run to completion together: one prefill step, then osl − 1 decode steps."""
+
+    def __init__(self, layout: Layout, steps: StepTimeModel, *, batch: int, isl: int, osl: int,
+                 single_stream: bool) -> None:
+        super().__init__(layout, steps)
+        self.batch = batch
+        self.replica_batch = batch if single_stream else -(-batch // layout.replicas)
+        self.isl, self.osl = isl, osl
+        b = self.replica_batch
+        # Row 0: the prefill of b prompts (each attends its own causal prefix: isl(isl+1)/2 positions).
+        # Row j >= 1: decode step j, producing token j+1 of every sequence, which attends the prompt and
+        # the j − 1 tokens cached before it (plus itself).
+        cached = isl + np.arange(0, osl - 1, dtype=float)
+        self._shape = (np.concatenate(([0.0], np.full(osl - 1, float(b)))),
+                       np.concatenate(([0.0], b * cached)),
+                       np.concatenate(([float(b * isl)], np.zeros(osl - 1))),
+                       np.concatenate(([b * isl * (isl + 1) / 2], np.zeros(osl - 1))),
+                       np.concatenate(([float(b)], np.zeros(osl - 1))))
+
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
+        times = np.asarray(self.step_model(efficiency).step_time_s(*self._shape))
+        prefill, decodes = float(times[0]), times[1:]
+        total = prefill + float(decodes.sum())
+        if metric == TTFT_MS:
+            return prefill
+        if metric in (TPOT_MS, ITL_MS):
+            return float(decodes.mean()) if stat == "mean" else float(np.percentile(decodes, STAT_PERCENTILES[stat]))
+        per_second = self.batch / total  # requests finishing per second
+        return {
+            REQUESTS_PER_S: per_second,
+            OUTPUT_TOKENS_PER_S: per_second * self.osl,
+            OUTPUT_TOKENS_PER_S_PER_GPU: per_second * self.osl / (self.layout.replicas * self._gpus_per_replica),
+            TOTAL_TOKENS_PER_S: per_second * (self.isl + self.osl),
+        }[metric]
+
+    @property
+    def _gpus_per_replica(self) -> int:
+        return self.layout.tensor_parallel * self.layout.pipeline_parallel
+
+
+class _SimulatedRun(_Run):
+    """A run of the continuous-batching simulator, on one replica."""
+
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
+        result = self.result(efficiency)
+        replicas = self.layout.replicas
+        if metric in LATENCY_METRICS:
+            values = result.ttft_s if metric == TTFT_MS else result.tpot_s  # equal lengths: ITL = TPOT
+            values = values[~np.isnan(values)]
+            return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+        # As the published harnesses measure it: everything the run produced over its makespan (first
+        # arrival to last finish), which under an overload is the engine's capacity, not the offered rate.
+        per_second = replicas / result.makespan_s
+        output = float(result.output_tokens.sum()) * per_second
+        return {
+            REQUESTS_PER_S: len(result.output_tokens) * per_second,
+            OUTPUT_TOKENS_PER_S: output,
+            OUTPUT_TOKENS_PER_S_PER_GPU: output / (replicas * self.layout.tensor_parallel
+                                                   * self.layout.pipeline_parallel),
+            TOTAL_TOKENS_PER_S: float(result.input_tokens.sum() + result.output_tokens.sum()) * per_second,
+        }[metric]
+
+    def result(self, efficiency: Efficiency) -> SimulationResult:
+        raise NotImplementedError
+
+
+def _simulate(step_time, scheduler: SchedulerConfig, requests, users: int | None) -> SimulationResult:
+    try:
+        return simulate(step_time, scheduler, requests, closed_loop_users=users, warmup_fraction=0.0)
+    except KvCapacityError as exc:
+        raise Unpredictable(f"one request does not fit the engine's KV cache: {exc}") from None
+
+
+class _ReplayedRun(_SimulatedRun):
+    """Offline or closed loop: the schedule is recorded once and re-timed per efficiency."""
+
+    def __init__(self, layout: Layout, steps: StepTimeModel, workload: Workload, count: int, users: int) -> None:
+        super().__init__(layout, steps)
+        recorder = _StepRecorder()
+        unit = _simulate(recorder, layout.scheduler, sample_requests(workload, count, SEED), users)
+        self._replay = Replay(unit, recorder.schedule())
+        self._memo: tuple[Efficiency, SimulationResult] | None = None
+
+    def result(self, efficiency: Efficiency) -> SimulationResult:
+        memo = self._memo  # one read: another thread may replace it meanwhile
+        if memo is None or memo[0] != efficiency:
+            steps = self.step_model(efficiency)
+            memo = (efficiency, self._replay.result(steps.step_time_s(*self._replay.schedule.sample_shape)))
+            self._memo = memo
+        return memo[1]
+
+
+class _PoissonRun(_SimulatedRun):
+    """Open-loop arrivals: simulated afresh for each efficiency (arrivals interleave with the steps)."""
+
+    timing_invariant = False
+
+    def __init__(self, layout: Layout, steps: StepTimeModel, workload: Workload, count: int,
+                 saturated: _Run) -> None:
+        super().__init__(layout, steps)
+        assert workload.requests_per_s is not None
+        self._rate = workload.requests_per_s  # per replica
+        self._requests = sample_requests(workload, count, SEED)
+        self._saturated = saturated  # the same requests all at once: the most the replica serves
+        self._memo: tuple[Efficiency, SimulationResult] | None = None
+
+    def utilization(self, efficiency: Efficiency) -> float | None:
+        most = self._saturated.metric(REQUESTS_PER_S, None, efficiency) / self.layout.replicas
+        return self._rate / most
+
+    def result(self, efficiency: Efficiency) -> SimulationResult:
+        memo = self._memo  # one read: another thread may replace it meanwhile
+        if memo is None or memo[0] != efficiency:
+            steps = self.step_model(efficiency)
+            memo = (efficiency, _simulate(steps.step_time_s, self.layout.scheduler, self._requests, None))
+            self._memo = memo
+        return memo[1]
+
+
+# Replaying a schedule -----------------------------------------------------------------------------
+
+# A run of decode-only steps (one jump of the simulator: the same batch, every context one token longer
+# per step) is timed at this many evenly spaced steps and linearly interpolated in between. Within such a
+# run a step's time is a piecewise-linear convex function of the context with a kink per operator at
+# most (where its bytes overtake its FLOPs), so the interpolation is exact except in the few intervals
+# holding a kink; tested against the direct simulation to 0.1%.
+SAMPLES_PER_DECODE_RUN = 32
+
+
+class _StepRecorder:
+    """A step-time function that takes exactly 1 s per step and records what each step carried (only
+    the sample steps of a long decode-only run, so memory stays small however long the run)."""
+
+    def __init__(self) -> None:
+        self._index: list[np.ndarray] = []
+        self._columns: list[tuple[np.ndarray, ...]] = []
+        self._steps = 0
+
+    def __call__(self, decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        columns = np.broadcast_arrays(*(np.atleast_1d(np.asarray(value, dtype=float)) for value in (
+            decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens)))
+        length = len(columns[0])
+        keep = np.arange(length)
+        if length > 2 * SAMPLES_PER_DECODE_RUN:  # a decode-only run (the simulator's jump ahead)
+            keep = np.unique(np.rint(np.linspace(0, length - 1, SAMPLES_PER_DECODE_RUN + 1)).astype(np.int64))
+        self._index.append(self._steps + keep)
+        self._columns.append(tuple(column[keep] for column in columns))
+        self._steps += length
+        return np.ones(length) if np.ndim(decode_seqs) else 1.0
+
+    def schedule(self) -> _Schedule:
+        if not self._columns:
+            return _Schedule(np.zeros(0, dtype=np.int64), tuple(np.zeros(0) for _ in range(4)), 0)
+        return _Schedule(np.concatenate(self._index),
+                         tuple(np.concatenate([call[i] for call in self._columns]) for i in range(4)), self._steps)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Schedule:
+    """The steps of a recorded run: their shapes at sample steps (every step outside long decode-only
+    runs, whose first and last steps are always samples); durations in between are interpolated."""
+
+    sample_index: np.ndarray  # step numbers of the samples, increasing, the last one = steps − 1
+    sample_shape: tuple[np.ndarray, ...]  # (decode_seqs, decode_context, prefill_tokens, prefill_context)
+    steps: int
+
+
+class Replay:
+    """A run simulated at 1 s per step, re-timed with real step durations.
+
+    In the unit-time run every event time is a whole number k: the end of step k. With real durations
+    that moment is the sum of the first k durations. Between samples s_j and s_(j+1) = s_j + g the
+    durations are f_j + (f_(j+1) − f_j)·t/g, t = 0..g−1, so the first n of them sum to
+    n·f_j + (f_(j+1) − f_j)/g · n(n−1)/2 (exact when g = 1). Which sample precedes each event, and how far
+    it lies past it, do not depend on the durations and are found once.
+    """
+
+    def __init__(self, unit_run: SimulationResult, schedule: _Schedule) -> None:
+        if schedule.steps != unit_run.steps:
+            raise AssertionError("the recorded schedule does not match the simulated steps")
+        self.unit_run = unit_run
+        self.schedule = schedule
+        events = (unit_run.arrival_s, unit_run.first_token_s, unit_run.finish_s, unit_run.trace_time_s)
+        self._splits = np.cumsum([len(times) for times in events])[:-1]
+        steps_done = np.rint(np.concatenate(events)).astype(np.int64)
+        index = schedule.sample_index
+        self._sample = np.clip(np.searchsorted(index, steps_done, side="right") - 1, 0, None)
+        self._past = np.where(steps_done > 0, steps_done - index[self._sample], 0)  # steps past the sample
+        self._gaps = np.diff(index).astype(float)
+
+    def result(self, sample_durations: np.ndarray) -> SimulationResult:
+        f = np.asarray(sample_durations, dtype=float)
+        slopes = np.diff(f) / self._gaps
+        interval_sums = self._gaps * f[:-1] + slopes * self._gaps * (self._gaps - 1) / 2
+        sample_start = np.concatenate(([0.0], np.cumsum(interval_sums)))
+        j, n = self._sample, self._past
+        slope = np.concatenate((slopes, [0.0]))[j]  # past the last sample only n <= 1 occurs
+        times = sample_start[j] + n * (f[j] + slope * (n - 1) / 2) if len(f) else np.zeros(len(j))
+        arrival, first_token, finish, trace = np.split(times, self._splits)
+        ttft, e2e = first_token - arrival, finish - arrival
+        output = self.unit_run.output_tokens
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(output > 1, (e2e - ttft) / (output - 1), np.nan)
+        return replace(self.unit_run, arrival_s=arrival, first_token_s=first_token, finish_s=finish, ttft_s=ttft,
+                       tpot_s=tpot, e2e_s=e2e, sim_time_s=float(finish.max()),
+                       makespan_s=float(finish.max() - arrival.min()), trace_time_s=trace)

@@ -1,0 +1,309 @@
+"""/v1/calibrations and /v1/validate: profiles fitted to uploaded measurements, stored in the database
+and used by the sizing endpoints; error reports that store nothing; bad uploads as 422 problems.
+
+The uploads are the 35 real rows of tests/data/calibration-sample.csv (20 of them TensorRT-LLM on H100
+in fp8: enough for a hopper/fp8 entry of its own; 5 Poisson rows, which a fit does not use; 2 ShareGPT
+rows without fixed lengths, which are skipped).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, delete
+from sqlalchemy.orm import Session
+
+from app.calibration import rows_from_csv
+from app.orm import CalibrationProfileRecord
+from app.profiles import DEFAULT_PROFILE_PATH, load_default_profile
+from app.schemas.calibration import MAX_UPLOAD_ROWS
+
+SAMPLE = Path(__file__).parents[1] / "data" / "calibration-sample.csv"
+SAMPLE_TEXT = SAMPLE.read_text()
+SAMPLE_ROWS = [row.model_dump(mode="json") for row in rows_from_csv(SAMPLE_TEXT)]
+
+
+@pytest.fixture(autouse=True)
+def no_profiles(engine: Engine) -> Iterator[None]:
+    """Every test starts and ends without stored profiles (other tests expect the builtin default)."""
+    def clear() -> None:
+        with Session(engine) as session, session.begin():
+            session.execute(delete(CalibrationProfileRecord))
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.fixture
+def default_profile_loaded(engine: Engine) -> None:
+    with Session(engine) as session, session.begin():
+        assert load_default_profile(session) == "inserted"
+
+
+def assert_problem(response: Any, status: int, pointer: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    problem = response.json()
+    if pointer is not None:
+        assert pointer in [error["pointer"] for error in problem["errors"]], problem
+    return problem
+
+
+def calibrate(client: TestClient, headers: dict[str, str], name: str = "sample-trtllm", **fields: Any) -> Any:
+    return client.post("/v1/calibrations", headers=headers, json={"name": name, "rows": SAMPLE_ROWS, **fields})
+
+
+def roofline_efficiency(client: TestClient, **fields: Any) -> dict[str, Any]:
+    """Decode of Llama-3-8B on an H100: the efficiencies and the overhead its expected time used."""
+    response = client.post("/v1/roofline", json={"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode",
+                                                 "context_tokens": 1024, **fields})
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    return {**answer["assumptions"]["efficiency"], "overhead_time_ms": answer["overhead_time_ms"]}
+
+
+# Profiles and the default ----------------------------------------------------------------------
+
+def test_builtin_is_the_default_until_the_default_profile_is_loaded(client: TestClient) -> None:
+    listing = client.get("/v1/calibrations").json()
+    assert listing["default_profile"] == "builtin"
+    assert [item["name"] for item in listing["items"]] == ["builtin"]
+    assert listing["total"] == 1
+    builtin = client.get("/v1/calibrations/builtin").json()
+    assert builtin["origin"] == "builtin" and builtin["provenance"] is None
+    (entry,) = builtin["entries"]
+    assert (entry["gpu_family"], entry["compute_dtype"], entry["bandwidth_fraction_ratio"]) == ("*", "*", 0.7)
+    assert roofline_efficiency(client)["calibration_profile"] == "builtin"
+
+
+def test_the_loaded_default_profile_answers_requests_that_name_none(client: TestClient,
+                                                                    default_profile_loaded: None) -> None:
+    """Once `default` is stored, a request without `calibration` uses it: an H100 (hopper) at bf16 gets
+    the hopper/bf16 entry of the shipped file, and the overhead of a Llama-3-8B step is that entry's
+    per-step overhead + 32 layers x its per-layer overhead."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    entry = next(e for e in shipped["entries"] if (e["family"], e["compute_dtype"]) == ("hopper", "bf16"))
+    listing = client.get("/v1/calibrations").json()
+    assert listing["default_profile"] == "default"
+    assert [item["name"] for item in listing["items"]] == ["builtin", "default"]
+    used = roofline_efficiency(client)
+    assert used["calibration_profile"] == "default"
+    assert used["bandwidth_fraction_ratio"] == pytest.approx(entry["bandwidth_fraction"])
+    assert used["overhead_time_ms"] == pytest.approx(
+        (entry["per_step_overhead_s"] + 32 * entry["per_layer_overhead_s"]) * 1e3)
+    assert "hopper/bf16" in used["source"]
+    assert roofline_efficiency(client, calibration="builtin")["bandwidth_fraction_ratio"] == 0.7
+    stored = client.get("/v1/calibrations/default").json()
+    assert stored["origin"] == "reference"
+    assert stored["provenance"]["source_sha256"] == shipped["provenance"]["source_sha256"]
+    assert stored["provenance"]["leave_one_source_out"]["median_abs_pct_error"] <= 30
+
+
+def test_the_default_profile_loads_once(engine: Engine, default_profile_loaded: None) -> None:
+    with Session(engine) as session, session.begin():
+        assert load_default_profile(session) == "unchanged"
+
+
+# Calibrating -----------------------------------------------------------------------------------
+
+def test_a_calibration_round_trips_through_the_api_and_the_database(client: TestClient, engine: Engine,
+                                                                    write_headers: dict[str, str]) -> None:
+    """POST fits and stores; GET returns exactly what was stored; the database row holds the same entries;
+    a sizing request naming the profile uses its entry for the GPU family and precision."""
+    response = calibrate(client, write_headers, description="TensorRT-LLM on our H100s")
+    assert response.status_code == 201, response.text
+    assert response.headers["location"] == "/v1/calibrations/sample-trtllm"
+    created = response.json()
+    profile = created["profile"]
+    assert (profile["name"], profile["origin"], profile["description"]) == (
+        "sample-trtllm", "user", "TensorRT-LLM on our H100s")
+    assert created["base_profile"] == "builtin"
+    assert profile["rows_used"] == 28  # 33 predicted rows but the 5 Poisson ones
+    assert profile["provenance"]["rows_total"] == 35
+    keys = [(entry["gpu_family"], entry["compute_dtype"], entry["rows"]) for entry in profile["entries"]]
+    # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry).
+    assert keys == [("*", "*", 0), ("hopper", "*", 23), ("hopper", "fp8", 20)]
+    assert created["after"]["overall"]["median_abs_pct_error"] < created["before"]["overall"]["median_abs_pct_error"]
+    assert created["after"]["rows_total"] == 35 and created["after"]["rows_predicted"] == 33
+    assert len(created["rows"]) == 35
+
+    fetched = client.get("/v1/calibrations/sample-trtllm")
+    assert fetched.status_code == 200
+    assert fetched.json() == profile
+    with Session(engine) as session:
+        record = session.get(CalibrationProfileRecord, "sample-trtllm")
+        assert record is not None and record.origin == "user" and record.rows_used == 28
+        stored = {(e["family"], e["compute_dtype"]): e for e in record.entries}
+    hopper = stored[("hopper", "fp8")]
+    assert hopper["bandwidth_fraction"] == pytest.approx(profile["entries"][2]["bandwidth_fraction_ratio"])
+
+    used = roofline_efficiency(client, calibration="sample-trtllm", weight_dtype="fp8")
+    assert used["calibration_profile"] == "sample-trtllm"
+    assert used["bandwidth_fraction_ratio"] == pytest.approx(hopper["bandwidth_fraction"])
+    assert used["overhead_time_ms"] == pytest.approx(
+        (hopper["per_step_overhead_s"] + 32 * hopper["per_layer_overhead_s"]) * 1e3)
+    assert "sample-trtllm" in [item["name"] for item in client.get("/v1/calibrations").json()["items"]]
+
+
+def test_a_csv_upload_fits_the_same_profile(client: TestClient, write_headers: dict[str, str]) -> None:
+    as_json = calibrate(client, write_headers, name="from-json").json()["profile"]
+    response = client.post("/v1/calibrations", headers=write_headers,
+                           data={"name": "from-csv", "description": "uploaded"},
+                           files={"file": ("sample.csv", SAMPLE_TEXT, "text/csv")})
+    assert response.status_code == 201, response.text
+    as_csv = response.json()["profile"]
+    assert as_csv["entries"] == [{**entry, "source": entry["source"].replace("from-json", "from-csv")}
+                                 for entry in as_json["entries"]]
+    assert as_csv["provenance"]["source_sha256"] == as_json["provenance"]["source_sha256"]
+
+
+def test_a_calibration_can_start_from_another_profile(client: TestClient, write_headers: dict[str, str],
+                                                      default_profile_loaded: None) -> None:
+    """With the default profile as base, its entries for other GPU families come through unchanged."""
+    shipped = {(e["family"], e["compute_dtype"]): e for e in json.loads(DEFAULT_PROFILE_PATH.read_text())["entries"]}
+    created = calibrate(client, write_headers, name="on-default", base_profile="default").json()
+    assert created["base_profile"] == "default"
+    entries = {(e["gpu_family"], e["compute_dtype"]): e for e in created["profile"]["entries"]}
+    assert set(entries) == set(shipped)
+    ampere = entries[("ampere", "fp16")]
+    assert ampere["bandwidth_fraction_ratio"] == shipped[("ampere", "fp16")]["bandwidth_fraction"]
+    assert entries[("hopper", "fp8")]["rows"] == 20
+
+
+@pytest.mark.parametrize("fields, status, pointer", [
+    ({"name": "builtin"}, 422, "/body/name"),
+    ({"name": "default"}, 422, "/body/name"),
+    ({"name": "Not A Name"}, 422, "/body/name"),
+    ({"base_profile": "no-such-profile"}, 404, None),
+    ({"rows": []}, 422, "/body/rows"),
+    ({"rows": SAMPLE_ROWS[:3]}, 422, "/body/rows"),  # nothing with 10 rows of one GPU family and precision
+    ({"rows": [{**SAMPLE_ROWS[0], "value": "fast"}]}, 422, "/body/rows/0/value"),
+    ({"rows": [{**SAMPLE_ROWS[0], "value": float("nan")}]}, 422, "/body/rows/0/value"),
+    ({"rows": [{**SAMPLE_ROWS[0], "scenario": "burst"}]}, 422, "/body/rows/0/scenario"),
+    ({"rows": [SAMPLE_ROWS[0], SAMPLE_ROWS[0]]}, 422, "/body/rows/1/row_id"),
+    ({"rows": [{**SAMPLE_ROWS[0], "row_id": f"r{i}"} for i in range(MAX_UPLOAD_ROWS + 1)]}, 422, "/body/rows"),
+])
+def test_bad_calibration_requests_are_problems(client: TestClient, write_headers: dict[str, str],
+                                               fields: dict[str, Any], status: int, pointer: str | None) -> None:
+    body = {"name": "bad", "rows": SAMPLE_ROWS, **fields}
+    content = json.dumps(body, allow_nan=True)
+    response = client.post("/v1/calibrations", headers={**write_headers, "content-type": "application/json"},
+                           content=content)
+    assert_problem(response, status, pointer)
+    assert client.get("/v1/calibrations/bad").status_code == 404  # nothing stored
+
+
+def test_the_list_pages_through_builtin_then_the_stored_profiles(client: TestClient,
+                                                                  write_headers: dict[str, str]) -> None:
+    for name in ("zeta", "alpha"):
+        assert calibrate(client, write_headers, name=name).status_code == 201
+
+    def names(limit: int, offset: int) -> tuple[list[str], int]:
+        page = client.get("/v1/calibrations", params={"limit": limit, "offset": offset}).json()
+        return [item["name"] for item in page["items"]], page["total"]
+
+    assert names(2, 0) == (["builtin", "alpha"], 3)
+    assert names(2, 2) == (["zeta"], 3)
+    assert names(50, 1) == (["alpha", "zeta"], 3)
+    assert_problem(client.get("/v1/calibrations", params={"limit": 0}), 422, "/query/limit")
+
+
+def test_a_profile_name_is_never_reused(client: TestClient, write_headers: dict[str, str]) -> None:
+    assert calibrate(client, write_headers, name="once").status_code == 201
+    assert_problem(calibrate(client, write_headers, name="once"), 409)
+
+
+def test_calibrating_needs_the_write_key(client: TestClient) -> None:
+    assert_problem(client.post("/v1/calibrations", json={"name": "x", "rows": SAMPLE_ROWS}), 401)
+
+
+def test_too_many_simulations_in_one_upload_are_refused(client: TestClient, write_headers: dict[str, str]) -> None:
+    """26 distinct Poisson loads would each need a simulation: over the limit of 25 per request."""
+    poisson = next(row for row in SAMPLE_ROWS if row["scenario"] == "poisson")
+    rows = [{**poisson, "row_id": f"p{rate}", "request_rate": float(rate)} for rate in range(1, 27)]
+    assert_problem(client.post("/v1/validate", json={"rows": rows}), 422, "/body/rows")
+
+
+# CSV uploads -----------------------------------------------------------------------------------
+
+HEADER = SAMPLE_TEXT.splitlines()[0]
+FIRST_ROW = SAMPLE_TEXT.splitlines()[1]
+
+
+@pytest.mark.parametrize("text, pointer", [
+    ("row_id,model,gpu\nr1,llama-3.1-8b,h100-sxm\n", "/body/file"),  # missing columns
+    (HEADER + "\n" + FIRST_ROW.replace(",29526.04,", ",lots,").replace(",28836.77,", ",lots,") + "\n",
+     "/body/file/2/value"),  # a non-numeric value
+    (HEADER + "\n", "/body/file"),  # no rows
+    (HEADER + "\n" + "\n".join(FIRST_ROW.replace("TRTLLM_PERF_V017-2,", f"r{i},", 1)
+                               for i in range(MAX_UPLOAD_ROWS + 1)) + "\n", "/body/file"),  # too many rows
+])
+def test_bad_csv_uploads_are_problems(client: TestClient, text: str, pointer: str) -> None:
+    response = client.post("/v1/validate", files={"file": ("rows.csv", text, "text/csv")})
+    assert_problem(response, 422, pointer)
+
+
+def test_uploads_need_a_csv_file_or_json(client: TestClient) -> None:
+    no_file = {"calibration": (None, "builtin")}  # a multipart form without the file part
+    assert_problem(client.post("/v1/validate", files=no_file), 422, "/body/file")
+    assert_problem(client.post("/v1/validate", data={"calibration": "builtin"}), 422, "/header/content-type")
+    assert_problem(client.post("/v1/validate", content=SAMPLE_TEXT, headers={"content-type": "text/csv"}),
+                   422, "/header/content-type")
+    assert_problem(client.post("/v1/validate", files={"file": ("rows.csv", b"\xff\xfe\x00", "text/csv")}),
+                   422, "/body/file")
+    assert_problem(client.post("/v1/validate", content=b"{not json", headers={"content-type": "application/json"}),
+                   422)
+
+
+# Validating ------------------------------------------------------------------------------------
+
+def test_validation_reports_every_row_and_stores_nothing(client: TestClient) -> None:
+    response = client.post("/v1/validate", json={"calibration": "builtin", "rows": SAMPLE_ROWS})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["calibration_profile"] == "builtin"
+    assert len(report["rows"]) == 35
+    for row in report["rows"]:
+        if row["skipped_reason"] is None:
+            assert row["abs_pct_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"] * 100)
+        else:
+            assert row["predicted"] is None and row["skipped_reason"].startswith("dataset-driven lengths")
+    assert report["summary"]["rows_predicted"] == 33
+    assert report["summary"]["skipped_reasons"] == {"dataset-driven lengths": 2}
+    assert [item["name"] for item in client.get("/v1/calibrations").json()["items"]] == ["builtin"]
+
+
+def test_validation_of_a_csv_upload_matches_the_json_rows(client: TestClient) -> None:
+    as_json = client.post("/v1/validate", json={"rows": SAMPLE_ROWS}).json()
+    as_csv = client.post("/v1/validate", files={"file": ("rows.csv", SAMPLE_TEXT, "text/csv")}).json()
+    assert as_csv == as_json
+    assert as_json["calibration_profile"] == "builtin"  # the default before `default` is loaded
+
+
+def test_a_user_profile_validates_better_than_builtin_on_its_own_rows(client: TestClient,
+                                                                       write_headers: dict[str, str]) -> None:
+    calibrate(client, write_headers, name="mine")
+    builtin = client.post("/v1/validate", json={"calibration": "builtin", "rows": SAMPLE_ROWS}).json()
+    mine = client.post("/v1/validate", json={"calibration": "mine", "rows": SAMPLE_ROWS}).json()
+    assert mine["calibration_profile"] == "mine"
+    assert mine["summary"]["overall"]["median_abs_pct_error"] < builtin["summary"]["overall"]["median_abs_pct_error"]
+
+
+def test_unknown_rows_are_skipped_with_the_reason(client: TestClient) -> None:
+    rows = [{**SAMPLE_ROWS[0], "row_id": "a", "model": "no-such-model"},
+            {**SAMPLE_ROWS[0], "row_id": "b", "gpu": "no-such-gpu"}]
+    report = client.post("/v1/validate", json={"rows": rows}).json()
+    assert [row["skipped_reason"] for row in report["rows"]] == [
+        "unknown model slug 'no-such-model'", "unknown GPU slug 'no-such-gpu'"]
+
+
+def test_unknown_profiles_are_404(client: TestClient) -> None:
+    assert_problem(client.post("/v1/validate", json={"calibration": "nope", "rows": SAMPLE_ROWS[:1]}), 404)
+    assert_problem(client.get("/v1/calibrations/nope"), 404)
+    assert_problem(client.get("/v1/calibrations/Not%20A%20Name"), 422)

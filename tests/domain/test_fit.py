@@ -1,0 +1,302 @@
+"""Fitting calibration profiles: the search, the objective, the profile lookup, and recovery of known
+efficiencies from measurements made with them.
+
+Known answers: a toy latency model written out here (time = bytes / (bandwidth x fraction) + overhead),
+whose synthetic measurements are worked by hand from chosen parameters, and the product's own
+predictions made with a chosen efficiency (the fit must find that efficiency again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.fit import (
+    ANY,
+    FITTED_PARAMETERS,
+    MIN_ROWS_PER_ENTRY,
+    CalibrationProfile,
+    ProfileEntry,
+    abs_log_error,
+    abs_pct_error,
+    fit_efficiency,
+    fit_profile,
+    leave_one_source_out,
+    nelder_mead,
+    parameter_value,
+    single_entry_profile,
+    with_parameters,
+)
+from app.sizing.predict import prepare
+from tests.domain.models_for_tests import LLAMA_3_8B, QWEN2_5_0_5B
+from tests.domain.test_predict import AMPERE, HOPPER, measurement
+
+BANDWIDTH = 3.35e12  # H100 SXM HBM3, bytes/s
+
+
+@dataclass(frozen=True)
+class ToyTarget:
+    """A decode step of `weight_bytes` read at bandwidth x fraction, plus the per-step overhead."""
+
+    weight_bytes: float
+    measured: float
+    source_id: str = "toy"
+    family: str = "hopper"
+    compute_dtype: str = "bf16"
+
+    def predict(self, efficiency: Efficiency) -> float:
+        return self.weight_bytes / (BANDWIDTH * efficiency.bandwidth_fraction) + efficiency.per_step_overhead_s
+
+
+def toy_targets() -> list[ToyTarget]:
+    """Measurements made with bandwidth fraction 0.6 and 0.5 ms per step, worked by hand:
+    16.06e9 B: 16.06e9 / (3.35e12 x 0.6) = 7.98905 ms, + 0.5 = 8.48905 ms;
+    2.01e9 B: 2.01e9 / 2.01e12 = 1.0 ms, + 0.5 = 1.5 ms;
+    140e9 B: 140e9 / 2.01e12 = 69.65174 ms, + 0.5 = 70.15174 ms."""
+    return [ToyTarget(16.06e9, 8.48905e-3), ToyTarget(2.01e9, 1.5e-3), ToyTarget(140e9, 70.15174e-3)]
+
+
+# Errors -----------------------------------------------------------------------------------------
+
+def test_abs_pct_error_is_relative_to_the_measurement() -> None:
+    """110 against 100 is 10%; 90 against 100 is 10%; 50 against 200 is 75%."""
+    assert abs_pct_error(110.0, 100.0) == pytest.approx(10.0)
+    assert abs_pct_error(90.0, 100.0) == pytest.approx(10.0)
+    assert abs_pct_error(50.0, 200.0) == pytest.approx(75.0)
+
+
+def test_abs_log_error_is_symmetric_and_penalizes_non_answers() -> None:
+    """|ln 2| = 0.693147 for twice or half the measurement; a non-positive or infinite prediction costs
+    ln 1000 = 6.907755 (a 1000x miss)."""
+    assert abs_log_error(200.0, 100.0) == pytest.approx(0.693147, abs=1e-6)
+    assert abs_log_error(50.0, 100.0) == pytest.approx(0.693147, abs=1e-6)
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        assert abs_log_error(bad, 100.0) == pytest.approx(6.907755, abs=1e-6)
+
+
+# The search -------------------------------------------------------------------------------------
+
+def test_nelder_mead_finds_a_separable_minimum() -> None:
+    """f = |x0 − 0.6| + 100·|x1 − 0.002| on [0.3, 0.95] x [0, 0.005]: minimum 0 at (0.6, 0.002)."""
+    result = nelder_mead(lambda x: abs(x[0] - 0.6) + 100 * abs(x[1] - 0.002), [0.7, 0.0],
+                         [0.3, 0.0], [0.95, 0.005], max_evaluations=300)
+    assert result.x[0] == pytest.approx(0.6, abs=0.002)
+    assert result.x[1] == pytest.approx(0.002, abs=0.00002)
+    assert result.evaluations <= 300
+
+
+def test_nelder_mead_follows_a_valley_where_parameters_trade_off() -> None:
+    """f = |x0 + x1 − 1| + 0.01·|x0 − x1| on [0, 1]²: a narrow valley along x0 + x1 = 1 with its minimum
+    at (0.5, 0.5), where a one-coordinate-at-a-time search stalls at the first valley point it meets."""
+    result = nelder_mead(lambda x: abs(x[0] + x[1] - 1) + 0.01 * abs(x[0] - x[1]), [0.9, 0.05],
+                         [0.0, 0.0], [1.0, 1.0], max_evaluations=400)
+    assert result.x[0] == pytest.approx(0.5, abs=0.01)
+    assert result.x[1] == pytest.approx(0.5, abs=0.01)
+
+
+def test_nelder_mead_never_leaves_the_bounds() -> None:
+    """The objective wants x = 2 but the box stops at 1: the answer is the bound."""
+    result = nelder_mead(lambda x: (x[0] - 2.0) ** 2, [0.5], [0.0], [1.0])
+    assert result.x[0] == pytest.approx(1.0)
+    assert result.value == pytest.approx(1.0)
+
+
+def test_nelder_mead_keeps_the_start_on_a_flat_objective() -> None:
+    result = nelder_mead(lambda x: 1.0, [0.4, 0.7], [0.0, 0.0], [1.0, 1.0])
+    assert list(result.x) == pytest.approx([0.4, 0.7])
+
+
+# Fitting ----------------------------------------------------------------------------------------
+
+def test_fit_recovers_bandwidth_and_overhead_from_hand_made_measurements() -> None:
+    """Three decode steps measured with bandwidth fraction 0.6 and 0.5 ms/step (see toy_targets): the
+    fit of those two parameters, starting from the builtin 0.70 and 0.3 ms, finds 0.6 and 0.5 ms again;
+    the parameters it was not asked to fit keep their start values."""
+    two = [bound for bound in FITTED_PARAMETERS if bound.name in ("bandwidth_fraction", "per_step_overhead_s")]
+    fitted, error = fit_efficiency(toy_targets(), DEFAULT_EFFICIENCY, two)
+    assert fitted.bandwidth_fraction == pytest.approx(0.6, abs=0.002)
+    assert fitted.per_step_overhead_s == pytest.approx(0.5e-3, abs=0.01e-3)
+    assert error < 0.002
+    for name in ("compute_scale", "per_layer_overhead_s", "allreduce_latency_s", "compute_curve"):
+        assert getattr(fitted, name) == getattr(DEFAULT_EFFICIENCY, name)
+
+
+def test_fitted_parameters_stay_inside_their_bounds() -> None:
+    """Measurements 10x slower than any bounded bandwidth explains: the fit stops at the bounds
+    (bandwidth 0.30, overhead 5 ms) instead of leaving physics."""
+    slow = [dataclasses.replace(target, measured=target.measured * 10) for target in toy_targets()]
+    fitted, _ = fit_efficiency(slow, DEFAULT_EFFICIENCY)
+    bounds = {bound.name: bound for bound in FITTED_PARAMETERS}
+    for name, bound in bounds.items():
+        assert bound.low <= parameter_value(fitted, name) <= bound.high
+    assert fitted.bandwidth_fraction == pytest.approx(0.30)
+
+
+@dataclass(frozen=True, eq=False)
+class ProductTarget:
+    """A measurement 'measured' by the product itself with a known efficiency."""
+
+    prepared: object
+    measured: float
+    source_id: str
+    family: str
+    compute_dtype: str
+
+    def predict(self, efficiency: Efficiency) -> float:
+        return self.prepared.predict(efficiency)  # type: ignore[attr-defined]
+
+
+TRUE_EFFICIENCY = dataclasses.replace(
+    DEFAULT_EFFICIENCY, bandwidth_fraction=0.62, compute_scale=0.8, per_step_overhead_s=0.8e-3,
+    per_layer_overhead_s=10e-6, source="the truth")
+
+
+def product_targets(efficiency: Efficiency = TRUE_EFFICIENCY) -> list[ProductTarget]:
+    """Decode (memory-bound) and prefill (compute-bound) latencies of two models 16x apart in size (so
+    bandwidth and overheads separate) at several lengths on one H100, measured with `efficiency`:
+    2 x 4 x 2 = 16 rows, enough for an entry of their own."""
+    targets = []
+    for model in (LLAMA_3_8B, QWEN2_5_0_5B):
+        for index, isl in enumerate((128, 512, 2048, 4096)):
+            for metric, osl in (("tpot_ms", 64), ("ttft_ms", 1)):
+                prepared = prepare(measurement(metric=metric, isl=isl, osl=osl), model, HOPPER)
+                targets.append(ProductTarget(prepared, prepared.predict(efficiency), f"source-{index % 3}",
+                                             "hopper", "bf16"))
+    return targets
+
+
+def test_fit_recovers_the_efficiency_the_measurements_were_made_with() -> None:
+    """Rows predicted with bandwidth 0.62, compute scale 0.8, 0.8 ms/step and 10 us/layer: starting
+    from the builtin constants, the fit predicts them again to within 1% (median), with bandwidth and
+    compute scale recovered to within 0.02 and the overhead of a Llama-3-8B step, 0.8 + 32 x 0.01 =
+    1.12 ms, to within 10% (per-step and per-layer overheads nearly trade off against each other)."""
+    targets = product_targets()
+    fitted, _ = fit_efficiency(targets, DEFAULT_EFFICIENCY)
+    errors = [abs_pct_error(t.predict(fitted), t.measured) for t in targets]
+    assert float(np.median(errors)) < 1.0
+    assert fitted.bandwidth_fraction == pytest.approx(0.62, abs=0.02)
+    assert fitted.compute_scale == pytest.approx(0.8, abs=0.02)
+    per_step = fitted.per_step_overhead_s + 32 * fitted.per_layer_overhead_s
+    assert per_step == pytest.approx(1.12e-3, rel=0.1)
+
+
+def test_fit_profile_fits_each_family_and_precision_with_enough_rows_and_keeps_the_rest() -> None:
+    """16 hopper/bf16 rows (>= MIN_ROWS_PER_ENTRY): a hopper family entry, and the hopper/bf16 entry
+    with the same fit (the same rows); the base profile's other entries come through unchanged; with
+    fit_global the global entry is refitted too."""
+    assert len(product_targets()) >= MIN_ROWS_PER_ENTRY
+    ampere = ProfileEntry("ampere", ANY, dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=0.5))
+    base = CalibrationProfile("base", (ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY), ampere))
+    fit = fit_profile(product_targets(), base, name="mine", fit_global=False, max_evaluations=60,
+                      describe=lambda family, dtype, rows: f"{family}/{dtype} on {rows} rows")
+    profile = fit.profile
+    assert profile.name == "mine"
+    assert profile.entry_for("ampere", "fp16") == ampere
+    assert profile.entry_for("cdna3", "fp8").efficiency == DEFAULT_EFFICIENCY  # global kept
+    hopper, family = profile.entry_for("hopper", "bf16"), profile.entry_for("hopper", "fp8")
+    assert (hopper.family, hopper.compute_dtype, hopper.rows) == ("hopper", "bf16", 16)
+    assert (family.family, family.compute_dtype, family.rows) == ("hopper", ANY, 16)
+    assert hopper.efficiency.source == "hopper/bf16 on 16 rows"
+    assert dataclasses.replace(hopper.efficiency, source="") == dataclasses.replace(family.efficiency, source="")
+    assert [(e.family, e.compute_dtype) for e in fit.entries] == [("hopper", ANY), ("hopper", "bf16")]
+    assert fit.entries[0].mean_abs_log_error_after < fit.entries[0].mean_abs_log_error_before
+
+    refitted = fit_profile(product_targets(), base, name="mine", fit_global=True, max_evaluations=60,
+                           describe=lambda family, dtype, rows: "fit").profile
+    assert refitted.entry_for("cdna3", "fp8").rows == 16
+
+
+def test_a_family_with_two_precisions_gets_an_entry_for_each() -> None:
+    """The rows split over two precisions of one family, 8 + 8: fewer than 10 each, so only the family
+    entry; twice as many, 16 + 16: the family entry on all 32 and one entry per precision."""
+    targets = product_targets()
+    split = [dataclasses.replace(t, compute_dtype="fp8" if i % 2 else "bf16") for i, t in enumerate(targets)]
+    fit = fit_profile(split, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=False,
+                      max_evaluations=40, describe=lambda family, dtype, rows: "fit")
+    assert [(e.family, e.compute_dtype, e.rows) for e in fit.entries] == [("hopper", ANY, 16)]
+    more = split + [dataclasses.replace(t, source_id="again") for t in split]
+    fit = fit_profile(more, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=False,
+                      max_evaluations=40, describe=lambda family, dtype, rows: "fit")
+    assert [(e.family, e.compute_dtype, e.rows) for e in fit.entries] == [
+        ("hopper", ANY, 32), ("hopper", "bf16", 16), ("hopper", "fp8", 16)]
+
+
+def test_small_groups_fall_back_instead_of_overfitting() -> None:
+    """Fewer rows than MIN_ROWS_PER_ENTRY (10): no entry of their own."""
+    few = product_targets()[:MIN_ROWS_PER_ENTRY - 1]
+    fit = fit_profile(few, single_entry_profile("base", DEFAULT_EFFICIENCY), name="x", fit_global=False,
+                      describe=lambda family, dtype, rows: "fit")
+    assert fit.entries == ()
+    assert fit.profile.entries == (ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY),)
+
+
+def test_leave_one_source_out_predicts_each_source_from_the_others() -> None:
+    """Three sources measured with one efficiency: a fit on any two predicts the third within a few %.
+    Each held-out source reports its own rows."""
+    targets = product_targets()
+    held_out = leave_one_source_out(targets, targets, single_entry_profile("builtin", DEFAULT_EFFICIENCY),
+                                    fit_global=True)
+    assert [source.source_id for source in held_out] == ["source-0", "source-1", "source-2"]
+    assert sum(source.rows for source in held_out) == len(targets)
+    for source in held_out:
+        assert source.median_abs_pct_error < 3.0
+
+
+def test_small_m_flatness_adds_a_one_row_point_to_the_compute_curve() -> None:
+    """The A100 sweep starts at (64 rows, 0.33). Flatness r puts (1, 0.33 / 64 x 64^r) in front:
+    r = 0: 0.33 / 64 = 0.00515625, the proportional floor (a 1-row matmul costs as long as 64 rows);
+    r = 0.5: 0.00515625 x 8 = 0.04125; r = 1: 0.33, flat. Reading r back gives r; the builtin curve,
+    which has no 1-row point, reads as 0."""
+    assert parameter_value(DEFAULT_EFFICIENCY, "small_m_flatness") == 0.0
+    for flatness, one_row in ((0.0, 0.00515625), (0.5, 0.04125), (1.0, 0.33)):
+        efficiency = with_parameters(DEFAULT_EFFICIENCY, {"small_m_flatness": flatness})
+        assert efficiency.compute_curve[0] == (1, pytest.approx(one_row))
+        assert efficiency.compute_curve[1:] == DEFAULT_EFFICIENCY.compute_curve
+        assert parameter_value(efficiency, "small_m_flatness") == pytest.approx(flatness, abs=1e-12)
+        again = with_parameters(efficiency, {"small_m_flatness": 0.25})
+        assert len(again.compute_curve) == len(efficiency.compute_curve)  # replaced, not added twice
+    flat = with_parameters(DEFAULT_EFFICIENCY, {"small_m_flatness": 1.0})
+    assert flat.compute_fraction(1) == pytest.approx(0.33)
+    assert DEFAULT_EFFICIENCY.compute_fraction(1) == pytest.approx(0.00515625)
+
+
+def test_a_flat_small_m_curve_lets_weight_only_int8_decode_read_half_the_bytes() -> None:
+    """Llama-3-8B at batch 1 on an A100, int8 weights computing at fp16: with the proportional floor a
+    1-row matmul is charged as 64 rows at 33% of 312 TFLOP/s, 2 x 7.5e9 x 64 / (312e12 x 0.33) = 9.3 ms,
+    slower than reading the 7.5 GB of int8 weights at 70% of 2.039 TB/s (5.3 ms), so int8 looks barely
+    faster than bf16; flat below 64 rows, the step is the weight read again: about half of bf16's."""
+    def tpot(weight_dtype: str, efficiency: Efficiency) -> float:
+        row = measurement(weight_dtype=weight_dtype, compute_dtype="fp16", isl=1, osl=2)
+        return prepare(row, LLAMA_3_8B, AMPERE).predict(efficiency)
+
+    flat = with_parameters(DEFAULT_EFFICIENCY, {"small_m_flatness": 1.0})
+    assert tpot("int8", DEFAULT_EFFICIENCY) / tpot("bf16", DEFAULT_EFFICIENCY) > 0.85
+    assert tpot("int8", flat) / tpot("bf16", flat) == pytest.approx(0.535, abs=0.02)
+
+
+# Profiles ---------------------------------------------------------------------------------------
+
+def test_profile_lookup_goes_from_specific_to_global() -> None:
+    """(family, precision), then (family, *), then (*, precision), then (*, *)."""
+    def efficiency(fraction: float) -> Efficiency:
+        return dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=fraction)
+
+    profile = CalibrationProfile("p", (
+        ProfileEntry(ANY, ANY, efficiency(0.5)), ProfileEntry("hopper", "fp8", efficiency(0.8)),
+        ProfileEntry("hopper", ANY, efficiency(0.7)), ProfileEntry(ANY, "fp8", efficiency(0.6))))
+    assert profile.efficiency_for("hopper", "fp8").bandwidth_fraction == 0.8
+    assert profile.efficiency_for("hopper", "bf16").bandwidth_fraction == 0.7
+    assert profile.efficiency_for("ampere", "fp8").bandwidth_fraction == 0.6
+    assert profile.efficiency_for("ampere", "fp16").bandwidth_fraction == 0.5
+
+
+def test_a_profile_needs_a_global_entry_and_distinct_keys() -> None:
+    with pytest.raises(ValueError, match="global entry"):
+        CalibrationProfile("p", (ProfileEntry("hopper", "fp8", DEFAULT_EFFICIENCY),))
+    with pytest.raises(ValueError, match="distinct"):
+        CalibrationProfile("p", (ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY), ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY)))

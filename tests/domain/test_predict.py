@@ -1,0 +1,246 @@
+"""Predicting published measurements: hand-worked step times, the scenario definitions, and agreement
+with the serving simulator run directly.
+
+Independent checks: the seed's batch-1 decode arithmetic (an 8B model reads its weights once per token:
+~4.5-4.8 ms on an H100), the prefill FLOPs of Llama-3-8B worked by hand in test_roofline.py, the
+definitions of throughput (tokens / elapsed), and the simulator itself for the replayed schedules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.perf import build_step_time_model
+from app.sizing.predict import Measurement, Unpredictable, needs_simulation, prepare
+from app.sizing.simulate import simulate
+from app.sizing.workload import Fixed, Workload, sample_requests
+from tests.domain.models_for_tests import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from tests.domain.test_roofline import A100_80GB_SXM, H100_SXM
+
+HOPPER = dataclasses.replace(H100_SXM, family="hopper")
+AMPERE = dataclasses.replace(A100_80GB_SXM, family="ampere")
+
+# Every kernel at its roof: full HBM bandwidth, full peak FLOP/s from one row on, no fixed costs.
+AT_THE_ROOF = Efficiency(bandwidth_fraction=1.0, compute_curve=((1, 1.0),), attention_fraction=1.0,
+                         per_step_overhead_s=0.0, per_layer_overhead_s=0.0, allreduce_latency_s=0.0,
+                         source="test: ideal")
+
+
+def measurement(**fields) -> Measurement:
+    base = {"scenario": "batch1", "metric": "tpot_ms", "stat": "mean", "num_gpus": 1, "tp": 1, "weight_dtype": "bf16",
+                "compute_dtype": "bf16", "kv_dtype": "bf16", "engine": "gpt-fast", "isl": 128, "osl": 128, "batch": 1}
+    return Measurement(**{**base, **fields})
+
+
+def predict(efficiency: Efficiency = DEFAULT_EFFICIENCY, model=LLAMA_3_8B, gpu=HOPPER, **fields) -> float:
+    return prepare(measurement(**fields), model, gpu).predict(efficiency)
+
+
+# Hand-worked step times --------------------------------------------------------------------------
+
+def test_batch1_decode_reads_the_weights_once_per_token() -> None:
+    """Seed: an 8B model at batch 1 on an H100 reads its weights every token, ~16 GB / 3.35 TB/s = 4.8 ms.
+    Exactly: Llama-3-8B has 8,030,261,248 parameters, 525,336,576 of them the embedding table, of which a
+    decode step reads one row (4,096 x 2 B); the LM head is a separate matrix and is read whole. Bytes =
+    (8,030,261,248 − 525,336,576) x 2 + 8,192 = 15,009,857,536; / 3.35e12 B/s = 4.48055 ms. The KV of
+    two tokens (2 x 131,072 B) and the activations add well under 0.1%. One decode step: isl 1, osl 2."""
+    tpot = predict(AT_THE_ROOF, isl=1, osl=2)
+    assert tpot == pytest.approx(15_009_857_536 / 3.35e12, rel=1e-3)
+    assert tpot == pytest.approx(4.8e-3, rel=0.08)  # the seed's rounder figure
+
+
+def test_batch1_ttft_is_the_compute_bound_prefill() -> None:
+    """Prefill of 2,048 tokens of Llama-3-8B (test_roofline.py): 29,688,401,494,016 FLOPs of which the LM
+    head's 1,050,673,152 run on one sampled position. At 989.5 TFLOP/s the rest takes
+    (29,688,401,494,016 − 1,050,673,152) / 989.5e12 = 30.00258 ms; the LM head is memory-bound, its
+    1,050,673,152 B at 3.35 TB/s take 0.31363 ms; the embedding reads 2,048 rows x 8,192 B = 16.8 MB,
+    0.00501 ms. TTFT = 30.3212 ms."""
+    ttft = predict(AT_THE_ROOF, metric="ttft_ms", isl=2048, osl=1)
+    assert ttft == pytest.approx(30.3212e-3, rel=1e-3)
+
+
+def test_static_batch_throughput_is_tokens_over_elapsed_time() -> None:
+    """Definitions: a static batch of b requests takes TTFT (its one prefill step) + (osl − 1) decode
+    steps of mean TPOT; output tokens/s = b·osl / that; total adds the prompts, (isl + osl)/osl times
+    more; requests/s = output / osl; per GPU divides by the GPUs (2 replicas of TP1 here, the batch of
+    8 split 4 + 4)."""
+    shape = {"scenario": "static_batch", "engine": "trtllm", "num_gpus": 2, "batch": 8, "isl": 64, "osl": 32, "stat": "mean"}
+    ttft = predict(metric="ttft_ms", **shape)
+    tpot = predict(metric="tpot_ms", **shape)
+    elapsed = ttft + 31 * tpot
+    output = predict(metric="output_tokens_per_s", **shape)
+    assert output == pytest.approx(8 * 32 / elapsed, rel=1e-9)
+    assert predict(metric="total_tokens_per_s", **shape) == pytest.approx(output * 96 / 32, rel=1e-9)
+    assert predict(metric="requests_per_s", **shape) == pytest.approx(output / 32, rel=1e-9)
+    assert predict(metric="output_tokens_per_s_per_gpu", **shape) == pytest.approx(output / 2, rel=1e-9)
+
+
+def test_batch1_output_rate_is_answer_tokens_over_end_to_end_time() -> None:
+    """gpt-fast's tokens/s: generated tokens over the whole generate() call, prefill included:
+    osl / (TTFT + (osl − 1)·TPOT)."""
+    ttft, tpot = predict(metric="ttft_ms", isl=5, osl=100), predict(metric="tpot_ms", isl=5, osl=100)
+    assert predict(metric="output_tokens_per_s", isl=5, osl=100) == pytest.approx(100 / (ttft + 99 * tpot))
+
+
+def test_latency_percentiles_of_a_static_batch_are_over_its_decode_steps() -> None:
+    """Contexts grow by one token per step, so later steps are slower: p90 > median > first step, and
+    the mean lies between the first and the last step (LMDeploy's per-token latency percentiles)."""
+    shape = {"scenario": "static_batch", "engine": "lmdeploy", "batch": 64, "isl": 2048, "osl": 512}
+    first = predict(metric="tpot_ms", stat="mean", **{**shape, "osl": 2})
+    median = predict(metric="tpot_ms", stat="p50", **shape)
+    p90 = predict(metric="tpot_ms", stat="p90", **shape)
+    assert first < median < p90
+    assert predict(metric="tpot_ms", stat="median", **shape) == median
+    assert predict(metric="itl_ms", stat="p90", **shape) == p90
+
+
+# Scenarios through the simulator ---------------------------------------------------------------
+
+def direct_simulation(measured: Measurement, users: int, efficiency: Efficiency = DEFAULT_EFFICIENCY):
+    """The simulator run directly with the step-time model, on the layout `prepare` chose."""
+    layout = prepare(measured, LLAMA_3_8B, HOPPER).layouts[0]
+    steps = build_step_time_model(LLAMA_3_8B, HOPPER, weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16",
+                                  efficiency=efficiency)
+    workload = Workload(Fixed(measured.isl), Fixed(measured.osl), concurrent_users=users)
+    count = measured.num_requests or users
+    return simulate(steps.step_time_s, layout.scheduler, sample_requests(workload, count, 0),
+                    closed_loop_users=users, warmup_fraction=0.0)
+
+
+@pytest.mark.parametrize("engine", ["trtllm", "vllm"])
+def test_offline_prediction_is_the_simulation_of_every_request_at_once(engine: str) -> None:
+    """The replayed schedule (recorded at 1 s per step, re-timed) gives what the simulator gives when
+    run with the step-time model directly: TensorRT-LLM's reservation of input + output at admission
+    and vLLM's on-demand blocks. Decode runs are timed at 33 evenly spaced steps and interpolated, so
+    agreement is to 0.1%, not to the last bit."""
+    shape = {"scenario": "offline", "engine": engine, "isl": 1000, "osl": 600, "num_requests": 300, "stat": "mean"}
+    result = direct_simulation(measurement(metric="ttft_ms", **shape), users=300)
+    assert predict(metric="output_tokens_per_s", **shape) == pytest.approx(result.output_tokens_per_s, rel=1e-3)
+    assert predict(metric="requests_per_s", **shape) == pytest.approx(result.requests_per_s, rel=1e-3)
+    assert predict(metric="ttft_ms", **shape) == pytest.approx(float(np.mean(result.ttft_s)), rel=1e-3)
+    assert predict(metric="tpot_ms", **shape) == pytest.approx(float(np.mean(result.tpot_s)), rel=1e-3)
+    assert predict(metric="ttft_ms", **{**shape, "stat": "p90"}) == pytest.approx(
+        result.percentile("ttft", 90), rel=1e-3)
+
+
+def test_closed_loop_prediction_is_the_simulation_of_that_many_users() -> None:
+    shape = {"scenario": "closed_loop", "engine": "vllm", "isl": 500, "osl": 200, "concurrency": 16, "num_requests": 64,
+                 "stat": "mean"}
+    result = direct_simulation(measurement(metric="ttft_ms", **shape), users=16)
+    assert predict(metric="output_tokens_per_s", **shape) == pytest.approx(result.output_tokens_per_s, rel=1e-3)
+    assert predict(metric="ttft_ms", **shape) == pytest.approx(float(np.mean(result.ttft_s)), rel=1e-3)
+
+
+def test_a_trickle_of_poisson_arrivals_sees_the_single_stream_latencies() -> None:
+    """At 0.05 requests/s a ~0.5 s request mostly runs alone (20 s apart on average; one in 40 overlaps
+    its predecessor): the median TTFT is the batch-1 prefill and the median TPOT the batch-1 decode, both
+    computed without the simulator."""
+    open_loop = {"scenario": "poisson", "engine": "vllm", "request_rate": 0.05, "num_requests": 20, "isl": 512, "osl": 64,
+                     "stat": "median"}
+    alone = {"scenario": "batch1", "isl": 512, "osl": 64, "stat": "mean"}
+    assert predict(metric="ttft_ms", **open_loop) == pytest.approx(predict(metric="ttft_ms", **alone), rel=1e-6)
+    assert predict(metric="itl_ms", **open_loop) == pytest.approx(predict(metric="tpot_ms", **alone), rel=1e-6)
+    prepared = prepare(measurement(metric="ttft_ms", **open_loop), LLAMA_3_8B, HOPPER)
+    assert prepared.utilization(DEFAULT_EFFICIENCY) < 0.01
+    assert not prepared.timing_invariant
+
+
+def test_vllm_has_no_static_batch_its_fixed_batch_runs_offline() -> None:
+    """vLLM's benchmark_throughput submits the batch at once to the continuous-batching scheduler."""
+    static = predict(metric="output_tokens_per_s", scenario="static_batch", engine="vllm", batch=64, isl=256, osl=256)
+    offline = predict(metric="output_tokens_per_s", scenario="offline", engine="vllm", num_requests=64, isl=256,
+                      osl=256)
+    assert static == offline
+
+
+def test_replicas_share_the_load_and_add_their_throughput() -> None:
+    """2 GPUs at TP1 are 2 replicas, each serving half the requests: twice one GPU's throughput with
+    half as many requests; latencies are one replica's."""
+    one = {"scenario": "offline", "engine": "trtllm", "isl": 256, "osl": 256, "num_gpus": 1, "num_requests": 100}
+    two = {**one, "num_gpus": 2, "num_requests": 200}
+    assert predict(metric="output_tokens_per_s", **two) == pytest.approx(2 * predict(metric="output_tokens_per_s",
+                                                                                     **one))
+    assert predict(metric="ttft_ms", stat="mean", **two) == pytest.approx(predict(metric="ttft_ms", stat="mean", **one))
+    assert predict(metric="output_tokens_per_s_per_gpu", **two) == pytest.approx(
+        predict(metric="output_tokens_per_s", **one))
+
+
+def test_an_unstated_layout_is_the_best_one_on_the_gpus() -> None:
+    """tp empty on 2 GPUs: TP1 x 2 replicas and TP2 are both tried; throughput takes the higher, latency
+    the lower."""
+    shape = {"scenario": "offline", "engine": "trtllm", "isl": 256, "osl": 256, "num_gpus": 2, "num_requests": 200}
+    by_layout = {tp: predict(metric="output_tokens_per_s", tp=tp, **shape) for tp in (1, 2)}
+    assert predict(metric="output_tokens_per_s", tp=None, **shape) == max(by_layout.values())
+    latencies = {tp: predict(metric="ttft_ms", stat="mean", tp=tp, **shape) for tp in (1, 2)}
+    assert predict(metric="ttft_ms", stat="mean", tp=None, **shape) == min(latencies.values())
+    layouts = prepare(measurement(metric="ttft_ms", tp=None, **shape), LLAMA_3_8B, HOPPER).layouts
+    assert [(layout.tensor_parallel, layout.replicas) for layout in layouts] == [(1, 2), (2, 1)]
+
+
+def test_weight_only_fp8_on_a100_reads_8_bits_and_computes_in_16() -> None:
+    """A100 has no fp8 tensor cores: fp8 weights compute at the fp16 rate but halve the bytes a decode
+    reads, so a memory-bound decode is nearly twice as fast as bf16 weights."""
+    bf16 = predict(AT_THE_ROOF, gpu=AMPERE, compute_dtype="fp16", isl=1, osl=2)
+    fp8 = predict(AT_THE_ROOF, gpu=AMPERE, weight_dtype="fp8", compute_dtype="fp16", isl=1, osl=2)
+    assert fp8 / bf16 == pytest.approx(0.535, abs=0.01)  # (7.5e9 params x 1 B + 1.05 GB bf16 head) / 15.0 GB
+    assert prepare(measurement(weight_dtype="fp8", compute_dtype="fp16"), LLAMA_3_8B, AMPERE).compute_dtype == "fp16"
+
+
+# What cannot be predicted --------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields, model, gpu, reason", [
+    ({"isl": None, "osl": None, "scenario": "offline"}, LLAMA_3_8B, HOPPER, "dataset-driven lengths"),
+    ({"weight_dtype": "fp8", "compute_dtype": "fp8"}, LLAMA_3_8B, AMPERE, "has no fp8 tensor rate"),
+    ({"num_gpus": 1}, LLAMA_3_1_405B, HOPPER, "leave no KV cache"),
+    ({"tp": 3, "num_gpus": 3}, LLAMA_3_70B, HOPPER, "does not divide the 64 attention heads"),
+    ({"tp": 2, "num_gpus": 3}, LLAMA_3_8B, HOPPER, "not a whole number of TP2"),
+    ({"metric": "ttft_ms", "stat": None}, LLAMA_3_8B, HOPPER, "without its statistic"),
+    ({"metric": "tpot_ms", "osl": 1}, LLAMA_3_8B, HOPPER, "at least 2 output tokens"),
+    ({"scenario": "poisson", "request_rate": None}, LLAMA_3_8B, HOPPER, "without its request_rate"),
+    ({"scenario": "static_batch", "batch": None}, LLAMA_3_8B, HOPPER, "without its batch size"),
+    ({"scenario": "closed_loop", "concurrency": None}, LLAMA_3_8B, HOPPER, "without its concurrency"),
+])
+def test_rows_that_cannot_be_predicted_say_why(fields, model, gpu, reason) -> None:
+    with pytest.raises(Unpredictable, match=reason):
+        prepare(measurement(**fields), model, gpu)
+
+
+def test_a_request_longer_than_the_kv_cache_cannot_be_simulated() -> None:
+    """Llama-3-70B bf16 on 2 H100s (TP2) keeps ~6 GB of KV per GPU: far from a 1M-token request."""
+    with pytest.raises(Unpredictable, match="does not fit the engine's KV cache"):
+        prepare(measurement(scenario="offline", engine="vllm", tp=2, num_gpus=2, isl=1_000_000, osl=10,
+                            metric="output_tokens_per_s", stat=None), LLAMA_3_70B, HOPPER)
+
+
+def test_runs_too_large_to_simulate_are_refused_up_front() -> None:
+    """100 requests x 1,000,000 output tokens = 1e8 tokens, above the 1e7 one run may generate; 2,000
+    closed-loop users are more than the 1,000 requests a run simulates."""
+    with pytest.raises(Unpredictable, match="too large to simulate: 100 requests x 1000000 output tokens"):
+        prepare(measurement(scenario="offline", engine="vllm", num_requests=100, isl=16, osl=1_000_000),
+                LLAMA_3_8B, HOPPER)
+    with pytest.raises(Unpredictable, match="2000 users per replica"):
+        prepare(measurement(scenario="closed_loop", engine="vllm", concurrency=2000), LLAMA_3_8B, HOPPER)
+
+
+def test_a_measurement_rejects_values_outside_the_schema() -> None:
+    with pytest.raises(ValueError, match="scenario"):
+        measurement(scenario="burst")
+    with pytest.raises(ValueError, match="engine"):
+        measurement(engine="triton")
+    with pytest.raises(ValueError, match="num_gpus"):
+        measurement(num_gpus=0)
+    with pytest.raises(ValueError, match="request_rate"):
+        measurement(request_rate=float("inf"))
+    assert not hasattr(measurement(), "value")  # the published number never reaches a prediction
+
+
+def test_which_scenarios_run_the_simulator() -> None:
+    assert needs_simulation(measurement(scenario="offline"))
+    assert needs_simulation(measurement(scenario="poisson", request_rate=1.0))
+    assert needs_simulation(measurement(scenario="static_batch", engine="vllm"))
+    assert not needs_simulation(measurement(scenario="static_batch", engine="trtllm"))
+    assert not needs_simulation(measurement(scenario="batch1"))
