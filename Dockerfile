@@ -15,6 +15,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOST=0.0.0.0 \
     PORT=8000 \
+    MPLCONFIGDIR=/tmp/matplotlib \
     DATABASE_URL=sqlite:////var/lib/sizing/sizing.db
 RUN groupadd --system --gid 10001 sizing && useradd --system --uid 10001 --gid sizing --home-dir /srv sizing \
     && mkdir -p /var/lib/sizing && chown 10001:10001 /var/lib/sizing
@@ -27,4 +28,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ.get(\"PORT\", \"8000\")}/healthz', timeout=2)"]
 # Migrations are a separate step: `docker run --rm IMAGE alembic upgrade head` (see README).
-CMD ["uvicorn", "--factory", "app.main:create_app", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers"]
+CMD ["uvicorn", "--factory", "app.main:create_app", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--no-access-log", "--no-server-header"]

@@ -29,7 +29,7 @@ load-catalog: migrate
 	$(PY) -m app.load_catalog
 
 run: load-catalog
-	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)" --no-access-log
+	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)" --no-access-log --no-server-header
 
 test: test-sqlite test-postgres
 

@@ -6,6 +6,7 @@ it raises. Repositories and services never commit.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -77,12 +78,48 @@ def database_revisions(engine: Engine) -> frozenset[str]:
         return frozenset(MigrationContext.configure(connection).get_current_heads())
 
 
+class RequestDeadline:
+    """Whether a request may still commit, or has run past its deadline (its client got a 503).
+
+    The timeout middleware puts one in the request's scope. Exactly one of the two claims wins,
+    so a client told "timed out" can rely on its write not being applied, and a write that is
+    committing is let finish (and answered) even when the deadline passes meanwhile.
+    """
+
+    SCOPE_KEY = "app.deadline"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "running"  # -> "committing" | "expired"
+
+    def claim_commit(self) -> bool:
+        with self._lock:
+            if self._state == "running":
+                self._state = "committing"
+            return self._state == "committing"
+
+    def claim_expiry(self) -> bool:
+        with self._lock:
+            if self._state == "running":
+                self._state = "expired"
+            return self._state == "expired"
+
+    @property
+    def expired(self) -> bool:
+        return self._state == "expired"
+
+
 def get_session(request: Request) -> Iterator[Session]:
-    """FastAPI dependency: one session per request; commit on success, roll back on error."""
+    """FastAPI dependency: one session per request; commit on success, roll back on error or
+    when the request ran past its deadline."""
     session: Session = request.app.state.session_factory()
+    deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
     try:
         yield session
-        session.commit()
+        if deadline is None or deadline.claim_commit():
+            session.commit()
+        else:
+            session.rollback()
     except BaseException:
         session.rollback()
         raise

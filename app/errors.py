@@ -7,6 +7,7 @@ outages into problem responses. `problem_responses(...)` documents them in the O
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
@@ -16,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import get_route_path
@@ -29,6 +30,10 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 current_request_id: ContextVar[str | None] = ContextVar("current_request_id", default=None)
 
 log = logging.getLogger("app.errors")
+
+# A 1 MiB body of unknown keys is some 50,000 invalid inputs: listing them all would answer a
+# small request with megabytes. The detail still gives the count.
+MAX_LISTED_ERRORS = 100
 
 
 class ServiceError(Exception):
@@ -89,7 +94,7 @@ def problem_response(
         detail=detail,
         instance=request.url.path,
         request_id=current_request_id.get(),
-        errors=[FieldProblem(pointer=p, detail=d) for p, d in errors] or None,
+        errors=[FieldProblem(pointer=p, detail=d) for p, d in itertools.islice(errors, MAX_LISTED_ERRORS)] or None,
     )
     return JSONResponse(
         problem.model_dump(exclude_none=True),
@@ -115,7 +120,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
             location = location[:1]
         errors.append((json_pointer(location), str(error.get("msg", "invalid"))))
     noun = "input" if len(errors) == 1 else "inputs"
-    return problem_response(request, 422, f"{len(errors)} invalid {noun}", errors=errors)
+    listed = f" (the first {MAX_LISTED_ERRORS} are listed)" if len(errors) > MAX_LISTED_ERRORS else ""
+    return problem_response(request, 422, f"{len(errors)} invalid {noun}{listed}", errors=errors)
 
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
@@ -156,6 +162,12 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, IntegrityError):
         # A constraint caught a race the service's own checks could not (e.g. two creates).
         return problem_response(request, 409, "The change conflicts with the stored catalog; retry")
+    if isinstance(exc, DataError):
+        # The database refused a value the schema let through (a string longer than its column,
+        # a number outside its type): bad input, not an outage. The database's wording stays in the log.
+        log.warning("database refused a value", extra={"error": str(getattr(exc, "orig", exc))[:200]})
+        return problem_response(request, 422, "A value is too long or out of range for storage",
+                                errors=[("/body", "a value is too long or out of range for storage")])
     # Never a 500 for an outage: say so, and when to come back.
     log.warning("database error", extra={"error": type(exc).__name__})
     return problem_response(request, 503, "The database is unavailable; retry later",

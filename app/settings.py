@@ -19,6 +19,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # A write key is a shared secret: long enough not to be guessed, and free of the characters
 # that would make it ambiguous in a comma-separated list or an Authorization header.
 API_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
+ORIGIN_PATTERN = re.compile(r"^https?://[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*(:[0-9]{1,5})?$")
 
 
 def _split_csv(value: object) -> object:
@@ -97,6 +98,17 @@ class Settings(BaseSettings):
     @classmethod
     def _split_origins(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _exact_origins(cls, origins: list[str]) -> list[str]:
+        # An allowlist of exact origins: "*" (or a pattern, or a path) would let any site's
+        # scripts call the API with its users' network position.
+        for origin in origins:
+            if not ORIGIN_PATTERN.match(origin):
+                raise ValueError(f"CORS_ORIGINS entries must be exact origins such as https://tools.example.com, "
+                                 f"not {origin[:100]!r}")
+        return origins
 
     @field_validator("log_level")
     @classmethod

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.catalog import gpu_spec_from_record, model_spec_from_record
 from app.errors import Unprocessable
-from app.schemas.common import Label, LongText, Name, Page, Slug
+from app.schemas.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug
 from app.sizing.specs import BITS_PER_VALUE, LAYER_TYPES, GpuSpec, ModelSpec
 
 INPUT_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
@@ -177,7 +177,7 @@ class GpuIn(GpuSpecIn):
     model_config = _examples(GPU_IN_EXAMPLE)
 
     name: Name
-    vendor: Name
+    vendor: Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL_PATTERN)]  # its column's width
     form_factor: Label = ""
     interconnect: Label = Field("", description="Interconnect kind, in words")
     price_source: LongText = ""

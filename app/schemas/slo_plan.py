@@ -83,7 +83,8 @@ def _lengths(value: Any) -> Any:
     """One error at the field itself, whatever is wrong: a union reports every branch's complaint
     under made-up path segments."""
     if isinstance(value, dict):
-        model = _DISTRIBUTIONS.get(value.get("kind"))  # type: ignore[arg-type]
+        kind = value.get("kind")
+        model = _DISTRIBUTIONS.get(kind) if isinstance(kind, str) else None
         if model is None:
             raise ValueError("a distribution needs \"kind\": \"lognormal\" or \"histogram\"")
         try:

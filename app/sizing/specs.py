@@ -150,9 +150,8 @@ class ModelSpec:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.head_dim is not None and self.head_dim < 1:
             raise ValueError("head_dim must be >= 1")
-        if self.num_experts:
-            if not 1 <= self.num_experts_per_tok <= self.num_experts:
-                raise ValueError("num_experts_per_tok must be in 1..num_experts")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError("num_experts_per_tok must be in 1..num_experts")
         if self.is_mla and (self.qk_rope_head_dim is None or self.qk_nope_head_dim is None
                             or self.v_head_dim is None):
             raise ValueError("MLA needs qk_rope_head_dim, qk_nope_head_dim and v_head_dim")

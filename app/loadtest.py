@@ -1,0 +1,392 @@
+"""`python -m app.loadtest` (the second table of `make bench`): the service under real HTTP load.
+
+Starts the service itself, twice: one uvicorn process on a throwaway SQLite database, then
+`POSTGRES_WORKERS` uvicorn worker processes on a throwaway PostgreSQL database (created and
+dropped through `PG_ADMIN_URL`, as `make test` does; skipped with a note when PostgreSQL is not
+usable). Each run migrates, loads the reference catalog, waits for /readyz, and drives every
+endpoint on loopback, after an unmeasured warm-up, for `DURATION_S` seconds with wrk (a Lua
+script sends the POST body), or with locust headless when wrk is not installed. The table gives
+requests/s, p50 and p99 latency, each endpoint's throughput as a ratio of /healthz in the same
+run, the CPU time the service spent per request (steadier than the rates when other programs
+compete for the cores), and the targets.
+
+Targets: /v1/kv-cache, /v1/roofline and /v1/capacity at >= 60 % of the baseline's requests/s with
+p99 < 20 ms at 32 connections; /v1/slo-plan p50 < 500 ms, measured one request at a time (a plan
+is up to a second of arithmetic: 32 at once on one process would measure the queue, not the plan).
+The load generator runs on the same machine and shares its CPU cores with the service: the
+header says how many there are. A benchmark, not a test: nothing here fails on a missed target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil  # installed with locust (dev dependency)
+import uvicorn
+from uvicorn.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONNECTIONS = 32
+DURATION_S = 5
+POSTGRES_WORKERS = 2
+PG_ADMIN_URL = os.environ.get("PG_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+READY_TIMEOUT_S = 60
+WARM_UP_S = 1
+BASELINE = "/healthz"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    path: str
+    body: dict[str, Any] | None  # None: GET
+    connections: int = CONNECTIONS
+    min_ratio: float | None = None  # of the baseline's requests/s
+    max_p50_ms: float | None = None
+    max_p99_ms: float | None = None
+
+
+ENDPOINTS = (
+    Endpoint(BASELINE, None),
+    Endpoint("/v1/kv-cache", {"model": "llama-3-70b", "context_tokens": 8192, "batch_size": 32},
+             min_ratio=0.6, max_p99_ms=20),
+    Endpoint("/v1/roofline", {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1,
+                              "context_tokens": 1024}, min_ratio=0.6, max_p99_ms=20),
+    Endpoint("/v1/roofline/batch-sweep", {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 1024}),
+    Endpoint("/v1/capacity", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm",
+                              "input_tokens": 1000, "output_tokens": 500}, min_ratio=0.6, max_p99_ms=20),
+    # A small plan: one model, one GPU, the default TP degrees, the fewest simulated requests.
+    Endpoint("/v1/slo-plan", {"model": "llama-3.1-8b",
+                              "workload": {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 2},
+                              "slo": {"ttft_ms": 1000, "tpot_ms": 50, "percentile": 95},
+                              "candidates": {"gpus": ["h100-sxm"]}, "simulated_requests": 500},
+             connections=1, max_p50_ms=500),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int  # non-2xx answers, timeouts and socket errors
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    load: LoadResult
+    # CPU time the service's processes spent per request: what a request costs, whatever else
+    # (the load generator, other programs) competes for the cores.
+    server_cpu_ms_per_request: float
+
+
+LoadGenerator = Callable[[str, Endpoint, float], LoadResult]
+
+
+# Load generators ---------------------------------------------------------------------------
+
+WRK_SCRIPT = """\
+wrk.method = "{method}"
+wrk.body = {body}
+wrk.headers["Content-Type"] = "application/json"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("LOADTEST %d %d %d %d %d\\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99), e.connect + e.read + e.write + e.status + e.timeout))
+end
+"""
+
+
+def wrk_load(base_url: str, endpoint: Endpoint, seconds: float) -> LoadResult:
+    body = "nil" if endpoint.body is None else "[==[" + json.dumps(endpoint.body) + "]==]"
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(WRK_SCRIPT.format(method="GET" if endpoint.body is None else "POST", body=body))
+    try:
+        output = subprocess.run(
+            ["wrk", f"-t{min(2, endpoint.connections)}", f"-c{endpoint.connections}", f"-d{seconds:g}s",
+             "--timeout", "10s", "-s", script.name, base_url + endpoint.path],
+            capture_output=True, text=True, check=True).stdout
+    finally:
+        os.unlink(script.name)
+    line = next(line for line in output.splitlines() if line.startswith("LOADTEST "))
+    requests, duration_us, p50_us, p99_us, errors = (int(value) for value in line.split()[1:])
+    return LoadResult(requests / (duration_us / 1e6), p50_us / 1e3, p99_us / 1e3, errors)
+
+
+LOCUSTFILE = """\
+import os
+from locust import FastHttpUser, task
+
+PATH, BODY = os.environ["LOADTEST_PATH"], os.environ.get("LOADTEST_BODY")
+
+
+class Client(FastHttpUser):
+    @task
+    def call(self):
+        if BODY is None:
+            self.client.get(PATH)
+        else:
+            self.client.post(PATH, data=BODY, headers={"Content-Type": "application/json"})
+"""
+
+
+def locust_load(base_url: str, endpoint: Endpoint, seconds: float) -> LoadResult:
+    with tempfile.TemporaryDirectory() as folder:
+        locustfile = Path(folder) / "locustfile.py"
+        locustfile.write_text(LOCUSTFILE)
+        env = {**os.environ, "LOADTEST_PATH": endpoint.path}
+        if endpoint.body is not None:
+            env["LOADTEST_BODY"] = json.dumps(endpoint.body)
+        users = str(endpoint.connections)
+        subprocess.run([sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--only-summary",
+                        "-u", users, "-r", users, "-t", f"{seconds:g}s", "--host", base_url,
+                        "--csv", str(Path(folder) / "load"), "--loglevel", "ERROR"],
+                       env=env, capture_output=True, check=False)
+        with open(Path(folder) / "load_stats.csv", newline="") as stats:
+            row = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
+    return LoadResult(float(row["Requests/s"]), float(row["50%"]), float(row["99%"]), int(row["Failure Count"]))
+
+
+def pick_load_generator() -> tuple[str, LoadGenerator]:
+    if shutil.which("wrk"):
+        return "wrk", wrk_load
+    return "locust (headless; wrk is not installed: `apt-get install -y wrk`)", locust_load
+
+
+# The service under test --------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def prepare_database(database_url: str) -> None:
+    """`alembic upgrade head`, then the reference catalog, as an operator would."""
+    env = {**os.environ, "DATABASE_URL": database_url}
+    for command in (["-m", "alembic", "upgrade", "head"], ["-m", "app.load_catalog"]):
+        subprocess.run([sys.executable, *command], cwd=ROOT, env=env, check=True, capture_output=True)
+
+
+def _status(url: str, body: dict[str, Any] | None = None) -> int:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except OSError:
+        return 0
+
+
+NAGLE_NOTE = ("Several workers: `uvicorn --workers N` binds its listening socket without TCP_NODELAY "
+              "(asyncio only sets it on sockets created with proto=IPPROTO_TCP), so every response waits "
+              "~40 ms for the client's delayed ACK; this run sets TCP_NODELAY on the listening socket "
+              "(accepted sockets inherit it).")
+
+
+def serve_workers(port: int, workers: int) -> None:
+    """uvicorn with `workers` processes, its listening socket with TCP_NODELAY (see NAGLE_NOTE)."""
+    bind_socket = Config.bind_socket
+
+    def bind_socket_without_nagle(config: Config) -> socket.socket:
+        listener = bind_socket(config)
+        if listener.family in (socket.AF_INET, socket.AF_INET6):
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return listener
+
+    Config.bind_socket = bind_socket_without_nagle  # type: ignore[method-assign]
+    uvicorn.run("app.main:create_app", factory=True, host="127.0.0.1", port=port, workers=workers,
+                access_log=False, log_level="warning")
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    base_url: str
+    pid: int
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server and its worker processes so far."""
+        server = psutil.Process(self.pid)
+        return sum(sum(process.cpu_times()[:2]) for process in (server, *server.children(recursive=True)))
+
+
+@contextmanager
+def serve(database_url: str, workers: int) -> Iterator[Service]:
+    """uvicorn (LOG_LEVEL info, as deployed) on a free loopback port, once ready: the `uvicorn`
+    command for one process, `serve_workers` for several."""
+    port = free_port()
+    env = {**os.environ, "DATABASE_URL": database_url, "LOG_LEVEL": "info"}
+    command = (["-m", "uvicorn", "--factory", "app.main:create_app", "--host", "127.0.0.1", "--port", str(port),
+                "--no-access-log", "--log-level", "warning"] if workers == 1
+               else ["-m", "app.loadtest", "--serve-workers", str(workers), "--port", str(port)])
+    server = subprocess.Popen([sys.executable, *command], cwd=ROOT, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while _status(base_url + "/readyz") != 200:
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the service did not become ready on {base_url}")
+            time.sleep(0.2)
+        yield Service(base_url, server.pid)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+@contextmanager
+def sqlite_database() -> Iterator[str]:
+    with tempfile.TemporaryDirectory() as folder:
+        yield f"sqlite:///{folder}/loadtest.db"
+
+
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A throwaway database on PG_ADMIN_URL's server (scripts/pgdb.py, as `make test-postgres`)."""
+    name = f"sizing_load_{os.getpid()}"
+    pgdb = [sys.executable, str(ROOT / "scripts" / "pgdb.py")]
+    created = subprocess.run([*pgdb, "create", PG_ADMIN_URL, name], check=False, capture_output=True, text=True)
+    if created.returncode != 0:
+        raise RuntimeError(created.stderr.strip() or "cannot create the database")
+    server_url = "postgresql+psycopg://" + PG_ADMIN_URL.split("://", 1)[1].rsplit("/", 1)[0]
+    try:
+        yield f"{server_url}/{name}"
+    finally:
+        subprocess.run([*pgdb, "drop", PG_ADMIN_URL, name], check=False, capture_output=True)
+
+
+# The table ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    run: str
+    endpoint: Endpoint
+    measured: Measurement | None  # None: the endpoint did not answer 200 to the probe
+    status: int
+    baseline_requests_per_s: float | None
+
+    @property
+    def result(self) -> LoadResult | None:
+        return None if self.measured is None else self.measured.load
+
+    @property
+    def ratio(self) -> float | None:
+        if self.result is None or not self.baseline_requests_per_s:
+            return None
+        return self.result.requests_per_s / self.baseline_requests_per_s
+
+    def verdict(self) -> str:
+        if self.endpoint.path == BASELINE:
+            return "baseline"
+        if self.result is None:
+            return f"not measured: the probe got HTTP {self.status or 'no answer'}"
+        endpoint, result, checks = self.endpoint, self.result, []
+        if endpoint.min_ratio is not None:
+            checks.append((f"ratio >= {endpoint.min_ratio:.2f}", (self.ratio or 0.0) >= endpoint.min_ratio))
+        if endpoint.max_p50_ms is not None:
+            checks.append((f"p50 < {endpoint.max_p50_ms:g} ms", result.p50_ms < endpoint.max_p50_ms))
+        if endpoint.max_p99_ms is not None:
+            checks.append((f"p99 < {endpoint.max_p99_ms:g} ms", result.p99_ms < endpoint.max_p99_ms))
+        return ", ".join(f"{text} {'met' if met else 'MISSED'}" for text, met in checks) or "-"
+
+
+def measure(service: Service, endpoint: Endpoint, generate: LoadGenerator, seconds: float) -> Measurement:
+    cpu_before = service.cpu_seconds()
+    load = generate(service.base_url, endpoint, seconds)
+    requests = max(1.0, load.requests_per_s * seconds)
+    return Measurement(load, (service.cpu_seconds() - cpu_before) / requests * 1e3)
+
+
+def load_run(run: str, service: Service, generate: LoadGenerator, seconds: float) -> list[Row]:
+    rows: list[Row] = []
+    baseline: float | None = None
+    for endpoint in ENDPOINTS:
+        status = _status(service.base_url + endpoint.path, endpoint.body)
+        measured = None
+        if status == 200:
+            # An unmeasured burst first: every worker process opens its database connections and
+            # fills its caches, as a long-running service has.
+            generate(service.base_url, endpoint, WARM_UP_S)
+            measured = measure(service, endpoint, generate, seconds)
+        if endpoint.path == BASELINE and measured is not None:
+            baseline = measured.load.requests_per_s
+        rows.append(Row(run, endpoint, measured, status, baseline))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    header = ("run", "endpoint", "conns", "req/s", "ratio", "p50 ms", "p99 ms", "errors", "cpu ms/req", "targets")
+    cells = [header]
+    for row in rows:
+        result, measured = row.result, row.measured
+        cells.append((row.run, row.endpoint.path, str(row.endpoint.connections),
+                      f"{result.requests_per_s:.0f}" if result else "-",
+                      f"{row.ratio:.2f}" if row.ratio is not None else "-",
+                      f"{result.p50_ms:.1f}" if result else "-", f"{result.p99_ms:.1f}" if result else "-",
+                      str(result.errors) if result else "-",
+                      f"{measured.server_cpu_ms_per_request:.2f}" if measured else "-", row.verdict()))
+    widths = [max(len(line[column]) for line in cells) for column in range(len(header))]
+    numeric = {2, 3, 4, 5, 6, 7, 8}
+    return "\n".join("  ".join(cell.rjust(width) if column in numeric else cell.ljust(width)
+                               for column, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
+                     for line in cells)
+
+
+def run_load_tests(seconds: float = DURATION_S) -> str:
+    """Both runs, as a printable report (header, table, notes)."""
+    name, generate = pick_load_generator()
+    lines = [(f"Load: {name} on loopback, {seconds:g} s per endpoint; the load generator shares the "
+              f"machine's {os.cpu_count()} CPU cores with the service.")]
+    rows: list[Row] = []
+    with sqlite_database() as database_url:
+        prepare_database(database_url)
+        with serve(database_url, workers=1) as service:
+            rows += load_run("1 process, SQLite", service, generate, seconds)
+    try:
+        with postgres_database() as database_url:
+            prepare_database(database_url)
+            with serve(database_url, workers=POSTGRES_WORKERS) as service:
+                rows += load_run(f"{POSTGRES_WORKERS} workers, PostgreSQL", service, generate, seconds)
+    except RuntimeError as exc:
+        lines.append(f"PostgreSQL run skipped: {exc}")
+    lines.append(format_table(rows))
+    if any(row.run != rows[0].run for row in rows):
+        lines.append(NAGLE_NOTE)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Load-test the service (or, internally, serve it with workers)")
+    parser.add_argument("--seconds", type=float, default=DURATION_S, help="load per endpoint")
+    parser.add_argument("--serve-workers", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.serve_workers:
+        serve_workers(arguments.port, arguments.serve_workers)
+    else:
+        print(run_load_tests(arguments.seconds))
+
+
+if __name__ == "__main__":
+    main()
