@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import repository, services
-from app.errors import Conflict, NotFound, Unprocessable
+from app.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from app.orm import GpuRecord, ModelRecord, QuoteRecord
 from app.schemas.catalog import GpuOut, ModelArchitecture, ModelOut
 from app.schemas.quotes import QuoteDifference, QuotePage, QuoteSummary, RepriceOut, StoredQuote
@@ -126,10 +126,12 @@ def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
     return stored_quote(stored)
 
 
-def create_quote(session_factory: SessionFactory, request: SloPlanRequest,
-                 idempotency_key: str | None) -> tuple[StoredQuote, bool]:
+def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idempotency_key: str | None,
+                 may_commit: Callable[[], bool] = lambda: True) -> tuple[StoredQuote, bool]:
     """Plan, snapshot and store a quote; returns it and whether it was created just now (False:
-    a retry with the same key and request, answered with the stored quote)."""
+    a retry with the same key and request, answered with the stored quote). `may_commit` is asked
+    right before the write: False (the request ran past its deadline and its client was already told
+    so) stores nothing."""
     document = request_document(request)
     digest = sha256_hex(document)
     if idempotency_key is not None and (earlier := _by_key(session_factory, idempotency_key)) is not None:
@@ -154,6 +156,8 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest,
     )
     try:
         with session_factory() as session, session.begin():
+            if not may_commit():
+                raise ServiceUnavailable("The request ran past its deadline; the quote was not stored")
             session.add(record)
     except IntegrityError:
         if idempotency_key is None:

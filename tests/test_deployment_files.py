@@ -20,7 +20,7 @@ def _hadolint() -> str:
 
 def test_the_dockerfile_passes_hadolint():
     result = subprocess.run([_hadolint(), "--failure-threshold", "info", str(ROOT / "Dockerfile")],
-                            capture_output=True, text=True, timeout=60)
+                            check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -15,6 +15,7 @@ from starlette.responses import Response
 
 from app import quotes
 from app.api import ETAG_HEADER, NOT_MODIFIED, Limit, Offset, SessionDep, WriteAccess, json_with_etag
+from app.db import RequestDeadline
 from app.errors import problem_responses
 from app.schemas.quotes import (
     IDEMPOTENCY_KEY_PATTERN,
@@ -52,7 +53,9 @@ def create_quote(request: Request, body: SloPlanRequest, idempotency_key: Idempo
     """Run the plan exactly as `POST /v1/slo-plan` does and store the request, a snapshot of every
     catalog row it read (with their versions), the result, the calculation version and the time.
     The stored quote never changes, even when the catalog does."""
-    stored, created = quotes.create_quote(request.app.state.session_factory, body, idempotency_key)
+    deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
+    stored, created = quotes.create_quote(request.app.state.session_factory, body, idempotency_key,
+                                          may_commit=deadline.claim_commit if deadline else lambda: True)
     if created:
         return json_with_etag(request, stored, status_code=201,
                               headers={"Location": f"/v1/quotes/{stored.id}"})

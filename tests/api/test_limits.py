@@ -17,13 +17,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx import Response
 from pydantic import ValidationError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from app import services
 from app.errors import MAX_LISTED_ERRORS
 from app.main import MAX_BODY_BYTES, create_app
+from app.orm import QuoteRecord
 from app.repository import catalog_revision
 from app.settings import Settings
 
@@ -266,6 +267,25 @@ def test_a_write_that_times_out_is_not_applied(app_with: Any, engine: Engine, cl
     assert client.get("/v1/gpus/h100-sxm").json() == before
     with Session(engine) as session:
         assert catalog_revision(session) == revision
+
+
+def test_a_quote_whose_request_times_out_is_not_stored(app_with: Any, engine: Engine,
+                                                       write_headers: dict[str, str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quote is written in its own transaction, after the plan: a request already answered 503
+    must not store one afterwards (a retry without an Idempotency-Key would otherwise duplicate it)."""
+    plan = {"model": "llama-3.1-8b", "simulated_requests": 500,
+            "workload": {"input_tokens": 500, "output_tokens": 100, "requests_per_s": 1},
+            "slo": {"ttft_ms": 2000, "tpot_ms": 100, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]}}
+    with Session(engine) as session, session.begin():
+        session.execute(delete(QuoteRecord))
+    slow(monkeypatch, "plan_slo", 1.0)
+    with TestClient(app_with(request_timeout_s=0.2), raise_server_exceptions=False) as slow_client:
+        assert_problem(slow_client.post("/v1/quotes", json=plan, headers=write_headers), 503)
+        time.sleep(1.5)  # the abandoned plan finishes in its thread and reaches the write
+    with Session(engine) as session:
+        assert session.scalar(select(func.count()).select_from(QuoteRecord)) == 0
 
 
 def test_requests_over_the_slots_wait_and_time_out_rather_than_pile_up(
