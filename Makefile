@@ -40,11 +40,11 @@ test-sqlite: $(STAMP)
 # A throwaway database on the local server; the suite fails (never skips) if PostgreSQL is unusable.
 test-postgres: $(STAMP)
 	@echo "== test suite on PostgreSQL =="
-	@db=sizing_test_$$$$; \
-	$(PY) scripts/pgdb.py create "$(PG_ADMIN_URL)" $$db || exit 1; \
-	TEST_DATABASE_URL="postgresql+psycopg://$${PG_ADMIN_URL#postgresql://}"; \
-	TEST_DATABASE_URL="$${TEST_DATABASE_URL%/*}/$$db" $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
-	$(PY) scripts/pgdb.py drop "$(PG_ADMIN_URL)" $$db; exit $$rc
+	@db=sizing_test_$$$$; admin="$(PG_ADMIN_URL)"; \
+	$(PY) scripts/pgdb.py create "$$admin" $$db || exit 1; \
+	url="postgresql+psycopg://$${admin#postgresql://}"; \
+	TEST_DATABASE_URL="$${url%/*}/$$db" $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	$(PY) scripts/pgdb.py drop "$$admin" $$db; exit $$rc
 
 bench: $(STAMP)
 	$(PY) -m app.bench
