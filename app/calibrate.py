@@ -24,11 +24,9 @@ from sqlalchemy.exc import DBAPIError
 from app.calibration import (
     NothingToFit,
     ReferenceCatalog,
-    RowsInvalid,
     calibrate,
     file_sha256,
-    observed_rows,
-    rows_from_csv,
+    read_measurement_file,
 )
 from app.db import database_revisions, make_engine, make_session_factory, migration_heads
 from app.errors import ServiceError
@@ -61,12 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--name must match {SLUG_PATTERN} and not be {sorted(RESERVED_PROFILE_NAMES)}", file=sys.stderr)
         return 2
     data = args.file.read_bytes()
-    try:
-        rows = observed_rows(rows_from_csv(data.decode("utf-8-sig"), pointer=str(args.file)), pointer=str(args.file))
-    except (RowsInvalid, UnicodeDecodeError) as exc:
-        print(f"{args.file}: {exc}", file=sys.stderr)
-        for pointer, message in getattr(exc, "errors", [])[:50]:
-            print(f"  {pointer}: {message}", file=sys.stderr)
+    rows = read_measurement_file(args.file)
+    if rows is None:
         return 2
     description = args.description or (
         f"Fitted to the published measurements in {args.file.name} ({len(rows)} rows): engines' offline, static-"

@@ -16,11 +16,13 @@ import hashlib
 import io
 import json
 import math
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -155,6 +157,19 @@ def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | Non
     if not rows:
         raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
     return rows
+
+
+def read_measurement_file(path: Path) -> list[ObservedRow] | None:
+    """The rows of a measurement CSV file for the command-line tools, or None after printing what is
+    wrong with it (to stderr, at most 50 problems)."""
+    try:
+        return observed_rows(rows_from_csv(path.read_bytes().decode("utf-8-sig"), pointer=str(path)),
+                             pointer=str(path))
+    except (RowsInvalid, UnicodeDecodeError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        for pointer, message in getattr(exc, "errors", [])[:50]:
+            print(f"  {pointer}: {message}", file=sys.stderr)
+        return None
 
 
 def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows") -> list[ObservedRow]:

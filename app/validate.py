@@ -27,11 +27,9 @@ from app.calibration import (
     THROUGHPUT,
     ReferenceCatalog,
     Report,
-    RowsInvalid,
     file_sha256,
-    observed_rows,
+    read_measurement_file,
     row_document,
-    rows_from_csv,
     summary_document,
     validate,
 )
@@ -69,12 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     data = args.file.read_bytes()
-    try:
-        rows = observed_rows(rows_from_csv(data.decode("utf-8-sig"), pointer=str(args.file)), pointer=str(args.file))
-    except (RowsInvalid, UnicodeDecodeError) as exc:
-        print(f"{args.file}: {exc}", file=sys.stderr)
-        for pointer, message in getattr(exc, "errors", [])[:50]:
-            print(f"  {pointer}: {message}", file=sys.stderr)
+    rows = read_measurement_file(args.file)
+    if rows is None:
         return 2
     try:
         profile, document = load_profile(args.profile)
