@@ -21,6 +21,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.api.problems import assert_problem
+
 URL = "/v1/roofline/batch-sweep"
 PEAK = 989.5e12
 BANDWIDTH = 3.35e12
@@ -39,13 +41,6 @@ def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
     response = client.post(URL, json=body)
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def assert_problem(response: Any, status: int, pointer: str | None = None) -> None:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in response.json()["errors"]]
 
 
 def test_knee_of_llama_3_8b_at_short_context(client: TestClient) -> None:

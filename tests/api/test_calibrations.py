@@ -22,6 +22,7 @@ from app.calibration import rows_from_csv
 from app.orm import CalibrationProfileRecord
 from app.profiles import DEFAULT_PROFILE_PATH, load_default_profile
 from app.schemas.calibration import MAX_UPLOAD_ROWS
+from tests.api.problems import assert_problem
 
 SAMPLE = Path(__file__).parents[1] / "data" / "calibration-sample.csv"
 SAMPLE_TEXT = SAMPLE.read_text()
@@ -44,15 +45,6 @@ def no_profiles(engine: Engine) -> Iterator[None]:
 def default_profile_loaded(engine: Engine) -> None:
     with Session(engine) as session, session.begin():
         assert load_default_profile(session) == "inserted"
-
-
-def assert_problem(response: Any, status: int, pointer: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    problem = response.json()
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in problem["errors"]], problem
-    return problem
 
 
 def calibrate(client: TestClient, headers: dict[str, str], name: str = "sample-trtllm", **fields: Any) -> Any:

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.schemas.catalog import GPU_SPEC_EXAMPLE
+from tests.api.problems import assert_problem
 
 SVG = "{http://www.w3.org/2000/svg}"
 ROOFLINE = "/v1/roofline/chart"
@@ -90,13 +91,6 @@ def get(client: TestClient, url: str, params: dict[str, Any]) -> Any:
     """GET with these query parameters (None: left out; a list: repeated)."""
     given = {name: value for name, value in params.items() if value is not None}
     return client.get(f"{url}?{urlencode(given, doseq=True)}")
-
-
-def assert_problem(response: Any, status: int, pointer: str | None = None) -> None:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in response.json()["errors"]], response.json()
 
 
 # Every chart -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from httpx import Response
+
+from tests.api.problems import assert_problem
 
 GPU = {
     "name": "Example Accelerator 64GB",
@@ -18,18 +19,6 @@ GPU = {
     "interconnect_bandwidth_bytes_per_s": 64e9,
     "bf16_tflops": 400.0,
 }
-
-
-def assert_problem(response: Response, status: int, pointer: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    problem = response.json()
-    assert problem["status"] == status and problem["title"] and problem["detail"]
-    assert problem["instance"] == response.request.url.path
-    assert problem["request_id"] == response.headers["x-request-id"]
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in problem["errors"]], problem
-    return problem
 
 
 @pytest.mark.parametrize(("change", "pointer"), [

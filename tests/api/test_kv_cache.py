@@ -18,6 +18,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from tests.api.problems import assert_problem
+
 URL = "/v1/kv-cache"
 GIB = 2**30
 
@@ -26,16 +28,6 @@ def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
     response = client.post(URL, json=body)
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def assert_problem(response: Any, status: int, pointer: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/problem+json")
-    problem = response.json()
-    assert problem["status"] == status
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in problem["errors"]], problem
-    return problem
 
 
 # The seed's worked example ------------------------------------------------------------------

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from httpx import Response
 from pydantic import ValidationError
 from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DataError
@@ -27,6 +26,7 @@ from app.main import MAX_BODY_BYTES, create_app
 from app.orm import QuoteRecord
 from app.repository import catalog_revision
 from app.settings import Settings
+from tests.api.problems import assert_problem
 
 KV = {"model": "llama-3-70b", "context_tokens": 8192}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -34,17 +34,6 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 PLAN = {"model": "llama-3.1-8b",
         "workload": {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 2},
         "slo": {"ttft_ms": 1000, "tpot_ms": 50}}
-
-
-def assert_problem(response: Response, status: int, pointer: str | None = None) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    assert response.headers["cache-control"] == "no-store"
-    problem = response.json()
-    assert problem["status"] == status and problem["detail"]
-    if pointer is not None:
-        assert pointer in [error["pointer"] for error in problem["errors"]], problem
-    return problem
 
 
 def padded(body: dict[str, Any], size: int) -> bytes:
