@@ -28,16 +28,17 @@ from types import SimpleNamespace
 from app.catalog import gpu_spec_from_record, model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.loadtest import run_load_tests
 from app.services import decode_batch_sweep
-from app.sizing.capacity import EngineConfig, capacity
-from app.sizing.efficiency import DEFAULT_EFFICIENCY
-from app.sizing.flops import decode_cost, prefill_cost
-from app.sizing.kv import kv_cache_size
-from app.sizing.perf import build_step_time_model
-from app.sizing.plan import PlanInputs, Slo, configurations, plan
-from app.sizing.roofline import roofline
-from app.sizing.simulate import SchedulerConfig, simulate
+from app.sizing.engines import EngineConfig
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.roofline import roofline
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.flops import decode_cost, prefill_cost
+from app.sizing.model.kv import kv_cache_size
+from app.sizing.serving.capacity import capacity
+from app.sizing.serving.plan import PlanInputs, Slo, configurations, plan
+from app.sizing.serving.simulate import SchedulerConfig, simulate
+from app.sizing.serving.workload import Fixed, Workload
 from app.sizing.specs import COMPUTE_DTYPES
-from app.sizing.workload import Fixed, Workload
 
 REPEATS = 1000
 

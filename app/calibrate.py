@@ -1,7 +1,7 @@
 """`python -m app.calibrate FILE.csv [--name NAME] [--write-db]`: fit a calibration profile.
 
 Reads published measurements (the schema of measured-calibration.csv), fits the efficiencies of
-app.sizing.fit per GPU family and compute precision (plus the global fallback) starting from the builtin
+app.sizing.calibration.fit per GPU family and compute precision (plus the global fallback) starting from the builtin
 constants, measures leave-one-source-out error, and writes the profile as JSON
 (app/data/calibration/<name>-profile.json unless --output says otherwise). With --write-db it is also
 stored in DATABASE_URL. The shipped default profile is made with:

@@ -63,8 +63,7 @@ from app.schemas.calibration import (
 )
 from app.schemas.sizing import ComputeCurvePoint
 from app.sizing import CALCULATION_VERSION
-from app.sizing.efficiency import Efficiency
-from app.sizing.fit import (
+from app.sizing.calibration.fit import (
     DEFAULT_EVALUATIONS,
     FITTED_PARAMETERS,
     MIN_ROWS_PER_ENTRY,
@@ -73,7 +72,7 @@ from app.sizing.fit import (
     fit_profile,
     leave_one_source_out,
 )
-from app.sizing.predict import (
+from app.sizing.calibration.predict import (
     BATCH1,
     POISSON,
     PUBLISHED_UNIT_PER_SI,
@@ -85,6 +84,7 @@ from app.sizing.predict import (
     needs_simulation,
     prepare,
 )
+from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.specs import GpuSpec, ModelSpec
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)

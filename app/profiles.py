@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 
 from app.errors import Conflict, NotFound
 from app.orm import ORIGIN_REFERENCE, CalibrationProfileRecord
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.fit import CalibrationProfile, ProfileEntry, single_entry_profile
+from app.sizing.calibration.fit import CalibrationProfile, ProfileEntry, single_entry_profile
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.specs import GpuSpec
 
 BUILTIN_PROFILE = "builtin"

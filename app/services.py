@@ -99,22 +99,11 @@ from app.schemas.slo_plan import (
     WorkloadIn,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing import capacity as capacity_core
-from app.sizing import plan as plan_core
-from app.sizing.efficiency import Efficiency
-from app.sizing.flops import ATTENTION, PREFILL, decode_cost, prefill_cost
-from app.sizing.kv import (
-    KvCacheSize,
-    kv_breakpoints,
-    kv_bytes_per_token_per_layer,
-    kv_cache_size,
-    kv_curve,
-    mha_equivalent_bytes_per_sequence,
-)
-from app.sizing.launch import LaunchSpec, launch_command
-from app.sizing.params import ceil_div
-from app.sizing.perf import build_step_time_model
-from app.sizing.roofline import (
+from app.sizing.engines import EngineConfig
+from app.sizing.engines.base import LaunchSpec
+from app.sizing.engines.launch import launch_command
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import (
     COMPUTE,
     MEMORY,
     default_compute_dtype,
@@ -122,10 +111,23 @@ from app.sizing.roofline import (
     ridge_point,
     roofline,
 )
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.flops import ATTENTION, PREFILL, decode_cost, prefill_cost
+from app.sizing.model.kv import (
+    KvCacheSize,
+    kv_breakpoints,
+    kv_bytes_per_token_per_layer,
+    kv_cache_size,
+    kv_curve,
+    mha_equivalent_bytes_per_sequence,
+)
+from app.sizing.model.params import ceil_div
+from app.sizing.model.weights import weight_bytes_per_gpu
+from app.sizing.serving import capacity as capacity_core
+from app.sizing.serving import plan as plan_core
+from app.sizing.serving.speculative import SpeculativeDecoding
+from app.sizing.serving.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec, bits_per_value
-from app.sizing.speculative import SpeculativeDecoding
-from app.sizing.weights import weight_bytes_per_gpu
-from app.sizing.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
 
 # Representations and ETags ---------------------------------------------------------------
 
@@ -867,7 +869,7 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
                      f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-    engine = capacity_core.EngineConfig(
+    engine = EngineConfig(
         engine=request.engine, gpu_memory_utilization=request.gpu_memory_utilization,
         reserved_bytes_per_gpu=request.reserved_bytes_per_gpu,
         activation_bytes_per_gpu=request.activation_bytes_per_gpu,
@@ -963,7 +965,7 @@ INLINE_MODEL_ID = "/path/to/model"  # an inline architecture has no repository i
 
 
 def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
-    """The cheapest deployments meeting the request's SLO (see `app.sizing.plan`)."""
+    """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`)."""
     model, label = resolve_model(session, request)
     candidates = request.candidates
     defaults: list[str] = []

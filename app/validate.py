@@ -43,7 +43,7 @@ from app.profiles import (
     read_default_profile_document,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value
+from app.sizing.calibration.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value
 
 WORST_ROWS = 10
 CATEGORY_LABELS = {THROUGHPUT: "throughput rows", LATENCY_LIGHT_LOAD: "latency, batch 1 and light load",

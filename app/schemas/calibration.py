@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.schemas.catalog import INPUT_CONFIG, UtcDatetime
 from app.schemas.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.schemas.sizing import ComputeCurvePoint, ComputeDtype, KvDtype, WeightDtype
-from app.sizing.predict import ENGINES, METRICS, SCENARIOS, STATS
+from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 
 # Uploads: each row can mean a simulation, so a request carries a bounded number of them.
 MAX_UPLOAD_ROWS = 200

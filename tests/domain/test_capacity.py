@@ -13,26 +13,23 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.sizing.capacity import (
-    ADMISSION,
+from app.sizing.engines import EngineConfig, resolve_engine
+from app.sizing.engines.base import ADMISSION, STEADY_STATE
+from app.sizing.engines.sglang import sglang_mem_fraction_static
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.activations import activation_peak_bytes, activation_values_per_token
+from app.sizing.serving.capacity import (
     LIMIT_KV_CACHE,
     LIMIT_MAX_NUM_SEQS,
-    STEADY_STATE,
-    EngineConfig,
-    activation_peak_bytes,
-    activation_values_per_token,
     capacity,
     kv_bytes_per_token_per_gpu,
     kv_token_capacity,
     memory_budget,
     operating_point,
     requests_fitting,
-    resolve_engine,
-    sglang_mem_fraction_static,
     steady_state_kv_bytes,
 )
-from app.sizing.efficiency import DEFAULT_EFFICIENCY
-from app.sizing.perf import build_step_time_model
 from app.sizing.specs import GpuSpec, ModelSpec
 from tests.domain.models_for_tests import (
     DEEPSEEK_V3,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.comm import (
+from app.sizing.hardware.comm import (
     allreduce_time_s,
     link_bandwidth,
     pipeline_hops_time_s,

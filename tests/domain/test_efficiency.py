@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.efficiency import A100_FP16_GEMM_CURVE, DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.flops import decode_cost
-from app.sizing.roofline import roofline
+from app.sizing.hardware.efficiency import A100_FP16_GEMM_CURVE, DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.roofline import roofline
+from app.sizing.model.flops import decode_cost
 from tests.domain.models_for_tests import LLAMA_2_7B, LLAMA_3_8B
 from tests.domain.test_roofline import A100_80GB_SXM
 

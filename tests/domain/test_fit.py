@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.fit import (
+from app.sizing.calibration.fit import (
     ANY,
     FITTED_PARAMETERS,
     MIN_ROWS_PER_ENTRY,
@@ -32,7 +31,8 @@ from app.sizing.fit import (
     single_entry_profile,
     with_parameters,
 )
-from app.sizing.predict import prepare
+from app.sizing.calibration.predict import prepare
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from tests.domain.models_for_tests import LLAMA_3_8B, QWEN2_5_0_5B
 from tests.domain.test_predict import AMPERE, HOPPER, measurement
 

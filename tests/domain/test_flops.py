@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.sizing.flops import (
+from app.sizing.model.flops import (
     ATTENTION,
     DECODE,
     LM_HEAD,
@@ -32,9 +32,9 @@ from app.sizing.flops import (
     prefill_cost,
     step_cost_model,
 )
-from app.sizing.params import ceil_div
+from app.sizing.model.params import ceil_div
+from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.specs import ModelSpec
-from app.sizing.weights import weight_bytes_per_gpu
 from tests.domain.models_for_tests import (
     ALL_MODELS,
     DEEPSEEK_V3,

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.kv import (
+from app.sizing.model.kv import (
     kv_breakpoints,
     kv_bytes_per_token_full,
     kv_bytes_per_token_per_layer,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.params import (
+from app.sizing.model.params import (
     attention_params,
     layer_params,
     mlp_params,

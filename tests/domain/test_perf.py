@@ -15,9 +15,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.sizing.comm import link_bandwidth, pipeline_hops_time_s
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.flops import (
+from app.sizing.hardware.comm import link_bandwidth, pipeline_hops_time_s
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.roofline import default_compute_dtype, roofline
+from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.model.flops import (
     DECODE,
     PREFILL,
     OperatorCost,
@@ -28,8 +30,6 @@ from app.sizing.flops import (
     prefill_cost,
     step_cost_model,
 )
-from app.sizing.perf import StepTimeModel, build_step_time_model
-from app.sizing.roofline import default_compute_dtype, roofline
 from app.sizing.specs import GpuSpec, ModelSpec
 from tests.domain.models_for_tests import (
     ALL_MODELS,

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from app.sizing.efficiency import DEFAULT_EFFICIENCY
-from app.sizing.launch import LaunchSpec, launch_command
-from app.sizing.plan import (
+from app.sizing.engines.launch import LaunchSpec, launch_command
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.serving.plan import (
     MAX_CONFIGURATIONS,
     Configuration,
     HaPolicy,
@@ -26,9 +26,9 @@ from app.sizing.plan import (
     replicas_needed,
     search_space_size,
 )
+from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
+from app.sizing.serving.workload import Fixed, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
-from app.sizing.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
-from app.sizing.workload import Fixed, LogNormal, Workload
 from tests.domain.models_for_tests import FALCON_7B, GEMMA_2_9B, LLAMA_3_8B, LLAMA_3_70B
 
 # H100 SXM as the reference catalog has it (driver-reported memory, dense peaks, NVLink per direction).

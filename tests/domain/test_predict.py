@@ -13,11 +13,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.perf import build_step_time_model
-from app.sizing.predict import Measurement, Unpredictable, needs_simulation, prepare
-from app.sizing.simulate import simulate
-from app.sizing.workload import Fixed, Workload, sample_requests
+from app.sizing.calibration.predict import Measurement, Unpredictable, needs_simulation, prepare
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.serving.simulate import simulate
+from app.sizing.serving.workload import Fixed, Workload, sample_requests
 from tests.domain.models_for_tests import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
 from tests.domain.test_roofline import A100_80GB_SXM, H100_SXM
 

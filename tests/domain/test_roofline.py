@@ -11,9 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.sizing.efficiency import DEFAULT_EFFICIENCY
-from app.sizing.flops import decode_cost, prefill_cost
-from app.sizing.roofline import (
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.roofline import (
     COMPUTE,
     MEMORY,
     default_compute_dtype,
@@ -21,6 +20,7 @@ from app.sizing.roofline import (
     ridge_point,
     roofline,
 )
+from app.sizing.model.flops import decode_cost, prefill_cost
 from app.sizing.specs import GpuSpec, ModelSpec
 from tests.domain.models_for_tests import (
     ALL_MODELS,

@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.sizing import simulate as simulate_module
-from app.sizing.simulate import (
+from app.sizing.serving import simulate as simulate_module
+from app.sizing.serving.simulate import (
     KvCapacityError,
     SchedulerConfig,
     SimulationLimitError,
     simulate,
 )
-from app.sizing.workload import Fixed, LogNormal, Requests, Workload, sample_requests
+from app.sizing.serving.workload import Fixed, LogNormal, Requests, Workload, sample_requests
 
 TAU = 0.01  # seconds per step in the constant-step cases
 

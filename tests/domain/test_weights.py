@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.params import param_counts
+from app.sizing.model.params import param_counts
+from app.sizing.model.weights import WEIGHT_QUANTIZATION_SCOPE, weight_bytes, weight_bytes_per_gpu
 from app.sizing.specs import ModelSpec
-from app.sizing.weights import WEIGHT_QUANTIZATION_SCOPE, weight_bytes, weight_bytes_per_gpu
 from tests.domain.models_for_tests import (
     DEEPSEEK_V3,
     FALCON_7B,

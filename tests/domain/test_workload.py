@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.workload import (
+from app.sizing.serving.workload import (
     Fixed,
     Histogram,
     LogNormal,

@@ -51,25 +51,22 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.sizing.capacity import (
-    GENERIC,
-    SGLANG,
-    TRTLLM,
-    VLLM,
-    EngineConfig,
-    kv_token_capacity,
-    memory_budget,
-    resolve_engine,
-    sglang_max_running_requests,
+from app.sizing import engines
+from app.sizing.engines import EngineConfig, resolve_engine
+from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.serving.capacity import kv_token_capacity, memory_budget
+from app.sizing.serving.simulate import (
+    FULL,
+    ON_DEMAND,
+    KvCapacityError,
+    SchedulerConfig,
+    SimulationResult,
+    simulate,
 )
-from app.sizing.capacity import (
-    ON_DEMAND as ENGINE_ON_DEMAND,
-)
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.perf import StepTimeModel, build_step_time_model
-from app.sizing.simulate import FULL, ON_DEMAND, KvCapacityError, SchedulerConfig, SimulationResult, simulate
+from app.sizing.serving.workload import Fixed, Workload, sample_requests
 from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
-from app.sizing.workload import Fixed, Workload, sample_requests
 
 OFFLINE = "offline"
 STATIC_BATCH = "static_batch"
@@ -95,9 +92,9 @@ STAT_PERCENTILES = {"median": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
 STATS = ("mean", *STAT_PERCENTILES)
 
 ENGINES = ("trtllm", "vllm", "sglang", "lmdeploy", "gpt-fast", "other")
-# How each published engine's memory accounting and scheduler are modelled (capacity.py engines).
-ENGINE_RULES = {"trtllm": TRTLLM, "vllm": VLLM, "sglang": SGLANG, "lmdeploy": GENERIC, "gpt-fast": GENERIC,
-                "other": GENERIC}
+# Which engine module (app.sizing.engines) models each published engine's memory and scheduler.
+MODELLED_AS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang", "lmdeploy": "generic",
+                "gpt-fast": "generic", "other": "generic"}
 # Engines whose "fixed batch" benchmark is really continuous batching of the batch submitted at once.
 CONTINUOUS_ONLY_ENGINES = ("vllm", "sglang")
 
@@ -315,7 +312,7 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
         raise Unpredictable(f"PP{pp} exceeds the {model.num_hidden_layers} layers")
     if num_gpus % (tp * pp):
         raise Unpredictable(f"{num_gpus} GPUs are not a whole number of TP{tp} x PP{pp} replicas")
-    resolved = resolve_engine(EngineConfig(engine=ENGINE_RULES[engine]), model, gpu, tp, pp)
+    resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine]), model, gpu, tp, pp)
     budget = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype).kv_budget_bytes_per_gpu
     kv_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
@@ -325,8 +322,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
             f"by {resolved.engine}'s memory accounting the weights leave no KV cache on TP{tp} x PP{pp} "
             f"({budget / 1e9:.1f} GB per GPU after weights, activations and overhead)")
     max_num_seqs = resolved.max_num_seqs
-    if max_num_seqs is None and resolved.engine == SGLANG:
-        max_num_seqs = sglang_max_running_requests(kv_tokens, resolved.max_model_len)
+    if max_num_seqs is None:
+        max_num_seqs = engines.ENGINES[resolved.engine].derived_max_num_seqs(kv_tokens, resolved.max_model_len)
     # No sequence limit (generic engine): every running sequence still needs a token of the step budget.
     max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
     scheduler = SchedulerConfig(

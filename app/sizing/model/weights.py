@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
-from app.sizing.params import (
+from app.sizing.model.params import (
     attention_params,
     ceil_div,
     layer_params_by_kind,

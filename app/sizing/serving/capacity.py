@@ -1,23 +1,12 @@
 """Capacity: how many concurrent requests fit on a deployment, and how fast they go (SIZING.md section 7).
 
-Capacity is decided by the serving engine's memory accounting, so each engine's rule is modelled by
-name. Per GPU, every engine leaves the KV cache
+Capacity is decided by the serving engine's memory accounting (each engine's rule lives in its module
+under `app.sizing.engines`). Per GPU, every engine leaves the KV cache
 
     kv_budget = usable − weights − activation − overhead        (overhead = non-torch + CUDA graphs + reserve)
 
-and differs in what `usable` is and which parts it subtracts by default:
-
-- `vllm`: usable = gpu_memory_utilization (0.92 since v0.11, 0.90 before) × TOTAL memory; activation =
-  peak of a dummy forward of `max_num_batched_tokens` tokens; non-torch memory (CUDA context, NCCL,
-  cuBLAS workspaces); the CUDA-graph estimate that vLLM >= 0.11 subtracts before sizing the KV cache.
-- `sglang`: usable = mem_fraction_static × total, which holds weights + KV pool only; activations,
-  CUDA graphs and the context live in the (1 − fraction) that SGLang's own default rule sets aside, so
-  they default to 0 here. The default fraction reproduces SGLang 0.5's
-  `ServerArgs._handle_gpu_memory_settings` (see `sglang_mem_fraction_static`).
-- `trtllm`: the KV cache gets 0.9 (`free_gpu_memory_fraction`) of the memory FREE after weights, the
-  profiled activation peak and the non-torch memory: kv = 0.9 × (total − weights − activation − overhead).
-- `generic`: usable = gpu_memory_utilization (default 0.9) × total, minus `reserved_bytes_per_gpu`
-  (default 0); nothing else unless given.
+and differs in what `usable` is (a fraction of total memory, or for TensorRT-LLM of the memory free after
+everything else) and which parts it subtracts by default.
 
 KV capacity is counted in blocks, as paged engines allocate it: one block holds `block_size` tokens in
 every layer. Models whose layers all attend the full context (and MLA models, whose one latent per token
@@ -36,7 +25,7 @@ Three concurrency views, each capped by `max_num_seqs`, with the binding limit n
 - steady state: every request holds its time-averaged live tokens, input + the output generated so far,
   rounded up to blocks (what on-demand paged allocation, vLLM's and SGLang's, sustains).
 The engine runs at its own view (vLLM, SGLang: steady state; TensorRT-LLM, generic: admission), and the
-decode operating point is evaluated there with the step-time model (`perf.py`).
+decode operating point is evaluated there with the step-time model (`hardware/step_time.py`).
 """
 
 from __future__ import annotations
@@ -45,335 +34,27 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
 
 import numpy as np
 
-from app.sizing.efficiency import Efficiency
-from app.sizing.kv import kv_bytes_per_token_per_layer, kv_cache_bytes_for_batch, kv_cache_size
-from app.sizing.params import ceil_div, pipeline_stages
-from app.sizing.perf import build_step_time_model
-from app.sizing.roofline import default_compute_dtype
+from app.sizing.engines import ENGINES, EngineConfig, resolve_engine
+from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import default_compute_dtype
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.kv import kv_bytes_per_token_per_layer, kv_cache_bytes_for_batch, kv_cache_size
+from app.sizing.model.params import ceil_div, pipeline_stages
+from app.sizing.model.weights import weight_bytes, weight_bytes_per_gpu
 from app.sizing.specs import KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec, bits_per_value
-from app.sizing.weights import weight_bytes, weight_bytes_per_gpu
-
-GIB = 1 << 30
-MIB = 1 << 20
-
-VLLM = "vllm"
-SGLANG = "sglang"
-TRTLLM = "trtllm"
-GENERIC = "generic"
-ENGINES = (VLLM, SGLANG, TRTLLM, GENERIC)
-
-# What `gpu_memory_utilization` is a fraction of.
-OF_TOTAL = "total_memory"
-OF_FREE = "free_memory_after_weights_and_activations"
-
-# How an engine holds a running request's KV, i.e. which concurrency view it runs at.
-ON_DEMAND = "on_demand"  # blocks allocated as tokens arrive (vLLM, SGLang): steady state
-RESERVE_AT_ADMISSION = "reserve_at_admission"  # input + full output reserved up front: admission
 
 LIMIT_KV_CACHE = "kv_cache"
 LIMIT_MAX_NUM_SEQS = "max_num_seqs"
-
-STEADY_STATE = "steady_state"
-ADMISSION = "admission"
-
-# Measured on H100 80 GB, vLLM, Llama-3.1-8B bf16, TP1, max_num_batched_tokens 8192 (SIZING.md s7):
-# weights 14.99 GiB, activation peak 4.76 GiB, non-torch 0.13 GiB, CUDA graphs 0.45 GiB.
-ACTIVATION_ANCHOR_BYTES = round(4.76 * GIB)  # 5,111,011,082
-ACTIVATION_ANCHOR_TOKENS = 8192
-# `activation_values_per_token` of Llama-3.1-8B at TP1: 2·4096 + (2·32 + 2·8)·128 + 3·14336.
-ACTIVATION_ANCHOR_VALUES = 61_440
-NON_TORCH_BYTES_SINGLE_GPU = round(0.13 * GIB)  # measured at TP1 (0.13-0.15 GiB)
-# With 2+ GPUs NCCL adds its buffers: 0.55-0.6 GiB measured; the upper end, to stay on the safe side.
-NON_TORCH_BYTES_MULTI_GPU = round(0.6 * GIB)
-VLLM_CUDA_GRAPH_BYTES = round(0.45 * GIB)  # the measured example's estimate; vLLM >= 0.11 subtracts it
-
-VLLM_GPU_MEMORY_UTILIZATION = 0.92
-GENERIC_GPU_MEMORY_UTILIZATION = 0.9
-TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
-# TensorRT-LLM LLM-API build defaults: max_batch_size 2048, max_num_tokens 8192, tokens_per_block 32.
-TRTLLM_MAX_BATCH_SIZE = 2048
-TRTLLM_MAX_NUM_TOKENS = 8192
-TRTLLM_BLOCK_SIZE = 32
-VLLM_BLOCK_SIZE = 16
-GENERIC_BLOCK_SIZE = 16
-GENERIC_MAX_NUM_BATCHED_TOKENS = 8192
-SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
 
 # Prefill chunks timed one by one; a longer prompt is timed from an even sample of its chunks.
 MAX_PREFILL_CHUNKS_TIMED = 256
 
 # Cheaper weight precisions tried, in order, when the requested one does not fit.
 CHEAPER_WEIGHT_DTYPES = ("fp8", "int4")
-
-
-# Engine configuration --------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """What the caller set; None = the engine's default (filled in by `resolve_engine`)."""
-
-    engine: str = VLLM
-    gpu_memory_utilization: float | None = None
-    reserved_bytes_per_gpu: int | None = None
-    activation_bytes_per_gpu: int | None = None
-    non_torch_bytes_per_gpu: int | None = None
-    cuda_graph_bytes_per_gpu: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    block_size: int | None = None
-    max_model_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; expected one of {list(ENGINES)}")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("gpu_memory_utilization must be in (0, 1]")
-        for name in ("reserved_bytes_per_gpu", "activation_bytes_per_gpu", "non_torch_bytes_per_gpu",
-                     "cuda_graph_bytes_per_gpu"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_model_len"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1")
-
-
-@dataclass(frozen=True, slots=True)
-class ResolvedEngine:
-    """Every setting the accounting uses, with where each value came from (`sources`)."""
-
-    engine: str
-    gpu_memory_utilization: float
-    utilization_of: str  # OF_TOTAL or OF_FREE
-    reserved_bytes_per_gpu: int
-    activation_bytes_per_gpu: int
-    non_torch_bytes_per_gpu: int
-    cuda_graph_bytes_per_gpu: int
-    max_num_seqs: int | None  # None: no limit (generic), or SGLang's, derived from the KV pool by `capacity`
-    max_num_batched_tokens: int
-    block_size: int
-    max_model_len: int
-    kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
-    sources: tuple[tuple[str, str], ...]  # (setting, where its value came from)
-
-    @property
-    def overhead_bytes_per_gpu(self) -> int:
-        return self.non_torch_bytes_per_gpu + self.cuda_graph_bytes_per_gpu + self.reserved_bytes_per_gpu
-
-    @property
-    def running_view(self) -> str:
-        """The concurrency view the engine's scheduler runs at."""
-        return STEADY_STATE if self.kv_allocation == ON_DEMAND else ADMISSION
-
-
-def activation_values_per_token(model: ModelSpec, tensor_parallel: int = 1) -> int:
-    """16-bit values one token keeps live inside one decoder layer's forward, on one GPU.
-
-    - residual stream and its normalized copy: 2·h (replicated under TP);
-    - attention: Q, K, V projections and the attention output, (2·⌈H/tp⌉ + 2·⌈Hkv/tp⌉)·d; MLA: q
-      (⌈H/tp⌉·(d_nope+d_rope)), the replicated latent (kv_lora + d_rope), the up-projected k_nope and v
-      (⌈H/tp⌉·(d_nope+d_v)) and the output (⌈H/tp⌉·d_v);
-    - dense MLP: gate+up output and the activated product, 3·⌈F/tp⌉;
-    - MoE layer (vLLM's fused-MoE intermediate caches): per routed expert chosen, 3·⌈F_e/tp⌉ + h (the
-      down projection's output is kept per expert before the weighted sum), i.e. k·(3·⌈F_e/tp⌉ + h),
-      plus the shared experts 3·⌈S·F_s/tp⌉ and the router logits E.
-    The largest layer kind counts (layers run one after another and free their buffers).
-    """
-    if tensor_parallel < 1:
-        raise ValueError("tensor_parallel must be >= 1")
-    tp, h = tensor_parallel, model.hidden_size
-    heads = ceil_div(model.num_attention_heads, tp)
-    if model.is_mla:
-        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
-        assert model.qk_nope_head_dim is not None and model.v_head_dim is not None
-        attention = (heads * (model.qk_nope_head_dim + model.qk_rope_head_dim)
-                     + model.kv_lora_rank + model.qk_rope_head_dim
-                     + heads * (model.qk_nope_head_dim + model.v_head_dim) + heads * model.v_head_dim)
-    else:
-        attention = (2 * heads + 2 * ceil_div(model.num_key_value_heads, tp)) * model.resolved_head_dim
-    mlp_widths = []
-    if len(model.moe_layer_indices) < model.num_hidden_layers:
-        mlp_widths.append(3 * ceil_div(model.dense_intermediate_size, tp))
-    if model.is_moe:
-        shared_width = model.shared_expert_intermediate_size or model.expert_intermediate_size
-        mlp_widths.append(model.num_experts_per_tok * (3 * ceil_div(model.expert_intermediate_size, tp) + h)
-                          + 3 * ceil_div(model.n_shared_experts * shared_width, tp) + model.num_experts)
-    return 2 * h + attention + max(mlp_widths)
-
-
-def activation_peak_bytes(model: ModelSpec, batched_tokens: int, tensor_parallel: int = 1) -> int:
-    """Estimated activation peak of a forward over `batched_tokens` tokens on one GPU (vLLM's profile run).
-
-    The measured point (4.76 GiB for Llama-3.1-8B at 8192 tokens, TP1, H100) scaled linearly in the
-    batched tokens and in `activation_values_per_token`, so it grows with the hidden and intermediate
-    widths and with the experts a token visits, and shrinks where TP shards. Scaling the measured peak
-    rather than summing buffers keeps what the measurement holds that no formula sees (allocator
-    fragmentation, the sampler's dummy run, torch.compile scratch). It puts Mixtral-8x7B at TP1 near
-    8.7 GiB, in line with the ~8 GiB measured for MoE models.
-    """
-    if batched_tokens < 1:
-        raise ValueError("batched_tokens must be >= 1")
-    values = activation_values_per_token(model, tensor_parallel)
-    return ACTIVATION_ANCHOR_BYTES * batched_tokens * values // (ACTIVATION_ANCHOR_TOKENS
-                                                                 * ACTIVATION_ANCHOR_VALUES)
-
-
-def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
-                               chunked_prefill_size: int | None) -> tuple[float, int, int]:
-    """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies.
-
-    SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
-    buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (< 20 GiB: 2048 / 8; < 35: 2048 /
-    16, 80 at tp >= 4; < 60: 4096 / 32, 160; < 90: 8192 / 256, 512; < 160: 8192 / 256, 512; else 16384 /
-    512), then reserved = 512 + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs
-    + tp·pp/8·1024 MiB, at least 10 GiB on GPUs over 60 GiB, and fraction = round((mem − reserved)/mem, 3).
-    H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835; H200 (143,771 MiB): 0.907.
-    """
-    memory_mib = gpu_memory_bytes / MIB
-    small_tp = tensor_parallel < 4
-    buckets = (  # (memory below, MiB; chunked_prefill_size; cuda_graph_max_bs at tp < 4; at tp >= 4)
-        (20 * 1024, 2048, 8, 8),
-        (35 * 1024, 2048, 16, 80),
-        (60 * 1024, 4096, 32, 160),
-        (90 * 1024, 8192, 256, 512),
-        (160 * 1024, 8192, 256, 512),
-        (float("inf"), 16384, 512, 512),
-    )
-    for limit, default_chunk, graph_bs_small_tp, graph_bs_large_tp in buckets:
-        if memory_mib < limit:
-            break
-    chunk = chunked_prefill_size if chunked_prefill_size is not None else default_chunk
-    graph_bs = graph_bs_small_tp if small_tp else graph_bs_large_tp
-    reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
-                    + tensor_parallel * pipeline_parallel / 8 * 1024)
-    if memory_mib > 60 * 1024:
-        reserved_mib = max(reserved_mib, 10 * 1024)
-    return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
-
-
-def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
-    """SGLang's default max_running_requests: min(pool tokens // 2, request-pool size), the request
-    pool holding min(max(⌊tokens / context_len · 512⌋, 2048), 4096) slots (SGLang 0.5 tp_worker and
-    model_runner)."""
-    pool_slots = min(max(int(kv_tokens / context_len * 512), 2048), 4096)
-    return max(1, min(kv_tokens // 2, pool_slots))
-
-
-_Default = tuple[int | float | None, str]  # (value, where it comes from)
-
-_VLLM_CUDA_GRAPH_SOURCE = ("0.45 GiB measured (Llama-3.1-8B, H100); vLLM >= 0.11 subtracts its CUDA-graph "
-                           "estimate before sizing the KV cache")
-_SGLANG_FRACTION_SOURCE = "SGLang 0.5 default mem_fraction_static for this GPU size and TP x PP"
-_SGLANG_MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
-                              "clamp(KV tokens / context_len x 512, 2048, 4096))")
-_TRTLLM_FRACTION_SOURCE = ("TensorRT-LLM default free_gpu_memory_fraction 0.9 of the memory free after "
-                           "weights and the profiled peak")
-_ACTIVATION_SOURCE = ("estimate: 4.76 GiB measured (vLLM, Llama-3.1-8B, 8192 batched tokens, TP1, H100) "
-                      "scaled by batched tokens and per-token activation width")
-
-
-def _non_torch_default(gpus: int) -> _Default:
-    if gpus > 1:
-        return NON_TORCH_BYTES_MULTI_GPU, ("measured on H100: 0.55-0.6 GiB with 2+ GPUs (NCCL buffers), "
-                                          "upper end")
-    return NON_TORCH_BYTES_SINGLE_GPU, "measured on H100: 0.13 GiB on one GPU (CUDA context, cuBLAS)"
-
-
-def _engine_defaults(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tp: int,
-                     pp: int) -> dict[str, _Default]:
-    """Each engine's default for every setting, and its source."""
-    none = (0, "none")
-    if config.engine == VLLM:
-        large_gpu = gpu.memory_bytes >= 70 * GIB and "a100" not in f"{gpu.name} {gpu.slug}".lower()
-        which = "on GPUs with >= 70 GiB other than A100" if large_gpu else "on GPUs under 70 GiB or A100"
-        batched = config.max_num_batched_tokens or (8192 if large_gpu else 2048)
-        return {
-            "gpu_memory_utilization": (VLLM_GPU_MEMORY_UTILIZATION,
-                                       "vLLM default 0.92 (v0.11 and later; 0.90 before)"),
-            "max_num_seqs": (1024 if large_gpu else 256, f"vLLM default {which}"),
-            "max_num_batched_tokens": (batched, f"vLLM server default {which}"),
-            "block_size": (VLLM_BLOCK_SIZE, "vLLM default block of 16 tokens"),
-            "activation_bytes_per_gpu": (activation_peak_bytes(model, batched, tp), _ACTIVATION_SOURCE),
-            "non_torch_bytes_per_gpu": _non_torch_default(tp * pp),
-            "cuda_graph_bytes_per_gpu": (VLLM_CUDA_GRAPH_BYTES, _VLLM_CUDA_GRAPH_SOURCE),
-            "reserved_bytes_per_gpu": none,
-        }
-    if config.engine == SGLANG:
-        fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tp, pp,
-                                                               config.max_num_batched_tokens)
-        outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
-        return {
-            "gpu_memory_utilization": (fraction, (f"{_SGLANG_FRACTION_SOURCE} (chunked_prefill_size {chunk}, "
-                                                  f"cuda_graph_max_bs {graph_bs})")),
-            "max_num_seqs": (None, _SGLANG_MAX_RUNNING_SOURCE),
-            "max_num_batched_tokens": (chunk, "SGLang default chunked_prefill_size for this GPU size"),
-            "block_size": (SGLANG_PAGE_SIZE, "SGLang default page_size 1"),
-            "activation_bytes_per_gpu": outside,
-            "non_torch_bytes_per_gpu": outside,
-            "cuda_graph_bytes_per_gpu": outside,
-            "reserved_bytes_per_gpu": none,
-        }
-    if config.engine == TRTLLM:
-        batched = config.max_num_batched_tokens or TRTLLM_MAX_NUM_TOKENS
-        return {
-            "gpu_memory_utilization": (TRTLLM_FREE_GPU_MEMORY_FRACTION, _TRTLLM_FRACTION_SOURCE),
-            "max_num_seqs": (TRTLLM_MAX_BATCH_SIZE, "TensorRT-LLM default max_batch_size 2048"),
-            "max_num_batched_tokens": (batched, "TensorRT-LLM default max_num_tokens 8192"),
-            "block_size": (TRTLLM_BLOCK_SIZE, "TensorRT-LLM default tokens_per_block 32"),
-            "activation_bytes_per_gpu": (activation_peak_bytes(model, batched, tp), _ACTIVATION_SOURCE),
-            "non_torch_bytes_per_gpu": _non_torch_default(tp * pp),
-            "cuda_graph_bytes_per_gpu": (0, "captured after the KV cache, inside the 10% left free"),
-            "reserved_bytes_per_gpu": none,
-        }
-    only_given = (0, "generic engine: only what is given is subtracted")
-    return {
-        "gpu_memory_utilization": (GENERIC_GPU_MEMORY_UTILIZATION, "generic default: 0.9 of total memory"),
-        "max_num_seqs": (None, "generic engine: no limit"),
-        "max_num_batched_tokens": (GENERIC_MAX_NUM_BATCHED_TOKENS, "generic default 8192 (prefill chunk)"),
-        "block_size": (GENERIC_BLOCK_SIZE, "generic default block of 16 tokens"),
-        "activation_bytes_per_gpu": only_given,
-        "non_torch_bytes_per_gpu": only_given,
-        "cuda_graph_bytes_per_gpu": only_given,
-        "reserved_bytes_per_gpu": (0, "generic default: no reserve"),
-    }
-
-
-def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                   pipeline_parallel: int = 1) -> ResolvedEngine:
-    """Fill in every default of `config` for this model, GPU and parallel layout, naming each source
-    ("given" for what the caller set)."""
-    if tensor_parallel < 1 or pipeline_parallel < 1:
-        raise ValueError("tensor_parallel and pipeline_parallel must be >= 1")
-    if config.max_model_len is not None and config.max_model_len > model.max_position_embeddings:
-        raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
-                         f"{model.max_position_embeddings} positions")
-    settings = _engine_defaults(config, model, gpu, tensor_parallel, pipeline_parallel)
-    settings["max_model_len"] = (model.max_position_embeddings, "the model's max_position_embeddings")
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for name, (default, source) in settings.items():
-        given = getattr(config, name)
-        values[name], sources[name] = (default, source) if given is None else (given, "given")
-    return ResolvedEngine(
-        engine=config.engine,
-        gpu_memory_utilization=float(values["gpu_memory_utilization"]),
-        utilization_of=OF_FREE if config.engine == TRTLLM else OF_TOTAL,
-        reserved_bytes_per_gpu=int(values["reserved_bytes_per_gpu"]),
-        activation_bytes_per_gpu=int(values["activation_bytes_per_gpu"]),
-        non_torch_bytes_per_gpu=int(values["non_torch_bytes_per_gpu"]),
-        cuda_graph_bytes_per_gpu=int(values["cuda_graph_bytes_per_gpu"]),
-        max_num_seqs=None if values["max_num_seqs"] is None else int(values["max_num_seqs"]),
-        max_num_batched_tokens=int(values["max_num_batched_tokens"]),
-        block_size=int(values["block_size"]),
-        max_model_len=int(values["max_model_len"]),
-        kv_allocation=ON_DEMAND if config.engine in (VLLM, SGLANG) else RESERVE_AT_ADMISSION,
-        sources=tuple(sources.items()),
-    )
 
 
 # Memory budget ---------------------------------------------------------------------------------
@@ -706,8 +387,9 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     budget, block = memory.kv_budget_bytes_per_gpu, engine.block_size
     layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": block}
     kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout)
-    if engine.engine == SGLANG and config.max_num_seqs is None:
-        engine = replace(engine, max_num_seqs=sglang_max_running_requests(kv_tokens, engine.max_model_len))
+    if engine.max_num_seqs is None:
+        derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens, engine.max_model_len)
+        engine = replace(engine, max_num_seqs=derived)
     request_tokens = input_tokens + output_tokens
     worst = requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout)
     admission = requests_fitting(model, budget, request_tokens, kv_dtype, **layout)
@@ -750,10 +432,7 @@ def _reasons(model: ModelSpec, engine: ResolvedEngine, memory: MemoryBudget, wei
     elif admission < 1:
         reasons.append(f"one request of {request_tokens} tokens needs more KV cache than the "
                        f"{_gb(memory.kv_budget_bytes_per_gpu)} per GPU left ({kv_tokens} tokens) on {gpus}")
-    if engine.engine == VLLM and max_context < engine.max_model_len:
-        reasons.append(f"vLLM refuses to start: max_model_len {engine.max_model_len} needs more KV cache "
-                       f"than the {kv_tokens} tokens that fit; lower max_model_len to {max_context} "
-                       "or add GPUs")
+    reasons.extend(ENGINES[engine.engine].start_refusals(engine.max_model_len, max_context, kv_tokens))
     return tuple(reasons)
 
 

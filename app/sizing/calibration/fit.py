@@ -27,7 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
-from app.sizing.efficiency import Efficiency
+from app.sizing.hardware.efficiency import Efficiency
 
 ANY = "*"  # matches every GPU family or every compute precision
 

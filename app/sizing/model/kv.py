@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from app.sizing.params import ceil_div, pipeline_stages
+from app.sizing.model.params import ceil_div, pipeline_stages
 from app.sizing.specs import KV_DTYPES, ModelSpec, bits_per_value
 
 KIND_MLA = "mla"

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.comm import step_allreduce_time_s, tp_link_bandwidth
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.flops import (
+from app.sizing.hardware.comm import step_allreduce_time_s, tp_link_bandwidth
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.model.flops import (
     HIGH_PRECISION_OPERATORS,
     MATMUL_ROWS,
     SAMPLED,

@@ -49,22 +49,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from app.sizing.capacity import (
-    GENERIC,
-    SGLANG,
-    VLLM,
-    EngineConfig,
-    ResolvedEngine,
-    kv_bytes_per_token_per_gpu,
-    kv_token_capacity,
-    memory_budget,
-    resolve_engine,
-    sglang_max_running_requests,
-)
-from app.sizing.efficiency import Efficiency
-from app.sizing.perf import StepTimeModel, build_step_time_model
-from app.sizing.roofline import default_compute_dtype
-from app.sizing.simulate import (
+from app.sizing.engines import ENGINES, EngineConfig, resolve_engine
+from app.sizing.engines.base import ResolvedEngine
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import default_compute_dtype
+from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.model.weights import weight_bytes_per_gpu
+from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
+from app.sizing.serving.simulate import (
     FULL,
     ON_DEMAND,
     KvCapacityError,
@@ -74,10 +66,9 @@ from app.sizing.simulate import (
     StepTimeFn,
     simulate,
 )
+from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime
+from app.sizing.serving.workload import Requests, Workload, sample_requests
 from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
-from app.sizing.speculative import SpeculativeDecoding, SpeculativeStepTime
-from app.sizing.weights import weight_bytes_per_gpu
-from app.sizing.workload import Requests, Workload, sample_requests
 
 OPEN_LOOP = "requests_per_s"
 CLOSED_LOOP = "concurrent_users"
@@ -204,7 +195,7 @@ class PlanInputs:
     workload: Workload
     slo: Slo
     efficiencies: Mapping[tuple[str, str], Efficiency]
-    engine: str = VLLM
+    engine: str = "vllm"
     burst_factor: float = 1.0
     policy: HaPolicy = HaPolicy()
     prices: Mapping[str, float] = field(default_factory=dict)
@@ -625,10 +616,7 @@ class _Planner:
         return share, steps
 
     def _chunked_prefill(self, engine: ResolvedEngine) -> bool:
-        """SGLang runs prefill and decode in separate steps (mixed chunks are off by default), unless a
-        request could need a prefill longer than its chunk; the other engines mix prompt chunks into
-        decode steps."""
-        return engine.engine != SGLANG or self.max_model_len > engine.max_num_batched_tokens
+        return ENGINES[engine.engine].mixes_prefill_into_decode(self.max_model_len, engine.max_num_batched_tokens)
 
     def _floor_reasons(self, step_time: StepTimeFn, scheduler: SchedulerConfig) -> list[str]:
         slo, lengths, p = self.slo, self.lengths, f"p{self.slo.percentile:g}"
@@ -821,15 +809,14 @@ def _binding(settled: _Settled, slo: Slo, closed_loop: bool) -> tuple[str, str]:
 
 
 def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEngine:
-    """SGLang derives its default from the KV pool; the generic engine has no limit (a step's token
-    budget is then the only cap on running sequences)."""
+    """An engine whose limit follows from the KV pool (SGLang) gets it, capped by a step's token budget; an
+    engine without a limit keeps none (a step's token budget is then the only cap on running sequences)."""
     if engine.max_num_seqs is not None:
         return engine
-    if engine.engine == SGLANG:
-        seqs = min(sglang_max_running_requests(kv_tokens, engine.max_model_len), engine.max_num_batched_tokens)
-        return replace(engine, max_num_seqs=seqs)
-    assert engine.engine == GENERIC
-    return engine
+    derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens, engine.max_model_len)
+    if derived is None:
+        return engine
+    return replace(engine, max_num_seqs=min(derived, engine.max_num_batched_tokens))
 
 
 def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:

@@ -51,7 +51,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from app.sizing.workload import Requests, Workload, sample_requests
+from app.sizing.serving.workload import Requests, Workload, sample_requests
 
 ON_DEMAND = "on_demand"
 FULL = "full"

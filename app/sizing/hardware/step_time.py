@@ -50,9 +50,21 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.comm import link_bandwidth, pipeline_hops_time_s, step_allreduce_time_s, tp_link_bandwidth
-from app.sizing.efficiency import DEFAULT_EFFICIENCY, Efficiency
-from app.sizing.flops import (
+from app.sizing.hardware.comm import (
+    link_bandwidth,
+    pipeline_hops_time_s,
+    step_allreduce_time_s,
+    tp_link_bandwidth,
+)
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.roofline import (
+    default_compute_dtype,
+    expected_time_s,
+    maximum,
+    minimum,
+    operator_peaks,
+)
+from app.sizing.model.flops import (
     DISTINCT_EXPERTS,
     FIRST_WINDOW_GROUP,
     MATMUL_ROWS,
@@ -64,8 +76,7 @@ from app.sizing.flops import (
     expected_distinct_experts,
     step_cost_model,
 )
-from app.sizing.params import pipeline_stages
-from app.sizing.roofline import default_compute_dtype, expected_time_s, maximum, minimum, operator_peaks
+from app.sizing.model.params import pipeline_stages
 from app.sizing.specs import GpuSpec, ModelSpec
 
 # A sparse linear form: ((feature, seconds per unit), ...). `StepTimeModel.operator_terms` holds each

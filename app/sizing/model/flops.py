@@ -42,8 +42,8 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.kv import kv_bytes_per_token_per_layer
-from app.sizing.params import (
+from app.sizing.model.kv import kv_bytes_per_token_per_layer
+from app.sizing.model.params import (
     attention_params,
     ceil_div,
     layer_params_by_kind,
@@ -51,8 +51,8 @@ from app.sizing.params import (
     param_counts,
     shared_expert_width,
 )
+from app.sizing.model.weights import HIGH_PRECISION_BITS
 from app.sizing.specs import WEIGHT_DTYPES, ModelSpec, bits_per_value
-from app.sizing.weights import HIGH_PRECISION_BITS
 
 PREFILL = "prefill"
 DECODE = "decode"

@@ -1,0 +1,134 @@
+"""What every serving engine module provides (`Engine`), and the vocabulary they share.
+
+An engine module holds everything the service knows about one engine: its memory accounting defaults
+(with their sources), its scheduler defaults, the reasons it refuses to start, and the flags of its
+launch command. The capacity, planning and prediction code ask the engine through this protocol and
+never test an engine's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from app.sizing.specs import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from app.sizing.engines import EngineConfig
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+# What `gpu_memory_utilization` is a fraction of.
+OF_TOTAL = "total_memory"
+OF_FREE = "free_memory_after_weights_and_activations"
+
+# How an engine holds a running request's KV, i.e. which concurrency view it runs at.
+ON_DEMAND = "on_demand"  # blocks allocated as tokens arrive (vLLM, SGLang): steady state
+RESERVE_AT_ADMISSION = "reserve_at_admission"  # input + full output reserved up front: admission
+
+STEADY_STATE = "steady_state"
+ADMISSION = "admission"
+
+# Measured on H100 80 GB, vLLM, Llama-3.1-8B, TP1 and TP2+ (SIZING.md s7).
+NON_TORCH_BYTES_SINGLE_GPU = round(0.13 * GIB)  # measured at TP1 (0.13-0.15 GiB)
+# With 2+ GPUs NCCL adds its buffers: 0.55-0.6 GiB measured; the upper end, to stay on the safe side.
+NON_TORCH_BYTES_MULTI_GPU = round(0.6 * GIB)
+
+SIXTEEN_BIT = ("bf16", "fp16")
+
+Default = tuple[int | float | None, str]  # (value, where it comes from)
+
+
+def non_torch_default(gpus: int) -> Default:
+    """Memory outside PyTorch's allocator (CUDA context, cuBLAS workspaces, NCCL buffers), measured."""
+    if gpus > 1:
+        return NON_TORCH_BYTES_MULTI_GPU, ("measured on H100: 0.55-0.6 GiB with 2+ GPUs (NCCL buffers), "
+                                          "upper end")
+    return NON_TORCH_BYTES_SINGLE_GPU, "measured on H100: 0.13 GiB on one GPU (CUDA context, cuBLAS)"
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedEngine:
+    """Every setting the accounting uses, with where each value came from (`sources`)."""
+
+    engine: str
+    gpu_memory_utilization: float
+    utilization_of: str  # OF_TOTAL or OF_FREE
+    reserved_bytes_per_gpu: int
+    activation_bytes_per_gpu: int
+    non_torch_bytes_per_gpu: int
+    cuda_graph_bytes_per_gpu: int
+    max_num_seqs: int | None  # None: no limit (generic), or SGLang's, derived from the KV pool by `capacity`
+    max_num_batched_tokens: int
+    block_size: int
+    max_model_len: int
+    kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
+    sources: tuple[tuple[str, str], ...]  # (setting, where its value came from)
+
+    @property
+    def overhead_bytes_per_gpu(self) -> int:
+        return self.non_torch_bytes_per_gpu + self.cuda_graph_bytes_per_gpu + self.reserved_bytes_per_gpu
+
+    @property
+    def running_view(self) -> str:
+        """The concurrency view the engine's scheduler runs at."""
+        return STEADY_STATE if self.kv_allocation == ON_DEMAND else ADMISSION
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """What a launch command must set; `speculative_*` only with speculative decoding."""
+
+    engine: str
+    model_id: str  # Hugging Face repository id (or a placeholder for an inline model)
+    model_dtype: str  # the checkpoint's own weight precision
+    tensor_parallel: int
+    pipeline_parallel: int
+    weight_dtype: str
+    kv_dtype: str
+    max_num_seqs: int | None
+    max_num_batched_tokens: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    draft_tokens: int | None = None
+    draft_model_id: str | None = None  # None with draft_tokens: n-gram (prompt lookup) proposals
+
+
+def online_fp8(spec: LaunchSpec) -> bool:
+    """fp8 weights from a 16-bit checkpoint: quantized on load by vLLM and SGLang."""
+    return spec.weight_dtype == "fp8" and spec.model_dtype in SIXTEEN_BIT
+
+
+class Engine(Protocol):
+    """One serving engine's rules. Implemented once per engine module; listed in `engines.ENGINES`."""
+
+    name: str  # the request value: "vllm", "sglang", "trtllm", "generic"
+    utilization_of: str  # OF_TOTAL or OF_FREE: what its memory fraction is a fraction of
+    kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
+    speculative_flags: bool  # True when `launch_words` spells out speculative decoding
+
+    def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
+                 pipeline_parallel: int) -> dict[str, Default]:
+        """The engine's default for every setting of `EngineConfig` but `max_model_len`, with its source."""
+        ...
+
+    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
+        """The sequence limit when it follows from the KV pool (None: no limit of its own)."""
+        ...
+
+    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+        """Whether prompt chunks ride in decode steps (chunked prefill) by default."""
+        ...
+
+    def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
+        """Why the engine would refuse to start with this KV cache (empty: it starts)."""
+        ...
+
+    def launch_words(self, spec: LaunchSpec) -> list[str] | None:
+        """The command line's words, or None where the engine has no command to give."""
+        ...
+
+    def launch_notes(self, spec: LaunchSpec) -> list[str]:
+        """What the command line cannot say (which checkpoint to serve, ...)."""
+        ...

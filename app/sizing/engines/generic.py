@@ -1,0 +1,57 @@
+"""A generic engine: usable = gpu_memory_utilization (default 0.9) × total, minus `reserved_bytes_per_gpu`
+(default 0); nothing else is subtracted unless given, requests reserve their whole length at admission,
+and there is no sequence limit and no command line."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec
+from app.sizing.specs import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from app.sizing.engines import EngineConfig
+
+GENERIC_GPU_MEMORY_UTILIZATION = 0.9
+GENERIC_BLOCK_SIZE = 16
+GENERIC_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+class Generic:
+    name = "generic"
+    utilization_of = OF_TOTAL
+    kv_allocation = RESERVE_AT_ADMISSION
+    speculative_flags = False
+
+    def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
+                 pipeline_parallel: int) -> dict[str, Default]:
+        only_given = (0, "generic engine: only what is given is subtracted")
+        return {
+            "gpu_memory_utilization": (GENERIC_GPU_MEMORY_UTILIZATION, "generic default: 0.9 of total memory"),
+            "max_num_seqs": (None, "generic engine: no limit"),
+            "max_num_batched_tokens": (GENERIC_MAX_NUM_BATCHED_TOKENS, "generic default 8192 (prefill chunk)"),
+            "block_size": (GENERIC_BLOCK_SIZE, "generic default block of 16 tokens"),
+            "activation_bytes_per_gpu": only_given,
+            "non_torch_bytes_per_gpu": only_given,
+            "cuda_graph_bytes_per_gpu": only_given,
+            "reserved_bytes_per_gpu": (0, "generic default: no reserve"),
+        }
+
+    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
+        return None  # no limit: a step's token budget is then the only cap on running sequences
+
+    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+        return True
+
+    def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
+        return ()
+
+    def launch_words(self, spec: LaunchSpec) -> list[str] | None:
+        return None
+
+    def launch_notes(self, spec: LaunchSpec) -> list[str]:
+        return [("generic engine: set the same parallelism, batch limits and memory fraction in the engine "
+                "you use")]
+
+
+ENGINE = Generic()

@@ -1,0 +1,51 @@
+"""The serving engine's command line that realizes a planned configuration.
+
+Flags are the engines' own (vLLM `vllm serve`, SGLang `python -m sglang.launch_server`, TensorRT-LLM
+`trtllm-serve`), spelled by each engine's module. Precisions that need a pre-quantized checkpoint are not
+switched on by a flag: the engines read the quantization from the checkpoint's config, so the notes say
+which checkpoint to serve.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from app.sizing.engines import ENGINES
+from app.sizing.engines.base import LaunchSpec
+
+# Weight precisions that need a checkpoint quantized ahead of time (no engine quantizes them on load).
+CHECKPOINT_FORMATS = {
+    "int8": "a W8A8 int8 checkpoint (e.g. made with llm-compressor)",
+    "int4": "an int4 AWQ or GPTQ checkpoint",
+    "fp4": "an FP4 checkpoint (NVFP4 or MXFP4)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchCommand:
+    command: str | None  # None for the generic engine (no command line to give)
+    notes: tuple[str, ...]
+
+
+def launch_command(spec: LaunchSpec) -> LaunchCommand:
+    rules = ENGINES[spec.engine]
+    words = rules.launch_words(spec)
+    if words is None:
+        return LaunchCommand(None, tuple(rules.launch_notes(spec)))
+    notes = _precision_notes(spec) + rules.launch_notes(spec)
+    if spec.draft_tokens is not None and not rules.speculative_flags:
+        notes.append(f"speculative decoding ({spec.draft_tokens} draft tokens) is configured with the "
+                     f"engine's own speculative options, not shown here")
+    return LaunchCommand(shlex.join(words), tuple(notes))
+
+
+def _precision_notes(spec: LaunchSpec) -> list[str]:
+    notes = []
+    if spec.weight_dtype != spec.model_dtype and spec.weight_dtype in CHECKPOINT_FORMATS:
+        notes.append(f"serve {CHECKPOINT_FORMATS[spec.weight_dtype]} of the model: the engine reads its "
+                     "quantization from the checkpoint")
+    if spec.kv_dtype == "int8":
+        notes.append("int8 KV cache: vLLM and SGLang offer fp8 KV instead (same size); TensorRT-LLM takes int8 "
+                     "KV from a checkpoint quantized with it")
+    return notes

@@ -1,0 +1,120 @@
+"""SGLang: memory accounting, scheduler defaults and `sglang.launch_server` flags (ENGINES.md, SGLang).
+
+usable = mem_fraction_static × total, which holds weights + KV pool only; activations, CUDA graphs and
+the context live in the (1 − fraction) that SGLang's own default rule sets aside, so they default to 0
+here. The default fraction reproduces SGLang 0.5's `ServerArgs._handle_gpu_memory_settings`
+(`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.sizing.engines.base import MIB, OF_TOTAL, ON_DEMAND, Default, LaunchSpec, online_fp8
+from app.sizing.specs import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from app.sizing.engines import EngineConfig
+
+SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
+_FRACTION_SOURCE = "SGLang 0.5 default mem_fraction_static for this GPU size and TP x PP"
+_MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
+                       "clamp(KV tokens / context_len x 512, 2048, 4096))")
+
+
+def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
+                               chunked_prefill_size: int | None) -> tuple[float, int, int]:
+    """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies.
+
+    SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
+    buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (< 20 GiB: 2048 / 8; < 35: 2048 /
+    16, 80 at tp >= 4; < 60: 4096 / 32, 160; < 90: 8192 / 256, 512; < 160: 8192 / 256, 512; else 16384 /
+    512), then reserved = 512 + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs
+    + tp·pp/8·1024 MiB, at least 10 GiB on GPUs over 60 GiB, and fraction = round((mem − reserved)/mem, 3).
+    H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835; H200 (143,771 MiB): 0.907.
+    """
+    memory_mib = gpu_memory_bytes / MIB
+    small_tp = tensor_parallel < 4
+    buckets = (  # (memory below, MiB; chunked_prefill_size; cuda_graph_max_bs at tp < 4; at tp >= 4)
+        (20 * 1024, 2048, 8, 8),
+        (35 * 1024, 2048, 16, 80),
+        (60 * 1024, 4096, 32, 160),
+        (90 * 1024, 8192, 256, 512),
+        (160 * 1024, 8192, 256, 512),
+        (float("inf"), 16384, 512, 512),
+    )
+    for limit, default_chunk, graph_bs_small_tp, graph_bs_large_tp in buckets:
+        if memory_mib < limit:
+            break
+    chunk = chunked_prefill_size if chunked_prefill_size is not None else default_chunk
+    graph_bs = graph_bs_small_tp if small_tp else graph_bs_large_tp
+    reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
+                    + tensor_parallel * pipeline_parallel / 8 * 1024)
+    if memory_mib > 60 * 1024:
+        reserved_mib = max(reserved_mib, 10 * 1024)
+    return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
+
+
+def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
+    """SGLang's default max_running_requests: min(pool tokens // 2, request-pool size), the request
+    pool holding min(max(⌊tokens / context_len · 512⌋, 2048), 4096) slots (SGLang 0.5 tp_worker and
+    model_runner)."""
+    pool_slots = min(max(int(kv_tokens / context_len * 512), 2048), 4096)
+    return max(1, min(kv_tokens // 2, pool_slots))
+
+
+class Sglang:
+    name = "sglang"
+    utilization_of = OF_TOTAL
+    kv_allocation = ON_DEMAND
+    speculative_flags = False
+
+    def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
+                 pipeline_parallel: int) -> dict[str, Default]:
+        fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
+                                                               pipeline_parallel, config.max_num_batched_tokens)
+        outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
+        return {
+            "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE} (chunked_prefill_size {chunk}, "
+                                                  f"cuda_graph_max_bs {graph_bs})")),
+            "max_num_seqs": (None, _MAX_RUNNING_SOURCE),
+            "max_num_batched_tokens": (chunk, "SGLang default chunked_prefill_size for this GPU size"),
+            "block_size": (SGLANG_PAGE_SIZE, "SGLang default page_size 1"),
+            "activation_bytes_per_gpu": outside,
+            "non_torch_bytes_per_gpu": outside,
+            "cuda_graph_bytes_per_gpu": outside,
+            "reserved_bytes_per_gpu": (0, "none"),
+        }
+
+    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
+        return sglang_max_running_requests(kv_tokens, max_model_len)
+
+    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+        """SGLang runs prefill and decode in separate steps (mixed chunks are off by default), unless a
+        request could need a prefill longer than its chunk."""
+        return max_model_len > max_num_batched_tokens
+
+    def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
+        return ()
+
+    def launch_words(self, spec: LaunchSpec) -> list[str] | None:
+        words = ["python", "-m", "sglang.launch_server", "--model-path", spec.model_id,
+                 "--tp-size", str(spec.tensor_parallel)]
+        if spec.pipeline_parallel > 1:
+            words += ["--pp-size", str(spec.pipeline_parallel)]
+        if spec.max_num_seqs is not None:
+            words += ["--max-running-requests", str(spec.max_num_seqs)]
+        words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens),
+                  "--context-length", str(spec.max_model_len),
+                  "--mem-fraction-static", f"{spec.gpu_memory_utilization:g}"]
+        if spec.kv_dtype == "fp8":
+            words += ["--kv-cache-dtype", "fp8_e4m3"]
+        if online_fp8(spec):
+            words += ["--quantization", "fp8"]
+        return words
+
+    def launch_notes(self, spec: LaunchSpec) -> list[str]:
+        return []
+
+
+ENGINE = Sglang()

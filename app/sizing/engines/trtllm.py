@@ -1,0 +1,75 @@
+"""TensorRT-LLM: memory accounting, scheduler defaults and `trtllm-serve` flags (ENGINES.md, TensorRT-LLM).
+
+The KV cache gets 0.9 (`free_gpu_memory_fraction`) of the memory FREE after the weights, the profiled
+activation peak and the non-torch memory: kv = 0.9 × (total − weights − activation − overhead). CUDA
+graphs are captured after the KV cache, inside the 10% left free. The scheduler reserves each request's
+input + full output at admission (no eviction).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.sizing.engines.base import OF_FREE, RESERVE_AT_ADMISSION, Default, LaunchSpec, non_torch_default
+from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
+from app.sizing.specs import GpuSpec, ModelSpec
+
+if TYPE_CHECKING:
+    from app.sizing.engines import EngineConfig
+
+TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
+# TensorRT-LLM LLM-API build defaults: max_batch_size 2048, max_num_tokens 8192, tokens_per_block 32.
+TRTLLM_MAX_BATCH_SIZE = 2048
+TRTLLM_MAX_NUM_TOKENS = 8192
+TRTLLM_BLOCK_SIZE = 32
+_FRACTION_SOURCE = ("TensorRT-LLM default free_gpu_memory_fraction 0.9 of the memory free after "
+                    "weights and the profiled peak")
+
+
+class Trtllm:
+    name = "trtllm"
+    utilization_of = OF_FREE
+    kv_allocation = RESERVE_AT_ADMISSION
+    speculative_flags = False
+
+    def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
+                 pipeline_parallel: int) -> dict[str, Default]:
+        batched = config.max_num_batched_tokens or TRTLLM_MAX_NUM_TOKENS
+        return {
+            "gpu_memory_utilization": (TRTLLM_FREE_GPU_MEMORY_FRACTION, _FRACTION_SOURCE),
+            "max_num_seqs": (TRTLLM_MAX_BATCH_SIZE, "TensorRT-LLM default max_batch_size 2048"),
+            "max_num_batched_tokens": (batched, "TensorRT-LLM default max_num_tokens 8192"),
+            "block_size": (TRTLLM_BLOCK_SIZE, "TensorRT-LLM default tokens_per_block 32"),
+            "activation_bytes_per_gpu": (activation_peak_bytes(model, batched, tensor_parallel),
+                                         ACTIVATION_SOURCE),
+            "non_torch_bytes_per_gpu": non_torch_default(tensor_parallel * pipeline_parallel),
+            "cuda_graph_bytes_per_gpu": (0, "captured after the KV cache, inside the 10% left free"),
+            "reserved_bytes_per_gpu": (0, "none"),
+        }
+
+    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
+        return None  # max_batch_size is a fixed default, never derived
+
+    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+        return True
+
+    def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
+        return ()
+
+    def launch_words(self, spec: LaunchSpec) -> list[str] | None:
+        words = ["trtllm-serve", spec.model_id, "--tp_size", str(spec.tensor_parallel),
+                 "--pp_size", str(spec.pipeline_parallel)]
+        if spec.max_num_seqs is not None:
+            words += ["--max_batch_size", str(spec.max_num_seqs)]
+        words += ["--max_num_tokens", str(spec.max_num_batched_tokens),
+                  "--max_seq_len", str(spec.max_model_len),
+                  "--kv_cache_free_gpu_memory_fraction", f"{spec.gpu_memory_utilization:g}"]
+        return words
+
+    def launch_notes(self, spec: LaunchSpec) -> list[str]:
+        if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
+            return ["TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt"]
+        return []
+
+
+ENGINE = Trtllm()
