@@ -25,9 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from app.catalog import gpu_spec_from_record, model_spec_from_record, reference_gpu_rows, reference_model_rows
+from app.catalog.reference import (
+    gpu_spec_from_record,
+    model_spec_from_record,
+    reference_gpu_rows,
+    reference_model_rows,
+)
+from app.estimates.service import decode_batch_sweep
 from app.loadtest import run_load_tests
-from app.services import decode_batch_sweep
 from app.sizing.engines import EngineConfig
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.roofline import roofline

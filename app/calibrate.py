@@ -21,17 +21,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
-from app.calibration import (
-    NothingToFit,
-    ReferenceCatalog,
-    calibrate,
-    file_sha256,
-    read_measurement_file,
-)
-from app.db import database_revisions, make_engine, make_session_factory, migration_heads
-from app.errors import ServiceError
-from app.orm import ORIGIN_REFERENCE
-from app.profiles import (
+from app.calibration.profiles import (
     DEFAULT_PROFILE,
     DEFAULT_PROFILE_PATH,
     RESERVED_PROFILE_NAMES,
@@ -39,7 +29,17 @@ from app.profiles import (
     load_default_profile,
     store_profile,
 )
-from app.schemas.common import SLUG_PATTERN
+from app.calibration.service import (
+    NothingToFit,
+    ReferenceCatalog,
+    calibrate,
+    file_sha256,
+    read_measurement_file,
+)
+from app.catalog.tables import ORIGIN_REFERENCE
+from app.common import SLUG_PATTERN
+from app.db import database_revisions, make_engine, make_session_factory, migration_heads
+from app.errors import ServiceError
 from app.settings import Settings
 
 

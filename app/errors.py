@@ -22,7 +22,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import get_route_path
 
-from app.schemas.common import FieldProblem, Problem
+from app.common import FieldProblem, Problem
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 

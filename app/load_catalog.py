@@ -11,9 +11,9 @@ import sys
 
 from sqlalchemy.exc import DBAPIError
 
-from app.catalog import load_reference_catalog
+from app.calibration.profiles import load_default_profile
+from app.catalog.reference import load_reference_catalog
 from app.db import database_revisions, make_engine, make_session_factory, migration_heads
-from app.profiles import load_default_profile
 from app.settings import Settings
 
 

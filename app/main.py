@@ -29,10 +29,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import calibrations, capacity, charts, gpus, kv_cache, models, ops, quotes, roofline, slo_plan
+from app.calibration import api as calibration_api
+from app.catalog import api as catalog_api
+from app.catalog.service import SpecCache
+from app.charts import api as charts_api
 from app.db import RequestDeadline, make_engine, make_session_factory
 from app.errors import current_request_id, install_error_handlers, problem_response
-from app.services import SpecCache
+from app.estimates import api as estimates_api
+from app.ops import api as ops_api
+from app.planning import api as planning_api
+from app.quotes import api as quotes_api
 from app.settings import Settings
 
 VERSION = "0.1.0"
@@ -46,8 +52,9 @@ SECURITY_HEADERS = {
     "referrer-policy": "no-referrer",
     "cross-origin-resource-policy": "same-origin",
 }
-ROUTERS = (ops.router, gpus.router, models.router, kv_cache.router, roofline.router, capacity.router,
-           slo_plan.router, quotes.router, charts.router, calibrations.router)
+ROUTERS = (ops_api.router, catalog_api.gpus_router, catalog_api.models_router, estimates_api.kv_cache_router,
+           estimates_api.roofline_router, estimates_api.capacity_router, planning_api.router, quotes_api.router,
+           charts_api.router, calibration_api.router)
 
 access_log = logging.getLogger("app.access")
 error_log = logging.getLogger("app.errors")

@@ -21,7 +21,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app.calibration import (
+from app.calibration.profiles import (
+    BUILTIN_DESCRIPTION,
+    BUILTIN_PROFILE,
+    DEFAULT_PROFILE,
+    DEFAULT_PROFILE_PATH,
+    builtin_profile,
+    profile_from_entries,
+    read_default_profile_document,
+)
+from app.calibration.service import (
     LATENCY_LIGHT_LOAD,
     LATENCY_LOADED,
     THROUGHPUT,
@@ -32,15 +41,6 @@ from app.calibration import (
     row_document,
     summary_document,
     validate,
-)
-from app.profiles import (
-    BUILTIN_DESCRIPTION,
-    BUILTIN_PROFILE,
-    DEFAULT_PROFILE,
-    DEFAULT_PROFILE_PATH,
-    builtin_profile,
-    profile_from_entries,
-    read_default_profile_document,
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value

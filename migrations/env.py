@@ -6,7 +6,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import Connection
 
-import app.orm  # noqa: F401  (registers the tables on Base.metadata)
+import app.calibration.tables
+import app.catalog.tables
+import app.quotes.tables  # noqa: F401
 from app.db import Base, make_engine
 from app.settings import Settings
 

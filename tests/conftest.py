@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
-from app.catalog import load_reference_catalog
+from app.catalog.reference import load_reference_catalog
+from app.catalog.repository import bump_catalog_revision
+from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
 from app.db import MIGRATIONS_DIR
 from app.main import create_app
-from app.orm import CatalogTombstone, GpuRecord, ModelRecord
-from app.repository import bump_catalog_revision
 from app.settings import Settings
 
 TEST_API_KEY = "test-write-key-0123456789abcdef"

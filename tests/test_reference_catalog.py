@@ -12,18 +12,19 @@ import pytest
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from app import services
-from app.catalog import (
+from app import web
+from app.catalog import service as catalog_service
+from app.catalog.reference import (
     DATA_DIR,
     GPU_FAMILY,
     gpu_spec_from_record,
     load_reference_catalog,
     model_spec_from_record,
 )
+from app.catalog.repository import catalog_revision
+from app.catalog.schemas import GpuIn
+from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
 from app.errors import NotFound
-from app.orm import CatalogTombstone, GpuRecord, ModelRecord
-from app.repository import catalog_revision
-from app.schemas.catalog import GpuIn
 
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 COPIED_FILES = ("gpus.csv", "models.json", "catalog-notes.md", "gpu-prices.csv", "gpu-prices.md")
@@ -294,27 +295,27 @@ def test_loader_never_touches_user_rows_nor_brings_back_deleted_ones(engine: Eng
 # Specs through the service, and the spec cache ---------------------------------------------
 
 def test_get_specs_and_unknown_slugs(db_session: Session) -> None:
-    assert services.get_gpu_spec(db_session, "a100-80gb-sxm").memory_bytes == 85_899_345_920  # 80 GiB
-    assert services.get_model_spec(db_session, "llama-3.1-405b").num_hidden_layers == 126
+    assert catalog_service.get_gpu_spec(db_session, "a100-80gb-sxm").memory_bytes == 85_899_345_920  # 80 GiB
+    assert catalog_service.get_model_spec(db_session, "llama-3.1-405b").num_hidden_layers == 126
     with pytest.raises(NotFound):
-        services.get_gpu_spec(db_session, "h900")
+        catalog_service.get_gpu_spec(db_session, "h900")
     with pytest.raises(NotFound):
-        services.get_model_spec(db_session, "llama-9")
-    specs = services.list_gpu_specs(db_session)
+        catalog_service.get_model_spec(db_session, "llama-9")
+    specs = catalog_service.list_gpu_specs(db_session)
     assert [spec.slug for spec in specs] == sorted(README_GPU_SLUGS)
 
 
 def test_spec_cache_serves_repeats_and_is_dropped_by_a_write_through_another_replica(
         engine: Engine, fresh_catalog: None) -> None:
-    replica_a = services.SpecCache()
+    replica_a = catalog_service.SpecCache()
     with Session(engine, info={"spec_cache": replica_a}) as session:
-        first = services.get_gpu_spec(session, "h100-sxm")
-        assert services.get_gpu_spec(session, "h100-sxm") is first  # served from the cache
+        first = catalog_service.get_gpu_spec(session, "h100-sxm")
+        assert catalog_service.get_gpu_spec(session, "h100-sxm") is first  # served from the cache
     # Another replica (its own cache) replaces the row and commits.
-    with Session(engine, info={"spec_cache": services.SpecCache()}) as session, session.begin():
+    with Session(engine, info={"spec_cache": catalog_service.SpecCache()}) as session, session.begin():
         record = _gpu(session, "h100-sxm")
-        body = services.GPUS.out.model_validate(record, from_attributes=True)
+        body = catalog_service.GPUS.out.model_validate(record, from_attributes=True)
         columns = {**body.model_dump(include=set(GpuIn.model_fields)), "price_per_hour_usd": 1.23}
-        services.put(session, services.GPUS, "h100-sxm", columns, services.Preconditions())
+        catalog_service.put(session, catalog_service.GPUS, "h100-sxm", columns, web.Preconditions())
     with Session(engine, info={"spec_cache": replica_a}) as session:
-        assert services.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23

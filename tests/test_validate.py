@@ -16,14 +16,8 @@ import pytest
 
 from app import calibrate as calibrate_command
 from app import validate as validate_command
-from app.calibration import (
-    ReferenceCatalog,
-    RowsInvalid,
-    observed_rows,
-    rows_from_csv,
-    validate,
-)
-from app.profiles import builtin_profile, profile_from_entries
+from app.calibration.profiles import builtin_profile, profile_from_entries
+from app.calibration.service import ReferenceCatalog, RowsInvalid, observed_rows, rows_from_csv, validate
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = DATA / "calibration-sample.csv"

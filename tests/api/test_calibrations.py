@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
-from app.calibration import rows_from_csv
-from app.orm import CalibrationProfileRecord
-from app.profiles import DEFAULT_PROFILE_PATH, load_default_profile
-from app.schemas.calibration import MAX_UPLOAD_ROWS
+from app.calibration.profiles import DEFAULT_PROFILE_PATH, load_default_profile
+from app.calibration.schemas import MAX_UPLOAD_ROWS
+from app.calibration.service import rows_from_csv
+from app.calibration.tables import CalibrationProfileRecord
 from tests.api.problems import assert_problem
 
 SAMPLE = Path(__file__).parents[1] / "data" / "calibration-sample.csv"

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.schemas import capacity as shapes
-from app.schemas.catalog import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
+from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
+from app.estimates import capacity_schemas as shapes
 
 GIB = 2**30
 WORKLOAD = {"input_tokens": 1000, "output_tokens": 500}

@@ -24,7 +24,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.schemas.catalog import GPU_SPEC_EXAMPLE
+from app.catalog.schemas import GPU_SPEC_EXAMPLE
 from tests.api.problems import assert_problem
 
 SVG = "{http://www.w3.org/2000/svg}"

@@ -26,7 +26,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from app import repository, services
+from app import web
+from app.catalog import repository
 from app.main import create_app
 from app.settings import Settings
 from tests.api.test_quotes_concurrency import server_url  # noqa: F401  (the live-server fixture)
@@ -74,13 +75,13 @@ def both_pass_their_checks_before_either_writes(monkeypatch: pytest.MonkeyPatch)
     the other writer got there too: both then race on the database itself, having read the same
     version (or both no row), which the service's own check can no longer tell apart."""
     checked = threading.Barrier(2)
-    real = services.Preconditions.check
+    real = web.Preconditions.check
 
-    def check_then_wait_for_the_other(self: services.Preconditions, current_etag: str | None) -> None:
+    def check_then_wait_for_the_other(self: web.Preconditions, current_etag: str | None) -> None:
         real(self, current_etag)
         checked.wait(timeout=30)
 
-    monkeypatch.setattr(services.Preconditions, "check", check_then_wait_for_the_other)
+    monkeypatch.setattr(web.Preconditions, "check", check_then_wait_for_the_other)
 
 
 # Conditional writes --------------------------------------------------------------------------

@@ -7,10 +7,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from app import services
+from app import web
+from app.catalog import service as catalog_service
+from app.catalog.schemas import GpuIn
+from app.catalog.tables import GpuRecord
 from app.errors import PreconditionFailed
-from app.orm import GpuRecord
-from app.schemas.catalog import GpuIn
 from tests.conftest import OTHER_API_KEY
 
 NEW_GPU = {
@@ -184,11 +185,11 @@ def test_two_writers_that_read_the_same_version_cannot_both_win(engine: Engine, 
             record = session.get(GpuRecord, "a10")
             assert record is not None and record.version == 1
             columns = GpuIn.model_validate(record, from_attributes=True).model_dump()
-        services.put(first, services.GPUS, "a10", {**columns, "price_per_hour_usd": 1.11}, services.Preconditions())
+        catalog_service.put(first, catalog_service.GPUS, "a10", {**columns, "price_per_hour_usd": 1.11}, web.Preconditions())
         first.commit()
         with pytest.raises(PreconditionFailed):
-            services.put(second, services.GPUS, "a10", {**columns, "price_per_hour_usd": 2.22},
-                         services.Preconditions())
+            catalog_service.put(second, catalog_service.GPUS, "a10", {**columns, "price_per_hour_usd": 2.22},
+                         web.Preconditions())
         second.rollback()
     finally:
         first.close()

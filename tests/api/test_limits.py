@@ -20,11 +20,13 @@ from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
-from app import services
+from app.catalog import service as catalog_service
+from app.catalog.repository import catalog_revision
 from app.errors import MAX_LISTED_ERRORS
+from app.estimates import service as estimates
 from app.main import MAX_BODY_BYTES, create_app
-from app.orm import QuoteRecord
-from app.repository import catalog_revision
+from app.planning import service as planning
+from app.quotes.tables import QuoteRecord
 from app.settings import Settings
 from tests.api.problems import assert_problem
 
@@ -169,7 +171,7 @@ def test_a_value_the_database_refuses_is_a_422_not_an_outage(client: TestClient,
         raise DataError("UPDATE gpus SET vendor=%(vendor)s", {}, Exception("value too long for type "
                                                                             "character varying(64)"))
 
-    monkeypatch.setattr(services, "put", refusing_put)
+    monkeypatch.setattr(catalog_service, "put", refusing_put)
     problem = assert_problem(client.put("/v1/gpus/h100-sxm", json=body, headers=write_headers), 422, "/body")
     assert "varying" not in json.dumps(problem)  # the database's wording stays in the log
 
@@ -213,16 +215,20 @@ def app_with(settings: Settings, app: FastAPI, fresh_catalog: None) -> Iterator[
     yield build
 
 
+SERVICE_MODULES = {"kv_cache": estimates, "put": catalog_service, "plan_slo": planning}
+
+
 def slow(monkeypatch: pytest.MonkeyPatch, name: str, seconds: float) -> None:
-    """Make services.<name> take `seconds` longer (after doing its work)."""
-    real = getattr(services, name)
+    """Make the service function `name` take `seconds` longer (after doing its work)."""
+    module = SERVICE_MODULES[name]
+    real = getattr(module, name)
 
     def slowed(*args: Any, **kwargs: Any) -> Any:
         result = real(*args, **kwargs)
         time.sleep(seconds)
         return result
 
-    monkeypatch.setattr(services, name, slowed)
+    monkeypatch.setattr(module, name, slowed)
 
 
 def test_a_slow_request_times_out_with_a_503_problem(app_with: Any, monkeypatch: pytest.MonkeyPatch) -> None:

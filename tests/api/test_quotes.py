@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
+from app.catalog.schemas import GpuIn, ModelArchitecture
 from app.main import create_app
-from app.orm import QuoteRecord
-from app.schemas.catalog import GpuIn, ModelArchitecture
+from app.quotes.tables import QuoteRecord
 from app.settings import Settings
 
 H100_PRICE_USD = 3.64

@@ -20,9 +20,11 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, delete, select
 from sqlalchemy.orm import Session
 
-from app import quotes, services
-from app.orm import GpuRecord, QuoteRecord
-from app.repository import bump_catalog_revision
+from app.catalog.repository import bump_catalog_revision
+from app.catalog.tables import GpuRecord
+from app.planning import service as planning
+from app.quotes import service as quotes
+from app.quotes.tables import QuoteRecord
 from tests.api.test_quotes import PLAN
 from tests.conftest import TEST_API_KEY, reset_catalog
 
@@ -145,7 +147,7 @@ def test_a_catalog_write_during_the_plan_is_never_half_seen(app: FastAPI, engine
     """The first plan is followed by a price change committed by another writer: the plan and the
     snapshot could now disagree, so the service plans again, and both show the new price."""
     calls: list[int] = []
-    real_plan = services.plan_slo
+    real_plan = planning.plan_slo
 
     def plan_then_write(session: Session, request: Any) -> Any:
         answer = real_plan(session, request)
@@ -158,7 +160,7 @@ def test_a_catalog_write_during_the_plan_is_never_half_seen(app: FastAPI, engine
                 bump_catalog_revision(writer)  # as every catalog write does
         return answer
 
-    monkeypatch.setattr(services, "plan_slo", plan_then_write)
+    monkeypatch.setattr(planning, "plan_slo", plan_then_write)
     stored, created = quotes.create_quote(app.state.session_factory,
                                           quotes.SloPlanRequest.model_validate(PLAN), None)
     assert created and len(calls) == 2

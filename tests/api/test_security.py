@@ -15,8 +15,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-import app.api
-from app import services
+import app.web
+from app.catalog import service as catalog_service
+from app.estimates import service as estimates
 from app.main import JsonFormatter, create_app
 from app.settings import Settings
 from tests.conftest import OTHER_API_KEY, TEST_API_KEY
@@ -76,7 +77,7 @@ def test_every_configured_key_is_compared_in_constant_time(client: TestClient, m
         compared.append((a, b))
         return real_compare(a, b)
 
-    monkeypatch.setattr(app.api.hmac, "compare_digest", recording_compare)
+    monkeypatch.setattr(app.web.hmac, "compare_digest", recording_compare)
     response = client.put("/v1/gpus/h100-sxm", json=gpu_body(client), headers=bearer(presented))
     assert response.status_code == (401 if presented.startswith("not-") else 200), response.text
     assert sorted(configured for _, configured in compared) == sorted([TEST_API_KEY.encode(), OTHER_API_KEY.encode()])
@@ -129,7 +130,7 @@ def test_keys_never_reach_the_logs(client: TestClient, captured_logs: io.StringI
     def failing_put(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the write failed")
 
-    monkeypatch.setattr(services, "put", failing_put)
+    monkeypatch.setattr(catalog_service, "put", failing_put)
     assert client.put("/v1/gpus/h100-sxm", json=gpu_body(client), headers=bearer(OTHER_API_KEY)).status_code == 500
     logged = captured_logs.getvalue()
     lines = [json.loads(line) for line in logged.splitlines()]
@@ -218,7 +219,7 @@ def test_security_headers_on_answers_and_problems(client: TestClient) -> None:
 
 # No internals in errors --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("error", [RuntimeError("secret detail in /work/main/app/services.py"),
+@pytest.mark.parametrize("error", [RuntimeError("secret detail in /work/main/app/estimates/service.py"),
                                    KeyError("secret_column"), ZeroDivisionError("secret division"),
                                    RecursionError("maximum recursion depth exceeded (secret)")])
 def test_an_internal_error_is_a_500_problem_without_internals(client: TestClient, monkeypatch: pytest.MonkeyPatch,
@@ -226,7 +227,7 @@ def test_an_internal_error_is_a_500_problem_without_internals(client: TestClient
     def failing_kv_cache(*args: Any, **kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(services, "kv_cache", failing_kv_cache)
+    monkeypatch.setattr(estimates, "kv_cache", failing_kv_cache)
     response = client.post("/v1/kv-cache", json=KV, headers={"X-Request-ID": "fault-7"})
     assert response.status_code == 500
     assert response.headers["content-type"] == "application/problem+json"
@@ -234,7 +235,7 @@ def test_an_internal_error_is_a_500_problem_without_internals(client: TestClient
     assert response.json() == {"type": "about:blank", "title": "Internal Server Error", "status": 500,
                                "detail": "Internal error; quote the request id", "instance": "/v1/kv-cache",
                                "request_id": "fault-7"}
-    for leak in ("secret", "Traceback", "services.py", type(error).__name__):
+    for leak in ("secret", "Traceback", "service.py", type(error).__name__):
         assert leak not in response.text
     # The operator has the whole story, under the same request id.
     logged = [json.loads(line) for line in captured_logs.getvalue().splitlines()]

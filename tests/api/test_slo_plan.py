@@ -230,13 +230,13 @@ def test_a_lognormal_no_distribution_fits_is_422(client):
 
 
 def test_model_and_model_spec_together_are_422(client):
-    from app.schemas.catalog import MODEL_ARCHITECTURE_EXAMPLE
+    from app.catalog.schemas import MODEL_ARCHITECTURE_EXAMPLE
     response = post(client, {**ISSUE_EXAMPLE, "model_spec": MODEL_ARCHITECTURE_EXAMPLE})
     assert problem_pointers(response) == ["/body/model_spec"]
 
 
 def test_an_inline_model_is_planned(client):
-    from app.schemas.catalog import MODEL_ARCHITECTURE_EXAMPLE
+    from app.catalog.schemas import MODEL_ARCHITECTURE_EXAMPLE
     body = {key: value for key, value in ISSUE_EXAMPLE.items() if key != "model"}
     body.update(model_spec=MODEL_ARCHITECTURE_EXAMPLE, candidates={"gpus": ["h200-sxm"], "tensor_parallel": [4]})
     response = post(client, body)

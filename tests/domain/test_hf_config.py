@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.hf_config import ALIASES, FAMILIES, ConfigError, NormalizedConfig, normalize_hf_config
+from app.catalog.hf_config import ALIASES, FAMILIES, ConfigError, NormalizedConfig, normalize_hf_config
 from app.sizing.specs import LAYER_CHUNKED, LAYER_FULL, LAYER_SLIDING, ModelSpec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_configs"

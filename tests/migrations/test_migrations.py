@@ -6,8 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect, select
 
+from app.catalog.tables import CatalogRevision
 from app.db import Base, database_revisions, migration_heads
-from app.orm import CatalogRevision
 from tests.conftest import reset_catalog, run_migrations
 
 

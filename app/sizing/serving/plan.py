@@ -39,6 +39,9 @@ Fleet arithmetic, for a peak load λ (requests/s, or users), a burst factor b, a
 N+k spare replicas: replicas = R + k, R = ceil(λ·b / (max load per replica · u)). The burst factor
 multiplies the peak the fleet is sized for; each replica's arrivals are a Poisson stream of its share.
 TPOT is (E2E − TTFT)/(OSL − 1), the mean gap between output tokens after the first.
+
+Longer than 600 lines because the search is one algorithm over shared state (screen by analytic
+bounds, simulate what can win, size the fleet, rank): its steps read each other's intermediate results.
 """
 
 from __future__ import annotations

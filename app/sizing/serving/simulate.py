@@ -39,6 +39,9 @@ Measurement: the first `warmup_fraction` of requests (in arrival order, 10% by d
 out of percentiles and goodput; rates are measured over the window from the first measured
 request's arrival to the last arrival (while the offered load is on, before the drain), or to the
 last finish when every request arrives at once.
+
+Longer than 600 lines because the scheduler's event loop and its vectorised fast path must stay
+side by side: the fast path is only valid while it reproduces the loop step for step.
 """
 
 from __future__ import annotations

@@ -1,0 +1,233 @@
+"""Which efficiencies a request's expected numbers use: calibration profiles, stored in SQL.
+
+Every endpoint that reports an *expected* time resolves its efficiencies here, so one place decides
+which calibration profile applies and every response can name it. Profiles:
+
+- `builtin`: the cited constants of `efficiency.DEFAULT_EFFICIENCY` (uncalibrated); always there.
+- `default`: fitted to the published measurements by `python -m app.calibrate` and shipped as
+  `app/data/calibration/default-profile.json`; `python -m app.load_catalog` stores it. A request that
+  names no profile uses it, and `builtin` until it has been loaded.
+- profiles users fit to their own measurements with POST /v1/calibrations.
+
+A stored profile is one row: its entries (an `Efficiency` per GPU family and compute precision, with a
+global fallback) and its provenance (the measurements' file hash, rows used, date, fit error, leave-one-
+source-out error, parameter bounds) as JSON documents, plus the fields a list page shows as columns.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.calibration.tables import CalibrationProfileRecord
+from app.catalog.tables import ORIGIN_REFERENCE
+from app.errors import Conflict, NotFound
+from app.sizing.calibration.fit import CalibrationProfile, ProfileEntry, single_entry_profile
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.specs import GpuSpec
+
+BUILTIN_PROFILE = "builtin"
+DEFAULT_PROFILE = "default"
+RESERVED_PROFILE_NAMES = frozenset({BUILTIN_PROFILE, DEFAULT_PROFILE})
+DEFAULT_PROFILE_PATH = Path(__file__).resolve().parents[1] / "data" / "calibration" / "default-profile.json"
+
+BUILTIN_DESCRIPTION = ("Cited constants, not fitted: the published A100 GEMM curve, 70% of HBM bandwidth, "
+                       "0.3 ms per step + 3 us per layer, 7.5 us per all-reduce (SIZING.md sections 5-6).")
+
+# The numeric parameters of an `Efficiency` (the curve and the source are stored beside them).
+_EFFICIENCY_FIELDS = tuple(field.name for field in fields(Efficiency)
+                           if field.init and field.name not in ("compute_curve", "source"))
+
+
+# Documents <-> profiles -----------------------------------------------------------------------
+
+def entry_document(entry: ProfileEntry) -> dict[str, Any]:
+    efficiency = entry.efficiency
+    return {
+        "family": entry.family, "compute_dtype": entry.compute_dtype, "rows": entry.rows,
+        **{name: getattr(efficiency, name) for name in _EFFICIENCY_FIELDS},
+        "compute_curve": [[tokens, fraction] for tokens, fraction in efficiency.compute_curve],
+        "source": efficiency.source,
+    }
+
+
+def profile_from_entries(name: str, entries: list[dict[str, Any]]) -> CalibrationProfile:
+    """A profile from its stored entry documents (raises ValueError on inconsistent values)."""
+    return CalibrationProfile(name, tuple(
+        ProfileEntry(
+            family=entry["family"], compute_dtype=entry["compute_dtype"], rows=int(entry["rows"]),
+            efficiency=Efficiency(
+                # A parameter a stored entry predates keeps its default (and must have one).
+                **{name: float(entry[name]) for name in _EFFICIENCY_FIELDS if name in entry},
+                compute_curve=tuple((int(tokens), float(fraction)) for tokens, fraction in entry["compute_curve"]),
+                source=entry["source"],
+            ),
+        )
+        for entry in entries
+    ))
+
+
+def profile_document(profile: CalibrationProfile, *, description: str, provenance: dict[str, Any],
+                     created_at: datetime) -> dict[str, Any]:
+    """The JSON form of a profile: what the default-profile file holds and the API returns."""
+    return {
+        "name": profile.name,
+        "description": description,
+        "created_at": created_at.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "entries": [entry_document(entry) for entry in profile.entries],
+        "provenance": provenance,
+    }
+
+
+def builtin_profile() -> CalibrationProfile:
+    return single_entry_profile(BUILTIN_PROFILE, DEFAULT_EFFICIENCY)
+
+
+# Resolution -----------------------------------------------------------------------------------
+
+class _ProfileCache:
+    """Parsed profiles by (name, updated_at): rows are parsed once, and a rewrite changes the key."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self._lock = threading.Lock()
+        self._profiles: dict[tuple[str, str], CalibrationProfile] = {}
+        self._max_entries = max_entries
+
+    def get(self, record: CalibrationProfileRecord) -> CalibrationProfile:
+        key = (record.name, record.updated_at.isoformat())
+        with self._lock:
+            profile = self._profiles.get(key)
+        if profile is None:
+            profile = profile_from_entries(record.name, record.entries)
+            with self._lock:
+                if len(self._profiles) >= self._max_entries:
+                    self._profiles.clear()
+                self._profiles[key] = profile
+        return profile
+
+
+_cache = _ProfileCache()
+
+
+def get_profile(session: Session, name: str | None = None) -> CalibrationProfile:
+    """The named profile (None = the default: `default` once loaded, else `builtin`); 404 if unknown."""
+    if name is None:
+        record = session.get(CalibrationProfileRecord, DEFAULT_PROFILE)
+        return builtin_profile() if record is None else _cache.get(record)
+    if name == BUILTIN_PROFILE:
+        return builtin_profile()
+    record = session.get(CalibrationProfileRecord, name)
+    if record is None:
+        raise NotFound(f"calibration profile {name!r} does not exist")
+    return _cache.get(record)
+
+
+def resolve_efficiency(
+    session: Session, gpu: GpuSpec, compute_dtype: str, profile: str | None = None
+) -> tuple[Efficiency, str]:
+    """Efficiency for `gpu` at `compute_dtype` under the named profile (None = the default profile).
+
+    Returns the efficiency and the name of the profile that produced it; the efficiency's `source`
+    says which entry of the profile (GPU family and precision, or the global fallback) applied.
+    """
+    resolved = get_profile(session, profile)
+    return resolved.efficiency_for(gpu.family, compute_dtype), resolved.name
+
+
+# Storage --------------------------------------------------------------------------------------
+
+def page_of_records(session: Session, limit: int, offset: int) -> tuple[list[CalibrationProfileRecord], int]:
+    """Stored profiles ordered by name (one page), and how many there are."""
+    total = session.scalar(select(func.count()).select_from(CalibrationProfileRecord)) or 0
+    records = session.scalars(select(CalibrationProfileRecord).order_by(CalibrationProfileRecord.name)
+                              .limit(limit).offset(offset))
+    return list(records), total
+
+
+def default_profile_name(session: Session) -> str:
+    """What a request that names no profile gets."""
+    return DEFAULT_PROFILE if session.get(CalibrationProfileRecord, DEFAULT_PROFILE) is not None else BUILTIN_PROFILE
+
+
+def get_record(session: Session, name: str) -> CalibrationProfileRecord:
+    record = session.get(CalibrationProfileRecord, name)
+    if record is None:
+        raise NotFound(f"calibration profile {name!r} does not exist")
+    return record
+
+
+def _columns(document: dict[str, Any]) -> dict[str, Any]:
+    provenance = document["provenance"]
+    return {
+        "description": document["description"],
+        "entries": document["entries"],
+        "provenance": provenance,
+        "source_sha256": provenance["source_sha256"],
+        "rows_used": provenance["rows_used"],
+        "fit_median_abs_pct_error": provenance["fit_error"]["after"]["median_abs_pct_error"],
+        "created_at": datetime.fromisoformat(document["created_at"]),  # ISO 8601, "Z" for UTC
+    }
+
+
+def store_profile(session: Session, document: dict[str, Any], *, origin: str,
+                  now: datetime | None = None) -> CalibrationProfileRecord:
+    """Insert a new profile; a name already taken is a 409 (profiles are never overwritten by users)."""
+    name = document["name"]
+    if session.get(CalibrationProfileRecord, name) is not None:
+        raise Conflict(f"a calibration profile named {name!r} already exists; choose another name")
+    record = CalibrationProfileRecord(name=name, origin=origin, updated_at=now or datetime.now(UTC),
+                                      **_columns(document))
+    session.add(record)
+    try:
+        session.flush()
+    except IntegrityError:
+        raise Conflict(f"a calibration profile named {name!r} was created at the same time") from None
+    return record
+
+
+def read_default_profile_document(path: Path = DEFAULT_PROFILE_PATH) -> dict[str, Any]:
+    with path.open(encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def load_default_profile(session: Session, *, now: datetime | None = None,
+                         path: Path = DEFAULT_PROFILE_PATH) -> str:
+    """Store the shipped default profile (`python -m app.load_catalog` calls this); idempotent.
+
+    Returns "inserted", "updated" (the shipped file changed since the last load) or "unchanged".
+    Does not commit.
+    """
+    document = read_default_profile_document(path)
+    if document["name"] != DEFAULT_PROFILE:
+        raise ValueError(f"{path} holds profile {document['name']!r}, not {DEFAULT_PROFILE!r}")
+    profile_from_entries(DEFAULT_PROFILE, document["entries"])  # refuse a broken file before storing it
+    now = now or datetime.now(UTC)
+    columns = _columns(document)
+    record = session.get(CalibrationProfileRecord, DEFAULT_PROFILE)
+    if record is None:
+        session.add(CalibrationProfileRecord(name=DEFAULT_PROFILE, origin=ORIGIN_REFERENCE, updated_at=now,
+                                             **columns))
+        session.flush()
+        return "inserted"
+    if all(_same(getattr(record, column), value) for column, value in columns.items()):
+        return "unchanged"
+    for column, value in columns.items():
+        setattr(record, column, value)
+    record.origin = ORIGIN_REFERENCE
+    record.updated_at = now
+    session.flush()
+    return "updated"
+
+
+def _same(stored: Any, value: Any) -> bool:
+    if isinstance(stored, datetime):  # SQLite returns naive UTC timestamps
+        stored = stored if stored.tzinfo else stored.replace(tzinfo=UTC)
+    return bool(stored == value)

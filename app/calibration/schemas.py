@@ -1,0 +1,367 @@
+"""Shapes of calibration and validation: published measurement rows (the schema of
+`measured-calibration.csv`, as JSON rows or a CSV upload), error reports, and calibration profiles.
+
+Rows are strict JSON when sent as JSON; CSV cells are text and are read leniently (an empty cell is a
+missing value, "128" is 128) before the same bounds apply. Percent errors are `abs_pct_error`
+(|predicted − measured| / measured × 100).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
+from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
+from app.estimates.schemas import ComputeCurvePoint, ComputeDtype, KvDtype, WeightDtype
+from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
+
+# Uploads: each row can mean a simulation, so a request carries a bounded number of them.
+MAX_UPLOAD_ROWS = 200
+CSV_UPLOAD_DESCRIPTION = (
+    f"CSV with a header row in the measured-calibration.csv schema (at most {MAX_UPLOAD_ROWS} rows); required "
+    "columns: row_id, model, gpu, num_gpus, weight_dtype, engine, scenario, metric, value. Empty cells are "
+    "missing values; extra columns are ignored.")
+
+Engine = Literal[ENGINES]  # type: ignore[valid-type]
+Scenario = Literal[SCENARIOS]  # type: ignore[valid-type]
+Metric = Literal[METRICS]  # type: ignore[valid-type]
+Stat = Literal[STATS]  # type: ignore[valid-type]
+ProfileName = Annotated[str, Field(pattern=SLUG_PATTERN, max_length=64,
+                                   description="Calibration profile name (lower-case, digits, . _ -)",
+                                   examples=["my-vllm-h100"])]
+RowText = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00]*$")]
+Tokens = Annotated[int, Field(ge=1, le=1_000_000)]
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
+
+
+# A real row of measured-calibration.csv: TensorRT-LLM 0.17, Llama-3.1-8B FP8 on one H100, 128/128.
+ROW_EXAMPLE: dict[str, Any] = {
+    "row_id": "TRTLLM_PERF_V017-2", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-8b", "gpu": "h100-sxm",
+    "num_gpus": 1, "tp": 1, "pp": 1, "weight_dtype": "fp8", "compute_dtype": "fp8", "kv_dtype": "fp8",
+    "engine": "trtllm", "engine_version": "TensorRT-LLM 0.17", "scenario": "offline", "isl": 128, "osl": 128,
+    "batch": None, "concurrency": None, "num_requests": None, "request_rate": None,
+    "metric": "output_tokens_per_s", "stat": None, "value": 28836.77,
+    "notes": "trtllm-bench throughput, all requests at once",
+}
+LATENCY_ROW_EXAMPLE: dict[str, Any] = {
+    "row_id": "TRTLLM_PERF_V017-375", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-70b",
+    "gpu": "h100-sxm", "num_gpus": 4, "tp": 4, "pp": 1, "weight_dtype": "bf16", "compute_dtype": "bf16",
+    "kv_dtype": "bf16", "engine": "trtllm", "scenario": "poisson", "isl": 467, "osl": 256, "request_rate": 2,
+    "metric": "itl_ms", "stat": "mean", "value": 21,
+}
+
+
+class MeasurementRowIn(BaseModel):
+    """One published measurement, in the columns of measured-calibration.csv."""
+
+    model_config = INPUT_CONFIG | _examples(ROW_EXAMPLE, LATENCY_ROW_EXAMPLE)
+
+    row_id: RowText = Field(description="Unique within the upload")
+    source_id: RowText = Field("upload", description="Where the number comes from (groups leave-one-out)")
+    model: Slug = Field(description="Catalog slug of the model")
+    gpu: Slug = Field(description="Catalog slug of the GPU")
+    num_gpus: Annotated[int, Field(ge=1, le=100_000)] = Field(description="GPUs behind the number")
+    tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        None, description="Tensor parallel; null = not stated (the best layout on num_gpus is compared)")
+    pp: Annotated[int, Field(ge=1, le=1000)] | None = Field(None, description="Pipeline parallel; null = 1")
+    weight_dtype: WeightDtype
+    compute_dtype: ComputeDtype | None = Field(
+        None, description="Differs from the weights for weight-only quantization (fp8 weights on A100: fp16)")
+    kv_dtype: KvDtype | None = Field(None, description="null = not stated (the engine default, 16-bit)")
+    engine: Engine
+    engine_version: Label = ""
+    scenario: Scenario
+    isl: Tokens | None = Field(None, description="Input tokens per request; null = dataset-driven lengths")
+    osl: Tokens | None = Field(None, description="Output tokens per request; null = dataset-driven lengths")
+    batch: Count | None = Field(None, description="static_batch/batch1: requests run together")
+    concurrency: Count | None = Field(None, description="closed_loop: concurrent users")
+    num_requests: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    request_rate: Annotated[float, Field(gt=0, le=1e6)] | None = Field(None, description="poisson: requests/s")
+    metric: Metric
+    stat: Stat | None = Field(None, description="For latencies: mean, median/p50, p90, p99")
+    value: Annotated[float, Field(gt=0, le=1e12)] = Field(description="The published number (ms for latencies)")
+    notes: LongText = ""
+
+
+Rows = Annotated[list[MeasurementRowIn], Field(min_length=1, max_length=MAX_UPLOAD_ROWS)]
+
+
+class ValidationRequest(BaseModel):
+    """Measurements to predict against a profile (nothing is stored)."""
+
+    model_config = INPUT_CONFIG | _examples({"calibration": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
+
+    calibration: ProfileName | None = Field(None, description="Profile to validate; null = the default profile")
+    rows: Rows
+
+
+class CalibrationRequest(BaseModel):
+    """Measurements of your engine and hardware, to fit a named profile from."""
+
+    model_config = INPUT_CONFIG | _examples({
+        "name": "my-trtllm-h100", "description": "Our TensorRT-LLM 0.17 runs on the H100 cluster",
+        "base_profile": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
+
+    name: ProfileName
+    description: LongText = ""
+    base_profile: ProfileName | None = Field(
+        None, description="Profile the fit starts from and falls back to for what the rows do not cover; "
+                          "null = the default profile")
+    rows: Rows
+
+
+# Error reports -------------------------------------------------------------------------------
+
+ERROR_STATS_EXAMPLE = {"rows": 2, "median_abs_pct_error": 7.9, "p90_abs_pct_error": 12.4}
+GROUP_ERROR_EXAMPLE = {"scenario": "offline", "metric": "output_tokens_per_s", "gpu_family": "hopper",
+                       "rows": 1, "median_abs_pct_error": 3.4, "p90_abs_pct_error": 3.4}
+ROW_RESULT_EXAMPLE = {
+    "row_id": "TRTLLM_PERF_V017-2", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-8b", "gpu": "h100-sxm",
+    "scenario": "offline", "metric": "output_tokens_per_s", "stat": None, "measured": 28836.77,
+    "predicted": 27860.1, "abs_pct_error": 3.39, "skipped_reason": None,
+}
+
+
+class ErrorStatsOut(BaseModel):
+    model_config = _examples(ERROR_STATS_EXAMPLE)
+
+    rows: int = Field(description="Predicted rows in this group")
+    median_abs_pct_error: float | None = Field(description="Median |predicted − measured| / measured, percent")
+    p90_abs_pct_error: float | None = Field(description="90th percentile of the same")
+
+
+class GroupErrorOut(ErrorStatsOut):
+    model_config = _examples(GROUP_ERROR_EXAMPLE)
+
+    scenario: str
+    metric: str
+    gpu_family: str
+
+
+class RowResultOut(BaseModel):
+    model_config = _examples(ROW_RESULT_EXAMPLE, {
+        "row_id": "LAMBDA_VLLM_054-1399", "source_id": "LAMBDA_VLLM_054", "model": "llama-3.1-8b",
+        "gpu": "a100-80gb-sxm", "scenario": "offline", "metric": "output_tokens_per_s", "stat": None,
+        "measured": 1517.54, "predicted": None, "abs_pct_error": None,
+        "skipped_reason": "dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl)"})
+
+    row_id: str
+    source_id: str
+    model: str
+    gpu: str
+    scenario: str
+    metric: str
+    stat: str | None
+    measured: float
+    predicted: float | None = Field(description="In the metric's unit (ms for latencies); null when skipped")
+    abs_pct_error: float | None
+    skipped_reason: str | None = Field(description="Why the row was not predicted (never guessed)")
+
+
+SUMMARY_EXAMPLE: dict[str, Any] = {
+    "rows_total": 2, "rows_predicted": 2, "rows_skipped": 0, "predicted_ratio": 1.0,
+    "overall": ERROR_STATS_EXAMPLE,
+    "throughput": {"rows": 1, "median_abs_pct_error": 3.4, "p90_abs_pct_error": 3.4},
+    "latency_light_load": {"rows": 1, "median_abs_pct_error": 12.4, "p90_abs_pct_error": 12.4},
+    "latency_loaded": {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None},
+    "by_group": [GROUP_ERROR_EXAMPLE],
+    "skipped_reasons": {},
+}
+
+
+class ErrorSummaryOut(BaseModel):
+    """Errors over the predicted rows, overall, by headline category, and by scenario x metric x GPU family.
+
+    Categories: `throughput` (every throughput metric); `latency_light_load` (latencies of a single
+    stream, of a static batch of one, and of open-loop or closed-loop runs the predicted engine keeps up
+    with); `latency_loaded` (the rest: queueing behind an all-at-once batch or an overloaded engine).
+    """
+
+    model_config = _examples(SUMMARY_EXAMPLE)
+
+    rows_total: int
+    rows_predicted: int
+    rows_skipped: int
+    predicted_ratio: float = Field(description="rows_predicted / rows_total")
+    overall: ErrorStatsOut
+    throughput: ErrorStatsOut
+    latency_light_load: ErrorStatsOut
+    latency_loaded: ErrorStatsOut
+    by_group: list[GroupErrorOut]
+    skipped_reasons: dict[str, int] = Field(description="Rows skipped, by reason")
+
+
+class ValidationResponse(BaseModel):
+    model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
+                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.11.29"})
+
+    calibration_profile: str = Field(description="The profile whose efficiencies produced the predictions")
+    rows: list[RowResultOut]
+    summary: ErrorSummaryOut
+    calculation_version: str
+
+
+# Profiles ------------------------------------------------------------------------------------
+
+PROFILE_ENTRY_EXAMPLE = {
+    "gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317, "bandwidth_fraction_ratio": 0.95,
+    "compute_scale_ratio": 0.627,
+    "compute_curve": [{"tokens": 1, "compute_fraction_ratio": 0.1343}, {"tokens": 64, "compute_fraction_ratio": 0.33},
+                      {"tokens": 128, "compute_fraction_ratio": 0.62}, {"tokens": 256, "compute_fraction_ratio": 0.78},
+                      {"tokens": 4096, "compute_fraction_ratio": 0.89},
+                      {"tokens": 16384, "compute_fraction_ratio": 0.93}],
+    "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
+    "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
+              "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
+}
+ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
+                     "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
+HELD_OUT_EXAMPLE = {"source_id": "LMDEPLOY_A100", "rows": 55, "median_abs_pct_error": 8.4}
+LEAVE_ONE_OUT_EXAMPLE = {"median_abs_pct_error": 10.9, "rows": 1056, "by_source": [HELD_OUT_EXAMPLE]}
+FIT_ERROR_EXAMPLE = {"before": {"rows": 1056, "median_abs_pct_error": 36.2, "p90_abs_pct_error": 79.0},
+                     "after": {"rows": 1056, "median_abs_pct_error": 8.5, "p90_abs_pct_error": 38.4}}
+PROVENANCE_EXAMPLE: dict[str, Any] = {
+    "source_file": "measured-calibration.csv",
+    "source_sha256": "bddc14f88d4fac48da6c43af63cb604a08ef1f76e5755a7b26f421cfa090be8b", "rows_total": 1263, "rows_predicted": 1056, "rows_used": 756, "fitted_on": "2026-11-29", "base_profile": "builtin",
+    "method": "bounded Nelder-Mead search (at most 120 evaluations per entry); global entry refitted; then an "
+              "entry per GPU family and one per compute precision within it, each with at least 12 rows",
+    "objective": "mean |ln(predicted / measured)| over the entry's rows",
+    "parameter_bounds": {"bandwidth_fraction": [0.3, 0.95], "compute_scale": [0.3, 1.0],
+                         "per_step_overhead_s": [0.0, 0.005], "per_layer_overhead_s": [0.0, 5e-05],
+                         "allreduce_latency_s": [0.0, 0.0001], "small_m_flatness": [0.0, 1.0]},
+    "fit_error": FIT_ERROR_EXAMPLE, "entries_fitted": [ENTRY_FIT_EXAMPLE],
+    "leave_one_source_out": LEAVE_ONE_OUT_EXAMPLE, "calculation_version": "2026.11.29",
+}
+
+
+class ProfileEntryOut(BaseModel):
+    """The efficiencies of one GPU family at one compute precision (`*` = any)."""
+
+    model_config = _examples(PROFILE_ENTRY_EXAMPLE)
+
+    gpu_family: str
+    compute_dtype: str
+    rows: int = Field(description="Measurements this entry was fitted on (0 = inherited, not fitted here)")
+    bandwidth_fraction_ratio: float
+    compute_scale_ratio: float
+    compute_curve: list[ComputeCurvePoint]
+    per_step_overhead_ms: float
+    per_layer_overhead_ms: float
+    allreduce_latency_ms: float
+    source: str
+
+
+class EntryFitOut(BaseModel):
+    model_config = _examples(ENTRY_FIT_EXAMPLE)
+
+    gpu_family: str
+    compute_dtype: str
+    rows: int
+    mean_abs_log_error_before: float = Field(description="Mean |ln(predicted / measured)| with the start values")
+    mean_abs_log_error_after: float
+
+
+class HeldOutSourceOut(BaseModel):
+    model_config = _examples(HELD_OUT_EXAMPLE)
+
+    source_id: str
+    rows: int
+    median_abs_pct_error: float | None
+
+
+class LeaveOneSourceOutOut(BaseModel):
+    """Each source predicted by a fit that never saw it; the median is over all those rows together."""
+
+    model_config = _examples(LEAVE_ONE_OUT_EXAMPLE)
+
+    median_abs_pct_error: float | None
+    rows: int
+    by_source: list[HeldOutSourceOut]
+
+
+class FitErrorOut(BaseModel):
+    model_config = _examples(FIT_ERROR_EXAMPLE)
+
+    before: ErrorStatsOut = Field(description="The base profile on every predicted row")
+    after: ErrorStatsOut = Field(description="The fitted profile on the same rows")
+
+
+class ProvenanceOut(BaseModel):
+    model_config = _examples(PROVENANCE_EXAMPLE)
+
+    source_file: str
+    source_sha256: str = Field(description="SHA-256 of the measurements the fit read")
+    rows_total: int
+    rows_predicted: int
+    rows_used: int = Field(description="Rows the fit used (predicted rows whose schedule does not depend on "
+                                       "the step time: every scenario but Poisson)")
+    fitted_on: str = Field(description="Date of the fit (UTC)")
+    base_profile: str
+    method: str
+    objective: str
+    parameter_bounds: dict[str, list[float]]
+    fit_error: FitErrorOut
+    entries_fitted: list[EntryFitOut]
+    leave_one_source_out: LeaveOneSourceOutOut | None
+    calculation_version: str
+
+
+PROFILE_SUMMARY_EXAMPLE = {
+    "name": "default", "description": "Fitted to 1,263 published measurements", "origin": "reference",
+    "created_at": "2026-11-29T12:00:00Z", "rows_used": 756,
+    "source_sha256": "bddc14f88d4fac48da6c43af63cb604a08ef1f76e5755a7b26f421cfa090be8b",
+    "fit_median_abs_pct_error": 8.5,
+}
+
+
+class ProfileSummaryOut(BaseModel):
+    model_config = _examples(PROFILE_SUMMARY_EXAMPLE)
+
+    name: str
+    description: str
+    origin: Literal["builtin", "reference", "user"] = Field(
+        description="builtin: cited constants; reference: shipped with the service; user: fitted through the API")
+    created_at: UtcDatetime | None = Field(description="When it was fitted (null for builtin)")
+    rows_used: int
+    source_sha256: str | None
+    fit_median_abs_pct_error: float | None
+
+
+class ProfileOut(ProfileSummaryOut):
+    model_config = _examples({**PROFILE_SUMMARY_EXAMPLE, "entries": [PROFILE_ENTRY_EXAMPLE],
+                              "provenance": PROVENANCE_EXAMPLE})
+
+    entries: list[ProfileEntryOut]
+    provenance: ProvenanceOut | None = Field(description="How it was fitted (null for builtin)")
+
+
+class ProfileList(Page[ProfileSummaryOut]):
+    """`builtin` first, then the stored profiles by name."""
+
+    model_config = _examples({"default_profile": "default", "items": [PROFILE_SUMMARY_EXAMPLE], "total": 1,
+                              "limit": 50, "offset": 0})
+
+    default_profile: str = Field(description="The profile requests use when they name none")
+
+
+class CalibrationResponse(BaseModel):
+    """The stored profile, and how it predicts the uploaded rows compared with the profile it started from."""
+
+    model_config = _examples({
+        "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
+                    "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
+        "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,
+        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.11.29"})
+
+    profile: ProfileOut
+    base_profile: str
+    before: ErrorSummaryOut = Field(description="The base profile's errors on the uploaded rows")
+    after: ErrorSummaryOut = Field(description="The new profile's errors on the same rows")
+    rows: list[RowResultOut] = Field(description="Each row under the new profile")
+    calculation_version: str

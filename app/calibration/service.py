@@ -1,0 +1,649 @@
+"""Validation and calibration against published measurements: the orchestration behind
+`python -m app.validate`, `python -m app.calibrate`, POST /v1/validate and POST /v1/calibrations.
+
+Rows (the schema of `measured-calibration.csv`) -> specs from a catalog -> `predict.prepare` per row
+(rows it cannot predict are skipped with the reason) -> predictions under a profile -> errors by
+scenario x metric x GPU family. Validation never fits and never reads a measured value while
+predicting (the core's `Measurement` does not even carry it). Calibration fits a profile
+(`fit.fit_profile`) on the rows whose schedule does not depend on the step time, and reports its error
+before and after, and leave-one-source-out.
+
+Longer than 600 lines because validation and calibration share one pipeline (rows read, resolved
+against the catalog, predicted, compared): splitting it would pass that pipeline's private state between
+modules.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import numpy as np
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.calibration.profiles import (
+    BUILTIN_DESCRIPTION,
+    BUILTIN_PROFILE,
+    RESERVED_PROFILE_NAMES,
+    builtin_profile,
+    default_profile_name,
+    entry_document,
+    get_profile,
+    get_record,
+    page_of_records,
+    profile_document,
+    store_profile,
+)
+from app.calibration.schemas import (
+    CalibrationRequest,
+    CalibrationResponse,
+    ErrorSummaryOut,
+    MeasurementRowIn,
+    ProfileEntryOut,
+    ProfileList,
+    ProfileOut,
+    ProfileSummaryOut,
+    ProvenanceOut,
+    RowResultOut,
+    ValidationRequest,
+    ValidationResponse,
+)
+from app.calibration.tables import CalibrationProfileRecord
+from app.catalog import service as catalog_service
+from app.catalog.reference import (
+    gpu_spec_from_record,
+    model_spec_from_record,
+    reference_gpu_rows,
+    reference_model_rows,
+)
+from app.catalog.tables import ORIGIN_USER
+from app.errors import Conflict, NotFound, Unprocessable, json_pointer
+from app.estimates.schemas import ComputeCurvePoint
+from app.sizing import CALCULATION_VERSION
+from app.sizing.calibration.fit import (
+    DEFAULT_EVALUATIONS,
+    FITTED_PARAMETERS,
+    MIN_ROWS_PER_ENTRY,
+    CalibrationProfile,
+    abs_pct_error,
+    fit_profile,
+    leave_one_source_out,
+)
+from app.sizing.calibration.predict import (
+    BATCH1,
+    POISSON,
+    PUBLISHED_UNIT_PER_SI,
+    STATIC_BATCH,
+    THROUGHPUT_METRICS,
+    Measurement,
+    PreparedPrediction,
+    Unpredictable,
+    needs_simulation,
+    prepare,
+)
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.specs import GpuSpec, ModelSpec
+
+CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
+REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if field.is_required())
+# An open-loop run counts as light load while it offers at most half of what the engine serves at most.
+LIGHT_LOAD_UTILIZATION = 0.5
+
+MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
+
+THROUGHPUT = "throughput"
+LATENCY_LIGHT_LOAD = "latency_light_load"
+LATENCY_LOADED = "latency_loaded"
+CATEGORIES = (THROUGHPUT, LATENCY_LIGHT_LOAD, LATENCY_LOADED)
+
+
+class RowsInvalid(ValueError):
+    """Rows that do not follow the schema: `errors` holds (JSON pointer, message) pairs."""
+
+    def __init__(self, detail: str, errors: list[tuple[str, str]]) -> None:
+        super().__init__(detail)
+        self.errors = errors
+
+
+# Reading rows ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class ObservedRow:
+    """A measurement and its published value, kept apart: predictions only ever see `measurement`."""
+
+    row_id: str
+    source_id: str
+    model: str
+    gpu: str
+    measurement: Measurement
+    value: float
+
+
+def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowIn]:
+    """Parse CSV text in the measurement schema. Extra columns are ignored; a missing required column,
+    a bad cell, a malformed file or too many rows raise RowsInvalid (pointers `<pointer>/<line>/<column>`,
+    at most MAX_REPORTED_ERRORS of them)."""
+    reader = csv.DictReader(io.StringIO(text))
+    rows: list[MeasurementRowIn] = []
+    errors: list[tuple[str, str]] = []
+    try:
+        header = reader.fieldnames or []
+        missing = [column for column in REQUIRED_COLUMNS if column not in header]
+        if missing:
+            expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
+            raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
+        for count, record in enumerate(reader, start=1):
+            line = reader.line_num
+            if max_rows is not None and count > max_rows:
+                raise RowsInvalid(f"more than {max_rows} rows in one upload",
+                                  [(pointer, f"at most {max_rows} rows per upload; split the file")])
+            if None in record:  # more cells than header columns
+                errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
+                continue
+            cells = {column: value.strip() for column, value in record.items()
+                     if column in CSV_COLUMNS and value is not None and value.strip() != ""}
+            try:
+                rows.append(MeasurementRowIn.model_validate(cells, strict=False))
+            except ValidationError as exc:
+                errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
+                           for error in exc.errors()]
+    except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
+        raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None
+    if errors:
+        raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
+    if not rows:
+        raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
+    return rows
+
+
+def read_measurement_file(path: Path) -> list[ObservedRow] | None:
+    """The rows of a measurement CSV file for the command-line tools, or None after printing what is
+    wrong with it (to stderr, at most 50 problems)."""
+    try:
+        return observed_rows(rows_from_csv(path.read_bytes().decode("utf-8-sig"), pointer=str(path)),
+                             pointer=str(path))
+    except (RowsInvalid, UnicodeDecodeError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        for pointer, message in getattr(exc, "errors", [])[:50]:
+            print(f"  {pointer}: {message}", file=sys.stderr)
+        return None
+
+
+def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows") -> list[ObservedRow]:
+    """Domain rows from validated schema rows; duplicate row ids raise RowsInvalid."""
+    seen: dict[str, int] = {}
+    errors = []
+    for index, row in enumerate(rows):
+        if row.row_id in seen:
+            errors.append((f"{pointer}/{index}/row_id", f"row_id {row.row_id!r} repeats row {seen[row.row_id]}"))
+        seen.setdefault(row.row_id, index)
+    if errors:
+        raise RowsInvalid("row ids must be unique", errors)
+    return [ObservedRow(
+        row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, value=row.value,
+        measurement=Measurement(
+            scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
+            engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, compute_dtype=row.compute_dtype,
+            kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
+            num_requests=row.num_requests, request_rate=row.request_rate),
+    ) for row in rows]
+
+
+def file_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# Specs ----------------------------------------------------------------------------------------
+
+class SpecCatalog(Protocol):
+    def model(self, slug: str) -> ModelSpec | None: ...
+
+    def gpu(self, slug: str) -> GpuSpec | None: ...
+
+
+class ReferenceCatalog:
+    """The catalog shipped in app/data, without a database (the command-line tools use it)."""
+
+    def model(self, slug: str) -> ModelSpec | None:
+        return _reference_specs()[0].get(slug)
+
+    def gpu(self, slug: str) -> GpuSpec | None:
+        return _reference_specs()[1].get(slug)
+
+
+@cache
+def _reference_specs() -> tuple[dict[str, ModelSpec], dict[str, GpuSpec]]:
+    models = {row["slug"]: model_spec_from_record(SimpleNamespace(**row)) for row in reference_model_rows()}
+    gpus = {row["slug"]: gpu_spec_from_record(SimpleNamespace(**row)) for row in reference_gpu_rows()}
+    return models, gpus
+
+
+class DatabaseCatalog:
+    """The service's catalog, user rows included (the API uses it)."""
+
+    def __init__(self, session: Session) -> None:
+        self._session = session
+
+    def model(self, slug: str) -> ModelSpec | None:
+        try:
+            return catalog_service.get_model_spec(self._session, slug)
+        except NotFound:
+            return None
+
+    def gpu(self, slug: str) -> GpuSpec | None:
+        try:
+            return catalog_service.get_gpu_spec(self._session, slug)
+        except NotFound:
+            return None
+
+
+# Predicting -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedRow:
+    """A row ready to predict under any efficiency (a `fit.FitTarget`)."""
+
+    row: ObservedRow
+    prediction: PreparedPrediction
+    family: str
+
+    @property
+    def measured(self) -> float:
+        return self.row.value
+
+    @property
+    def source_id(self) -> str:
+        return self.row.source_id
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.prediction.compute_dtype
+
+    @property
+    def fittable(self) -> bool:
+        return self.prediction.timing_invariant
+
+    def predict(self, efficiency: Efficiency) -> float:
+        """The prediction in the metric's published unit (ms for latencies)."""
+        return self.prediction.predict(efficiency) * PUBLISHED_UNIT_PER_SI[self.row.measurement.metric]
+
+
+def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[list[PreparedRow], dict[str, str]]:
+    """Prepared rows, and the reason for every row that cannot be predicted (by row id)."""
+    prepared, skipped = [], {}
+    for row in rows:
+        model, gpu = catalog.model(row.model), catalog.gpu(row.gpu)
+        if model is None:
+            skipped[row.row_id] = f"unknown model slug {row.model!r}"
+        elif gpu is None:
+            skipped[row.row_id] = f"unknown GPU slug {row.gpu!r}"
+        else:
+            try:
+                prepared.append(PreparedRow(row, prepare(row.measurement, model, gpu), gpu.family))
+            except Unpredictable as exc:
+                skipped[row.row_id] = str(exc)
+    return prepared, skipped
+
+
+@dataclass(frozen=True, slots=True)
+class RowOutcome:
+    row: ObservedRow
+    family: str  # "" when the GPU is unknown
+    predicted: float | None
+    skipped_reason: str | None
+    category: str | None
+
+    @property
+    def abs_pct_error(self) -> float | None:
+        return None if self.predicted is None else abs_pct_error(self.predicted, self.row.value)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorStats:
+    rows: int
+    median_abs_pct_error: float | None
+    p90_abs_pct_error: float | None
+
+    @classmethod
+    def of(cls, errors: Sequence[float]) -> ErrorStats:
+        if not errors:
+            return cls(0, None, None)
+        return cls(len(errors), float(np.median(errors)), float(np.percentile(errors, 90)))
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    rows_total: int
+    rows_predicted: int
+    overall: ErrorStats
+    categories: dict[str, ErrorStats]
+    by_group: tuple[tuple[tuple[str, str, str], ErrorStats], ...]  # ((scenario, metric, family), stats)
+    skipped_reasons: dict[str, int]
+
+    @property
+    def predicted_ratio(self) -> float:
+        return self.rows_predicted / self.rows_total if self.rows_total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    profile: str
+    outcomes: tuple[RowOutcome, ...]
+    summary: Summary
+
+    def worst(self, count: int) -> list[RowOutcome]:
+        predicted = [outcome for outcome in self.outcomes if outcome.predicted is not None]
+        return sorted(predicted, key=lambda outcome: -(outcome.abs_pct_error or 0.0))[:count]
+
+
+def category(prepared: PreparedRow, efficiency: Efficiency) -> str:
+    """Throughput; latency at light load (one stream, a static batch of one, an open loop at most half
+    loaded); or latency under load (everything else)."""
+    m = prepared.row.measurement
+    if m.metric in THROUGHPUT_METRICS:
+        return THROUGHPUT
+    if m.scenario == BATCH1 or (m.scenario == STATIC_BATCH and m.batch == 1):
+        return LATENCY_LIGHT_LOAD
+    if m.scenario == POISSON:
+        utilization = prepared.prediction.utilization(efficiency)
+        if utilization is not None and utilization <= LIGHT_LOAD_UTILIZATION:
+            return LATENCY_LIGHT_LOAD
+    return LATENCY_LOADED
+
+
+def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipped: dict[str, str],
+             profile: CalibrationProfile) -> Report:
+    """Predict every prepared row under `profile` and summarize the errors (rows in input order)."""
+    by_id = {item.row.row_id: item for item in prepared}
+    outcomes = []
+    for row in rows:
+        item = by_id.get(row.row_id)
+        if item is None:
+            outcomes.append(RowOutcome(row, "", None, skipped[row.row_id], None))
+            continue
+        efficiency = profile.efficiency_for(item.family, item.compute_dtype)
+        predicted = item.predict(efficiency)
+        if not (math.isfinite(predicted) and predicted > 0):  # never expected; never reported as a number
+            outcomes.append(RowOutcome(row, item.family, None, f"no finite prediction ({predicted})", None))
+            continue
+        outcomes.append(RowOutcome(row, item.family, predicted, None, category(item, efficiency)))
+    return Report(profile.name, tuple(outcomes), summarize(outcomes))
+
+
+def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
+    predicted = [outcome for outcome in outcomes if outcome.predicted is not None]
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for outcome in predicted:
+        m = outcome.row.measurement
+        groups.setdefault((m.scenario, m.metric, outcome.family), []).append(outcome.abs_pct_error)
+    return Summary(
+        rows_total=len(outcomes),
+        rows_predicted=len(predicted),
+        overall=ErrorStats.of([outcome.abs_pct_error for outcome in predicted]),
+        categories={name: ErrorStats.of([outcome.abs_pct_error for outcome in predicted if outcome.category == name])
+                    for name in CATEGORIES},
+        by_group=tuple((key, ErrorStats.of(errors)) for key, errors in sorted(groups.items())),
+        skipped_reasons=dict(Counter(_reason_kind(outcome.skipped_reason) for outcome in outcomes
+                                     if outcome.skipped_reason is not None).most_common()),
+    )
+
+
+def _reason_kind(reason: str) -> str:
+    """The reason without its row-specific details (for counting), e.g. 'unknown model slug'."""
+    return reason.split(":")[0].split("'")[0].strip()
+
+
+def validate(rows: Sequence[ObservedRow], catalog: SpecCatalog, profile: CalibrationProfile) -> Report:
+    prepared, skipped = prepare_rows(rows, catalog)
+    return evaluate(rows, prepared, skipped, profile)
+
+
+def row_document(outcome: RowOutcome) -> dict[str, Any]:
+    """One row of a report as JSON (the API's RowResultOut and the validator's --json rows)."""
+    row, m = outcome.row, outcome.row.measurement
+    return {"row_id": row.row_id, "source_id": row.source_id, "model": row.model, "gpu": row.gpu,
+            "scenario": m.scenario, "metric": m.metric, "stat": m.stat, "measured": row.value,
+            "predicted": outcome.predicted, "abs_pct_error": outcome.abs_pct_error,
+            "skipped_reason": outcome.skipped_reason}
+
+
+def summary_document(summary: Summary) -> dict[str, Any]:
+    """A summary as JSON (the API's ErrorSummaryOut and the validator's --json summary)."""
+    return {
+        "rows_total": summary.rows_total,
+        "rows_predicted": summary.rows_predicted,
+        "rows_skipped": summary.rows_total - summary.rows_predicted,
+        "predicted_ratio": summary.predicted_ratio,
+        "overall": _stats_document(summary.overall),
+        **{name: _stats_document(stats) for name, stats in summary.categories.items()},
+        "by_group": [{"scenario": scenario, "metric": metric, "gpu_family": family, **_stats_document(stats)}
+                     for (scenario, metric, family), stats in summary.by_group],
+        "skipped_reasons": summary.skipped_reasons,
+    }
+
+
+# Calibrating ----------------------------------------------------------------------------------
+
+class NothingToFit(ValueError):
+    """None of the rows can be used by a fit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    profile: CalibrationProfile
+    document: dict[str, Any]  # the stored form (profiles.profile_document)
+    before: Report
+    after: Report
+
+
+def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, description: str,
+              base: CalibrationProfile, fit_global: bool, leave_one_out: bool, source_file: str,
+              source_sha256: str, now: datetime | None = None, max_evaluations: int = DEFAULT_EVALUATIONS,
+              progress: Callable[[str], None] | None = None) -> Calibration:
+    """Fit a profile to the rows, starting from `base` (see fit.fit_profile), with its provenance.
+
+    Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
+    runs, which would need a fresh simulation for every trial efficiency); every predicted row is
+    reported before and after.
+    """
+    now = now or datetime.now(UTC)
+    say = progress or (lambda message: None)
+    prepared, skipped = prepare_rows(rows, catalog)
+    training = [item for item in prepared if item.fittable]
+    if not training:
+        raise NothingToFit("no row can be used by a fit: " + (
+            "; ".join(sorted(set(skipped.values()))[:5]) or "every predicted row is an open-loop (Poisson) run"))
+    say(f"{len(prepared)} of {len(rows)} rows predicted, {len(training)} used by the fit")
+    before = evaluate(rows, prepared, skipped, base)
+    fitted_on = now.date().isoformat()
+
+    def describe(family: str, compute_dtype: str, count: int) -> str:
+        return (f"calibration profile {name!r}, entry {family}/{compute_dtype}: fitted on {fitted_on} to "
+                f"{count} measurements of {source_file} (sha256 {source_sha256[:12]}), starting from "
+                f"{base.name!r}")
+
+    fit = fit_profile(training, base, name=name, fit_global=fit_global, describe=describe,
+                      max_evaluations=max_evaluations)
+    if not fit.entries:
+        raise NothingToFit(f"no GPU family and compute precision has the {MIN_ROWS_PER_ENTRY} predictable rows "
+                           f"(Poisson rows aside) an entry of its own needs; the rows have "
+                           + ", ".join(f"{count} of {family}/{dtype}" for (family, dtype), count in
+                                       sorted(Counter((t.family, t.compute_dtype) for t in training).items())))
+    after = evaluate(rows, prepared, skipped, fit.profile)
+    say(f"fit: median error {_pct(before.summary.overall.median_abs_pct_error)} -> "
+        f"{_pct(after.summary.overall.median_abs_pct_error)}")
+    held_out = None
+    if leave_one_out:
+        say("leave-one-source-out: one fit per source")
+        held_out = leave_one_source_out(training, prepared, base, fit_global=fit_global,
+                                        max_evaluations=max_evaluations)
+    provenance = {
+        "source_file": source_file,
+        "source_sha256": source_sha256,
+        "rows_total": len(rows),
+        "rows_predicted": len(prepared),
+        "rows_used": len(training),
+        "fitted_on": fitted_on,
+        "base_profile": base.name,
+        "method": (f"bounded Nelder-Mead search (at most {max_evaluations} evaluations per entry); global entry "
+                   f"{'refitted' if fit_global else 'kept from the base profile'}; then an entry per GPU family and "
+                   f"one per compute precision within it, each with at least {MIN_ROWS_PER_ENTRY} rows"),
+        "objective": "mean |ln(predicted / measured)| over the entry's rows",
+        "parameter_bounds": {bound.name: [bound.low, bound.high] for bound in FITTED_PARAMETERS},
+        "fit_error": {"before": _stats_document(before.summary.overall),
+                      "after": _stats_document(after.summary.overall)},
+        "entries_fitted": [
+            {"gpu_family": entry.family, "compute_dtype": entry.compute_dtype, "rows": entry.rows,
+             "mean_abs_log_error_before": entry.mean_abs_log_error_before,
+             "mean_abs_log_error_after": entry.mean_abs_log_error_after}
+            for entry in fit.entries],
+        "leave_one_source_out": None if held_out is None else {
+            "median_abs_pct_error": _median([e for source in held_out for e in source.abs_pct_errors]),
+            "rows": sum(source.rows for source in held_out),
+            "by_source": [{"source_id": source.source_id, "rows": source.rows,
+                           "median_abs_pct_error": _median(source.abs_pct_errors)} for source in held_out],
+        },
+        "calculation_version": CALCULATION_VERSION,
+    }
+    document = profile_document(fit.profile, description=description, provenance=provenance, created_at=now)
+    return Calibration(fit.profile, document, before, after)
+
+
+def _median(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return float(np.median(values)) if values else None
+
+
+def _stats_document(stats: ErrorStats) -> dict[str, Any]:
+    return {"rows": stats.rows, "median_abs_pct_error": stats.median_abs_pct_error,
+            "p90_abs_pct_error": stats.p90_abs_pct_error}
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.1f}%"
+
+
+# The API --------------------------------------------------------------------------------------
+
+# Distinct simulated runs one upload may need (a Poisson run is simulated for each profile it is
+# predicted under): keeps a request within seconds, far below the service's request timeout.
+MAX_SIMULATED_RUNS_PER_UPLOAD = 25
+# Fit effort for uploads (the command-line fit allows fit.DEFAULT_EVALUATIONS per entry).
+UPLOAD_FIT_EVALUATIONS = 80
+
+
+def check_upload_work(rows: Sequence[ObservedRow]) -> None:
+    """422 when the rows would need more simulations than one request may run."""
+    runs = {(row.model, row.gpu, replace(row.measurement, metric=THROUGHPUT_METRICS[0], stat=None))
+            for row in rows if needs_simulation(row.measurement)}
+    if len(runs) > MAX_SIMULATED_RUNS_PER_UPLOAD:
+        raise Unprocessable(
+            f"the rows need {len(runs)} distinct simulated runs (offline, closed-loop, Poisson); one request "
+            f"may run at most {MAX_SIMULATED_RUNS_PER_UPLOAD}: split the upload, or run `python -m app.validate`",
+            errors=[("/body/rows", f"at most {MAX_SIMULATED_RUNS_PER_UPLOAD} distinct simulated configurations")])
+
+
+def report_schemas(report: Report) -> tuple[list[RowResultOut], ErrorSummaryOut]:
+    return ([RowResultOut.model_validate(row_document(outcome)) for outcome in report.outcomes],
+            ErrorSummaryOut.model_validate(summary_document(report.summary)))
+
+
+def validate_upload(session: Session, request: ValidationRequest) -> ValidationResponse:
+    """POST /v1/validate: the error report of the rows under a profile; nothing is stored."""
+    rows = _observed_or_422(request.rows)
+    check_upload_work(rows)
+    profile = get_profile(session, request.calibration)
+    rows_out, summary = report_schemas(validate(rows, DatabaseCatalog(session), profile))
+    return ValidationResponse(calibration_profile=profile.name, rows=rows_out, summary=summary,
+                              calculation_version=CALCULATION_VERSION)
+
+
+def create_calibration(session: Session, request: CalibrationRequest) -> CalibrationResponse:
+    """POST /v1/calibrations: fit a named profile to the rows, store it, report before and after."""
+    if request.name in RESERVED_PROFILE_NAMES:
+        raise Unprocessable(f"the profile name {request.name!r} is reserved",
+                            errors=[("/body/name", f"reserved: {', '.join(sorted(RESERVED_PROFILE_NAMES))}")])
+    if session.get(CalibrationProfileRecord, request.name) is not None:
+        raise Conflict(f"a calibration profile named {request.name!r} already exists; choose another name")
+    rows = _observed_or_422(request.rows)
+    check_upload_work(rows)
+    base = get_profile(session, request.base_profile)
+    canonical = json.dumps([row.model_dump(mode="json") for row in request.rows], sort_keys=True,
+                           separators=(",", ":")).encode()
+    try:
+        result = calibrate(rows, DatabaseCatalog(session), name=request.name, description=request.description,
+                           base=base, fit_global=False, leave_one_out=False, source_file="upload",
+                           source_sha256=file_sha256(canonical), max_evaluations=UPLOAD_FIT_EVALUATIONS)
+    except NothingToFit as exc:
+        raise Unprocessable(str(exc), errors=[("/body/rows", str(exc))]) from None
+    record = store_profile(session, result.document, origin=ORIGIN_USER)
+    _, before = report_schemas(result.before)
+    after_rows, after = report_schemas(result.after)
+    return CalibrationResponse(profile=profile_out(record), base_profile=base.name, before=before, after=after,
+                               rows=after_rows, calculation_version=CALCULATION_VERSION)
+
+
+def _observed_or_422(rows: Sequence[MeasurementRowIn]) -> list[ObservedRow]:
+    try:
+        return observed_rows(rows)
+    except RowsInvalid as exc:
+        raise Unprocessable(str(exc), errors=exc.errors) from None
+
+
+def list_profiles(session: Session, limit: int, offset: int) -> ProfileList:
+    """`builtin` first (always there), then the stored profiles by name; one page of them."""
+    records, stored = page_of_records(session, limit=max(limit - (offset == 0), 0), offset=max(offset - 1, 0))
+    items = ([_summary(_builtin_out())] if offset == 0 else []) + [_summary(profile_out(r)) for r in records]
+    return ProfileList(default_profile=default_profile_name(session), items=items, total=stored + 1, limit=limit,
+                       offset=offset)
+
+
+def _summary(profile: ProfileOut) -> ProfileSummaryOut:
+    return ProfileSummaryOut.model_validate(profile.model_dump(include=set(ProfileSummaryOut.model_fields)))
+
+
+def read_profile(session: Session, name: str) -> ProfileOut:
+    return _builtin_out() if name == BUILTIN_PROFILE else profile_out(get_record(session, name))
+
+
+def profile_out(record: CalibrationProfileRecord) -> ProfileOut:
+    return ProfileOut(
+        name=record.name, description=record.description, origin=record.origin, created_at=record.created_at,
+        rows_used=record.rows_used, source_sha256=record.source_sha256,
+        fit_median_abs_pct_error=record.fit_median_abs_pct_error,
+        entries=[_entry_out(entry) for entry in record.entries],
+        provenance=ProvenanceOut.model_validate(record.provenance),
+    )
+
+
+def _builtin_out() -> ProfileOut:
+    return ProfileOut(name=BUILTIN_PROFILE, description=BUILTIN_DESCRIPTION, origin="builtin", created_at=None,
+                      rows_used=0, source_sha256=None, fit_median_abs_pct_error=None,
+                      entries=[_entry_out(entry_document(entry)) for entry in builtin_profile().entries],
+                      provenance=None)
+
+
+def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
+    return ProfileEntryOut(
+        gpu_family=entry["family"], compute_dtype=entry["compute_dtype"], rows=entry["rows"],
+        bandwidth_fraction_ratio=entry["bandwidth_fraction"], compute_scale_ratio=entry["compute_scale"],
+        compute_curve=[ComputeCurvePoint(tokens=tokens, compute_fraction_ratio=fraction)
+                       for tokens, fraction in entry["compute_curve"]],
+        per_step_overhead_ms=entry["per_step_overhead_s"] * 1e3,
+        per_layer_overhead_ms=entry["per_layer_overhead_s"] * 1e3,
+        allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
+        source=entry["source"],
+    )

@@ -1,0 +1,72 @@
+"""Catalog queries. Each takes a session and never commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import ColumnElement, delete, func, select, update
+from sqlalchemy.orm import Session
+
+from app.catalog.tables import CatalogRevision, CatalogTombstone, GpuRecord, ModelRecord
+
+CATALOG_REVISION_ID = 1  # the counter's only row, inserted by the first migration
+
+R = TypeVar("R", GpuRecord, ModelRecord)
+
+
+def get(session: Session, record_class: type[R], slug: str) -> R | None:
+    return session.get(record_class, slug)
+
+
+def _by_slug(session: Session, record_class: type[R]) -> Any:
+    # Byte order on every backend: PostgreSQL's locale collation would ignore punctuation and
+    # put "llama-3.1-8b" before "llama-3-70b"; SQLite compares bytes already.
+    if session.get_bind().dialect.name == "postgresql":
+        return record_class.slug.collate("C")
+    return record_class.slug
+
+
+def page(session: Session, record_class: type[R], filters: Sequence[ColumnElement[bool]],
+         limit: int, offset: int) -> tuple[list[R], int]:
+    """One page of rows ordered by slug, and the number of rows matching the filters."""
+    total = session.scalar(select(func.count()).select_from(record_class).where(*filters)) or 0
+    rows = session.scalars(
+        select(record_class).where(*filters).order_by(_by_slug(session, record_class)).limit(limit).offset(offset)
+    ).all()
+    return list(rows), total
+
+
+def all_rows(session: Session, record_class: type[R]) -> list[R]:
+    return list(session.scalars(select(record_class).order_by(_by_slug(session, record_class))))
+
+
+def catalog_revision(session: Session) -> int:
+    return session.scalar(select(CatalogRevision.revision).where(CatalogRevision.id == CATALOG_REVISION_ID)) or 0
+
+
+def bump_catalog_revision(session: Session) -> None:
+    """Call in the same transaction as every catalog write (invalidates every replica's cache)."""
+    session.execute(
+        update(CatalogRevision)
+        .where(CatalogRevision.id == CATALOG_REVISION_ID)
+        .values(revision=CatalogRevision.revision + 1)
+    )
+
+
+def tombstones(session: Session) -> set[tuple[str, str]]:
+    return {(kind, slug) for kind, slug in session.execute(select(CatalogTombstone.kind, CatalogTombstone.slug))}
+
+
+def add_tombstone(session: Session, kind: str, slug: str, when: datetime) -> None:
+    if session.get(CatalogTombstone, (kind, slug)) is None:
+        session.add(CatalogTombstone(kind=kind, slug=slug, deleted_at=when))
+
+
+def remove_tombstone(session: Session, kind: str, slug: str) -> None:
+    session.execute(delete(CatalogTombstone).where(CatalogTombstone.kind == kind, CatalogTombstone.slug == slug))
+
+
+def equals_ignoring_case(column: Any, value: str) -> ColumnElement[bool]:
+    return func.lower(column) == value.lower()

@@ -1,0 +1,268 @@
+"""Catalog orchestration: reads and writes of GPU and model rows, the spec cache, and HF config import.
+
+Sizing code gets domain specs through `get_model_spec`, `get_gpu_spec` and `list_gpu_specs`; an unknown
+slug raises `NotFound` (a 404 problem).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Generic, TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from app.catalog import repository
+from app.catalog.hf_config import ConfigError, normalize_hf_config
+from app.catalog.reference import (
+    architecture_kind,
+    attention_kind,
+    gpu_spec_from_record,
+    model_spec_from_record,
+    reference_slugs,
+)
+from app.catalog.schemas import (
+    GpuIn,
+    GpuOut,
+    ModelImport,
+    ModelIn,
+    ModelOut,
+    gpu_spec_from_schema,
+    model_spec_from_schema,
+)
+from app.catalog.tables import ORIGIN_USER, GpuRecord, ModelRecord
+from app.errors import Conflict, NotFound, PreconditionFailed, Unprocessable, json_pointer
+from app.sizing.specs import GpuSpec, ModelSpec
+from app.web import Preconditions, etag_of
+
+# Spec cache ------------------------------------------------------------------------------
+
+class SpecCache:
+    """Domain specs built from catalog rows, valid for one catalog revision.
+
+    Each lookup reads the one-row revision counter (bumped in the same transaction as every
+    catalog write, by any replica) and drops everything when it moved.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._revision: int | None = None
+        self._specs: dict[tuple[str, str], Any] = {}
+
+    def get(self, revision: int, key: tuple[str, str]) -> Any | None:
+        with self._lock:
+            if revision != self._revision:
+                self._specs.clear()
+                self._revision = revision
+            return self._specs.get(key)
+
+    def put(self, revision: int, key: tuple[str, str], spec: Any) -> None:
+        with self._lock:
+            if revision == self._revision:
+                self._specs[key] = spec
+
+
+def _spec_cache(session: Session) -> SpecCache:
+    # The application's session factory puts one cache into every session's info.
+    return session.info.setdefault("spec_cache", SpecCache())
+
+
+def _cached(session: Session, key: tuple[str, str], build: Any) -> Any:
+    cache = _spec_cache(session)
+    revision = repository.catalog_revision(session)
+    spec = cache.get(revision, key)
+    if spec is None:
+        spec = build()
+        cache.put(revision, key, spec)
+    return spec
+
+
+def get_model_spec(session: Session, slug: str) -> ModelSpec:
+    def build() -> ModelSpec:
+        return model_spec_from_record(_record_or_404(session, MODELS, slug))
+
+    return _cached(session, ("model", slug), build)
+
+
+def get_gpu_spec(session: Session, slug: str) -> GpuSpec:
+    def build() -> GpuSpec:
+        return gpu_spec_from_record(_record_or_404(session, GPUS, slug))
+
+    return _cached(session, ("gpu", slug), build)
+
+
+def list_gpu_specs(session: Session) -> list[GpuSpec]:
+    """Every catalog GPU as a spec, ordered by slug."""
+    def build() -> tuple[GpuSpec, ...]:
+        return tuple(gpu_spec_from_record(record) for record in repository.all_rows(session, GpuRecord))
+
+    return list(_cached(session, ("gpus", "*"), build))
+
+
+# Catalog reads and writes ----------------------------------------------------------------
+
+OutT = TypeVar("OutT", GpuOut, ModelOut)
+
+
+@dataclass(frozen=True)
+class CatalogKind(Generic[OutT]):
+    """What differs between the GPU and the model catalogs."""
+
+    name: str  # "gpu" | "model": messages and tombstones
+    record: type[GpuRecord | ModelRecord]
+    out: type[OutT]
+    path: str  # collection URL
+
+    def to_out(self, record: Any) -> OutT:
+        return self.out.model_validate(record, from_attributes=True)
+
+
+GPUS = CatalogKind("gpu", GpuRecord, GpuOut, "/v1/gpus")
+MODELS = CatalogKind("model", ModelRecord, ModelOut, "/v1/models")
+
+
+def _record_or_404(session: Session, kind: CatalogKind[Any], slug: str) -> Any:
+    record = repository.get(session, kind.record, slug)
+    if record is None:
+        raise NotFound(f"No {kind.name} with slug {slug!r} in the catalog")
+    return record
+
+
+def read_one(session: Session, kind: CatalogKind[OutT], slug: str) -> OutT:
+    return kind.to_out(_record_or_404(session, kind, slug))
+
+
+def read_page(session: Session, kind: CatalogKind[OutT], filters: Sequence[ColumnElement[bool]],
+              limit: int, offset: int) -> tuple[list[OutT], int]:
+    records, total = repository.page(session, kind.record, filters, limit, offset)
+    return [kind.to_out(record) for record in records], total
+
+
+def gpu_filters(vendor: str | None, family: str | None) -> list[ColumnElement[bool]]:
+    filters = []
+    if vendor is not None:
+        filters.append(repository.equals_ignoring_case(GpuRecord.vendor, vendor))
+    if family is not None:
+        filters.append(repository.equals_ignoring_case(GpuRecord.family, family))
+    return filters
+
+
+def model_filters(architecture: str | None, attention: str | None) -> list[ColumnElement[bool]]:
+    filters = []
+    if architecture is not None:
+        filters.append(ModelRecord.architecture == architecture)
+    if attention is not None:
+        filters.append(ModelRecord.attention_type == attention)
+    return filters
+
+
+def gpu_columns(slug: str, body: GpuIn) -> dict[str, Any]:
+    gpu_spec_from_schema(body, pointer="/body", slug=slug)  # cross-field invariants -> 422
+    return body.model_dump()
+
+
+def model_columns(slug: str, body: ModelIn, pointer: str = "/body") -> dict[str, Any]:
+    spec = model_spec_from_schema(body, pointer=pointer, slug=slug, name=body.name)
+    return {**body.model_dump(), "architecture": architecture_kind(spec), "attention_type": attention_kind(spec)}
+
+
+def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str, Any],
+        preconditions: Preconditions) -> tuple[OutT, bool]:
+    """Create or replace a row (origin 'user'); returns the stored row and whether it was created."""
+    record = repository.get(session, kind.record, slug)
+    preconditions.check(None if record is None else etag_of(kind.to_out(record)))
+    now = datetime.now(UTC)
+    created = record is None
+    if record is None:
+        record = kind.record(slug=slug, **columns, origin=ORIGIN_USER, created_at=now, updated_at=now)
+        session.add(record)
+        repository.remove_tombstone(session, kind.name, slug)
+    else:
+        for column, value in columns.items():
+            setattr(record, column, value)
+        record.origin = ORIGIN_USER
+        record.updated_at = now
+    _flush_or_conflict(session, kind, slug)
+    repository.bump_catalog_revision(session)
+    return kind.to_out(record), created
+
+
+def delete(session: Session, kind: CatalogKind[Any], slug: str, preconditions: Preconditions) -> None:
+    record = _record_or_404(session, kind, slug)
+    preconditions.check(etag_of(kind.to_out(record)))
+    if slug in reference_slugs(kind.name):
+        # Remember the deletion, or the next reference load would bring the row back.
+        repository.add_tombstone(session, kind.name, slug, datetime.now(UTC))
+    session.delete(record)
+    _flush_or_conflict(session, kind, slug)
+    repository.bump_catalog_revision(session)
+
+
+def _flush_or_conflict(session: Session, kind: CatalogKind[Any], slug: str) -> None:
+    try:
+        session.flush()
+    except StaleDataError:
+        # The UPDATE/DELETE carried `WHERE version = <version read>` and matched nothing:
+        # another writer got there first. Exactly one of two racing writers wins.
+        raise PreconditionFailed(f"The {kind.name} {slug!r} was changed by another writer; "
+                                 "GET it again and reapply your change") from None
+    except IntegrityError:
+        raise Conflict(f"The {kind.name} {slug!r} was created by another writer at the same time") from None
+
+
+# Hugging Face config import --------------------------------------------------------------
+
+IMPORT_SOURCE = "Imported from a Hugging Face config.json"
+
+
+def import_model(session: Session, slug: str, config: object, *, dry_run: bool,
+                 preconditions: Preconditions) -> tuple[ModelImport, bool]:
+    """Normalize a raw config.json to the catalog shape; store it unless `dry_run`.
+
+    Returns the result and whether a new row was created.
+    """
+    try:
+        normalized = normalize_hf_config(config)
+    except ConfigError as exc:
+        raise Unprocessable(
+            f"The config cannot be read as a model architecture ({len(exc.problems)} problems)",
+            errors=[("/body" + pointer, message) for pointer, message in exc.problems],
+        ) from None
+    fields = {name: list(value) if isinstance(value, tuple) else value
+              for name, value in normalized.fields.items() if name not in ("name", "slug")}
+    hf_id = config.get("_name_or_path") if isinstance(config, dict) else None
+    hf_id = hf_id if isinstance(hf_id, str) and 0 < len(hf_id) <= 200 and "\x00" not in hf_id else ""
+    remarks = [*normalized.defaults_applied, *normalized.notes]
+    try:
+        body = ModelIn.model_validate({
+            **fields,
+            "name": normalized.fields.get("name") or hf_id or slug,
+            "hf_id": hf_id,
+            "source": IMPORT_SOURCE + (f" ({hf_id})" if hf_id else ""),
+            "notes": "\n".join(remarks),
+        })
+    except ValidationError as exc:
+        raise Unprocessable(
+            "The config's values are out of range for a model architecture",
+            errors=[(json_pointer(("body", *error["loc"])), error["msg"]) for error in exc.errors()],
+        ) from None
+    columns = model_columns(slug, body)
+    version = None
+    created = False
+    if not dry_run:
+        stored, created = put(session, MODELS, slug, columns, preconditions)
+        version = stored.version
+    result = ModelImport(
+        slug=slug, stored=not dry_run, version=version, model=body,
+        architecture=columns["architecture"], attention_type=columns["attention_type"],
+        defaults_applied=list(normalized.defaults_applied), notes=list(normalized.notes),
+    )
+    return result, created
+
+

@@ -1,0 +1,274 @@
+"""Request and response shapes of /v1/capacity: how many concurrent requests fit, and how fast they go."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
+from app.estimates.schemas import (
+    EFFICIENCY_EXAMPLE,
+    BatchSize,
+    BlockSize,
+    CalibrationRef,
+    ContextTokens,
+    EfficiencyOut,
+    GpuRef,
+    HumanSize,
+    ModelRef,
+    PipelineParallel,
+    Precisions,
+    TensorParallel,
+    WeightDtype,
+)
+
+Engine = Literal["vllm", "sglang", "trtllm", "generic"]
+BytesPerGpu = Annotated[int, Field(ge=0, le=10**13,
+                                   description="Bytes on each GPU; null = the engine's default")]
+Limit = Literal["kv_cache", "max_num_seqs"]
+View = Literal["steady_state", "admission"]
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
+
+
+# Examples: vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16384, 1000 in / 500 out.
+MEMORY_EXAMPLE: dict[str, Any] = {
+    "total_bytes_per_gpu": 85520809984, "usable_bytes_per_gpu": 76968728985,
+    "weights_bytes_per_gpu": 16060522496,
+    "activation_bytes_per_gpu": 5111011082, "overhead_bytes_per_gpu": 622770258,
+    "non_torch_bytes_per_gpu": 139586437, "cuda_graph_bytes_per_gpu": 483183821, "reserved_bytes_per_gpu": 0,
+    "kv_budget_bytes_per_gpu": 55174425149, "weights_bytes_total": 16060522496,
+    "kv_budget_per_gpu": {"gb": 55.174425, "gib": 51.385188},
+    "weights_total": {"gb": 16.060522, "gib": 14.957527},
+}
+CONCURRENCY_EXAMPLE: dict[str, Any] = {"sequences": 279, "kv_limited_sequences": 279, "limit": "kv_cache",
+                                       "tokens_per_request": 1500}
+MAX_CONCURRENCY_EXAMPLE: dict[str, Any] = {
+    "worst_case": {"sequences": 25, "kv_limited_sequences": 25, "limit": "kv_cache",
+                   "tokens_per_request": 16384},
+    "admission": CONCURRENCY_EXAMPLE,
+    "steady_state": {"sequences": 334, "kv_limited_sequences": 334, "limit": "kv_cache",
+                     "tokens_per_request": 1257.984},
+}
+OPERATING_POINT_EXAMPLE: dict[str, Any] = {
+    "batch_size": 334, "concurrency_view": "steady_state", "mean_context_tokens": 1249.0,
+    "ideal_decode_step_ms": 21.26, "expected_decode_step_ms": 30.77, "ideal_prefill_ms": 14.37,
+    "expected_prefill_ms": 18.1, "ideal_tpot_ms": 30.86, "expected_tpot_ms": 42.86,
+    "ideal_tokens_per_s_per_user": 32.4, "expected_tokens_per_s_per_user": 23.33,
+    "ideal_output_tokens_per_s": 10822.0, "expected_output_tokens_per_s": 7792.6,
+    "ideal_requests_per_s": 21.64, "expected_requests_per_s": 15.59,
+}
+SUGGESTION_EXAMPLE: dict[str, Any] = {
+    "tensor_parallel": 8, "pipeline_parallel": 1, "weight_dtype": "fp8", "num_gpus": 8, "kv_tokens": 333856,
+    "sequences": 265,
+    "summary": ("TP8 x PP1 on 8 GPUs with fp8 weights fits: 333856 KV tokens, 265 concurrent requests "
+                "(steady state)"),
+}
+ENGINE_EXAMPLE: dict[str, Any] = {
+    "engine": "vllm", "gpu_memory_utilization": 0.9, "utilization_of": "total_memory", "max_num_seqs": 1024,
+    "max_num_batched_tokens": 8192, "block_size": 16, "max_model_len": 16384, "kv_allocation": "on_demand",
+    "sources": {"gpu_memory_utilization": "given", "max_model_len": "given",
+                "max_num_seqs": "vLLM default on GPUs with >= 70 GiB other than A100",
+                "cuda_graph_bytes_per_gpu": ("0.45 GiB measured (Llama-3.1-8B, H100); vLLM >= 0.11 subtracts "
+                                             "its CUDA-graph estimate before sizing the KV cache")},
+}
+ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
+    "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16", "activation_dtype": "bf16",
+    "efficiency": EFFICIENCY_EXAMPLE,
+    "formulas": ["per GPU: kv_budget = usable - weights - activation - overhead"],
+    "defaults_used": ["weight_dtype = bf16 (the model's published dtype)", "calibration = builtin"],
+}
+
+
+class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
+    """A deployment (model, GPU, parallel layout, precisions, serving engine) and a workload's mean
+    prompt and answer lengths. Every engine setting left null takes the engine's own default, and
+    the response says which one and why."""
+
+    model_config = _examples(
+        {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm", "gpu_memory_utilization": 0.9,
+         "max_model_len": 16384, "input_tokens": 1000, "output_tokens": 500},
+        {"model": "llama-3-70b", "gpu": "h100-sxm", "tensor_parallel": 4, "weight_dtype": "fp16",
+         "kv_dtype": "fp16", "engine": "generic", "gpu_memory_utilization": 1.0,
+         "reserved_bytes_per_gpu": 7500000000, "input_tokens": 1000, "output_tokens": 500},
+        {"model": "deepseek-v3", "gpu": "h200-sxm", "tensor_parallel": 8, "weight_dtype": "fp8",
+         "engine": "sglang", "input_tokens": 2000, "output_tokens": 1000},
+        {"model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu_spec": GPU_SPEC_EXAMPLE, "tensor_parallel": 8,
+         "kv_dtype": "fp8", "engine": "trtllm", "input_tokens": 4000, "output_tokens": 1000},
+    )
+
+    tensor_parallel: TensorParallel = 1
+    pipeline_parallel: PipelineParallel = 1
+    engine: Engine = Field("vllm", description="Whose memory accounting decides capacity: vllm, sglang, "
+                                               "trtllm, or generic (only what you give is subtracted)")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1,
+        description="vllm/generic: fraction of TOTAL memory the engine may use (vLLM 0.92, generic 0.9); "
+                    "sglang: mem_fraction_static (weights + KV pool; default from the GPU size, as SGLang "
+                    "derives it); trtllm: fraction of the memory free after weights and activations given to "
+                    "the KV cache (0.9)")
+    reserved_bytes_per_gpu: BytesPerGpu | None = Field(
+        None, description="Extra memory kept back on each GPU (generic engine: everything not weights or KV)")
+    activation_bytes_per_gpu: BytesPerGpu | None = Field(
+        None, description="Activation peak of a max_num_batched_tokens forward; null = estimate (vllm, "
+                          "trtllm) or 0 (sglang: outside its static fraction; generic)")
+    non_torch_bytes_per_gpu: BytesPerGpu | None = Field(
+        None, description="CUDA context, NCCL and cuBLAS workspaces; null = measured 0.13 GiB (1 GPU) or 0.6 "
+                          "GiB (2+ GPUs) for vllm/trtllm, 0 otherwise")
+    cuda_graph_bytes_per_gpu: BytesPerGpu | None = Field(
+        None, description="CUDA-graph memory subtracted before the KV cache; null = 0.45 GiB for vllm, 0 "
+                          "otherwise")
+    max_model_len: ContextTokens | None = Field(
+        None, description="Longest request the engine accepts; null = the model's max_position_embeddings")
+    max_num_seqs: BatchSize | None = Field(None, description="Scheduler cap on running requests; null = the "
+                                                             "engine's default")
+    max_num_batched_tokens: ContextTokens | None = Field(
+        None, description="Tokens per engine step (prefill chunk); null = the engine's default")
+    block_size: BlockSize | None = Field(
+        None, description="KV block (page) in tokens; null = vllm 16, trtllm 32, sglang 1, generic 16")
+    input_tokens: ContextTokens = Field(description="Mean prompt tokens per request")
+    output_tokens: ContextTokens = Field(description="Mean generated tokens per request")
+
+
+class MemoryOut(BaseModel):
+    """One GPU's memory by the engine's accounting (the most loaded GPU of the layout):
+    kv_budget = usable − weights − activation − overhead."""
+
+    model_config = _examples(MEMORY_EXAMPLE)
+
+    total_bytes_per_gpu: int = Field(description="What the driver reports")
+    usable_bytes_per_gpu: int = Field(description="What the engine lets itself use")
+    weights_bytes_per_gpu: int
+    activation_bytes_per_gpu: int
+    overhead_bytes_per_gpu: int = Field(description="non-torch + CUDA graphs + reserve")
+    non_torch_bytes_per_gpu: int
+    cuda_graph_bytes_per_gpu: int
+    reserved_bytes_per_gpu: int
+    kv_budget_bytes_per_gpu: int = Field(description="Left for the KV cache; <= 0 means nothing is")
+    weights_bytes_total: int = Field(description="The whole model's weights, stored once")
+    kv_budget_per_gpu: HumanSize
+    weights_total: HumanSize
+
+
+class ConcurrencyOut(BaseModel):
+
+    model_config = _examples(CONCURRENCY_EXAMPLE)
+    sequences: int = Field(description="Concurrent requests: the smaller of the KV limit and max_num_seqs")
+    kv_limited_sequences: int = Field(description="What the KV cache alone allows")
+    limit: Limit = Field(description="Which of the two binds")
+    tokens_per_request: float = Field(description="Tokens each request is charged (before block rounding "
+                                                  "for worst_case and admission)")
+
+
+class MaxConcurrencyOut(BaseModel):
+
+    model_config = _examples(MAX_CONCURRENCY_EXAMPLE)
+    worst_case: ConcurrencyOut = Field(description="Every request at max_model_len (vLLM's start-up log)")
+    admission: ConcurrencyOut = Field(description="Every request reserving input + output (a no-evict "
+                                                  "scheduler, TensorRT-LLM's default)")
+    steady_state: ConcurrencyOut = Field(description="Every request holding its mean live tokens (paged "
+                                                     "on-demand allocation, vLLM and SGLang)")
+
+
+class OperatingPointOut(BaseModel):
+    """Continuous batching at the engine's own concurrency: per output token each running request waits
+    one decode step plus its share of the prefill of the requests that replace finished ones."""
+
+    model_config = _examples(OPERATING_POINT_EXAMPLE)
+
+    batch_size: int = Field(description="Running requests")
+    concurrency_view: View = Field(description="The max_concurrency view the engine runs at")
+    mean_context_tokens: float = Field(description="Cached tokens per running request during decode")
+    ideal_decode_step_ms: float
+    expected_decode_step_ms: float
+    ideal_prefill_ms: float = Field(description="One request's prompt, in max_num_batched_tokens chunks")
+    expected_prefill_ms: float
+    ideal_tpot_ms: float = Field(description="decode step + batch x prefill / (pp x output_tokens)")
+    expected_tpot_ms: float
+    ideal_tokens_per_s_per_user: float
+    expected_tokens_per_s_per_user: float
+    ideal_output_tokens_per_s: float = Field(description="All running requests together")
+    expected_output_tokens_per_s: float
+    ideal_requests_per_s: float
+    expected_requests_per_s: float
+
+
+class SuggestionOut(BaseModel):
+    """The smallest change that fits: a layout inside one node, else a cheaper weight precision."""
+
+    model_config = _examples(SUGGESTION_EXAMPLE)
+
+    tensor_parallel: int
+    pipeline_parallel: int
+    weight_dtype: WeightDtype
+    num_gpus: int
+    kv_tokens: int
+    sequences: int = Field(description="Concurrent requests at the engine's running view")
+    summary: str
+
+
+class EngineOut(BaseModel):
+    """The engine settings the accounting used, each with its source ("given" when you set it)."""
+
+    model_config = _examples(ENGINE_EXAMPLE)
+
+    engine: Engine
+    gpu_memory_utilization: float
+    utilization_of: Literal["total_memory", "free_memory_after_weights_and_activations"]
+    max_num_seqs: int | None = Field(description="null = no limit")
+    max_num_batched_tokens: int
+    block_size: int
+    max_model_len: int
+    kv_allocation: Literal["on_demand", "reserve_at_admission"]
+    sources: dict[str, str]
+
+
+class CapacityAssumptions(BaseModel):
+
+    model_config = _examples(ASSUMPTIONS_EXAMPLE)
+    weight_dtype: str
+    kv_dtype: str
+    compute_dtype: str
+    activation_dtype: str
+    efficiency: EfficiencyOut
+    formulas: list[str]
+    defaults_used: list[str]
+
+
+class CapacityResponse(BaseModel):
+    model: str = Field(description="Catalog slug, or the inline architecture's label")
+    gpu: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    num_gpus: int = Field(description="Per replica: tensor_parallel x pipeline_parallel")
+    input_tokens: int
+    output_tokens: int
+    fits: bool
+    reasons: list[str] = Field(description="Why it does not fit (empty when it does)")
+    suggestion: SuggestionOut | None = Field(
+        description="When it does not fit: the smallest change that does")
+    memory: MemoryOut
+    kv_bytes_per_token_per_gpu: int = Field(description="One token in every layer of the most loaded GPU")
+    kv_tokens: int = Field(description="KV capacity per replica, in tokens (full-attention-equivalent for "
+                                       "models with window layers)")
+    kv_blocks: int
+    max_concurrency: MaxConcurrencyOut
+    max_context_tokens: int = Field(description="Longest context one request can reach alone")
+    operating_point: OperatingPointOut | None = Field(description="null when it does not fit")
+    engine: EngineOut
+    assumptions: CapacityAssumptions
+    calculation_version: str
+
+    model_config = _examples({
+        "model": "llama-3.1-8b", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1,
+        "num_gpus": 1, "input_tokens": 1000, "output_tokens": 500, "fits": True, "reasons": [],
+        "suggestion": None,
+        "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens": 420944,
+        "kv_blocks": 26309, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
+        "operating_point": OPERATING_POINT_EXAMPLE, "engine": ENGINE_EXAMPLE,
+        "assumptions": ASSUMPTIONS_EXAMPLE,
+        "calculation_version": "2026.11.29",
+    })

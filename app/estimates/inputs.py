@@ -1,0 +1,152 @@
+"""The request pieces every sizing endpoint shares (model and GPU references, parallelism, precisions,
+efficiencies), turned into specs and dtypes with 404/422 problems that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from app.catalog.schemas import (
+    gpu_spec_from_schema,
+    model_spec_from_schema,
+)
+from app.catalog.service import get_gpu_spec, get_model_spec
+from app.errors import Unprocessable
+from app.estimates.schemas import (
+    ComputeCurvePoint,
+    EfficiencyOut,
+    GpuRef,
+    HumanSize,
+    ModelRef,
+    Precisions,
+)
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import (
+    default_compute_dtype,
+)
+from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
+
+# Sizing endpoints: /v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep ------------------
+#
+# `resolve_model`, `resolve_gpu`, `check_parallelism` and `resolve_precisions` turn the shared
+# request pieces (app.estimates.schemas) into specs and dtypes, with 404/422 problems that name the
+# field; every sizing endpoint can reuse them.
+
+INLINE_MODEL_LABEL = "model_spec (inline)"
+INLINE_GPU_LABEL = "gpu_spec (inline)"
+SIXTEEN_BIT_DTYPES = ("bf16", "fp16")
+
+
+def resolve_model(session: Session, ref: ModelRef) -> tuple[ModelSpec, str]:
+    """The request's model as a spec, and how responses name it (its slug, or the inline label)."""
+    if ref.model_spec is not None:
+        return model_spec_from_schema(ref.model_spec, pointer="/body/model_spec"), INLINE_MODEL_LABEL
+    assert ref.model is not None  # ModelRef guarantees exactly one of the two
+    return get_model_spec(session, ref.model), ref.model
+
+
+def resolve_gpu(session: Session, ref: GpuRef) -> tuple[GpuSpec, str]:
+    """The request's GPU as a spec, and how responses name it (its slug, or the inline spec's name)."""
+    if ref.gpu_spec is not None:
+        return gpu_spec_from_schema(ref.gpu_spec, pointer="/body/gpu_spec"), ref.gpu_spec.name or INLINE_GPU_LABEL
+    assert ref.gpu is not None  # GpuRef guarantees exactly one of the two
+    return get_gpu_spec(session, ref.gpu), ref.gpu
+
+
+def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel: int = 1) -> None:
+    """422 unless tp splits the attention heads evenly and pp gives every stage a layer."""
+    heads = model.num_attention_heads
+    if heads % tensor_parallel:
+        raise Unprocessable(
+            f"tensor_parallel {tensor_parallel} does not divide the model's {heads} attention heads",
+            errors=[("/body/tensor_parallel", f"must divide num_attention_heads ({heads})")])
+    layers = model.num_hidden_layers
+    if pipeline_parallel > layers:
+        raise Unprocessable(
+            f"pipeline_parallel {pipeline_parallel} exceeds the model's {layers} layers",
+            errors=[("/body/pipeline_parallel", f"must be at most num_hidden_layers ({layers})")])
+
+
+def default_kv_dtype(model: ModelSpec) -> tuple[str, str]:
+    """The KV dtype engines use unless told otherwise ("auto": the model's 16-bit dtype), and why.
+
+    Quantized checkpoints (fp8, int8, int4, fp4 weights) still compute and cache in bf16: KV
+    quantization is a separate, opt-in switch.
+    """
+    if model.dtype in SIXTEEN_BIT_DTYPES:
+        return model.dtype, "the model's dtype"
+    return "bf16", (f"the model's weights are {model.dtype}, but activations and the KV cache stay 16-bit "
+                    "unless KV quantization is asked for")
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPrecisions:
+    weight_dtype: str
+    kv_dtype: str
+    compute_dtype: str
+    activation_dtype: str  # activations and 16-bit operands (attention, LM head, router)
+    defaults_used: tuple[str, ...]  # one line per precision that was not given
+
+
+def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested: Precisions) -> ResolvedPrecisions:
+    """Fill each precision the request left null, and 422 on a compute dtype the GPU cannot run."""
+    defaults = []
+    weight_dtype = requested.weight_dtype
+    if weight_dtype is None:
+        if model.dtype in WEIGHT_DTYPES:
+            weight_dtype = model.dtype
+            defaults.append(f"weight_dtype = {weight_dtype} (the model's published dtype)")
+        else:  # fp32 checkpoints are served in bf16
+            weight_dtype = "bf16"
+            defaults.append(f"weight_dtype = bf16 (the model's {model.dtype} weights, served in bf16)")
+    kv_dtype = requested.kv_dtype
+    if kv_dtype is None:
+        kv_dtype, why = default_kv_dtype(model)
+        defaults.append(f"kv_dtype = {kv_dtype} ({why})")
+    available = [dtype for dtype in COMPUTE_DTYPES if gpu.peak_flops_per_s(dtype)]
+    compute_dtype = requested.compute_dtype
+    if compute_dtype is None:
+        try:
+            compute_dtype = default_compute_dtype(gpu, weight_dtype)
+        except ValueError as exc:
+            raise Unprocessable(str(exc), errors=[("/body/compute_dtype", f"choose one of {available}")]) from None
+        why = ("the weights' precision, which the GPU has a tensor rate for" if compute_dtype == weight_dtype
+               else f"the GPU has no {weight_dtype} tensor rate: {weight_dtype} weights compute at its "
+                    f"{compute_dtype} rate")
+        defaults.append(f"compute_dtype = {compute_dtype} ({why})")
+    elif not gpu.peak_flops_per_s(compute_dtype):
+        raise Unprocessable(
+            f"{gpu_label} has no {compute_dtype} tensor rate",
+            errors=[("/body/compute_dtype", f"{gpu_label} cannot compute in {compute_dtype}; it has {available}")])
+    if compute_dtype in SIXTEEN_BIT_DTYPES:
+        activation_dtype = compute_dtype
+    else:
+        activation_dtype = "bf16" if gpu.peak_flops_per_s("bf16") or not gpu.peak_flops_per_s("fp16") else "fp16"
+    return ResolvedPrecisions(weight_dtype, kv_dtype, compute_dtype, activation_dtype, tuple(defaults))
+
+
+def efficiency_out(efficiency: Efficiency, profile: str) -> EfficiencyOut:
+    return EfficiencyOut(
+        calibration_profile=profile,
+        bandwidth_fraction_ratio=efficiency.bandwidth_fraction,
+        compute_curve=[ComputeCurvePoint(tokens=tokens, compute_fraction_ratio=fraction)
+                       for tokens, fraction in efficiency.compute_curve],
+        compute_scale_ratio=efficiency.compute_scale,
+        # Rounded to the nanosecond: seconds -> ms conversion noise (7.5e-6 s -> 0.007500000000000001 ms).
+        per_step_overhead_ms=round(efficiency.per_step_overhead_s * 1e3, 6),
+        per_layer_overhead_ms=round(efficiency.per_layer_overhead_s * 1e3, 6),
+        allreduce_latency_ms=round(efficiency.allreduce_latency_s * 1e3, 6),
+        source=efficiency.source,
+    )
+
+
+def human_size(size_bytes: int) -> HumanSize:
+    return HumanSize(gb=round(size_bytes / 1e9, 6), gib=round(size_bytes / 2**30, 6))
+
+
+def core_problem(exc: ValueError) -> Unprocessable:
+    """A combination the request checks let through but the core rejects: still the client's input."""
+    return Unprocessable(str(exc), errors=[("/body", str(exc))])
+
+

@@ -1,0 +1,529 @@
+"""Request and response shapes of the sizing endpoints (/v1/kv-cache, /v1/roofline,
+/v1/roofline/batch-sweep), and the request pieces every sizing endpoint shares.
+
+Reusable pieces (compose a request body from them):
+- `ModelRef`: `model` (catalog slug) or `model_spec` (an inline architecture), exactly one;
+- `GpuRef`: `gpu` (catalog slug) or `gpu_spec` (an inline accelerator), exactly one;
+- `CalibrationRef`: the optional `calibration` profile name behind every expected time;
+- `Precisions`: optional `weight_dtype`, `kv_dtype`, `compute_dtype` (`inputs.resolve_precisions` fills
+  the nulls and rejects a compute dtype the GPU cannot run);
+- the bounded scalar types (`ContextTokens`, `BatchSize`, `TensorParallel`, ...) and dtype literals;
+- `EfficiencyOut`, `HumanSize` (and their `*_EXAMPLE`s): how responses echo efficiencies and show sizes
+  to people.
+The matching service helpers are `resolve_model`, `resolve_gpu`, `check_parallelism`,
+`resolve_precisions` and `efficiency_out` in app/estimates/inputs.py.
+
+Inputs are strict (JSON numbers for numbers), reject unknown fields, NaN and infinities, and bound
+every size to physical sense, so nothing a client sends reaches the core unchecked.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from app.catalog.schemas import (
+    GPU_SPEC_EXAMPLE,
+    INPUT_CONFIG,
+    MODEL_ARCHITECTURE_EXAMPLE,
+    GpuSpecIn,
+    ModelArchitecture,
+)
+from app.common import SLUG_PATTERN, Slug
+from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES
+
+# Scalars -----------------------------------------------------------------------------------
+
+WeightDtype = Literal[WEIGHT_DTYPES]  # type: ignore[valid-type]
+KvDtype = Literal[KV_DTYPES]  # type: ignore[valid-type]
+ComputeDtype = Literal[COMPUTE_DTYPES]  # type: ignore[valid-type]
+Phase = Literal["prefill", "decode"]
+Bound = Literal["memory", "compute"]
+
+ContextTokens = Annotated[int, Field(ge=1, le=10_000_000, description="Tokens per sequence")]
+CachedTokens = Annotated[int, Field(ge=0, le=10_000_000, description="Tokens already in the KV cache")]
+BatchSize = Annotated[int, Field(ge=1, le=1_000_000, description="Concurrent sequences")]
+TensorParallel = Annotated[int, Field(ge=1, le=1024, description="Tensor-parallel degree; must divide the "
+                                                                   "attention heads")]
+PipelineParallel = Annotated[int, Field(ge=1, le=1000, description="Pipeline stages; at most the layers")]
+BlockSize = Annotated[int, Field(ge=1, le=65_536, description="Paged-KV block in tokens (vLLM 16, "
+                                                               "TensorRT-LLM 32)")]
+ProfileName = Annotated[str, Field(pattern=SLUG_PATTERN, max_length=64,
+                                   description="Calibration profile; null = the default profile",
+                                   examples=["builtin"])]
+
+MAX_SWEEP_POINTS = 64
+DEFAULT_SWEEP_BATCH_SIZES = tuple(2**i for i in range(11))  # 1, 2, 4, ..., 1024
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
+
+
+def _exactly_one(slug_field: str, inline_field: str, value: Any, info: ValidationInfo) -> Any:
+    """Validator body: either the catalog slug or the inline spec, never both, never neither."""
+    if slug_field not in info.data:
+        return value  # the slug itself was invalid; that error already names it
+    if (info.data[slug_field] is None) == (value is None):
+        raise ValueError(f"give exactly one of {slug_field} (a catalog slug) and {inline_field} "
+                         "(an inline specification)")
+    return value
+
+
+# Shared request pieces ---------------------------------------------------------------------
+
+class ModelRef(BaseModel):
+    """The model to size: a catalog slug, or an inline architecture for a hypothetical model."""
+
+    model_config = INPUT_CONFIG
+
+    model: Slug | None = Field(None, description="Catalog slug of the model (or give model_spec)",
+                               examples=["llama-3-70b"])
+    model_spec: ModelArchitecture | None = Field(
+        None, validate_default=True,
+        description="Inline architecture in the catalog's shape (Hugging Face config.json names)")
+
+    @field_validator("model_spec")
+    @classmethod
+    def _one_model(cls, value: ModelArchitecture | None, info: ValidationInfo) -> ModelArchitecture | None:
+        return _exactly_one("model", "model_spec", value, info)
+
+
+class GpuRef(BaseModel):
+    """The accelerator: a catalog slug, or an inline spec for a chip not in the catalog."""
+
+    model_config = INPUT_CONFIG
+
+    gpu: Slug | None = Field(None, description="Catalog slug of the GPU (or give gpu_spec)",
+                             examples=["h100-sxm"])
+    gpu_spec: GpuSpecIn | None = Field(None, validate_default=True,
+                                       description="Inline accelerator spec (dense TFLOP/s)")
+
+    @field_validator("gpu_spec")
+    @classmethod
+    def _one_gpu(cls, value: GpuSpecIn | None, info: ValidationInfo) -> GpuSpecIn | None:
+        return _exactly_one("gpu", "gpu_spec", value, info)
+
+
+class CalibrationRef(BaseModel):
+    model_config = INPUT_CONFIG
+
+    calibration: ProfileName | None = None
+
+
+class Precisions(BaseModel):
+    """Weight, KV-cache and compute precisions; each null one is resolved and echoed."""
+
+    model_config = INPUT_CONFIG
+
+    weight_dtype: WeightDtype | None = Field(None, description="null = the model's published dtype")
+    kv_dtype: KvDtype | None = Field(
+        None, description="null = the model's 16-bit dtype (bf16 for fp8/fp4/int4-quantized checkpoints)")
+    compute_dtype: ComputeDtype | None = Field(
+        None, description="null = the weight dtype where the GPU has that tensor rate, else bf16/fp16")
+
+
+# Shared response pieces --------------------------------------------------------------------
+
+HUMAN_SIZE_EXAMPLE = {"gb": 2.684355, "gib": 2.5}
+COMPUTE_CURVE_POINT_EXAMPLE = {"tokens": 128, "compute_fraction_ratio": 0.62}
+EFFICIENCY_EXAMPLE: dict[str, Any] = {
+    "calibration_profile": "builtin", "bandwidth_fraction_ratio": 0.7,
+    "compute_curve": [{"tokens": 64, "compute_fraction_ratio": 0.33}, COMPUTE_CURVE_POINT_EXAMPLE,
+                      {"tokens": 256, "compute_fraction_ratio": 0.78}, {"tokens": 4096, "compute_fraction_ratio": 0.89},
+                      {"tokens": 16384, "compute_fraction_ratio": 0.93}],
+    "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
+    "allreduce_latency_ms": 0.0075,
+    "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
+              "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
+              "7.5 us. Uncalibrated for this GPU and precision.",
+}
+
+
+class HumanSize(BaseModel):
+    model_config = _examples(HUMAN_SIZE_EXAMPLE)
+
+    gb: float = Field(description="Decimal gigabytes (1e9 bytes)")
+    gib: float = Field(description="Binary gibibytes (2^30 bytes)")
+
+
+class ComputeCurvePoint(BaseModel):
+    model_config = _examples(COMPUTE_CURVE_POINT_EXAMPLE)
+
+    tokens: int
+    compute_fraction_ratio: float = Field(description="Achieved fraction of peak FLOP/s at this many tokens")
+
+
+class EfficiencyOut(BaseModel):
+    """The efficiencies an expected time used, and where they came from."""
+
+    model_config = _examples(EFFICIENCY_EXAMPLE)
+
+    calibration_profile: str
+    bandwidth_fraction_ratio: float = Field(description="Achieved fraction of HBM bandwidth")
+    compute_curve: list[ComputeCurvePoint] = Field(description="Achieved fraction of peak compute vs tokens per step")
+    compute_scale_ratio: float = Field(description="Multiplies the compute curve (a fitted correction)")
+    per_step_overhead_ms: float
+    per_layer_overhead_ms: float
+    allreduce_latency_ms: float
+    source: str
+
+
+
+# /v1/kv-cache ------------------------------------------------------------------------------
+
+class KvCacheRequest(ModelRef):
+    """How much KV cache a model keeps for a batch of sequences of one length."""
+
+    model_config = _examples(
+        {"model": "llama-3-70b", "context_tokens": 8192, "batch_size": 32},
+        {"model": "deepseek-v3", "kv_dtype": "bf16", "context_tokens": 10000, "tensor_parallel": 8},
+        {"model": "gemma-2-9b", "context_tokens": 8192, "block_size": 16},
+        {"model_spec": MODEL_ARCHITECTURE_EXAMPLE, "kv_dtype": "fp8", "context_tokens": 32768},
+    )
+
+    kv_dtype: KvDtype | None = Field(
+        None, description="null = the model's 16-bit dtype (bf16 for fp8/fp4/int4-quantized checkpoints)")
+    context_tokens: ContextTokens = Field(description="Tokens each sequence holds: prompt + generated so far")
+    batch_size: BatchSize = 1
+    tensor_parallel: TensorParallel = 1
+    pipeline_parallel: PipelineParallel = 1
+    block_size: BlockSize | None = Field(None, description="Paged KV: round each sequence up to whole blocks; "
+                                                           "null = unpaged")
+
+
+KV_GROUP_EXAMPLE = {"kind": "full_attention", "window_tokens": None, "layers": 80, "bytes_per_token_per_layer": 4096,
+                    "tokens_cached": 8192, "bytes_per_sequence": 2684354560}
+KV_SIZES_FOR_PEOPLE_EXAMPLE = {"bytes_per_sequence": HUMAN_SIZE_EXAMPLE, "total_bytes": {"gb": 85.899346, "gib": 80.0},
+                               "bytes_per_gpu": {"gb": 85.899346, "gib": 80.0}}
+KV_CURVE_POINT_EXAMPLE = {"context_tokens": 4096, "bytes_per_sequence": 1409286144}
+KV_CURVE_EXAMPLE = {  # Gemma-2-9B: 21 sliding layers (window 4096) and 21 global ones
+    "points": [{"context_tokens": 0, "bytes_per_sequence": 0}, KV_CURVE_POINT_EXAMPLE,
+               {"context_tokens": 8192, "bytes_per_sequence": 2113929216}],
+    "breakpoints_tokens": [4096],
+    "note": "No single bytes-per-token slope: window layers stop growing at their window. 0-4,096 tokens: "
+            "344,064 B per token; beyond 4,096 tokens: 172,032 B per token. Points are unpaged; interpolate "
+            "linearly between them.",
+}
+KV_ASSUMPTIONS_EXAMPLE = {
+    "kv_dtype": "bf16", "kv_dtype_source": "default: the model's dtype",
+    "formulas": [("MHA/GQA/MQA: 2 (K and V) x ceil(num_key_value_heads / tp) x head_dim x bytes per value, per "
+                 "token per layer per GPU (KV heads are replicated when tp > num_key_value_heads)")],
+    "defaults_used": ["kv_dtype = bf16 (the model's dtype)"],
+}
+
+
+class KvLayerGroupOut(BaseModel):
+    """Layers that share an attention kind and window."""
+
+    model_config = _examples(KV_GROUP_EXAMPLE)
+
+    kind: Literal["full_attention", "sliding_attention", "chunked_attention", "mla"]
+    window_tokens: int | None = Field(description="Tokens these layers cache at most; null = the whole context")
+    layers: int
+    bytes_per_token_per_layer: int = Field(description="Unsharded (tensor_parallel = 1)")
+    tokens_cached: int = Field(description="Per sequence, after the window and block rounding")
+    bytes_per_sequence: int = Field(description="layers x bytes_per_token_per_layer x tokens_cached")
+
+
+class KvSizesForPeople(BaseModel):
+    model_config = _examples(KV_SIZES_FOR_PEOPLE_EXAMPLE)
+
+    bytes_per_sequence: HumanSize
+    total_bytes: HumanSize
+    bytes_per_gpu: HumanSize
+
+
+class KvCurvePointOut(BaseModel):
+    model_config = _examples(KV_CURVE_POINT_EXAMPLE)
+
+    context_tokens: int
+    bytes_per_sequence: int
+
+
+class KvCurve(BaseModel):
+    """Bytes per sequence against context for a model with window layers: piecewise linear, with a
+    kink at every window; linear interpolation between these points is exact."""
+
+    model_config = _examples(KV_CURVE_EXAMPLE)
+
+    points: list[KvCurvePointOut]
+    breakpoints_tokens: list[int] = Field(description="Contexts where the slope changes (the windows)")
+    note: str
+
+
+class KvAssumptions(BaseModel):
+    model_config = _examples(KV_ASSUMPTIONS_EXAMPLE)
+
+    kv_dtype: str
+    kv_dtype_source: str
+    formulas: list[str]
+    defaults_used: list[str]
+
+
+class KvCacheResponse(BaseModel):
+    model: str = Field(description="Catalog slug, or \"model_spec (inline)\"")
+    kv_dtype: KvDtype
+    context_tokens: int
+    tokens_cached_per_sequence: int = Field(description="The most tokens any layer holds, after windows and "
+                                                        "block rounding")
+    batch_size: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    block_size: int | None
+    bytes_per_sequence: int = Field(description="One sequence, whole model, unsharded")
+    total_bytes: int = Field(description="bytes_per_sequence x batch_size")
+    bytes_per_sequence_per_gpu: int = Field(description="One sequence on the most loaded GPU")
+    bytes_per_gpu: int = Field(description="The whole batch's KV on the most loaded GPU")
+    bytes_per_token: float = Field(description="bytes_per_sequence / context_tokens (an average for "
+                                               "windowed models: see curve)")
+    breakdown: list[KvLayerGroupOut]
+    formula: str = Field(description="The arithmetic, in words")
+    sizes_for_people: KvSizesForPeople
+    mha_equivalent_bytes_per_sequence: int = Field(
+        description="What the same model would cache with one K and one V head per query head (unpaged)")
+    mha_saving_ratio: float = Field(description="Fraction of the MHA-equivalent size that GQA/MQA/MLA saves")
+    curve: KvCurve | None = Field(description="Windowed models only: bytes against context (no single slope)")
+    assumptions: KvAssumptions
+    calculation_version: str
+
+    model_config = _examples({
+        "model": "llama-3-70b", "kv_dtype": "bf16", "context_tokens": 8192, "tokens_cached_per_sequence": 8192,
+        "batch_size": 32, "tensor_parallel": 1, "pipeline_parallel": 1, "block_size": None,
+        "bytes_per_sequence": 2684354560, "total_bytes": 85899345920, "bytes_per_sequence_per_gpu": 2684354560,
+        "bytes_per_gpu": 85899345920, "bytes_per_token": 327680.0,
+        "breakdown": [KV_GROUP_EXAMPLE],
+        "formula": "per token per layer: 2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes (bf16) = 4,096 B; "
+                   "per sequence: 80 full_attention layers x 4,096 B x 8,192 tokens = 2,684,354,560 B; "
+                   "x 32 sequences = 85,899,345,920 B",
+        "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
+        "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
+        "assumptions": KV_ASSUMPTIONS_EXAMPLE,
+        "calculation_version": "2026.11.29",
+    })
+
+
+# /v1/roofline ------------------------------------------------------------------------------
+
+class RooflineRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
+    """One prefill or decode step of a model on a GPU, against the roofline."""
+
+    model_config = _examples(
+        {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "context_tokens": 1024},
+        {"model": "llama-3-70b", "gpu": "h100-sxm", "phase": "prefill", "prompt_tokens": 2048,
+         "tensor_parallel": 4},
+        {"model": "mixtral-8x7b", "gpu_spec": GPU_SPEC_EXAMPLE, "phase": "decode", "batch_size": 64,
+         "context_tokens": 2048, "weight_dtype": "fp8", "kv_dtype": "fp8"},
+    )
+
+    phase: Phase
+    batch_size: BatchSize = 1
+    prompt_tokens: ContextTokens | None = Field(
+        None, validate_default=True, description="Prefill only (required there): new prompt tokens per sequence")
+    context_tokens: CachedTokens | None = Field(
+        None, validate_default=True,
+        description="Decode: tokens already cached per sequence (required). Prefill: a cached prefix the "
+                    "prompt follows (default 0)")
+    tensor_parallel: TensorParallel = 1
+
+    @field_validator("prompt_tokens")
+    @classmethod
+    def _prompt_for_prefill(cls, value: int | None, info: ValidationInfo) -> int | None:
+        phase = info.data.get("phase")
+        if phase == "prefill" and value is None:
+            raise ValueError("required for phase prefill: the new prompt tokens per sequence")
+        if phase == "decode" and value is not None:
+            raise ValueError("applies to phase prefill only; a decode step adds one token per sequence after "
+                             "context_tokens")
+        return value
+
+    @field_validator("context_tokens")
+    @classmethod
+    def _context_for_decode(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if info.data.get("phase") == "decode" and value is None:
+            raise ValueError("required for phase decode: the tokens already cached per sequence")
+        return value
+
+
+OPERATOR_EXAMPLE = {"name": "mlp", "flops": 11274289152.0, "bytes": 11276648448.0, "arithmetic_intensity": 0.9998,
+                    "bound": "memory", "ideal_time_ms": 3.366164, "expected_time_ms": 4.808805}
+ATTENTION_TRAFFIC_EXAMPLE = {  # Llama-3-8B decode at 1,024 tokens: the score row is small next to the KV
+    "flash_bytes": 135004160.0, "naive_bytes": 139202560.0, "score_matrix_bytes": 4198400.0,
+    "naive_to_flash_ratio": 1.0311,
+    "note": "HBM bytes of this step's attention on one GPU. FlashAttention tiles Q, K and V through on-chip "
+            "SRAM, so the score matrix never reaches HBM; naive attention writes it and reads it back.",
+}
+ROOFLINE_ASSUMPTIONS_EXAMPLE = {
+    "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16", "activation_dtype": "bf16",
+    "efficiency": EFFICIENCY_EXAMPLE,
+    "formulas": [("ideal time = max(FLOPs / peak FLOP/s, bytes / HBM bandwidth), per GPU of the tensor-parallel "
+                 "group")],
+    "defaults_used": ["weight_dtype = bf16 (the model's published dtype)", "kv_dtype = bf16 (the model's dtype)",
+                      "compute_dtype = bf16 (the weights' precision, which the GPU has a tensor rate for)",
+                      "calibration = builtin"],
+}
+
+
+class OperatorOut(BaseModel):
+    model_config = _examples(OPERATOR_EXAMPLE)
+
+    name: Literal["embedding", "qkv", "attention", "out", "mlp", "moe", "router", "norm", "lm_head"]
+    flops: float
+    bytes: float
+    arithmetic_intensity: float | None = Field(description="FLOPs per byte; null when it moves no bytes")
+    bound: Bound
+    ideal_time_ms: float
+    expected_time_ms: float
+
+
+class AttentionTraffic(BaseModel):
+    """HBM bytes of this step's attention with FlashAttention and with naive attention."""
+
+    model_config = _examples(ATTENTION_TRAFFIC_EXAMPLE)
+
+    flash_bytes: float
+    naive_bytes: float
+    score_matrix_bytes: float = Field(description="naive - flash: the score matrix written and read back")
+    naive_to_flash_ratio: float
+    note: str
+
+
+class RooflineAssumptions(BaseModel):
+    model_config = _examples(ROOFLINE_ASSUMPTIONS_EXAMPLE)
+
+    weight_dtype: str
+    kv_dtype: str
+    compute_dtype: str
+    activation_dtype: str
+    efficiency: EfficiencyOut
+    formulas: list[str]
+    defaults_used: list[str]
+
+
+class RooflineResponse(BaseModel):
+    model: str = Field(description="Catalog slug, or \"model_spec (inline)\"")
+    gpu: str = Field(description="Catalog slug, or the inline gpu_spec's name")
+    phase: Phase
+    batch_size: int
+    prompt_tokens: int | None
+    context_tokens: int
+    tensor_parallel: int
+    tokens: int = Field(description="New tokens this step processes, all sequences")
+    compute_dtype: ComputeDtype
+    flops: float = Field(description="Per GPU")
+    bytes: float = Field(description="HBM bytes moved per GPU")
+    arithmetic_intensity: float = Field(description="FLOPs per byte")
+    ridge_point: float = Field(description="Peak FLOP/s / HBM bandwidth at compute_dtype")
+    bound: Bound
+    compute_time_ms: float = Field(description="Every FLOP at peak")
+    memory_time_ms: float = Field(description="Every byte at full bandwidth")
+    ideal_time_ms: float = Field(description="max(compute_time_ms, memory_time_ms)")
+    expected_time_ms: float = Field(description="Operators at achieved efficiency + all-reduces + overheads")
+    comm_time_ms: float = Field(description="Tensor-parallel all-reduces, in the expected time")
+    overhead_time_ms: float = Field(description="Per-step and per-layer overheads, in the expected time")
+    ideal_tokens_per_s: float
+    expected_tokens_per_s: float
+    operators: list[OperatorOut]
+    attention_traffic: AttentionTraffic
+    assumptions: RooflineAssumptions
+    calculation_version: str
+
+    model_config = _examples({
+        "model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "prompt_tokens": None,
+        "context_tokens": 1024, "tensor_parallel": 1, "tokens": 1, "compute_dtype": "bf16",
+        "flops": 15546712064.0, "bytes": 15148673536.0, "arithmetic_intensity": 1.0263, "ridge_point": 295.3731,
+        "bound": "memory", "compute_time_ms": 0.015712, "memory_time_ms": 4.521992, "ideal_time_ms": 4.521992,
+        "expected_time_ms": 6.903746, "comm_time_ms": 0.0, "overhead_time_ms": 0.396,
+        "ideal_tokens_per_s": 221.14, "expected_tokens_per_s": 144.85,
+        "operators": [
+            {"name": "attention", "flops": 537395200.0, "bytes": 135004160.0, "arithmetic_intensity": 3.9806,
+             "bound": "memory", "ideal_time_ms": 0.0403, "expected_time_ms": 0.105328},
+            OPERATOR_EXAMPLE,
+        ],
+        "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
+        "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
+        "calculation_version": "2026.11.29",
+    })
+
+
+# /v1/roofline/batch-sweep ------------------------------------------------------------------
+
+class BatchSweepRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
+    """Decode step time and throughput against batch size: the seed's money slide."""
+
+    model_config = _examples(
+        {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 1024},
+        {"model": "llama-3-70b", "gpu": "h100-sxm", "context_tokens": 4096, "tensor_parallel": 8,
+         "batch_sizes": [1, 8, 32, 64, 128, 256]},
+    )
+
+    context_tokens: CachedTokens = Field(description="Tokens already cached per sequence")
+    batch_sizes: list[BatchSize] | None = Field(
+        None, min_length=1, max_length=MAX_SWEEP_POINTS,
+        description=f"Batch sizes to evaluate (at most {MAX_SWEEP_POINTS}); null = 1, 2, 4, ..., 1024")
+    tensor_parallel: TensorParallel = 1
+
+
+SWEEP_POINT_EXAMPLE = {
+    "batch_size": 32, "bound": "memory", "ideal_step_time_ms": 4.684814, "expected_step_time_ms": 7.088592,
+    "ideal_tokens_per_s": 6830.58, "expected_tokens_per_s": 4514.3, "ideal_tokens_per_s_per_user": 213.46,
+    "expected_tokens_per_s_per_user": 141.07, "kv_bytes_per_gpu": 541065216,
+    "weights_and_kv_bytes_per_gpu": 16601587712, "fits_in_gpu_memory": True,
+}
+
+
+class BatchSweepPoint(BaseModel):
+    model_config = _examples(SWEEP_POINT_EXAMPLE)
+
+    batch_size: int
+    bound: Bound = Field(description="Of the ideal step")
+    ideal_step_time_ms: float
+    expected_step_time_ms: float
+    ideal_tokens_per_s: float = Field(description="Aggregate over the batch")
+    expected_tokens_per_s: float = Field(description="Aggregate over the batch")
+    ideal_tokens_per_s_per_user: float
+    expected_tokens_per_s_per_user: float
+    kv_bytes_per_gpu: int = Field(description="The batch's KV cache on one GPU")
+    weights_and_kv_bytes_per_gpu: int = Field(description="Weights + KV on one GPU (before activations and "
+                                                          "engine reserves)")
+    fits_in_gpu_memory: bool = Field(description="weights_and_kv_bytes_per_gpu <= the GPU's memory; a "
+                                                 "necessary condition only")
+
+
+class BatchSweepResponse(BaseModel):
+    model: str = Field(description="Catalog slug, or \"model_spec (inline)\"")
+    gpu: str = Field(description="Catalog slug, or the inline gpu_spec's name")
+    context_tokens: int
+    tensor_parallel: int
+    compute_dtype: ComputeDtype
+    ridge_point: float
+    points: list[BatchSweepPoint]
+    knee_batch_size: int | None = Field(
+        description="Smallest batch whose ideal decode step is compute-bound (analytic); null = never")
+    knee_explanation: str
+    assumptions: RooflineAssumptions
+    calculation_version: str
+
+    model_config = _examples({
+        "model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128, "tensor_parallel": 1,
+        "compute_dtype": "bf16", "ridge_point": 295.3731,
+        "points": [
+            {"batch_size": 1, "bound": "memory", "ideal_step_time_ms": 4.486935, "expected_step_time_ms": 6.811674,
+             "ideal_tokens_per_s": 222.87, "expected_tokens_per_s": 146.81, "ideal_tokens_per_s_per_user": 222.87,
+             "expected_tokens_per_s_per_user": 146.81, "kv_bytes_per_gpu": 16908288,
+             "weights_and_kv_bytes_per_gpu": 16077430784, "fits_in_gpu_memory": True},
+            SWEEP_POINT_EXAMPLE,
+            {"batch_size": 512, "bound": "compute", "ideal_step_time_ms": 7.801312,
+             "expected_step_time_ms": 13.852326, "ideal_tokens_per_s": 65629.98, "expected_tokens_per_s": 36961.3,
+             "ideal_tokens_per_s_per_user": 128.18, "expected_tokens_per_s_per_user": 72.19,
+             "kv_bytes_per_gpu": 8657043456, "weights_and_kv_bytes_per_gpu": 24717565952,
+             "fits_in_gpu_memory": True},
+        ],
+        "knee_batch_size": 507,
+        "knee_explanation": "From 507 sequences on, the ideal decode step is compute-bound: the weight read, paid "
+                            "once per step, is shared by enough sequences that their FLOPs outlast the step's "
+                            "memory traffic.",
+        "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
+        "calculation_version": "2026.11.29",
+    })

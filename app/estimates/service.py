@@ -1,0 +1,507 @@
+"""/v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep and /v1/capacity: the core's answers as responses."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.calibration.profiles import resolve_efficiency
+from app.errors import Unprocessable
+from app.estimates.capacity_schemas import (
+    CapacityAssumptions,
+    CapacityRequest,
+    CapacityResponse,
+    ConcurrencyOut,
+    EngineOut,
+    MaxConcurrencyOut,
+    MemoryOut,
+    OperatingPointOut,
+    SuggestionOut,
+)
+from app.estimates.inputs import (
+    ResolvedPrecisions,
+    check_parallelism,
+    core_problem,
+    default_kv_dtype,
+    efficiency_out,
+    human_size,
+    resolve_gpu,
+    resolve_model,
+    resolve_precisions,
+)
+from app.estimates.schemas import (
+    DEFAULT_SWEEP_BATCH_SIZES,
+    AttentionTraffic,
+    BatchSweepPoint,
+    BatchSweepRequest,
+    BatchSweepResponse,
+    KvAssumptions,
+    KvCacheRequest,
+    KvCacheResponse,
+    KvCurve,
+    KvCurvePointOut,
+    KvLayerGroupOut,
+    KvSizesForPeople,
+    OperatorOut,
+    RooflineAssumptions,
+    RooflineRequest,
+    RooflineResponse,
+)
+from app.sizing import CALCULATION_VERSION
+from app.sizing.engines import EngineConfig
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import (
+    COMPUTE,
+    MEMORY,
+    knee_batch_size,
+    ridge_point,
+    roofline,
+)
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.flops import ATTENTION, PREFILL, decode_cost, prefill_cost
+from app.sizing.model.kv import (
+    KvCacheSize,
+    kv_breakpoints,
+    kv_bytes_per_token_per_layer,
+    kv_cache_size,
+    kv_curve,
+    mha_equivalent_bytes_per_sequence,
+)
+from app.sizing.model.params import ceil_div
+from app.sizing.model.weights import weight_bytes_per_gpu
+from app.sizing.serving import capacity as capacity_core
+from app.sizing.specs import GpuSpec, ModelSpec, bits_per_value
+
+# /v1/kv-cache
+
+KV_FORMULAS = (
+    ("MHA/GQA/MQA: 2 (K and V) x ceil(num_key_value_heads / tp) x head_dim x bytes per value, per token per "
+     "layer per GPU (KV heads are replicated when tp > num_key_value_heads)"),
+    ("MLA: (kv_lora_rank + qk_rope_head_dim) x bytes per value per token per layer: one latent, replicated on "
+     "every tensor-parallel rank"),
+    "window layers (sliding or chunked attention of w tokens) cache min(context, w) tokens",
+    ("paged: each layer holds whole blocks, ceil(context / block) x block tokens; a window layer the blocks its "
+     "window can straddle, ceil((w - 1) / block) + 1"),
+    ("per sequence = sum over layers of bytes per token x tokens cached; total = per sequence x batch; "
+     "per GPU = the most loaded pipeline stage's layers at tp"),
+)
+
+
+def kv_cache(session: Session, request: KvCacheRequest) -> KvCacheResponse:
+    """/v1/kv-cache: the KV cache of `batch_size` sequences of `context_tokens`, explained."""
+    model, label = resolve_model(session, request)
+    check_parallelism(model, request.tensor_parallel, request.pipeline_parallel)
+    defaults = []
+    if request.kv_dtype is not None:
+        kv_dtype, kv_source = request.kv_dtype, "requested"
+    else:
+        kv_dtype, why = default_kv_dtype(model)
+        kv_source = f"default: {why}"
+        defaults.append(f"kv_dtype = {kv_dtype} ({why})")
+    context, batch = request.context_tokens, request.batch_size
+    try:
+        size = kv_cache_size(model, context, kv_dtype, request.tensor_parallel, request.pipeline_parallel,
+                             request.block_size)
+        unpaged = size if request.block_size is None else kv_cache_size(model, context, kv_dtype)
+        mha_equivalent = mha_equivalent_bytes_per_sequence(model, context, kv_dtype)
+        per_gpu_per_token_per_layer = kv_bytes_per_token_per_layer(model, 0, kv_dtype, request.tensor_parallel)
+        curve = _kv_curve(model, kv_dtype, context)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    total = size.bytes_per_sequence * batch
+    # All sequences have the same length, so the most loaded GPU holds `batch` times one sequence's share.
+    per_gpu = size.bytes_per_sequence_per_gpu * batch
+    return KvCacheResponse(
+        model=label, kv_dtype=kv_dtype, context_tokens=context, tokens_cached_per_sequence=size.tokens_cached_max,
+        batch_size=batch, tensor_parallel=request.tensor_parallel, pipeline_parallel=request.pipeline_parallel,
+        block_size=request.block_size,
+        bytes_per_sequence=size.bytes_per_sequence, total_bytes=total,
+        bytes_per_sequence_per_gpu=size.bytes_per_sequence_per_gpu, bytes_per_gpu=per_gpu,
+        bytes_per_token=size.bytes_per_sequence / context,
+        breakdown=[KvLayerGroupOut(kind=group.kind, window_tokens=group.window, layers=group.layers,
+                                   bytes_per_token_per_layer=group.bytes_per_token_per_layer,
+                                   tokens_cached=group.tokens_cached, bytes_per_sequence=group.bytes)
+                   for group in size.groups],
+        formula=_kv_formula(model, kv_dtype, size, batch, request.tensor_parallel, request.pipeline_parallel,
+                            per_gpu_per_token_per_layer),
+        sizes_for_people=KvSizesForPeople(bytes_per_sequence=human_size(size.bytes_per_sequence),
+                                          total_bytes=human_size(total), bytes_per_gpu=human_size(per_gpu)),
+        mha_equivalent_bytes_per_sequence=mha_equivalent,
+        mha_saving_ratio=1 - unpaged.bytes_per_sequence / mha_equivalent,
+        curve=curve,
+        assumptions=KvAssumptions(kv_dtype=kv_dtype, kv_dtype_source=kv_source, formulas=list(KV_FORMULAS),
+                                  defaults_used=defaults),
+        calculation_version=CALCULATION_VERSION,
+    )
+
+
+def _kv_formula(model: ModelSpec, kv_dtype: str, size: KvCacheSize, batch: int, tensor_parallel: int,
+                pipeline_parallel: int, per_gpu_per_token_per_layer: int) -> str:
+    """The arithmetic of this answer, in words."""
+    value_bytes = int(bits_per_value(kv_dtype)) // 8
+    logical = size.groups[0].bytes_per_token_per_layer
+    if model.is_mla:
+        per_token = (f"({model.kv_lora_rank} kv_lora_rank + {model.qk_rope_head_dim} qk_rope_head_dim) x "
+                     f"{value_bytes} bytes ({kv_dtype}) = {logical:,} B (one latent, no factor 2)")
+    else:
+        per_token = (f"2 (K and V) x {model.num_key_value_heads} KV heads x {model.resolved_head_dim} head_dim x "
+                     f"{value_bytes} bytes ({kv_dtype}) = {logical:,} B")
+    groups = "; ".join(
+        f"{group.layers} {group.kind} layers"
+        + (f" (window {group.window:,})" if group.window is not None else "")
+        + f" x {group.bytes_per_token_per_layer:,} B x {group.tokens_cached:,} tokens = {group.bytes:,} B"
+        for group in size.groups)
+    parts = [f"per token per layer: {per_token}", f"per sequence: {groups}"]
+    if len(size.groups) > 1:
+        parts.append(f"sum {size.bytes_per_sequence:,} B per sequence")
+    if size.block_size is not None:
+        parts.append(f"paged in blocks of {size.block_size} tokens")
+    parts.append(f"x {batch:,} sequences = {size.bytes_per_sequence * batch:,} B")
+    if tensor_parallel > 1:
+        if model.is_mla:
+            parts.append(f"under TP{tensor_parallel} the latent is replicated on every GPU: "
+                         f"{per_gpu_per_token_per_layer:,} B per token per layer per GPU")
+        else:
+            kv_heads = ceil_div(model.num_key_value_heads, tensor_parallel)
+            replicated = " (KV heads replicated)" if tensor_parallel > model.num_key_value_heads else ""
+            parts.append(f"under TP{tensor_parallel} each GPU holds ceil({model.num_key_value_heads}/{tensor_parallel})"
+                         f" = {kv_heads} KV heads{replicated}: {per_gpu_per_token_per_layer:,} B per token per layer")
+    if pipeline_parallel > 1:
+        parts.append(f"the most loaded of {pipeline_parallel} pipeline stages holds "
+                     f"{size.bytes_per_sequence_per_gpu:,} B per sequence per GPU")
+    return "; ".join(parts)
+
+
+def _kv_curve(model: ModelSpec, kv_dtype: str, context_tokens: int) -> KvCurve | None:
+    """Windowed models: bytes per sequence (unpaged) at 0, every window, the requested context and the
+    model's maximum context; linear between points."""
+    breakpoints = kv_breakpoints(model)
+    if not breakpoints:
+        return None
+    end = max(context_tokens, model.max_position_embeddings, breakpoints[-1] + 1)
+    points = kv_curve(model, kv_dtype, sorted({0, *breakpoints, context_tokens, end}))
+    bytes_at = dict(points)
+    edges = [0, *breakpoints, end]
+    segments = []
+    for start, stop in itertools.pairwise(edges):
+        slope = (bytes_at[stop] - bytes_at[start]) // (stop - start)
+        segments.append(f"{start:,}-{stop:,} tokens: {slope:,} B per token" if stop != end
+                        else f"beyond {start:,} tokens: {slope:,} B per token")
+    note = ("No single bytes-per-token slope: window layers stop growing at their window. "
+            + "; ".join(segments) + ". Points are unpaged; interpolate linearly between them.")
+    return KvCurve(points=[KvCurvePointOut(context_tokens=c, bytes_per_sequence=b) for c, b in points],
+                   breakpoints_tokens=list(breakpoints), note=note)
+
+
+# /v1/roofline and /v1/roofline/batch-sweep
+
+ROOFLINE_FORMULAS = (
+    "ideal time = max(FLOPs / peak FLOP/s, bytes / HBM bandwidth), per GPU of the tensor-parallel group",
+    ("expected time = sum over operators of max(FLOPs / (peak x compute fraction at this step's tokens), "
+     "bytes / (bandwidth x bandwidth fraction)) + 2 all-reduces per layer under TP (alpha + 2(tp-1)/tp x "
+     "message / link bandwidth) + per-step and per-layer overhead"),
+    ("linear layers: 2 FLOPs per weight per token; attention: 2 x heads x (qk width + v width) FLOPs per "
+     "attended position; prefill is causal: n new tokens after p cached attend n x (p + (n+1)/2) positions"),
+    "LM head: 2 x hidden x vocab FLOPs per sampled position (the last prompt token in prefill)",
+    ("MoE: FLOPs of the k active experts per token; bytes of the E x (1 - (1 - k/E)^T) distinct experts the "
+     "step's T tokens touch"),
+    ("bytes: weights once per step + the KV of every attended cached token + the new tokens' KV + "
+     "activations; FlashAttention keeps the score matrix on chip"),
+    "arithmetic intensity = FLOPs / bytes; ridge point = peak FLOP/s / HBM bandwidth; below it: memory-bound",
+)
+KNEE_FORMULA = (
+    "knee: smallest batch B whose ideal decode step is compute-bound: B x (t x bw - s) >= W + X x D(B), with t "
+    "one sequence's compute time at peak, s its own bytes (KV, activations), W the weights read once per step, "
+    "X one routed expert's bytes and D(B) the distinct experts touched; none when t x bw <= s"
+)
+ATTENTION_TRAFFIC_NOTE = (
+    "HBM bytes of this step's attention on one GPU. FlashAttention tiles Q, K and V through on-chip SRAM, so "
+    "the score matrix (heads x new tokens x attended tokens per layer) never reaches HBM; naive attention "
+    "writes it and reads it back. Same FLOPs, less data moved."
+)
+
+
+def roofline_step(session: Session, request: RooflineRequest) -> RooflineResponse:
+    """/v1/roofline: one prefill or decode step on one GPU of the tensor-parallel group."""
+    model, model_label = resolve_model(session, request)
+    gpu, gpu_label = resolve_gpu(session, request)
+    check_parallelism(model, request.tensor_parallel)
+    precisions = resolve_precisions(model, gpu, gpu_label, request)
+    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
+    defaults = list(precisions.defaults_used)
+    if request.calibration is None:
+        defaults.append(f"calibration = {profile}")
+    cached = request.context_tokens or 0
+    new_tokens = request.prompt_tokens if request.phase == PREFILL else 1
+    assert new_tokens is not None  # RooflineRequest requires prompt_tokens for prefill
+    if request.phase == PREFILL and request.context_tokens is None:
+        defaults.append("context_tokens = 0 (no cached prefix)")
+    dtypes = {"weight_dtype": precisions.weight_dtype, "kv_dtype": precisions.kv_dtype,
+              "activation_dtype": precisions.activation_dtype, "tensor_parallel": request.tensor_parallel}
+    try:
+        if request.phase == PREFILL:
+            cost = prefill_cost(model, new_tokens, cached, request.batch_size, **dtypes)
+        else:
+            cost = decode_cost(model, cached, request.batch_size, **dtypes)
+        result = roofline(cost, gpu, precisions.compute_dtype, efficiency, request.tensor_parallel, model)
+        # A decode step is a one-token prefill after the cached context: the same step, naive attention.
+        naive = prefill_cost(model, new_tokens, cached, request.batch_size, **dtypes, flash_attention=False)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    flash_bytes = cost.operator(ATTENTION).bytes
+    naive_bytes = naive.operator(ATTENTION).bytes
+    return RooflineResponse(
+        model=model_label, gpu=gpu_label, phase=request.phase, batch_size=request.batch_size,
+        prompt_tokens=request.prompt_tokens, context_tokens=cached, tensor_parallel=request.tensor_parallel,
+        tokens=result.tokens, compute_dtype=precisions.compute_dtype,
+        flops=result.flops, bytes=result.bytes, arithmetic_intensity=result.arithmetic_intensity,
+        ridge_point=result.ridge_point, bound=result.bound,
+        compute_time_ms=result.compute_time_s * 1e3, memory_time_ms=result.memory_time_s * 1e3,
+        ideal_time_ms=result.ideal_time_s * 1e3, expected_time_ms=result.expected_time_s * 1e3,
+        comm_time_ms=result.comm_time_s * 1e3, overhead_time_ms=result.overhead_time_s * 1e3,
+        ideal_tokens_per_s=result.ideal_tokens_per_s, expected_tokens_per_s=result.expected_tokens_per_s,
+        operators=[
+            OperatorOut(name=op.name, flops=op.flops, bytes=op.bytes,
+                        arithmetic_intensity=op.arithmetic_intensity if math.isfinite(op.arithmetic_intensity)
+                        else None,
+                        bound=op.bound, ideal_time_ms=op.ideal_time_s * 1e3, expected_time_ms=op.expected_time_s * 1e3)
+            for op in result.operators
+        ],
+        attention_traffic=AttentionTraffic(flash_bytes=flash_bytes, naive_bytes=naive_bytes,
+                                           score_matrix_bytes=naive_bytes - flash_bytes,
+                                           naive_to_flash_ratio=naive_bytes / flash_bytes,
+                                           note=ATTENTION_TRAFFIC_NOTE),
+        assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults),
+        calculation_version=CALCULATION_VERSION,
+    )
+
+
+def _roofline_assumptions(precisions: ResolvedPrecisions, efficiency: Efficiency, profile: str,
+                          formulas: Sequence[str], defaults: Sequence[str]) -> RooflineAssumptions:
+    return RooflineAssumptions(
+        weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+        compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
+        efficiency=efficiency_out(efficiency, profile), formulas=list(formulas), defaults_used=list(defaults),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSweep:
+    """Decode step times of one deployment at several batch sizes (seconds, one entry per batch)."""
+
+    batch_sizes: tuple[int, ...]
+    ideal_step_time_s: tuple[float, ...]
+    expected_step_time_s: tuple[float, ...]
+    knee_batch_size: int | None
+
+    def bound(self, batch_size: int) -> str:
+        # Compute-boundness is monotone in the batch (knee_batch_size's docstring), so the knee decides it.
+        return COMPUTE if self.knee_batch_size is not None and batch_size >= self.knee_batch_size else MEMORY
+
+
+def decode_batch_sweep(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch_sizes: Sequence[int], *,
+                       weight_dtype: str, kv_dtype: str, compute_dtype: str, activation_dtype: str,
+                       tensor_parallel: int, efficiency: Efficiency) -> DecodeSweep:
+    """The batch-sweep's pure calculation: every batch evaluated at once by the vectorized step-time
+    model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the analytic knee."""
+    step_model = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype,
+                                       kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
+                                       activation_dtype=activation_dtype)
+    sequences = np.asarray(batch_sizes, dtype=float)
+    contexts = sequences * context_tokens
+    ideal = np.atleast_1d(step_model.ideal_step_time_s(sequences, contexts, 0, 0))
+    expected = np.atleast_1d(step_model.step_time_s(sequences, contexts, 0, 0))
+    knee = knee_batch_size(model, gpu, context_tokens, weight_dtype, kv_dtype, compute_dtype, tensor_parallel,
+                           activation_dtype)
+    return DecodeSweep(tuple(batch_sizes), tuple(ideal.tolist()), tuple(expected.tolist()), knee)
+
+
+def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepResponse:
+    """/v1/roofline/batch-sweep: decode step time and throughput against batch size, and the knee."""
+    model, model_label = resolve_model(session, request)
+    gpu, gpu_label = resolve_gpu(session, request)
+    tp = request.tensor_parallel
+    check_parallelism(model, tp)
+    precisions = resolve_precisions(model, gpu, gpu_label, request)
+    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
+    defaults = list(precisions.defaults_used)
+    if request.calibration is None:
+        defaults.append(f"calibration = {profile}")
+    if request.batch_sizes is None:
+        defaults.append("batch_sizes = " + ", ".join(str(b) for b in DEFAULT_SWEEP_BATCH_SIZES))
+    batch_sizes = sorted(set(request.batch_sizes or DEFAULT_SWEEP_BATCH_SIZES))
+    context = request.context_tokens
+    try:
+        sweep = decode_batch_sweep(
+            model, gpu, context, batch_sizes, weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+            compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
+            tensor_parallel=tp, efficiency=efficiency)
+        weights = weight_bytes_per_gpu(model, precisions.weight_dtype, tp)
+        # The KV each sequence holds once this step has written its token.
+        kv_per_sequence = kv_cache_size(model, context + 1, precisions.kv_dtype, tp).bytes_per_sequence_per_gpu
+        explanation = _knee_explanation(model, gpu, context, sweep, precisions, tp, efficiency,
+                                        weights, kv_per_sequence)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    points = []
+    for batch, ideal, expected in zip(sweep.batch_sizes, sweep.ideal_step_time_s, sweep.expected_step_time_s,
+                                      strict=True):
+        kv = kv_per_sequence * batch
+        points.append(BatchSweepPoint(
+            batch_size=batch, bound=sweep.bound(batch),
+            ideal_step_time_ms=ideal * 1e3, expected_step_time_ms=expected * 1e3,
+            ideal_tokens_per_s=batch / ideal, expected_tokens_per_s=batch / expected,
+            ideal_tokens_per_s_per_user=1 / ideal, expected_tokens_per_s_per_user=1 / expected,
+            kv_bytes_per_gpu=kv, weights_and_kv_bytes_per_gpu=weights + kv,
+            fits_in_gpu_memory=weights + kv <= gpu.memory_bytes,
+        ))
+    return BatchSweepResponse(
+        model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp,
+        compute_dtype=precisions.compute_dtype, ridge_point=ridge_point(gpu, precisions.compute_dtype),
+        points=points, knee_batch_size=sweep.knee_batch_size, knee_explanation=explanation,
+        assumptions=_roofline_assumptions(precisions, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA),
+                                          defaults),
+        calculation_version=CALCULATION_VERSION,
+    )
+
+
+def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep: DecodeSweep,
+                      precisions: ResolvedPrecisions, tensor_parallel: int, efficiency: Efficiency,
+                      weights: int, kv_per_sequence: int) -> str:
+    knee = sweep.knee_batch_size
+    if knee is not None:
+        text = (f"From {knee:,} sequences on, the ideal decode step is compute-bound: the weight read, paid once "
+                "per step, is shared by enough sequences that their FLOPs outlast the step's memory traffic. Below "
+                "the knee the step is memory-bound and each added sequence costs only its own KV and activation "
+                "traffic.")
+        if weights + knee * kv_per_sequence > gpu.memory_bytes:
+            text += (f" But {knee:,} sequences of {context_tokens:,} tokens need "
+                     f"{knee * kv_per_sequence / 1e9:,.1f} GB of KV cache per GPU next to the weights, more than "
+                     f"the GPU's {gpu.memory_bytes / 1e9:,.1f} GB: KV memory caps the batch before the compute "
+                     "roof does.")
+        return text
+    # Why never: compare what one more sequence adds to the ideal step's compute and memory times.
+    one, two = (
+        roofline(decode_cost(model, context_tokens, batch, precisions.weight_dtype, precisions.kv_dtype,
+                             precisions.activation_dtype, tensor_parallel),
+                 gpu, precisions.compute_dtype, efficiency)
+        for batch in (1, 2))
+    added_compute = two.compute_time_s - one.compute_time_s
+    added_memory = two.memory_time_s - one.memory_time_s
+    return (f"None: at {context_tokens:,} tokens of context every added sequence brings its own KV cache reads, "
+            f"adding {added_memory * 1e6:,.2f} us of memory traffic but only {added_compute * 1e6:,.2f} us of "
+            "compute at peak to the ideal step, so memory time grows faster than compute time and decode stays "
+            "memory-bound at any batch size. Shorter contexts, a quantized KV cache or fewer KV heads bring the "
+            "knee back.")
+
+
+# /v1/capacity
+
+CAPACITY_FORMULAS = (
+    ("per GPU: kv_budget = usable - weights - activation - overhead (non-torch + CUDA graphs + reserve); "
+     "vllm and generic: usable = gpu_memory_utilization x total memory; sglang: mem_fraction_static x total "
+     "holds weights + KV only; trtllm: KV = 0.9 x (total - weights - activation - overhead)"),
+    ("activation peak (vllm, trtllm) = 4.76 GiB (measured: Llama-3.1-8B, 8192 batched tokens, TP1, H100) x "
+     "batched tokens / 8192 x live values per token of one layer / 61,440 (that model's: 2h + attention "
+     "projections + 3 x MLP width, per GPU; MoE: k x (3 x expert width + h))"),
+    ("KV blocks = kv_budget // (block_size x bytes per token in every layer of the most loaded GPU); window "
+     "layers take only the blocks their window spans (vLLM's hybrid allocator); MLA's latent is not divided "
+     "by TP"),
+    ("worst case = requests of max_model_len; admission = requests of input + output (reserved up front); "
+     "steady state = budget / mean KV of a request over its decode (input + t tokens, block-rounded, "
+     "t = 1..output); each capped by max_num_seqs"),
+    ("operating point: tpot = decode step (batch/pp requests at mean context, all stages) + batch x prefill "
+     "/ (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
+    "TP beyond one node's GPUs runs its all-reduces over the scale-out link",
+)
+
+
+def plan_capacity(session: Session, request: CapacityRequest) -> CapacityResponse:
+    """/v1/capacity: concurrency and speed of a deployment under its engine's memory accounting."""
+    model, model_label = resolve_model(session, request)
+    gpu, gpu_label = resolve_gpu(session, request)
+    check_parallelism(model, request.tensor_parallel, request.pipeline_parallel)
+    if request.max_model_len is not None and request.max_model_len > model.max_position_embeddings:
+        raise Unprocessable(
+            f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
+            errors=[("/body/max_model_len",
+                     f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
+    precisions = resolve_precisions(model, gpu, gpu_label, request)
+    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
+    engine = EngineConfig(
+        engine=request.engine, gpu_memory_utilization=request.gpu_memory_utilization,
+        reserved_bytes_per_gpu=request.reserved_bytes_per_gpu,
+        activation_bytes_per_gpu=request.activation_bytes_per_gpu,
+        non_torch_bytes_per_gpu=request.non_torch_bytes_per_gpu,
+        cuda_graph_bytes_per_gpu=request.cuda_graph_bytes_per_gpu, max_num_seqs=request.max_num_seqs,
+        max_num_batched_tokens=request.max_num_batched_tokens, block_size=request.block_size,
+        max_model_len=request.max_model_len)
+    try:
+        result = capacity_core.capacity(
+            model, gpu, tensor_parallel=request.tensor_parallel, pipeline_parallel=request.pipeline_parallel,
+            weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+            compute_dtype=precisions.compute_dtype, engine=engine, input_tokens=request.input_tokens,
+            output_tokens=request.output_tokens, efficiency=efficiency,
+            activation_dtype=precisions.activation_dtype)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    resolved = result.engine
+    defaults = [*precisions.defaults_used]
+    if request.calibration is None:
+        defaults.append(f"calibration = {profile}")
+    defaults += [f"{name} = {getattr(resolved, name)} ({source})" for name, source in resolved.sources
+                 if source != "given"]
+    memory = result.memory
+    return CapacityResponse(
+        model=model_label, gpu=gpu_label, tensor_parallel=request.tensor_parallel,
+        pipeline_parallel=request.pipeline_parallel, num_gpus=request.tensor_parallel * request.pipeline_parallel,
+        input_tokens=request.input_tokens, output_tokens=request.output_tokens,
+        fits=result.fits, reasons=list(result.reasons),
+        suggestion=None if result.suggestion is None else SuggestionOut(
+            **{name: getattr(result.suggestion, name) for name in SuggestionOut.model_fields}),
+        memory=MemoryOut(
+            total_bytes_per_gpu=memory.total_bytes_per_gpu, usable_bytes_per_gpu=memory.usable_bytes_per_gpu,
+            weights_bytes_per_gpu=memory.weights_bytes_per_gpu,
+            activation_bytes_per_gpu=memory.activation_bytes_per_gpu,
+            overhead_bytes_per_gpu=memory.overhead_bytes_per_gpu,
+            non_torch_bytes_per_gpu=memory.non_torch_bytes_per_gpu,
+            cuda_graph_bytes_per_gpu=memory.cuda_graph_bytes_per_gpu,
+            reserved_bytes_per_gpu=memory.reserved_bytes_per_gpu,
+            kv_budget_bytes_per_gpu=memory.kv_budget_bytes_per_gpu, weights_bytes_total=result.weights_bytes_total,
+            kv_budget_per_gpu=human_size(memory.kv_budget_bytes_per_gpu),
+            weights_total=human_size(result.weights_bytes_total)),
+        kv_bytes_per_token_per_gpu=result.kv_bytes_per_token_per_gpu, kv_tokens=result.kv_tokens,
+        kv_blocks=result.kv_blocks,
+        max_concurrency=MaxConcurrencyOut(**{
+            view: ConcurrencyOut(**{name: getattr(getattr(result.max_concurrency, view), name)
+                                    for name in ConcurrencyOut.model_fields})
+            for view in MaxConcurrencyOut.model_fields}),
+        max_context_tokens=result.max_context_tokens,
+        operating_point=None if result.operating_point is None else _operating_point_out(result.operating_point),
+        engine=EngineOut(
+            engine=resolved.engine, gpu_memory_utilization=resolved.gpu_memory_utilization,
+            utilization_of=resolved.utilization_of, max_num_seqs=resolved.max_num_seqs,
+            max_num_batched_tokens=resolved.max_num_batched_tokens, block_size=resolved.block_size,
+            max_model_len=resolved.max_model_len, kv_allocation=resolved.kv_allocation,
+            sources=dict(resolved.sources)),
+        assumptions=CapacityAssumptions(
+            weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+            compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
+            efficiency=efficiency_out(efficiency, profile), formulas=list(CAPACITY_FORMULAS),
+            defaults_used=defaults),
+        calculation_version=CALCULATION_VERSION,
+    )
+
+
+def _operating_point_out(point: capacity_core.OperatingPoint) -> OperatingPointOut:
+    """The core's seconds as milliseconds: `x_ms` is `x_s` x 1000; other fields carry over."""
+    return OperatingPointOut(**{
+        name: getattr(point, name[:-3] + "_s") * 1e3 if name.endswith("_ms") else getattr(point, name)
+        for name in OperatingPointOut.model_fields})
+
+

@@ -1,0 +1,293 @@
+"""/v1/slo-plan: the request turned into the planner's inputs, and its plans into the response."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.calibration.profiles import resolve_efficiency
+from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
+from app.errors import Unprocessable
+from app.estimates.inputs import default_kv_dtype, efficiency_out, resolve_model
+from app.planning.schemas import (
+    CandidatesIn,
+    HistogramLengths,
+    InfeasibleOut,
+    LaunchOut,
+    LoadPerReplicaOut,
+    LognormalLengths,
+    ParetoPointOut,
+    PercentilesOut,
+    PlanAssumptionsOut,
+    PlanOut,
+    PredictionOut,
+    SearchOut,
+    SloPlanAssumptions,
+    SloPlanRequest,
+    SloPlanResponse,
+    SpeculativeIn,
+    WorkloadIn,
+)
+from app.sizing import CALCULATION_VERSION
+from app.sizing.engines.base import LaunchSpec
+from app.sizing.engines.launch import launch_command
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.hardware.roofline import (
+    default_compute_dtype,
+)
+from app.sizing.serving import plan as plan_core
+from app.sizing.serving.speculative import SpeculativeDecoding
+from app.sizing.serving.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
+from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
+
+# /v1/slo-plan
+
+SLO_PLAN_FORMULAS = (
+    ("replicas = ceil(peak x burst_factor / (max load per replica x max_utilization_ratio)) + extra_replicas; "
+     "the max load is the highest simulated per-replica load meeting every SLO at the percentile"),
+    ("GPUs = replicas x tensor_parallel x pipeline_parallel; nodes: tensor parallelism stays inside one node and "
+     "replicas smaller than a node share nodes"),
+    ("cost per hour = GPUs x price per GPU-hour; $ per million output tokens = cost per hour / (output tokens per "
+     "hour at the peak load) x 1e6"),
+    ("TPOT = (E2E - TTFT) / (output tokens - 1), per request; percentiles over the simulated requests after the "
+     "first 10 % (warm-up)"),
+    ("TPOT floor = one decode step at batch 1 attending the median prompt; TTFT floor = the percentile prompt "
+     "prefilled alone; both prune configurations before any simulation"),
+    ("speculative decoding: tokens per target pass = (1 - a^(k+1)) / (1 - a); a pass costs k draft decode steps "
+     "plus one target pass over k + 1 tokens per sequence"),
+)
+SLO_PLAN_TPOT_DEFINITION = ("TPOT = (E2E - TTFT) / (output tokens - 1) per request: the mean gap between output "
+                            "tokens after the first (harnesses that divide E2E by all output tokens report less)")
+# Lognormal lengths are drawn up to this quantile: an unbounded tail would ask for absurd contexts.
+LOGNORMAL_CLIP_QUANTILE = 0.9999
+INLINE_MODEL_ID = "/path/to/model"  # an inline architecture has no repository id
+
+
+def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
+    """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`)."""
+    model, label = resolve_model(session, request)
+    candidates = request.candidates
+    defaults: list[str] = []
+    if candidates.gpus is None:
+        gpus = list_gpu_specs(session)
+        defaults.append(f"gpus = every catalog GPU ({len(gpus)})")
+    else:
+        gpus = [get_gpu_spec(session, slug) for slug in dict.fromkeys(candidates.gpus)]
+    _check_plan_parallelism(model, candidates)
+    weight_dtypes = candidates.weight_dtypes
+    if weight_dtypes is None:
+        weight_dtypes = [model.dtype if model.dtype in WEIGHT_DTYPES else "bf16"]
+        defaults.append(f"weight_dtypes = [{weight_dtypes[0]}] (the model's published dtype)")
+    kv_dtypes = candidates.kv_dtypes
+    if kv_dtypes is None:
+        kv_dtype, why = default_kv_dtype(model)
+        kv_dtypes = [kv_dtype]
+        defaults.append(f"kv_dtypes = [{kv_dtype}] ({why})")
+    if candidates.tensor_parallel is None:
+        defaults.append("tensor_parallel = every divisor of the attention heads up to each GPU's node size")
+    for knob in ("max_num_seqs", "max_num_batched_tokens"):
+        if getattr(candidates, knob) is None:
+            defaults.append(f"{knob} = the {candidates.engine} default")
+    prices = dict(candidates.gpu_price_per_hour_usd or {})
+    for slug in prices.keys() - {gpu.slug for gpu in gpus}:
+        raise Unprocessable(f"a price is given for {slug!r}, which is not among the candidate GPUs",
+                            errors=[(f"/body/candidates/gpu_price_per_hour_usd/{slug}", "not a candidate GPU")])
+    workload = _plan_workload(request.workload, model)
+    speculative, draft, draft_id = _plan_speculation(session, request.speculative)
+    try:
+        configurations = plan_core.configurations(
+            model, gpus, candidates.tensor_parallel, candidates.pipeline_parallel, weight_dtypes, kv_dtypes,
+            candidates.max_num_seqs or [None], candidates.max_num_batched_tokens or [None])
+    except plan_core.SearchSpaceTooLarge as exc:
+        raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
+    compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
+    efficiencies, profiles = _plan_efficiencies(session, gpus, compute_dtypes, request.calibration)
+    slo = request.slo
+    try:
+        inputs = plan_core.PlanInputs(
+            model=model, workload=workload, efficiencies=efficiencies, engine=candidates.engine,
+            slo=plan_core.Slo(ttft_s=slo.ttft_ms / 1e3, tpot_s=slo.tpot_ms / 1e3,
+                              e2e_s=None if slo.e2e_ms is None else slo.e2e_ms / 1e3,
+                              percentile=slo.percentile, goodput_ratio=slo.goodput_ratio),
+            burst_factor=request.workload.burst_factor,
+            policy=plan_core.HaPolicy(request.ha_policy.extra_replicas, request.ha_policy.max_utilization_ratio),
+            prices=prices, speculative=speculative, draft=draft, seed=request.seed,
+            simulated_requests=request.simulated_requests)
+    except ValueError as exc:
+        raise Unprocessable(str(exc), errors=[("/body/workload", str(exc))]) from None
+    result = plan_core.plan(inputs, configurations)
+    model_id = INLINE_MODEL_ID if request.model is None else (read_one(session, MODELS, request.model).hf_id
+                                                              or request.model)
+    plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, result.max_model_len)
+             for rank, plan in enumerate(result.plans, start=1)]
+    return SloPlanResponse(
+        feasible=result.feasible, model=label, slo=slo, plans=plans,
+        pareto=[ParetoPointOut(rank=index + 1, cost_per_hour_usd=result.plans[index].cost_per_hour_usd,
+                               gpus=result.plans[index].gpus,
+                               e2e_ms_at_slo_percentile=result.plans[index].e2e_at_slo_percentile_s * 1e3)
+                for index in result.pareto],
+        infeasible=[InfeasibleOut(gpu=item.configuration.gpu.slug, tensor_parallel=item.configuration.tensor_parallel,
+                                  pipeline_parallel=item.configuration.pipeline_parallel,
+                                  weight_dtype=item.configuration.weight_dtype, kv_dtype=item.configuration.kv_dtype,
+                                  max_num_seqs=item.configuration.max_num_seqs,
+                                  max_num_batched_tokens=item.configuration.max_num_batched_tokens,
+                                  reasons=list(item.reasons))
+                    for item in result.infeasible],
+        search=SearchOut(
+            configurations_considered=result.stats.configurations, configuration_limit=plan_core.MAX_CONFIGURATIONS,
+            screened_out=result.stats.screened_out, bounded_out=result.stats.bounded_out,
+            simulated=result.stats.simulated, infeasible_in_simulation=result.stats.infeasible_in_simulation,
+            simulator_runs=result.stats.simulations, simulated_requests=result.stats.simulated_requests,
+            requests_per_run=result.stats.requests_per_run, seed=result.stats.seed),
+        assumptions=SloPlanAssumptions(
+            calibration_profiles=sorted(set(profiles.values())), engine=candidates.engine,
+            load_model=_load_model_text(request.workload), tpot_definition=SLO_PLAN_TPOT_DEFINITION,
+            formulas=list(SLO_PLAN_FORMULAS), defaults_used=defaults,
+            notes=[*result.notes, *_workload_notes(request.workload)]),
+        calculation_version=CALCULATION_VERSION,
+    )
+
+
+def _check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn) -> None:
+    """422 for a tensor-parallel degree that does not divide the heads, or more stages than layers."""
+    heads, layers = model.num_attention_heads, model.num_hidden_layers
+    for index, tp in enumerate(candidates.tensor_parallel or []):
+        if heads % tp:
+            raise Unprocessable(f"tensor_parallel {tp} does not divide the model's {heads} attention heads",
+                                errors=[(f"/body/candidates/tensor_parallel/{index}",
+                                         f"must divide num_attention_heads ({heads})")])
+    for index, pp in enumerate(candidates.pipeline_parallel):
+        if pp > layers:
+            raise Unprocessable(f"pipeline_parallel {pp} exceeds the model's {layers} layers",
+                                errors=[(f"/body/candidates/pipeline_parallel/{index}",
+                                         f"must be at most num_hidden_layers ({layers})")])
+
+
+def _plan_lengths(lengths: Any, pointer: str, cap: int) -> LengthDistribution:
+    """The request's lengths as a core distribution; lognormals clipped at LOGNORMAL_CLIP_QUANTILE."""
+    try:
+        if isinstance(lengths, int):
+            return Fixed(lengths)
+        if isinstance(lengths, HistogramLengths):
+            return Histogram(tuple(lengths.bins))
+        statistics = {"mean": lengths.mean, "p50": lengths.p50, "p90": lengths.p90, "p99": lengths.p99}
+        fitted = LogNormal(**statistics, max_tokens=cap)
+        return LogNormal(**statistics, max_tokens=max(1, min(cap, math.ceil(fitted.quantile(LOGNORMAL_CLIP_QUANTILE)))))
+    except ValueError as exc:
+        raise Unprocessable(str(exc), errors=[(pointer, str(exc))]) from None
+
+
+def _plan_workload(workload: WorkloadIn, model: ModelSpec) -> Workload:
+    """The core workload; a lognormal answer keeps a position for the prompt, a lognormal prompt leaves
+    room for the longest answer (a request longer than the model is a 422, from `PlanInputs`)."""
+    positions = model.max_position_embeddings
+    output_tokens = _plan_lengths(workload.output_tokens, "/body/workload/output_tokens", max(1, positions - 1))
+    longest_answer = math.ceil(output_tokens.quantile(1.0))
+    return Workload(
+        input_tokens=_plan_lengths(workload.input_tokens, "/body/workload/input_tokens",
+                                   max(1, positions - longest_answer)),
+        output_tokens=output_tokens,
+        requests_per_s=workload.requests_per_s, concurrent_users=workload.concurrent_users,
+        prefix_cache_hit_rate=workload.prefix_cache_hit_rate, shared_prefix_tokens=workload.shared_prefix_tokens)
+
+
+def _plan_speculation(session: Session, speculative: SpeculativeIn | None,
+                      ) -> tuple[SpeculativeDecoding | None, plan_core.DraftModel | None, str | None]:
+    """(speculation, draft model, the draft's Hugging Face id) from the request."""
+    if speculative is None:
+        return None, None, None
+    spec = SpeculativeDecoding(speculative.draft_tokens, speculative.acceptance_rate,
+                               has_draft_model=speculative.draft_model is not None)
+    if speculative.draft_model is None:
+        return spec, None, None
+    draft_model = get_model_spec(session, speculative.draft_model)
+    draft_dtype = draft_model.dtype if draft_model.dtype in WEIGHT_DTYPES else "bf16"
+    draft_id = read_one(session, MODELS, speculative.draft_model).hf_id or speculative.draft_model
+    return spec, plan_core.DraftModel(draft_model, draft_dtype), draft_id
+
+
+def _plan_efficiencies(session: Session, gpus: Sequence[GpuSpec], weight_dtypes: Sequence[str],
+                       profile: str | None) -> tuple[dict[tuple[str, str], Efficiency], dict[tuple[str, str], str]]:
+    """The efficiency (and its profile's name) for every GPU x compute dtype the weights imply."""
+    efficiencies: dict[tuple[str, str], Efficiency] = {}
+    profiles: dict[tuple[str, str], str] = {}
+    for gpu in gpus:
+        for weight_dtype in weight_dtypes:
+            try:
+                compute_dtype = default_compute_dtype(gpu, weight_dtype)
+            except ValueError:
+                continue  # the plan reports the configuration infeasible, with the reason
+            key = (gpu.slug, compute_dtype)
+            if key not in efficiencies:
+                efficiencies[key], profiles[key] = resolve_efficiency(session, gpu, compute_dtype, profile)
+    return efficiencies, profiles
+
+
+def _load_model_text(workload: WorkloadIn) -> str:
+    if workload.concurrent_users is not None:
+        return (f"closed loop: {workload.concurrent_users} users, each sending the next request the moment the "
+                "last one finishes; every replica is simulated with its share of the users")
+    return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x burst factor "
+            f"{workload.burst_factor:g}; every replica is simulated with a Poisson stream of its share")
+
+
+def _workload_notes(workload: WorkloadIn) -> list[str]:
+    if any(isinstance(lengths, LognormalLengths) for lengths in (workload.input_tokens, workload.output_tokens)):
+        return [(f"lognormal lengths are drawn up to their {LOGNORMAL_CLIP_QUANTILE:.2%} quantile (and the model's "
+                 "context); max_model_len covers the longest prompt plus the longest answer")]
+    return []
+
+
+def _percentiles_out(percentiles: plan_core.Percentiles) -> PercentilesOut:
+    def ms(seconds: float) -> float | None:
+        return None if math.isnan(seconds) else seconds * 1e3
+
+    return PercentilesOut(p50_ms=ms(percentiles.p50_s), p95_ms=ms(percentiles.p95_s), p99_ms=ms(percentiles.p99_s),
+                          at_slo_percentile_ms=ms(percentiles.at_slo_percentile_s))
+
+
+def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
+              profiles: dict[tuple[str, str], str], request: SloPlanRequest, draft_id: str | None,
+              max_model_len: int) -> PlanOut:
+    configuration, engine, predicted = plan.configuration, plan.engine, plan.predicted
+    gpu = configuration.gpu
+    speculative = request.speculative
+    launch = launch_command(LaunchSpec(
+        engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
+        tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
+        weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        draft_tokens=None if speculative is None else speculative.draft_tokens, draft_model_id=draft_id))
+    return PlanOut(
+        rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
+        pipeline_parallel=configuration.pipeline_parallel, weight_dtype=configuration.weight_dtype,
+        kv_dtype=configuration.kv_dtype, compute_dtype=plan.compute_dtype, engine=engine.engine,
+        max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,
+        max_model_len=max_model_len, kv_tokens_per_replica=plan.kv_tokens_per_replica,
+        load_per_replica=LoadPerReplicaOut(
+            unit=plan.load_kind, offered=plan.offered_load_per_replica, max_verified=plan.max_load_per_replica,
+            failing=plan.failing_load_per_replica, analytic_ceiling=plan.ceiling_load_per_replica),
+        replicas=plan.replicas, extra_replicas=plan.extra_replicas,
+        gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus, nodes=plan.nodes,
+        price_per_gpu_hour_usd=plan.price_per_gpu_hour_usd, price_source=plan.price_source,
+        cost_per_hour_usd=plan.cost_per_hour_usd,
+        cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,
+        output_tokens_per_s=plan.output_tokens_per_s, output_tokens_per_s_per_gpu=plan.output_tokens_per_s_per_gpu,
+        utilization_ratio=plan.utilization_ratio,
+        predicted=PredictionOut(
+            load_per_replica=predicted.load, ttft=_percentiles_out(predicted.ttft),
+            tpot=_percentiles_out(predicted.tpot), e2e=_percentiles_out(predicted.e2e),
+            goodput_ratio=predicted.goodput_ratio, requests_per_s=predicted.requests_per_s,
+            output_tokens_per_s=predicted.output_tokens_per_s, preemptions=predicted.preemptions),
+        meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
+        launch=LaunchOut(command=launch.command, notes=list(launch.notes)),
+        assumptions=PlanAssumptionsOut(
+            efficiency=efficiency_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)]),
+            tokens_per_pass=plan.tokens_per_pass,
+            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
+    )

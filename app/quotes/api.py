@@ -1,0 +1,85 @@
+"""/v1/quotes: saved /v1/slo-plan answers for the quoting pipeline.
+
+Creating a quote needs a write key; reading and repricing are reads (a reprice stores nothing and
+costs what a /v1/slo-plan call costs, which needs no key either). A malformed quote id is a 422
+problem naming /path/quote_id, like a malformed catalog slug; a well-formed id that matches no
+quote is a 404.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Path, Request
+from starlette.responses import Response
+
+from app.db import RequestDeadline
+from app.errors import problem_responses
+from app.planning.schemas import SloPlanRequest
+from app.quotes import service as quotes
+from app.quotes.schemas import (
+    IDEMPOTENCY_KEY_PATTERN,
+    QUOTE_ID_EXAMPLE,
+    QUOTE_ID_PATTERN,
+    QuoteOut,
+    QuotePage,
+    RepriceOut,
+)
+from app.web import ETAG_HEADER, NOT_MODIFIED, Limit, Offset, SessionDep, WriteAccess, json_with_etag
+
+router = APIRouter(prefix="/v1/quotes", tags=["quotes"])
+
+QuoteIdPath = Annotated[str, Path(pattern=QUOTE_ID_PATTERN, max_length=36, description="Quote id (UUID4)",
+                                  examples=[QUOTE_ID_EXAMPLE])]
+IdempotencyKey = Annotated[str | None, Header(
+    min_length=1, max_length=255, pattern=IDEMPOTENCY_KEY_PATTERN,
+    description="Makes retries safe: the same key with the same body returns the quote stored the first "
+                "time (200); with another body it is a 422. 1 to 255 printable ASCII characters.",
+    examples=["order-2026-11-29-0042"],
+)]
+
+
+@router.post(
+    "", response_model=QuoteOut, status_code=201, summary="Plan and save a quote", dependencies=[WriteAccess],
+    responses={
+        200: {"description": "A retry with the same Idempotency-Key and body: the quote stored the first "
+                             "time", "model": QuoteOut, "headers": ETAG_HEADER},
+        201: {"description": "Created", "headers": {
+            **ETAG_HEADER, "Location": {"description": "URL of the quote", "schema": {"type": "string"}}}},
+        **problem_responses(401, 404, 409, 413, 422, 503),
+    },
+)
+def create_quote(request: Request, body: SloPlanRequest, idempotency_key: IdempotencyKey = None) -> Response:
+    """Run the plan exactly as `POST /v1/slo-plan` does and store the request, a snapshot of every
+    catalog row it read (with their versions), the result, the calculation version and the time.
+    The stored quote never changes, even when the catalog does."""
+    deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
+    stored, created = quotes.create_quote(request.app.state.session_factory, body, idempotency_key,
+                                          may_commit=deadline.claim_commit if deadline else lambda: True)
+    if created:
+        return json_with_etag(request, stored, status_code=201,
+                              headers={"Location": f"/v1/quotes/{stored.id}"})
+    return json_with_etag(request, stored)
+
+
+@router.get("", response_model=QuotePage, summary="List quotes, newest first",
+            responses={**NOT_MODIFIED, **problem_responses(422, 503)})
+def list_quotes(request: Request, session: SessionDep, limit: Limit = 50, offset: Offset = 0) -> Response:
+    return json_with_etag(request, quotes.list_quotes(session, limit, offset))
+
+
+@router.get("/{quote_id}", response_model=QuoteOut, summary="Get a quote, exactly as stored",
+            responses={**NOT_MODIFIED, **problem_responses(404, 422, 503)})
+def get_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> Response:
+    """The same bytes (and ETag) as when the quote was made, whatever the catalog holds today."""
+    return json_with_etag(request, quotes.read_quote(session, quote_id))
+
+
+@router.post("/{quote_id}/reprice", response_model=RepriceOut,
+             summary="Plan a quote again on today's catalog", responses=problem_responses(404, 409, 422, 503))
+def reprice_quote(session: SessionDep, quote_id: QuoteIdPath) -> RepriceOut:
+    """Run the stored request against today's catalog and list the differences: catalog rows changed,
+    added or deleted since (a deleted candidate GPU is left out; a deleted model is planned from the
+    architecture stored in the quote), and changed outcomes (feasibility, the cheapest plan's GPU,
+    layout, replicas and $/hour). Stores nothing."""
+    return quotes.reprice(session, quote_id)

@@ -1,0 +1,332 @@
+"""Saved quotes: run a /v1/slo-plan, freeze it with the catalog rows it read, reprice it later.
+
+A quote stores the validated request (canonical JSON and its SHA-256), a snapshot of every catalog
+row the plan resolved (each with its `version`), the plan response as returned, the calculation
+version and the time. Quotes are only ever inserted, so one reads back byte for byte the same
+forever, whatever happens to the catalog afterwards.
+
+Transactions: unlike the catalog endpoints, creating a quote owns its transaction boundaries,
+because they are the feature. The plan (up to a second of arithmetic) runs on a read-only session;
+the write is one INSERT in its own short transaction. An `Idempotency-Key` is UNIQUE in the table,
+so of concurrent creates with one key the database lets exactly one insert win; the others roll
+back, read the winner and answer with it (same request) or a 422 (another request). Nothing is
+ever half-written: a quote is one row, inserted whole or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.catalog import repository
+from app.catalog import service as catalog_service
+from app.catalog.schemas import GpuOut, ModelArchitecture, ModelOut
+from app.catalog.tables import GpuRecord, ModelRecord
+from app.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
+from app.planning import service as planning
+from app.planning.schemas import SloPlanRequest, SloPlanResponse
+from app.quotes.schemas import QuoteDifference, QuotePage, QuoteSummary, RepriceOut, StoredQuote
+from app.quotes.tables import QuoteRecord
+from app.sizing import CALCULATION_VERSION
+
+IDEMPOTENCY_KEY_POINTER = "/header/idempotency-key"
+# A catalog write between reading the revision and re-reading it means the plan and the snapshot
+# may have seen different catalogs: plan again (a few times; writes are rare and quick).
+CONSISTENT_READ_ATTEMPTS = 3
+# Row fields every write changes; a difference in them alone is reported once, as the version.
+ROW_BOOKKEEPING = ("version", "created_at", "updated_at")
+
+SessionFactory = Callable[[], Session]
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no spaces, UTF-8: equal documents give equal bytes (and hashes)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode()
+
+
+def request_document(request: SloPlanRequest) -> dict[str, Any]:
+    """The validated request as JSON, defaults filled in: two bodies that mean the same plan
+    (one spelling out a default, one leaving it out) give the same document."""
+    return request.model_dump(mode="json")
+
+
+def sha256_hex(document: dict[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(document)).hexdigest()
+
+
+# The plan and the catalog rows it read -----------------------------------------------------
+
+def _candidate_gpus(session: Session, request: SloPlanRequest) -> list[GpuOut]:
+    """The catalog GPUs the plan resolves: the listed candidates, or every catalog GPU."""
+    listed = request.candidates.gpus
+    if listed is None:
+        return [catalog_service.GPUS.to_out(record) for record in repository.all_rows(session, GpuRecord)]
+    return [catalog_service.read_one(session, catalog_service.GPUS, slug) for slug in sorted(set(listed))]
+
+
+def _models(session: Session, request: SloPlanRequest) -> list[ModelOut]:
+    """Catalog models the plan resolves: the model (unless inline) and a speculative draft model."""
+    slugs = {request.model} if request.model is not None else set()
+    speculative = request.speculative
+    if speculative is not None and speculative.draft_model is not None:
+        slugs.add(speculative.draft_model)
+    return [catalog_service.read_one(session, catalog_service.MODELS, slug) for slug in sorted(slugs)]
+
+
+def catalog_snapshot(session: Session, request: SloPlanRequest) -> dict[str, Any]:
+    """Every catalog row the plan resolves, as stored now (JSON, with its version), by kind and slug."""
+    return {
+        "models": {row.slug: row.model_dump(mode="json") for row in _models(session, request)},
+        "gpus": {row.slug: row.model_dump(mode="json") for row in _candidate_gpus(session, request)},
+    }
+
+
+def plan_with_snapshot(session: Session, request: SloPlanRequest) -> tuple[SloPlanResponse, dict[str, Any]]:
+    """The plan and the snapshot of the catalog rows it read, both from one catalog revision.
+
+    Every catalog write bumps the revision in its own transaction, so an unchanged revision
+    before and after means no write landed in between.
+    """
+    for _ in range(CONSISTENT_READ_ATTEMPTS):
+        revision = repository.catalog_revision(session)
+        result = planning.plan_slo(session, request)
+        snapshot = catalog_snapshot(session, request)
+        if repository.catalog_revision(session) == revision:
+            return result, snapshot
+    raise Conflict("The catalog kept changing while the plan ran; retry")
+
+
+def cheapest_plan(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The first (cheapest) plan of a plan response's JSON, or None when nothing is feasible."""
+    plans = result.get("plans") or []
+    return plans[0] if result.get("feasible") and plans else None
+
+
+# Creating and reading quotes ---------------------------------------------------------------
+
+def _by_key(session_factory: SessionFactory, idempotency_key: str) -> QuoteRecord | None:
+    with session_factory() as session:
+        return session.scalar(select(QuoteRecord).where(QuoteRecord.idempotency_key == idempotency_key))
+
+
+def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
+    """The stored quote for a retried key, if the retry carries the same request."""
+    if stored.request_sha256 != request_sha256:
+        raise Unprocessable(
+            "This Idempotency-Key was already used with a different request; use a new key for a new quote",
+            errors=[(IDEMPOTENCY_KEY_POINTER, "already used with another request body")],
+        )
+    return stored_quote(stored)
+
+
+def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idempotency_key: str | None,
+                 may_commit: Callable[[], bool] = lambda: True) -> tuple[StoredQuote, bool]:
+    """Plan, snapshot and store a quote; returns it and whether it was created just now (False:
+    a retry with the same key and request, answered with the stored quote). `may_commit` is asked
+    right before the write: False (the request ran past its deadline and its client was already told
+    so) stores nothing."""
+    document = request_document(request)
+    digest = sha256_hex(document)
+    if idempotency_key is not None and (earlier := _by_key(session_factory, idempotency_key)) is not None:
+        return _replay(earlier, digest), False  # a retry: no need to plan again
+    with session_factory() as session:  # read-only; closed (its transaction ended) before the write
+        result, snapshot = plan_with_snapshot(session, request)
+    result_document = result.model_dump(mode="json")
+    cheapest = cheapest_plan(result_document)
+    record = QuoteRecord(
+        id=str(uuid.uuid4()),
+        idempotency_key=idempotency_key,
+        request_sha256=digest,
+        request=document,
+        catalog_snapshot=snapshot,
+        result=result_document,
+        calculation_version=CALCULATION_VERSION,
+        created_at=datetime.now(UTC),
+        model=request.model,
+        feasible=bool(result_document.get("feasible")),
+        cheapest_gpu=None if cheapest is None else cheapest["gpu"],
+        cheapest_cost_per_hour_usd=None if cheapest is None else cheapest["cost_per_hour_usd"],
+    )
+    try:
+        with session_factory() as session, session.begin():
+            if not may_commit():
+                raise ServiceUnavailable("The request ran past its deadline; the quote was not stored")
+            session.add(record)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        # Another request with this key inserted first (the UNIQUE constraint): answer with its quote.
+        winner = _by_key(session_factory, idempotency_key)
+        if winner is None:
+            raise Conflict("A concurrent request with this Idempotency-Key failed; retry") from None
+        return _replay(winner, digest), False
+    return stored_quote(record), True
+
+
+def stored_quote(record: QuoteRecord) -> StoredQuote:
+    return StoredQuote(
+        id=record.id, created_at=record.created_at, calculation_version=record.calculation_version,
+        request_sha256=record.request_sha256, request=record.request,
+        catalog_snapshot=record.catalog_snapshot, result=record.result,
+    )
+
+
+def _record_or_404(session: Session, quote_id: str) -> QuoteRecord:
+    record = session.get(QuoteRecord, quote_id)
+    if record is None:
+        raise NotFound(f"No quote with id {quote_id!r}")
+    return record
+
+
+def read_quote(session: Session, quote_id: str) -> StoredQuote:
+    return stored_quote(_record_or_404(session, quote_id))
+
+
+def summary(row: Any) -> QuoteSummary:
+    """A list line from a QuoteRecord, or from a row of its summary columns."""
+    return QuoteSummary.model_validate(row, from_attributes=True)
+
+
+def list_quotes(session: Session, limit: int, offset: int) -> QuotePage:
+    """Newest first (creation time, then id for quotes made in the same microsecond)."""
+    total = session.scalar(select(func.count()).select_from(QuoteRecord)) or 0
+    # Only the summary columns: a page never loads the request, snapshot or result documents.
+    rows = session.execute(
+        select(QuoteRecord.id, QuoteRecord.created_at, QuoteRecord.model, QuoteRecord.feasible,
+               QuoteRecord.cheapest_gpu, QuoteRecord.cheapest_cost_per_hour_usd,
+               QuoteRecord.calculation_version)
+        .order_by(QuoteRecord.created_at.desc(), QuoteRecord.id.desc()).limit(limit).offset(offset)
+    ).all()
+    return QuotePage(items=[summary(row) for row in rows],
+                     total=total, limit=limit, offset=offset)
+
+
+# Repricing ---------------------------------------------------------------------------------
+
+def _stored_request(record: QuoteRecord) -> SloPlanRequest:
+    try:
+        return SloPlanRequest.model_validate_json(canonical_json(record.request))
+    except ValidationError:
+        raise Conflict("The quote's request no longer validates against today's /v1/slo-plan request "
+                       "schema; it cannot be repriced") from None
+
+
+def _todays_request(session: Session, stored: SloPlanRequest,
+                    snapshot: dict[str, Any]) -> SloPlanRequest:
+    """The stored request, made runnable against today's catalog: listed candidate GPUs deleted
+    since are left out (with their price overrides), and a model deleted since is planned from its
+    stored architecture. A deleted draft model has no stand-in: that is a 409."""
+    changes: dict[str, Any] = {}
+    candidates = stored.candidates
+    if candidates.gpus is not None:
+        remaining = [slug for slug in candidates.gpus if repository.get(session, GpuRecord, slug) is not None]
+        if not remaining:
+            raise Conflict("Every candidate GPU of this quote has been deleted from the catalog since; "
+                           "there is nothing to reprice it on")
+        prices = candidates.gpu_price_per_hour_usd
+        if prices is not None:
+            prices = {slug: price for slug, price in prices.items() if slug in remaining}
+        changes["candidates"] = candidates.model_copy(
+            update={"gpus": remaining, "gpu_price_per_hour_usd": prices})
+    draft = stored.speculative.draft_model if stored.speculative is not None else None
+    if draft is not None and repository.get(session, ModelRecord, draft) is None:
+        raise Conflict(f"The quote's draft model {draft!r} has been deleted from the catalog since; "
+                       "it cannot be repriced as quoted")
+    if stored.model is not None and repository.get(session, ModelRecord, stored.model) is None:
+        row = snapshot["models"][stored.model]
+        architecture = {name: row[name] for name in ModelArchitecture.model_fields}
+        changes["model"] = None
+        changes["model_spec"] = ModelArchitecture.model_validate_json(canonical_json(architecture))
+    return stored.model_copy(update=changes) if changes else stored
+
+
+# What a reprice does without a deleted row, in words.
+WITHOUT_DELETED_ROW = {"gpu": "the reprice plans without it",
+                       "model": "the reprice plans with the architecture stored in the quote"}
+
+
+def _row_differences(kind: str, before: dict[str, Any], after: dict[str, Any]) -> Iterator[QuoteDifference]:
+    """Snapshot rows against today's rows of one kind: deleted, added, and changed fields."""
+    for slug in sorted(before.keys() - after.keys()):
+        yield QuoteDifference(
+            kind="catalog", subject=f"{kind} {slug}", field=None, change="deleted",
+            before=before[slug]["version"], after=None,
+            detail=f"{kind} {slug} (version {before[slug]['version']}) was deleted from the catalog since; "
+                   + WITHOUT_DELETED_ROW[kind],
+        )
+    for slug in sorted(after.keys() - before.keys()):
+        yield QuoteDifference(
+            kind="catalog", subject=f"{kind} {slug}", field=None, change="added",
+            before=None, after=after[slug]["version"],
+            detail=f"{kind} {slug} (version {after[slug]['version']}) was added to the catalog since",
+        )
+    for slug in sorted(before.keys() & after.keys()):
+        old, new = before[slug], after[slug]
+        versions = f"version {old['version']} -> {new['version']}"
+        changed = [name for name in sorted(old.keys() | new.keys())
+                   if name not in ROW_BOOKKEEPING and old.get(name) != new.get(name)]
+        for name in changed:
+            yield QuoteDifference(
+                kind="catalog", subject=f"{kind} {slug}", field=name, change="changed",
+                before=old.get(name), after=new.get(name),
+                detail=f"{kind} {slug} {name}: {old.get(name)!r} -> {new.get(name)!r} ({versions})",
+            )
+        if not changed and old["version"] != new["version"]:
+            yield QuoteDifference(
+                kind="catalog", subject=f"{kind} {slug}", field="version", change="changed",
+                before=old["version"], after=new["version"],
+                detail=f"{kind} {slug} was rewritten with the same values ({versions})",
+            )
+
+
+# What "the outcome" of a plan is, for a reprice: whether anything works, and the cheapest plan.
+OUTCOME_FIELDS = ("gpu", "tensor_parallel", "pipeline_parallel", "weight_dtype", "kv_dtype",
+                  "replicas", "gpus", "cost_per_hour_usd")
+
+
+def _outcome_differences(before: dict[str, Any], after: dict[str, Any]) -> Iterator[QuoteDifference]:
+    if bool(before.get("feasible")) != bool(after.get("feasible")):
+        yield QuoteDifference(
+            kind="outcome", subject="plan", field="feasible", change="changed",
+            before=bool(before.get("feasible")), after=bool(after.get("feasible")),
+            detail="The SLO " + ("can now be met" if after.get("feasible") else "can no longer be met"),
+        )
+    old, new = cheapest_plan(before), cheapest_plan(after)
+    if old is None or new is None:
+        return
+    for name in OUTCOME_FIELDS:
+        if old.get(name) != new.get(name):
+            yield QuoteDifference(
+                kind="outcome", subject="cheapest plan", field=name, change="changed",
+                before=old.get(name), after=new.get(name),
+                detail=f"cheapest plan {name}: {old.get(name)!r} -> {new.get(name)!r}",
+            )
+
+
+def reprice(session: Session, quote_id: str) -> RepriceOut:
+    """Plan the stored request again against today's catalog and list what changed; stores nothing."""
+    record = _record_or_404(session, quote_id)
+    todays = _todays_request(session, _stored_request(record), record.catalog_snapshot)
+    result, snapshot = plan_with_snapshot(session, todays)
+    differences = [
+        *_row_differences("model", record.catalog_snapshot["models"], snapshot["models"]),
+        *_row_differences("gpu", record.catalog_snapshot["gpus"], snapshot["gpus"]),
+    ]
+    if record.calculation_version != CALCULATION_VERSION:
+        differences.append(QuoteDifference(
+            kind="calculation_version", subject="formulas", field="calculation_version", change="changed",
+            before=record.calculation_version, after=CALCULATION_VERSION,
+            detail=f"The formulas changed: {record.calculation_version} -> {CALCULATION_VERSION}",
+        ))
+    differences.extend(_outcome_differences(record.result, result.model_dump(mode="json")))
+    return RepriceOut(quote_id=record.id, original=summary(record), repriced=result, differences=differences)

@@ -1,0 +1,36 @@
+"""The quotes table: stored plan answers with their catalog snapshot."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Double, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base
+
+
+class QuoteRecord(Base):
+    """A saved /v1/slo-plan answer: the validated request, the catalog rows it read, the result.
+
+    Rows are only ever inserted (nothing updates or deletes a quote), so a quote reads back the
+    same forever, whatever happens to the catalog afterwards.
+    """
+
+    __tablename__ = "quotes"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # UUID4, lower-case hyphenated
+    # UNIQUE: of concurrent creates with one key, the database lets exactly one insert win.
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    request_sha256: Mapped[str] = mapped_column(String(64))  # of the canonical request JSON
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    catalog_snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any]] = mapped_column(JSON)
+    calculation_version: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    # Copied from the result at creation, so a list page does not read every result document.
+    model: Mapped[str | None] = mapped_column(String(64))  # catalog slug; null for an inline model_spec
+    feasible: Mapped[bool]
+    cheapest_gpu: Mapped[str | None] = mapped_column(String(64))
+    cheapest_cost_per_hour_usd: Mapped[float | None] = mapped_column(Double)

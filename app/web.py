@@ -1,0 +1,133 @@
+"""HTTP plumbing shared by the domain routers: canonical representations and ETags, the session and
+write-key dependencies, conditional request headers, pagination parameters, and JSON responses with
+strong ETags."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Header, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+from starlette.responses import Response
+
+from app.common import NO_NUL_PATTERN, SLUG_PATTERN
+from app.db import get_session
+from app.errors import PreconditionFailed, Unauthorized
+
+# Representations and ETags ---------------------------------------------------------------
+
+
+def representation(model: BaseModel) -> bytes:
+    """The canonical JSON body of a response: sorted keys, no spaces, UTF-8."""
+    return json.dumps(model.model_dump(mode="json"), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode()
+
+
+def etag_of(model: BaseModel) -> str:
+    """Strong ETag of a representation. It covers slug, version and every field, so any write
+    (which bumps the version and updated_at) changes it."""
+    return '"' + hashlib.sha256(representation(model)).hexdigest()[:32] + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class Preconditions:
+    """Parsed If-Match / If-None-Match headers: None = header absent; ("*",) = any version."""
+
+    if_match: tuple[str, ...] | None = None
+    if_none_match: tuple[str, ...] | None = None
+
+    def check(self, current_etag: str | None) -> None:
+        """Raise PreconditionFailed unless the stored row (None = absent) satisfies them."""
+        if self.if_match is not None:
+            if current_etag is None:
+                raise PreconditionFailed("If-Match was sent but the row does not exist")
+            # Strong comparison (RFC 9110 13.1.1): weak tags never match.
+            if "*" not in self.if_match and current_etag not in self.if_match:
+                raise PreconditionFailed("The row changed since you read it (stale If-Match ETag); "
+                                         "GET it again and reapply your change")
+        if self.if_none_match is not None and current_etag is not None and (
+                "*" in self.if_none_match or current_etag in self.if_none_match):
+            raise PreconditionFailed("The row already exists (If-None-Match)")
+
+
+# The session is committed when the endpoint returns, before the response is sent, so a failed
+# commit becomes an error response instead of a success that was never stored.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+SlugPath = Annotated[str, Path(pattern=SLUG_PATTERN, max_length=64, description="Catalog key",
+                               examples=["h100-sxm"])]
+Limit = Annotated[int, Query(ge=1, le=200, description="Page size")]
+Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Rows to skip")]
+FilterText = Annotated[str | None, Query(min_length=1, max_length=64, pattern=NO_NUL_PATTERN)]
+
+_bearer = HTTPBearer(auto_error=False, description="A key from API_KEYS; required for writes")
+_CHALLENGE = 'Bearer realm="llm-sizing"'
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def require_write_key(request: Request, credentials: BearerCredentials) -> None:
+    """Accept `Authorization: Bearer <key>` for any configured key (several, for rotation)."""
+    if credentials is None:
+        raise Unauthorized("Writes need an Authorization: Bearer <key> header",
+                           headers={"WWW-Authenticate": _CHALLENGE})
+    presented = credentials.credentials.encode()
+    matched = False
+    for key in request.app.state.settings.api_keys:
+        # Compare against every key in constant time: timing reveals neither key nor position.
+        matched |= hmac.compare_digest(presented, key.get_secret_value().encode())
+    if not matched:
+        raise Unauthorized("Unknown API key",
+                           headers={"WWW-Authenticate": f'{_CHALLENGE}, error="invalid_token"'})
+
+
+WriteAccess = Depends(require_write_key)
+
+# "*" or a comma-separated list of entity tags, weak or strong (RFC 9110 section 8.8.3).
+ETAG_LIST_PATTERN = r'^(\*|(W/)?"[^"\x00]*"(\s*,\s*(W/)?"[^"\x00]*")*)?$'
+IfMatch = Annotated[str | None, Header(max_length=2048, pattern=ETAG_LIST_PATTERN,
+                                       description="Write only if the row still has this ETag (412 otherwise)")]
+IfNoneMatch = Annotated[str | None, Header(max_length=2048, pattern=ETAG_LIST_PATTERN,
+                                           description="* = create only (412 if the row exists)")]
+
+
+def _etags(header: str | None) -> tuple[str, ...] | None:
+    tags = tuple(tag.strip() for tag in (header or "").split(",") if tag.strip())
+    return tags or None  # an empty header is no precondition at all
+
+
+def preconditions(if_match: IfMatch = None, if_none_match: IfNoneMatch = None) -> Preconditions:
+    return Preconditions(if_match=_etags(if_match), if_none_match=_etags(if_none_match))
+
+
+PreconditionsDep = Annotated[Preconditions, Depends(preconditions)]
+
+
+def _matches_weakly(if_none_match: str, etag: str) -> bool:
+    # If-None-Match uses weak comparison (RFC 9110 13.1.2): W/"x" matches "x".
+    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
+    return "*" in tags or etag in tags
+
+
+def json_with_etag(request: Request, model: BaseModel, *, status_code: int = 200,
+                   headers: dict[str, str] | None = None) -> Response:
+    """The model as canonical JSON with a strong ETag; 304 (no body) when a GET's
+    If-None-Match already has this representation."""
+    etag = etag_of(model)
+    all_headers = {"ETag": etag, "Cache-Control": "no-cache", **(headers or {})}
+    if_none_match = request.headers.get("if-none-match")
+    if request.method == "GET" and if_none_match is not None and _matches_weakly(if_none_match, etag):
+        return Response(status_code=304, headers=all_headers)
+    return Response(representation(model), status_code=status_code, media_type="application/json",
+                    headers=all_headers)
+
+
+NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
+    304: {"description": "Not Modified: If-None-Match already holds this representation (no body)"}
+}
+ETAG_HEADER = {"ETag": {"description": "Strong entity tag of this representation", "schema": {"type": "string"}}}
