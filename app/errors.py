@@ -53,6 +53,10 @@ class Unauthorized(ServiceError):
     status = 401
 
 
+class Forbidden(ServiceError):
+    status = 403
+
+
 class NotFound(ServiceError):
     status = 404
 
@@ -129,7 +133,8 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     status = exc.status_code
     phrase = HTTPStatus(status).phrase
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else {
-        404: "No such resource",
+        403: "The API key lacks the scope this operation needs",
+    404: "No such resource",
         405: f"Method {request.method} is not allowed here",
     }.get(status, phrase)
     headers = dict(exc.headers or {})
@@ -188,6 +193,7 @@ def install_error_handlers(app: FastAPI) -> None:
 _PROBLEM_DESCRIPTIONS = {
     400: "Bad request",
     401: "Missing or unknown API key (send `Authorization: Bearer <key>`)",
+    403: "The API key lacks the scope this operation needs",
     404: "No such resource (unknown slug or route)",
     405: "Method not allowed",
     409: "Conflict with the stored catalog",

@@ -1,8 +1,13 @@
 """Service settings, read from the environment and validated at start-up.
 
-The variable names are the ones operators set (`DATABASE_URL`, `API_KEYS`, `HOST`, `PORT`,
+The variable names are the ones operators set (`DATABASE_URL`, `API_KEYS`, `OPEN_READS`, `HOST`, `PORT`,
 `LOG_LEVEL`, `CORS_ORIGINS`, `REQUEST_TIMEOUT_S`, `MAX_CONCURRENT_REQUESTS`); a bad value stops the service before it serves
 anything.
+
+API keys carry scopes. `API_KEYS` is a comma-separated list of entries, each either
+`name:secret:scope1+scope2` (a named key with those scopes; `*` = every scope) or a bare `secret`
+(the older form: every scope, named `key-1`, `key-2`, ... by position). The name, never the secret,
+is what logs and stored resources record.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
@@ -19,7 +24,39 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 # A write key is a shared secret: long enough not to be guessed, and free of the characters
 # that would make it ambiguous in a comma-separated list or an Authorization header.
 API_KEY_PATTERN = re.compile(r"^[A-Za-z0-9._~+/=-]{16,256}$")
+# Key names are recorded on what a key writes: short, plain identifiers.
+KEY_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# What a key may do. Catalog and sizing reads need their scope only when OPEN_READS is false.
+SCOPES = ("catalog:read", "catalog:write", "sizing:read", "quotes:read", "quotes:write", "calibrations:write")
 ORIGIN_PATTERN = re.compile(r"^https?://[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*(:[0-9]{1,5})?$")
+
+
+class ApiKey(BaseModel):
+    """One configured key: its name (recorded on writes), its secret, and what it may do."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    secret: SecretStr
+    scopes: frozenset[str]
+
+
+def _parse_key(entry: str, position: int) -> dict[str, object]:
+    """An API_KEYS entry as ApiKey fields; errors say which entry, never what it holds."""
+    parts = entry.split(":", 2)  # scopes contain colons themselves; names and secrets cannot
+    if len(parts) == 1:
+        return {"name": f"key-{position}", "secret": entry, "scopes": frozenset(SCOPES)}
+    if len(parts) != 3:
+        raise ValueError(f"API key #{position} must be name:secret:scope1+scope2 or a bare secret")
+    name, secret, scopes = parts
+    if not KEY_NAME_PATTERN.match(name):
+        raise ValueError(f"API key #{position}: the name must be 1-64 characters of a-z 0-9 . _ -")
+    granted = frozenset(SCOPES) if scopes == "*" else frozenset(scopes.split("+"))
+    unknown = granted - set(SCOPES)
+    if unknown or not granted:
+        raise ValueError(f"API key #{position} ({name}): scopes must be * or some of {', '.join(SCOPES)} "
+                         f"joined by +, not {'+'.join(sorted(unknown)) or 'nothing'}")
+    return {"name": name, "secret": secret, "scopes": granted}
 
 
 def _split_csv(value: object) -> object:
@@ -36,9 +73,13 @@ class Settings(BaseSettings):
         "sqlite:///./data/sizing.db",
         description="SQLAlchemy URL; SQLite by default, PostgreSQL via postgresql+psycopg://",
     )
-    api_keys: Annotated[list[SecretStr], NoDecode] = Field(
+    api_keys: Annotated[list[ApiKey], NoDecode] = Field(
         default_factory=list,
-        description="Comma-separated bearer keys accepted for writes (several at once for rotation)",
+        description="Comma-separated bearer keys, each name:secret:scope1+scope2 or a bare secret (every "
+                    "scope); several at once for rotation",
+    )
+    open_reads: bool = Field(
+        True, description="Catalog and sizing reads need no key; false: they need catalog:read / sizing:read",
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
@@ -81,17 +122,24 @@ class Settings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
-        return _split_csv(value)
+        entries = _split_csv(value)
+        if not isinstance(entries, list):
+            return entries
+        return [_parse_key(entry, position) if isinstance(entry, str) else entry
+                for position, entry in enumerate(entries, start=1)]
 
     @field_validator("api_keys")
     @classmethod
-    def _strong_keys(cls, keys: list[SecretStr]) -> list[SecretStr]:
+    def _strong_keys(cls, keys: list[ApiKey]) -> list[ApiKey]:
         for position, key in enumerate(keys, start=1):
-            if not API_KEY_PATTERN.match(key.get_secret_value()):
+            if not API_KEY_PATTERN.match(key.secret.get_secret_value()):
                 # Say which key is wrong, never what it is.
                 raise ValueError(
                     f"API key #{position} must be 16-256 characters of A-Z a-z 0-9 . _ ~ + / = -"
                 )
+        names = [key.name for key in keys]
+        if len(set(names)) != len(names):
+            raise ValueError("API key names must be unique (they say who wrote what)")
         return keys
 
     @field_validator("cors_origins", mode="before")

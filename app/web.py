@@ -1,6 +1,6 @@
 """HTTP plumbing shared by the domain routers: canonical representations and ETags, the session and
-write-key dependencies, conditional request headers, pagination parameters, and JSON responses with
-strong ETags."""
+API-key scope dependencies, conditional request headers, pagination parameters, and JSON responses
+with strong ETags."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from starlette.responses import Response
 
 from app.common import NO_NUL_PATTERN, SLUG_PATTERN
 from app.db import get_session
-from app.errors import PreconditionFailed, Unauthorized
+from app.errors import Forbidden, PreconditionFailed, Unauthorized
+from app.settings import ApiKey
 
 # Representations and ETags ---------------------------------------------------------------
 
@@ -66,27 +67,59 @@ Limit = Annotated[int, Query(ge=1, le=200, description="Page size")]
 Offset = Annotated[int, Query(ge=0, le=1_000_000, description="Rows to skip")]
 FilterText = Annotated[str | None, Query(min_length=1, max_length=64, pattern=NO_NUL_PATTERN)]
 
-_bearer = HTTPBearer(auto_error=False, description="A key from API_KEYS; required for writes")
+_bearer = HTTPBearer(auto_error=False, description="A key from API_KEYS; each operation says which scope it needs")
 _CHALLENGE = 'Bearer realm="llm-sizing"'
 BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def require_write_key(request: Request, credentials: BearerCredentials) -> None:
-    """Accept `Authorization: Bearer <key>` for any configured key (several, for rotation)."""
+def authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str) -> ApiKey:
+    """The configured key presented as `Authorization: Bearer <key>` (several are valid at once, for
+    rotation), if it has `scope`: 401 without a known key, 403 when the key lacks the scope."""
     if credentials is None:
-        raise Unauthorized("Writes need an Authorization: Bearer <key> header",
-                           headers={"WWW-Authenticate": _CHALLENGE})
+        raise Unauthorized(f"This operation needs an API key with the {scope} scope "
+                           "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": _CHALLENGE})
     presented = credentials.credentials.encode()
-    matched = False
+    matched: ApiKey | None = None
     for key in request.app.state.settings.api_keys:
         # Compare against every key in constant time: timing reveals neither key nor position.
-        matched |= hmac.compare_digest(presented, key.get_secret_value().encode())
-    if not matched:
+        if hmac.compare_digest(presented, key.secret.get_secret_value().encode()):
+            matched = key
+    if matched is None:
         raise Unauthorized("Unknown API key",
                            headers={"WWW-Authenticate": f'{_CHALLENGE}, error="invalid_token"'})
+    if scope not in matched.scopes:
+        raise Forbidden(f"API key {matched.name!r} lacks the {scope} scope",
+                        headers={"WWW-Authenticate": f'{_CHALLENGE}, error="insufficient_scope", scope="{scope}"'})
+    return matched
 
 
-WriteAccess = Depends(require_write_key)
+def requires(scope: str) -> Any:
+    """A dependency: the request's key, which must have `scope` (see `authenticate`)."""
+    def key_with_scope(request: Request, credentials: BearerCredentials) -> ApiKey:
+        return authenticate(request, credentials, scope)
+
+    key_with_scope.__name__ = f"requires_{scope.replace(':', '_')}"
+    return Depends(key_with_scope)
+
+
+def open_unless_closed(scope: str) -> Any:
+    """A dependency for catalog and sizing reads: no key needed unless OPEN_READS is false, in which
+    case the key needs `scope`."""
+    def read_access(request: Request, credentials: BearerCredentials) -> None:
+        if not request.app.state.settings.open_reads:
+            authenticate(request, credentials, scope)
+
+    read_access.__name__ = f"reads_{scope.replace(':', '_')}"
+    return Depends(read_access)
+
+
+# Who may do what. Writes record the key's name (`ApiKey.name`), never its secret.
+CatalogWriter = Annotated[ApiKey, requires("catalog:write")]
+QuoteWriter = Annotated[ApiKey, requires("quotes:write")]
+CalibrationWriter = Annotated[ApiKey, requires("calibrations:write")]
+QuoteReader = requires("quotes:read")
+CatalogRead = open_unless_closed("catalog:read")
+SizingRead = open_unless_closed("sizing:read")
 
 # "*" or a comma-separated list of entity tags, weak or strong (RFC 9110 section 8.8.3).
 ETAG_LIST_PATTERN = r'^(\*|(W/)?"[^"\x00]*"(\s*,\s*(W/)?"[^"\x00]*")*)?$'

@@ -316,6 +316,7 @@ def test_spec_cache_serves_repeats_and_is_dropped_by_a_write_through_another_rep
         record = _gpu(session, "h100-sxm")
         body = catalog_service.GPUS.out.model_validate(record, from_attributes=True)
         columns = {**body.model_dump(include=set(GpuIn.model_fields)), "price_per_hour_usd": 1.23}
-        catalog_service.put(session, catalog_service.GPUS, "h100-sxm", columns, web.Preconditions())
+        catalog_service.put(session, catalog_service.GPUS, "h100-sxm", columns, web.Preconditions(),
+                            written_by="key-1")
     with Session(engine, info={"spec_cache": replica_a}) as session:
         assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23

@@ -26,7 +26,7 @@ from app.calibration.schemas import (
 )
 from app.common import SLUG_PATTERN
 from app.errors import Unprocessable, json_pointer, problem_responses
-from app.web import Limit, Offset, SessionDep, WriteAccess, representation
+from app.web import CalibrationWriter, CatalogRead, Limit, Offset, SessionDep, SizingRead, representation
 
 router = APIRouter(tags=["calibrations"])
 
@@ -108,6 +108,7 @@ _NAME_FIELD = {"type": "string", "pattern": SLUG_PATTERN, "maxLength": 64}
 
 
 @router.get("/v1/calibrations", response_model=ProfileList, summary="List calibration profiles",
+            dependencies=[CatalogRead],
             responses=problem_responses(422, 503))
 def list_calibrations(session: SessionDep, limit: Limit = 50, offset: Offset = 0) -> ProfileList:
     """The profiles (builtin first, then the stored ones by name), and which one requests use when they
@@ -116,6 +117,7 @@ def list_calibrations(session: SessionDep, limit: Limit = 50, offset: Offset = 0
 
 
 @router.get("/v1/calibrations/{name}", response_model=ProfileOut, summary="Get one calibration profile",
+            dependencies=[CatalogRead],
             responses=problem_responses(404, 422, 503))
 def get_calibration(session: SessionDep, name: ProfilePath) -> ProfileOut:
     """Its efficiencies per GPU family and compute precision, and how they were fitted."""
@@ -124,28 +126,28 @@ def get_calibration(session: SessionDep, name: ProfilePath) -> ProfileOut:
 
 @router.post(
     "/v1/calibrations", status_code=201, response_model=CalibrationResponse, summary="Fit a calibration profile",
-    dependencies=[WriteAccess],
     openapi_extra=_body_docs(CalibrationRequest, {
         "name": _NAME_FIELD, "description": {"type": "string", "maxLength": 20_000}, "base_profile": _NAME_FIELD},
         required=("name",)),
     responses={201: {"headers": {"Location": {"description": "URL of the new profile",
                                               "schema": {"type": "string"}}}},
-               **problem_responses(400, 401, 404, 409, 413, 422, 503)},
+               **problem_responses(400, 401, 403, 404, 409, 413, 422, 503)},
 )
-def create_calibration(session: SessionDep,
+def create_calibration(writer: CalibrationWriter, session: SessionDep,
                        body: Annotated[CalibrationRequest, Depends(calibration_upload)]) -> Response:
     """Fit a named profile to your measurements (rows in the measured-calibration.csv schema, as JSON or a CSV
     upload), store it, and return its error on the rows before (the base profile) and after. The fit
     changes the efficiencies of each GPU family and compute precision with enough predictable rows
     (10), starting from the base profile, which supplies everything else. Use the profile by naming it in
     any sizing request's `calibration`. Names are never reused (409)."""
-    result = calibration.create_calibration(session, body)
+    result = calibration.create_calibration(session, body, written_by=writer.name)
     return Response(representation(result), status_code=201, media_type="application/json",
                     headers={"Location": f"/v1/calibrations/{result.profile.name}"})
 
 
 @router.post(
     "/v1/validate", response_model=ValidationResponse, summary="Validate predictions against measurements",
+    dependencies=[SizingRead],
     openapi_extra=_body_docs(ValidationRequest, {"calibration": _NAME_FIELD}),
     responses=problem_responses(400, 404, 413, 422, 503),
 )

@@ -130,6 +130,32 @@ def get_profile(session: Session, name: str | None = None) -> CalibrationProfile
     return _cache.get(record)
 
 
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)  # SQLite returns naive UTC
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def profile_snapshot(session: Session, name: str | None = None) -> tuple[CalibrationProfile, dict[str, Any]]:
+    """The named profile (None = the default, as `get_profile`) and the whole of it as a JSON document:
+    its entries (content) and provenance, and who stored it when. A quote keeps this document, so the
+    quote can be explained and reproduced after the profile is deleted or a new default is shipped."""
+    profile = get_profile(session, name)
+    if profile.name == BUILTIN_PROFILE:
+        return profile, {
+            "name": BUILTIN_PROFILE, "origin": "builtin", "description": BUILTIN_DESCRIPTION,
+            "created_at": None, "updated_at": None, "written_by": None,
+            "entries": [entry_document(entry) for entry in profile.entries], "provenance": None,
+        }
+    record = get_record(session, profile.name)
+    return profile, {
+        "name": record.name, "origin": record.origin, "description": record.description,
+        "created_at": _iso(record.created_at), "updated_at": _iso(record.updated_at),
+        "written_by": record.written_by, "entries": record.entries, "provenance": record.provenance,
+    }
+
+
 def resolve_efficiency(
     session: Session, gpu: GpuSpec, compute_dtype: str, profile: str | None = None
 ) -> tuple[Efficiency, str]:
@@ -177,14 +203,15 @@ def _columns(document: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def store_profile(session: Session, document: dict[str, Any], *, origin: str,
+def store_profile(session: Session, document: dict[str, Any], *, origin: str, written_by: str | None = None,
                   now: datetime | None = None) -> CalibrationProfileRecord:
-    """Insert a new profile; a name already taken is a 409 (profiles are never overwritten by users)."""
+    """Insert a new profile (written by the key named `written_by`; None for the service's own data); a
+    name already taken is a 409 (profiles are never overwritten by users)."""
     name = document["name"]
     if session.get(CalibrationProfileRecord, name) is not None:
         raise Conflict(f"a calibration profile named {name!r} already exists; choose another name")
     record = CalibrationProfileRecord(name=name, origin=origin, updated_at=now or datetime.now(UTC),
-                                      **_columns(document))
+                                      written_by=written_by, **_columns(document))
     session.add(record)
     try:
         session.flush()

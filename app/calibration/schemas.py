@@ -331,6 +331,8 @@ class ProfileSummaryOut(BaseModel):
     rows_used: int
     source_sha256: str | None
     fit_median_abs_pct_error: float | None
+    written_by: str | None = Field(None, description="Name of the API key that stored it (never the secret); null "
+                                                     "for builtin and the shipped default")
 
 
 class ProfileOut(ProfileSummaryOut):

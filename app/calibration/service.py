@@ -571,8 +571,9 @@ def validate_upload(session: Session, request: ValidationRequest) -> ValidationR
                               calculation_version=CALCULATION_VERSION)
 
 
-def create_calibration(session: Session, request: CalibrationRequest) -> CalibrationResponse:
-    """POST /v1/calibrations: fit a named profile to the rows, store it, report before and after."""
+def create_calibration(session: Session, request: CalibrationRequest, *, written_by: str) -> CalibrationResponse:
+    """POST /v1/calibrations: fit a named profile to the rows, store it (on behalf of the key named
+    `written_by`), report before and after."""
     if request.name in RESERVED_PROFILE_NAMES:
         raise Unprocessable(f"the profile name {request.name!r} is reserved",
                             errors=[("/body/name", f"reserved: {', '.join(sorted(RESERVED_PROFILE_NAMES))}")])
@@ -589,7 +590,7 @@ def create_calibration(session: Session, request: CalibrationRequest) -> Calibra
                            source_sha256=file_sha256(canonical), max_evaluations=UPLOAD_FIT_EVALUATIONS)
     except NothingToFit as exc:
         raise Unprocessable(str(exc), errors=[("/body/rows", str(exc))]) from None
-    record = store_profile(session, result.document, origin=ORIGIN_USER)
+    record = store_profile(session, result.document, origin=ORIGIN_USER, written_by=written_by)
     _, before = report_schemas(result.before)
     after_rows, after = report_schemas(result.after)
     return CalibrationResponse(profile=profile_out(record), base_profile=base.name, before=before, after=after,
@@ -623,7 +624,7 @@ def profile_out(record: CalibrationProfileRecord) -> ProfileOut:
     return ProfileOut(
         name=record.name, description=record.description, origin=record.origin, created_at=record.created_at,
         rows_used=record.rows_used, source_sha256=record.source_sha256,
-        fit_median_abs_pct_error=record.fit_median_abs_pct_error,
+        fit_median_abs_pct_error=record.fit_median_abs_pct_error, written_by=record.written_by,
         entries=[_entry_out(entry) for entry in record.entries],
         provenance=ProvenanceOut.model_validate(record.provenance),
     )

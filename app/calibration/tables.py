@@ -32,3 +32,5 @@ class CalibrationProfileRecord(Base):
     fit_median_abs_pct_error: Mapped[float | None] = mapped_column(Double)  # on those measurements, after
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when it was fitted
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when this row was last written
+    # Name of the API key that wrote it (at updated_at); null for the shipped default profile.
+    written_by: Mapped[str | None] = mapped_column(String(64))

@@ -1,4 +1,4 @@
-"""/v1/gpus and /v1/models: read the catalog; create, replace and delete rows with a write key; import a
+"""/v1/gpus and /v1/models: read the catalog; create, replace and delete rows with a catalog:write key; import a
 Hugging Face config.json as a model."""
 
 from __future__ import annotations
@@ -17,23 +17,25 @@ from app.web import (
     ETAG_HEADER,
     NOT_MODIFIED,
     BearerCredentials,
+    CatalogRead,
+    CatalogWriter,
     FilterText,
     Limit,
     Offset,
     PreconditionsDep,
     SessionDep,
     SlugPath,
-    WriteAccess,
+    authenticate,
     json_with_etag,
     representation,
-    require_write_key,
+    requires,
 )
 
-# /v1/gpus: read the accelerator catalog; create, replace and delete rows with a write key.
+# /v1/gpus: read the accelerator catalog; create, replace and delete rows with a catalog:write key.
 gpus_router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
 
 
-@gpus_router.get("", response_model=GpuPage, summary="List GPUs",
+@gpus_router.get("", response_model=GpuPage, summary="List GPUs", dependencies=[CatalogRead],
                  responses={**NOT_MODIFIED, **problem_responses(422, 503)})
 def list_gpus(
     request: Request,
@@ -48,39 +50,40 @@ def list_gpus(
     return json_with_etag(request, GpuPage(items=items, total=total, limit=limit, offset=offset))
 
 
-@gpus_router.get("/{slug}", response_model=GpuOut, summary="Get one GPU",
+@gpus_router.get("/{slug}", response_model=GpuOut, summary="Get one GPU", dependencies=[CatalogRead],
                  responses={**NOT_MODIFIED, **problem_responses(404, 422, 503)})
 def get_gpu(request: Request, session: SessionDep, slug: SlugPath) -> Response:
     return json_with_etag(request, catalog_service.read_one(session, catalog_service.GPUS, slug))
 
 
 @gpus_router.put(
-                 "/{slug}", response_model=GpuOut, summary="Create or replace a GPU", dependencies=[WriteAccess],
+                 "/{slug}", response_model=GpuOut, summary="Create or replace a GPU",
                  responses={
                  200: {"description": "Replaced", "headers": ETAG_HEADER},
                  201: {"description": "Created", "model": GpuOut,
                  "headers": {**ETAG_HEADER, "Location": {"description": "URL of the new row", "schema": {"type": "string"}}}},
-                 **problem_responses(401, 409, 412, 413, 422, 503),
+                 **problem_responses(401, 403, 409, 412, 413, 422, 503),
                  },
                  )
-def put_gpu(request: Request, session: SessionDep, slug: SlugPath, body: GpuIn,
+def put_gpu(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: GpuIn,
             preconditions: PreconditionsDep) -> Response:
     """Create (201 + Location) or replace (200) a row. Send `If-Match: <ETag>` to replace only
     the version you read (412 otherwise), or `If-None-Match: *` to create only."""
-    stored, created = catalog_service.put(session, catalog_service.GPUS, slug, catalog_service.gpu_columns(slug, body), preconditions)
+    stored, created = catalog_service.put(session, catalog_service.GPUS, slug, catalog_service.gpu_columns(slug, body), preconditions,
+                                          written_by=writer.name)
     if created:
         return json_with_etag(request, stored, status_code=201, headers={"Location": f"{catalog_service.GPUS.path}/{slug}"})
     return json_with_etag(request, stored)
 
 
-@gpus_router.delete("/{slug}", status_code=204, summary="Delete a GPU", dependencies=[WriteAccess],
-                    responses=problem_responses(401, 404, 412, 422, 503))
+@gpus_router.delete("/{slug}", status_code=204, summary="Delete a GPU", dependencies=[requires("catalog:write")],
+                    responses=problem_responses(401, 403, 404, 412, 422, 503))
 def delete_gpu(session: SessionDep, slug: SlugPath, preconditions: PreconditionsDep) -> Response:
     catalog_service.delete(session, catalog_service.GPUS, slug, preconditions)
     return Response(status_code=204)
 
 
-# /v1/models: read the model-architecture catalog; write rows with a write key; import a Hugging Face
+# /v1/models: read the model-architecture catalog; write rows with a catalog:write key; import a Hugging Face
 # config.json.
 models_router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -88,7 +91,7 @@ RESERVED_SLUGS = frozenset({"import"})  # would shadow POST /v1/models/import
 LOCATION_HEADER = {"Location": {"description": "URL of the new row", "schema": {"type": "string"}}}
 
 
-@models_router.get("", response_model=ModelPage, summary="List models",
+@models_router.get("", response_model=ModelPage, summary="List models", dependencies=[CatalogRead],
                    responses={**NOT_MODIFIED, **problem_responses(422, 503)})
 def list_models(
     request: Request,
@@ -104,34 +107,35 @@ def list_models(
     return json_with_etag(request, ModelPage(items=items, total=total, limit=limit, offset=offset))
 
 
-@models_router.get("/{slug}", response_model=ModelOut, summary="Get one model",
+@models_router.get("/{slug}", response_model=ModelOut, summary="Get one model", dependencies=[CatalogRead],
                    responses={**NOT_MODIFIED, **problem_responses(404, 422, 503)})
 def get_model(request: Request, session: SessionDep, slug: SlugPath) -> Response:
     return json_with_etag(request, catalog_service.read_one(session, catalog_service.MODELS, slug))
 
 
 @models_router.put(
-                   "/{slug}", response_model=ModelOut, summary="Create or replace a model", dependencies=[WriteAccess],
+                   "/{slug}", response_model=ModelOut, summary="Create or replace a model",
                    responses={
                    200: {"description": "Replaced", "headers": ETAG_HEADER},
                    201: {"description": "Created", "model": ModelOut, "headers": {**ETAG_HEADER, **LOCATION_HEADER}},
-                   **problem_responses(401, 409, 412, 413, 422, 503),
+                   **problem_responses(401, 403, 409, 412, 413, 422, 503),
                    },
                    )
-def put_model(request: Request, session: SessionDep, slug: SlugPath, body: ModelIn,
+def put_model(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: ModelIn,
               preconditions: PreconditionsDep) -> Response:
     """Create (201 + Location) or replace (200) a row. Send `If-Match: <ETag>` to replace only
     the version you read (412 otherwise), or `If-None-Match: *` to create only."""
     _refuse_reserved(slug)
     columns = catalog_service.model_columns(slug, body)
-    stored, created = catalog_service.put(session, catalog_service.MODELS, slug, columns, preconditions)
+    stored, created = catalog_service.put(session, catalog_service.MODELS, slug, columns, preconditions,
+                                          written_by=writer.name)
     if created:
         return json_with_etag(request, stored, status_code=201, headers={"Location": f"{catalog_service.MODELS.path}/{slug}"})
     return json_with_etag(request, stored)
 
 
-@models_router.delete("/{slug}", status_code=204, summary="Delete a model", dependencies=[WriteAccess],
-                      responses=problem_responses(401, 404, 412, 422, 503))
+@models_router.delete("/{slug}", status_code=204, summary="Delete a model",
+                      dependencies=[requires("catalog:write")], responses=problem_responses(401, 403, 404, 412, 422, 503))
 def delete_model(session: SessionDep, slug: SlugPath, preconditions: PreconditionsDep) -> Response:
     catalog_service.delete(session, catalog_service.MODELS, slug, preconditions)
     return Response(status_code=204)
@@ -168,12 +172,16 @@ LLAMA_3_8B_CONFIG = {
 def import_access(
     request: Request,
     credentials: BearerCredentials,
-    dry_run: Annotated[bool, Query(description="true: only normalize; false: also store (write key needed)")] = True,
-) -> bool:
-    """The dry_run flag, after checking the write key when the import stores (before the body is read)."""
-    if not dry_run:
-        require_write_key(request, credentials)
-    return dry_run
+    dry_run: Annotated[bool, Query(description="true: only normalize; false: also store (catalog:write key "
+                                               "needed)")] = True,
+) -> str | None:
+    """The name of the key storing the import, after checking it has catalog:write (before the body is
+    read); None for a dry run, which is a catalog read."""
+    if dry_run:
+        if not request.app.state.settings.open_reads:
+            authenticate(request, credentials, "catalog:read")
+        return None
+    return authenticate(request, credentials, "catalog:write").name
 
 
 @models_router.post(
@@ -186,11 +194,11 @@ def import_access(
                     # Added to the bearer scheme: a dry run needs no key, storing does.
                     "security": [{}]},
                     responses={201: {"description": "Stored as a new row", "model": ModelImport, "headers": LOCATION_HEADER},
-                    **problem_responses(401, 409, 412, 413, 422, 503)},
+                    **problem_responses(401, 403, 409, 412, 413, 422, 503)},
                     )
 def import_model(
     session: SessionDep,
-    dry_run: Annotated[bool, Depends(import_access)],
+    writer: Annotated[str | None, Depends(import_access)],
     preconditions: PreconditionsDep,
     config: Annotated[object, Depends(raw_config)],
     slug: Annotated[str, Query(pattern=SLUG_PATTERN, max_length=64, description="Catalog key to store under")],
@@ -198,9 +206,10 @@ def import_model(
     """Normalize a raw config.json (nested text_config, MoE and MLA key variants, sliding
     windows, Falcon's multi_query, library defaults for omitted fields) to the catalog shape.
     The response lists which fields came from defaults. Missing essentials are a 422 listing them."""
-    if not dry_run:
+    if writer is not None:
         _refuse_reserved(slug)
-    result, created = catalog_service.import_model(session, slug, config, dry_run=dry_run, preconditions=preconditions)
+    result, created = catalog_service.import_model(session, slug, config, written_by=writer,
+                                                   preconditions=preconditions)
     headers = {"Location": f"{catalog_service.MODELS.path}/{slug}"} if created else {}
     return Response(representation(result), status_code=201 if created else 200,
                     media_type="application/json", headers=headers)

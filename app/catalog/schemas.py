@@ -57,7 +57,9 @@ MODEL_IN_EXAMPLE = {
     "source": "LitGPT config.py (Llama-3-70B)", "notes": "head_dim derived as hidden_size / num_attention_heads",
 }
 ROW_EXAMPLE = {"origin": "reference", "version": 1, "created_at": "2026-11-29T09:00:00Z",
-               "updated_at": "2026-11-29T09:00:00Z"}
+               "updated_at": "2026-11-29T09:00:00Z", "written_by": None}
+WRITTEN_BY_DESCRIPTION = ("Name of the API key that last wrote this row, at updated_at (never the secret); "
+                          "null for rows from the reference data")
 MODEL_OUT_EXAMPLE = {**MODEL_IN_EXAMPLE, "slug": "llama-3-70b", "architecture": "dense",
                      "attention_type": "gqa", **ROW_EXAMPLE}
 GPU_SPEC_EXAMPLE: dict[str, Any] = {
@@ -144,6 +146,7 @@ class ModelOut(ModelIn):
     version: int = Field(ge=1, description="Bumped by every write")
     created_at: UtcDatetime
     updated_at: UtcDatetime
+    written_by: str | None = Field(None, description=WRITTEN_BY_DESCRIPTION)
 
 
 class GpuSpecIn(BaseModel):
@@ -195,6 +198,7 @@ class GpuOut(GpuIn):
     version: int = Field(ge=1, description="Bumped by every write")
     created_at: UtcDatetime
     updated_at: UtcDatetime
+    written_by: str | None = Field(None, description=WRITTEN_BY_DESCRIPTION)
 
 
 class GpuPage(Page[GpuOut]):

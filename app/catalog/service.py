@@ -173,14 +173,16 @@ def model_columns(slug: str, body: ModelIn, pointer: str = "/body") -> dict[str,
 
 
 def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str, Any],
-        preconditions: Preconditions) -> tuple[OutT, bool]:
-    """Create or replace a row (origin 'user'); returns the stored row and whether it was created."""
+        preconditions: Preconditions, *, written_by: str) -> tuple[OutT, bool]:
+    """Create or replace a row (origin 'user') on behalf of the key named `written_by`; returns the
+    stored row and whether it was created."""
     record = repository.get(session, kind.record, slug)
     preconditions.check(None if record is None else etag_of(kind.to_out(record)))
     now = datetime.now(UTC)
     created = record is None
     if record is None:
-        record = kind.record(slug=slug, **columns, origin=ORIGIN_USER, created_at=now, updated_at=now)
+        record = kind.record(slug=slug, **columns, origin=ORIGIN_USER, created_at=now, updated_at=now,
+                             written_by=written_by)
         session.add(record)
         repository.remove_tombstone(session, kind.name, slug)
     else:
@@ -188,6 +190,7 @@ def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str,
             setattr(record, column, value)
         record.origin = ORIGIN_USER
         record.updated_at = now
+        record.written_by = written_by
     _flush_or_conflict(session, kind, slug)
     repository.bump_catalog_revision(session)
     return kind.to_out(record), created
@@ -221,9 +224,10 @@ def _flush_or_conflict(session: Session, kind: CatalogKind[Any], slug: str) -> N
 IMPORT_SOURCE = "Imported from a Hugging Face config.json"
 
 
-def import_model(session: Session, slug: str, config: object, *, dry_run: bool,
+def import_model(session: Session, slug: str, config: object, *, written_by: str | None,
                  preconditions: Preconditions) -> tuple[ModelImport, bool]:
-    """Normalize a raw config.json to the catalog shape; store it unless `dry_run`.
+    """Normalize a raw config.json to the catalog shape; store it on behalf of the key named
+    `written_by`, or only normalize it (a dry run) when that is None.
 
     Returns the result and whether a new row was created.
     """
@@ -255,11 +259,11 @@ def import_model(session: Session, slug: str, config: object, *, dry_run: bool,
     columns = model_columns(slug, body)
     version = None
     created = False
-    if not dry_run:
-        stored, created = put(session, MODELS, slug, columns, preconditions)
+    if written_by is not None:
+        stored, created = put(session, MODELS, slug, columns, preconditions, written_by=written_by)
         version = stored.version
     result = ModelImport(
-        slug=slug, stored=not dry_run, version=version, model=body,
+        slug=slug, stored=written_by is not None, version=version, model=body,
         architecture=columns["architecture"], attention_type=columns["attention_type"],
         defaults_applied=list(normalized.defaults_applied), notes=list(normalized.notes),
     )

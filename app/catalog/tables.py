@@ -32,6 +32,8 @@ class CatalogRow:
     version: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # Name of the API key that last wrote the row (at updated_at); null for reference data.
+    written_by: Mapped[str | None] = mapped_column(String(64))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:

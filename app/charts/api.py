@@ -25,9 +25,9 @@ from app.charts import service as charts
 from app.errors import Unprocessable, json_pointer, problem_responses
 from app.estimates.schemas import BatchSweepRequest, RooflineRequest
 from app.planning.schemas import SloPlanRequest
-from app.web import SessionDep
+from app.web import SessionDep, SizingRead
 
-router = APIRouter(tags=["charts"])
+router = APIRouter(tags=["charts"], dependencies=[SizingRead])
 
 
 # Query parameters from a request schema ----------------------------------------------------

@@ -7,9 +7,9 @@ from fastapi import APIRouter
 from app.errors import problem_responses
 from app.planning import service as planning
 from app.planning.schemas import SloPlanRequest, SloPlanResponse
-from app.web import SessionDep
+from app.web import SessionDep, SizingRead
 
-router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"])
+router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"], dependencies=[SizingRead])
 
 
 @router.post("", response_model=SloPlanResponse, summary="Cheapest deployment meeting a latency SLO",

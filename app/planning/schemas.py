@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.catalog.schemas import INPUT_CONFIG
+from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn
 from app.common import Slug
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
@@ -22,8 +22,12 @@ from app.estimates.schemas import (
     TensorParallel,
     WeightDtype,
 )
+from app.sizing.serving.workload import MAX_ARRIVAL_CV, MIN_ARRIVAL_CV
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
+# A cloud SKU not in the catalog: H100 SXM figures at a negotiated price.
+INLINE_GPU_EXAMPLE: dict[str, Any] = {**GPU_SPEC_EXAMPLE, "slug": "h100-sxm-negotiated",
+                                      "name": "NVIDIA H100 SXM5 80GB (negotiated)", "price_per_hour_usd": 2.1}
 Binding = Literal["ttft", "tpot", "e2e", "goodput"]
 
 TokenCount = Annotated[int, Field(ge=1, le=10_000_000)]
@@ -98,25 +102,39 @@ def _lengths(value: Any) -> Any:
 
 
 class WorkloadIn(BaseModel):
-    """Prompt and answer lengths and the peak load: open loop (`requests_per_s`, Poisson arrivals) or
-    closed loop (`concurrent_users`, each sending the next request when the last one finishes)."""
+    """Prompt and answer lengths and the load: open loop (`requests_per_s`) or closed loop
+    (`concurrent_users`, each sending the next request when the last one finishes).
+
+    Two separate knobs describe a bursty open-loop workload: `peak_to_mean_ratio` scales the rate the
+    fleet is sized for (the rate peaks above requests_per_s), and `arrival_cv` says how arrivals bunch
+    at a given rate (Gamma-distributed gaps; 1 = Poisson). `burst_factor` is the old, deprecated name
+    of `peak_to_mean_ratio`."""
 
     model_config = INPUT_CONFIG | _examples(
         {"input_tokens": 1000, "output_tokens": 500, "requests_per_s": 5},
         {"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800, "p90": 1800},
          "output_tokens": {"kind": "histogram", "bins": [[100, 0.2], [500, 0.6], [1500, 0.2]]},
-         "requests_per_s": 20, "burst_factor": 1.5, "prefix_cache_hit_rate": 0.3, "shared_prefix_tokens": 200},
+         "requests_per_s": 20, "peak_to_mean_ratio": 1.5, "arrival_cv": 2, "prefix_cache_hit_rate": 0.3, "shared_prefix_tokens": 200},
         {"input_tokens": 2000, "output_tokens": 300, "concurrent_users": 64},
     )
 
     input_tokens: Lengths = Field(description="Prompt tokens: a fixed number, or a distribution")
     output_tokens: Lengths = Field(description="Answer tokens: a fixed number, or a distribution")
     requests_per_s: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
-        None, description="Peak arrival rate (open loop, Poisson); or give concurrent_users")
+        None, description="Mean arrival rate (open loop); or give concurrent_users")
     concurrent_users: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="Users each waiting for their answer before the next request (closed loop)")
-    burst_factor: Annotated[float, Field(ge=1, le=100)] = Field(
-        1.0, description="The fleet is sized for requests_per_s x burst_factor (open loop only)")
+    peak_to_mean_ratio: Annotated[float, Field(ge=1, le=100)] = Field(
+        1.0, description="Peak-to-mean scaling: the fleet is sized for requests_per_s x peak_to_mean_ratio "
+                         "(open loop only)")
+    arrival_cv: Annotated[float, Field(ge=MIN_ARRIVAL_CV, le=MAX_ARRIVAL_CV)] = Field(
+        1.0, description="Arrival burstiness: coefficient of variation of the gaps between arrivals, drawn from "
+                         "a Gamma distribution (1 = Poisson, 2 = clumped, below 1 = more regular); the simulator "
+                         "uses it at every simulated load (open loop only)")
+    burst_factor: Annotated[float, Field(ge=1, le=100)] | None = Field(
+        None, exclude=True, json_schema_extra={"deprecated": True},
+        description="Deprecated: the old name of peak_to_mean_ratio (it never meant arrival burstiness; that is "
+                    "arrival_cv)")
     prefix_cache_hit_rate: Annotated[float, Field(ge=0, le=1)] = Field(
         0.0, description="Share of each prompt's tokens found in the prefix cache (they skip prefill)")
     shared_prefix_tokens: Annotated[int, Field(ge=0, le=10_000_000)] = Field(
@@ -131,8 +149,14 @@ class WorkloadIn(BaseModel):
     def _one_load(self) -> WorkloadIn:
         if (self.requests_per_s is None) == (self.concurrent_users is None):
             raise ValueError("give exactly one of requests_per_s (open loop) and concurrent_users (closed loop)")
-        if self.concurrent_users is not None and self.burst_factor != 1:
-            raise ValueError("burst_factor applies to requests_per_s (open loop) only")
+        if self.burst_factor is not None:
+            if "peak_to_mean_ratio" in self.model_fields_set and self.peak_to_mean_ratio != self.burst_factor:
+                raise ValueError("burst_factor is the deprecated name of peak_to_mean_ratio: give one of them")
+            # One spelling in stored documents (burst_factor is excluded from dumps).
+            self.peak_to_mean_ratio = self.burst_factor
+            self.burst_factor = None
+        if self.concurrent_users is not None and (self.peak_to_mean_ratio != 1 or self.arrival_cv != 1):
+            raise ValueError("peak_to_mean_ratio and arrival_cv apply to requests_per_s (open loop) only")
         return self
 
 
@@ -152,6 +176,17 @@ class SloIn(BaseModel):
         None, description="Share of requests that must meet every target (goodput)")
 
 
+class InlineGpuIn(GpuSpecIn):
+    """A GPU the catalog lacks (a new cloud SKU, a negotiated price), given inline: validated like a catalog
+    row, planned beside the catalog GPUs, kept in a quote's request, never written to the catalog."""
+
+    model_config = INPUT_CONFIG | _examples(INLINE_GPU_EXAMPLE)
+
+    slug: Slug = Field(description="How plans name this GPU; not a slug among the candidate catalog GPUs")
+    price_per_hour_usd: Annotated[float, Field(ge=0, le=100_000)] = Field(  # type: ignore[assignment]
+        description="Price per GPU-hour (required: a plan ranks GPUs by cost)")
+
+
 class CandidatesIn(BaseModel):
     """The configurations to search. Every list's values are combined; the product is bounded."""
 
@@ -161,8 +196,13 @@ class CandidatesIn(BaseModel):
          "engine": "vllm", "max_num_seqs": [64, 256], "gpu_price_per_hour_usd": {"h100-sxm": 2.49}},
     )
 
-    gpus: list[Slug] | None = Field(None, min_length=1, max_length=64,
-                                    description="Catalog GPU slugs; null = every GPU in the catalog")
+    gpus: list[Slug] | None = Field(None, max_length=64,
+                                    description="Catalog GPU slugs; null = every GPU in the catalog; [] = none "
+                                                "(only gpu_specs)")
+    gpu_specs: list[InlineGpuIn] | None = Field(
+        None, min_length=1, max_length=8,
+        description="GPUs given inline (spec and price), planned beside the catalog GPUs; never stored in the "
+                    "catalog")
     tensor_parallel: list[TensorParallel] | None = Field(
         None, min_length=1, max_length=16,
         description="Degrees to try; null = every divisor of the attention heads up to the GPU's node size")
@@ -178,6 +218,16 @@ class CandidatesIn(BaseModel):
         None, min_length=1, max_length=8, description="Tokens-per-step limits to try; null = the engine default")
     gpu_price_per_hour_usd: dict[Slug, Annotated[float, Field(ge=0, le=100_000)]] | None = Field(
         None, max_length=64, description="Price per GPU-hour by GPU slug, overriding the catalog's")
+
+    @model_validator(mode="after")
+    def _some_gpu(self) -> CandidatesIn:
+        if self.gpus == [] and not self.gpu_specs:
+            raise ValueError("no candidate GPUs: list catalog gpus, give gpu_specs, or leave gpus null (every "
+                             "catalog GPU)")
+        slugs = [gpu.slug for gpu in self.gpu_specs or []]
+        if len(set(slugs)) != len(slugs):
+            raise ValueError("gpu_specs: each inline GPU needs its own slug")
+        return self
 
 
 class SpeculativeIn(BaseModel):
@@ -277,12 +327,12 @@ SEARCH_EXAMPLE = {"configurations_considered": 8, "configuration_limit": 512, "s
                   "requests_per_run": 2000, "seed": 0}
 SLO_PLAN_ASSUMPTIONS_EXAMPLE = {
     "calibration_profiles": ["builtin"], "engine": "vllm",
-    "load_model": ("open loop: the fleet is sized for 5 req/s x burst factor 1; every replica is simulated with a "
+    "load_model": ("open loop: the fleet is sized for 5 req/s x peak-to-mean ratio 1; every replica is simulated with a "
                    "Poisson stream of its share"),
     "tpot_definition": ("TPOT = (E2E - TTFT) / (output tokens - 1) per request: the mean gap between output tokens "
                         "after the first (harnesses that divide E2E by all output tokens report less)"),
-    "formulas": [("replicas = ceil(peak x burst_factor / (max load per replica x max_utilization_ratio)) + "
-                  "extra_replicas; the max load is the highest simulated per-replica load meeting every SLO at the "
+    "formulas": [("replicas = ceil(requests_per_s x peak_to_mean_ratio / (max load per replica x "
+                  "max_utilization_ratio)) + extra_replicas; the max load is the highest simulated per-replica load meeting every SLO at the "
                   "percentile")],
     "defaults_used": ["weight_dtypes = [bf16] (the model's published dtype)"], "notes": [],
 }
@@ -320,7 +370,7 @@ class LoadPerReplicaOut(BaseModel):
     model_config = _examples(LOAD_EXAMPLE)
 
     unit: Literal["requests_per_s", "concurrent_users"]
-    offered: float = Field(description="Its share of the peak x burst, with every replica up")
+    offered: float = Field(description="Its share of the load x peak-to-mean ratio, with every replica up")
     max_verified: float = Field(description="The highest load simulated that meets the SLO (it settled the "
                                             "replica count)")
     failing: float | None = Field(description="The lowest load simulated that misses it (one replica fewer); "

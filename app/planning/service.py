@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session
 
-from app.calibration.profiles import resolve_efficiency
+from app.calibration.profiles import profile_snapshot
+from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
 from app.errors import Unprocessable
-from app.estimates.inputs import default_kv_dtype, efficiency_out, resolve_model
+from app.estimates.inputs import INLINE_GPU_LABEL, INLINE_MODEL_LABEL, default_kv_dtype, efficiency_out
 from app.planning.schemas import (
     CandidatesIn,
     HistogramLengths,
     InfeasibleOut,
+    InlineGpuIn,
     LaunchOut,
     LoadPerReplicaOut,
     LognormalLengths,
@@ -32,6 +35,7 @@ from app.planning.schemas import (
     WorkloadIn,
 )
 from app.sizing import CALCULATION_VERSION
+from app.sizing.calibration.fit import CalibrationProfile
 from app.sizing.engines.base import LaunchSpec
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
@@ -46,7 +50,8 @@ from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
 # /v1/slo-plan
 
 SLO_PLAN_FORMULAS = (
-    ("replicas = ceil(peak x burst_factor / (max load per replica x max_utilization_ratio)) + extra_replicas; "
+    ("replicas = ceil(requests_per_s x peak_to_mean_ratio / (max load per replica x max_utilization_ratio)) + "
+     "extra_replicas; "
      "the max load is the highest simulated per-replica load meeting every SLO at the percentile"),
     ("GPUs = replicas x tensor_parallel x pipeline_parallel; nodes: tensor parallelism stays inside one node and "
      "replicas smaller than a node share nodes"),
@@ -66,16 +71,62 @@ LOGNORMAL_CLIP_QUANTILE = 0.9999
 INLINE_MODEL_ID = "/path/to/model"  # an inline architecture has no repository id
 
 
-def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
-    """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`)."""
-    model, label = resolve_model(session, request)
+class PlanSources(Protocol):
+    """Where a plan reads catalog rows and its calibration profile: the database (`DatabaseSources`), or
+    a stored quote's snapshot (to reproduce the quote from nothing but itself)."""
+
+    def model(self, slug: str) -> tuple[ModelSpec, str]:
+        """The model's spec and its Hugging Face id (its slug when it has none)."""
+
+    def gpu(self, slug: str) -> GpuSpec: ...
+
+    def all_gpus(self) -> list[GpuSpec]:
+        """Every catalog GPU, ordered by slug."""
+
+    def profile(self, name: str | None) -> CalibrationProfile:
+        """The named calibration profile; None = the default."""
+
+
+class DatabaseSources:
+    """Today's catalog and profiles. Remembers the profile documents it resolved (for a quote's snapshot)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.profile_documents: dict[str | None, dict[str, Any]] = {}
+
+    def model(self, slug: str) -> tuple[ModelSpec, str]:
+        return get_model_spec(self.session, slug), read_one(self.session, MODELS, slug).hf_id or slug
+
+    def gpu(self, slug: str) -> GpuSpec:
+        return get_gpu_spec(self.session, slug)
+
+    def all_gpus(self) -> list[GpuSpec]:
+        return list_gpu_specs(self.session)
+
+    def profile(self, name: str | None) -> CalibrationProfile:
+        profile, self.profile_documents[name] = profile_snapshot(self.session, name)
+        return profile
+
+
+def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | None = None) -> SloPlanResponse:
+    """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`), over the
+    catalog and profiles of `sources` (default: the database of `session`)."""
+    sources = sources or DatabaseSources(session)
+    if request.model_spec is not None:
+        model = model_spec_from_schema(request.model_spec, pointer="/body/model_spec")
+        label, model_id = INLINE_MODEL_LABEL, INLINE_MODEL_ID
+    else:
+        assert request.model is not None  # ModelRef guarantees exactly one of the two
+        (model, model_id), label = sources.model(request.model), request.model
     candidates = request.candidates
     defaults: list[str] = []
     if candidates.gpus is None:
-        gpus = list_gpu_specs(session)
+        gpus = sources.all_gpus()
         defaults.append(f"gpus = every catalog GPU ({len(gpus)})")
     else:
-        gpus = [get_gpu_spec(session, slug) for slug in dict.fromkeys(candidates.gpus)]
+        gpus = [sources.gpu(slug) for slug in dict.fromkeys(candidates.gpus)]
+    inline_gpus, inline_prices = _inline_gpus(candidates.gpu_specs or [], {gpu.slug for gpu in gpus})
+    gpus = [*gpus, *inline_gpus]
     _check_plan_parallelism(model, candidates)
     weight_dtypes = candidates.weight_dtypes
     if weight_dtypes is None:
@@ -95,8 +146,12 @@ def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
     for slug in prices.keys() - {gpu.slug for gpu in gpus}:
         raise Unprocessable(f"a price is given for {slug!r}, which is not among the candidate GPUs",
                             errors=[(f"/body/candidates/gpu_price_per_hour_usd/{slug}", "not a candidate GPU")])
+    for slug in prices.keys() & inline_prices.keys():
+        raise Unprocessable(f"{slug!r} is an inline GPU: give its price in its spec",
+                            errors=[(f"/body/candidates/gpu_price_per_hour_usd/{slug}", "inline GPU")])
+    prices.update(inline_prices)
     workload = _plan_workload(request.workload, model)
-    speculative, draft, draft_id = _plan_speculation(session, request.speculative)
+    speculative, draft, draft_id = _plan_speculation(sources, request.speculative)
     try:
         configurations = plan_core.configurations(
             model, gpus, candidates.tensor_parallel, candidates.pipeline_parallel, weight_dtypes, kv_dtypes,
@@ -104,7 +159,7 @@ def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
     except plan_core.SearchSpaceTooLarge as exc:
         raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
     compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
-    efficiencies, profiles = _plan_efficiencies(session, gpus, compute_dtypes, request.calibration)
+    efficiencies, profiles = _plan_efficiencies(sources.profile(request.calibration), gpus, compute_dtypes)
     slo = request.slo
     try:
         inputs = plan_core.PlanInputs(
@@ -112,15 +167,13 @@ def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
             slo=plan_core.Slo(ttft_s=slo.ttft_ms / 1e3, tpot_s=slo.tpot_ms / 1e3,
                               e2e_s=None if slo.e2e_ms is None else slo.e2e_ms / 1e3,
                               percentile=slo.percentile, goodput_ratio=slo.goodput_ratio),
-            burst_factor=request.workload.burst_factor,
+            peak_to_mean_ratio=request.workload.peak_to_mean_ratio,
             policy=plan_core.HaPolicy(request.ha_policy.extra_replicas, request.ha_policy.max_utilization_ratio),
             prices=prices, speculative=speculative, draft=draft, seed=request.seed,
             simulated_requests=request.simulated_requests)
     except ValueError as exc:
         raise Unprocessable(str(exc), errors=[("/body/workload", str(exc))]) from None
     result = plan_core.plan(inputs, configurations)
-    model_id = INLINE_MODEL_ID if request.model is None else (read_one(session, MODELS, request.model).hf_id
-                                                              or request.model)
     plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, result.max_model_len)
              for rank, plan in enumerate(result.plans, start=1)]
     return SloPlanResponse(
@@ -149,6 +202,20 @@ def plan_slo(session: Session, request: SloPlanRequest) -> SloPlanResponse:
             notes=[*result.notes, *_workload_notes(request.workload)]),
         calculation_version=CALCULATION_VERSION,
     )
+
+
+def _inline_gpus(specs: Sequence[InlineGpuIn], catalog_slugs: set[str]) -> tuple[list[GpuSpec], dict[str, float]]:
+    """The request's inline GPUs as specs (checked like catalog rows: a 422 naming the field), and their
+    prices, which the plan reports as given in the request. Nothing is stored."""
+    gpus: list[GpuSpec] = []
+    for index, spec in enumerate(specs):
+        pointer = f"/body/candidates/gpu_specs/{index}"
+        if spec.slug in catalog_slugs:
+            raise Unprocessable(f"the inline GPU {spec.slug!r} has the slug of a candidate catalog GPU",
+                                errors=[(f"{pointer}/slug", "already a candidate catalog GPU")])
+        gpu = gpu_spec_from_schema(spec, pointer=pointer, slug=spec.slug)
+        gpus.append(replace(gpu, name=spec.name or f"{spec.slug} ({INLINE_GPU_LABEL})"))
+    return gpus, {spec.slug: spec.price_per_hour_usd for spec in specs}
 
 
 def _check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn) -> None:
@@ -191,10 +258,10 @@ def _plan_workload(workload: WorkloadIn, model: ModelSpec) -> Workload:
                                    max(1, positions - longest_answer)),
         output_tokens=output_tokens,
         requests_per_s=workload.requests_per_s, concurrent_users=workload.concurrent_users,
-        prefix_cache_hit_rate=workload.prefix_cache_hit_rate, shared_prefix_tokens=workload.shared_prefix_tokens)
+        arrival_cv=workload.arrival_cv, prefix_cache_hit_rate=workload.prefix_cache_hit_rate, shared_prefix_tokens=workload.shared_prefix_tokens)
 
 
-def _plan_speculation(session: Session, speculative: SpeculativeIn | None,
+def _plan_speculation(sources: PlanSources, speculative: SpeculativeIn | None,
                       ) -> tuple[SpeculativeDecoding | None, plan_core.DraftModel | None, str | None]:
     """(speculation, draft model, the draft's Hugging Face id) from the request."""
     if speculative is None:
@@ -203,15 +270,14 @@ def _plan_speculation(session: Session, speculative: SpeculativeIn | None,
                                has_draft_model=speculative.draft_model is not None)
     if speculative.draft_model is None:
         return spec, None, None
-    draft_model = get_model_spec(session, speculative.draft_model)
+    draft_model, draft_id = sources.model(speculative.draft_model)
     draft_dtype = draft_model.dtype if draft_model.dtype in WEIGHT_DTYPES else "bf16"
-    draft_id = read_one(session, MODELS, speculative.draft_model).hf_id or speculative.draft_model
     return spec, plan_core.DraftModel(draft_model, draft_dtype), draft_id
 
 
-def _plan_efficiencies(session: Session, gpus: Sequence[GpuSpec], weight_dtypes: Sequence[str],
-                       profile: str | None) -> tuple[dict[tuple[str, str], Efficiency], dict[tuple[str, str], str]]:
-    """The efficiency (and its profile's name) for every GPU x compute dtype the weights imply."""
+def _plan_efficiencies(profile: CalibrationProfile, gpus: Sequence[GpuSpec], weight_dtypes: Sequence[str],
+                       ) -> tuple[dict[tuple[str, str], Efficiency], dict[tuple[str, str], str]]:
+    """The efficiency under `profile` (and the profile's name) for every GPU x compute dtype the weights imply."""
     efficiencies: dict[tuple[str, str], Efficiency] = {}
     profiles: dict[tuple[str, str], str] = {}
     for gpu in gpus:
@@ -222,7 +288,8 @@ def _plan_efficiencies(session: Session, gpus: Sequence[GpuSpec], weight_dtypes:
                 continue  # the plan reports the configuration infeasible, with the reason
             key = (gpu.slug, compute_dtype)
             if key not in efficiencies:
-                efficiencies[key], profiles[key] = resolve_efficiency(session, gpu, compute_dtype, profile)
+                efficiencies[key] = profile.efficiency_for(gpu.family, compute_dtype)
+                profiles[key] = profile.name
     return efficiencies, profiles
 
 
@@ -230,8 +297,10 @@ def _load_model_text(workload: WorkloadIn) -> str:
     if workload.concurrent_users is not None:
         return (f"closed loop: {workload.concurrent_users} users, each sending the next request the moment the "
                 "last one finishes; every replica is simulated with its share of the users")
-    return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x burst factor "
-            f"{workload.burst_factor:g}; every replica is simulated with a Poisson stream of its share")
+    arrivals = ("a Poisson stream" if workload.arrival_cv == 1 else
+                f"a Gamma renewal stream (gaps with coefficient of variation {workload.arrival_cv:g})")
+    return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x peak-to-mean ratio "
+            f"{workload.peak_to_mean_ratio:g}; every replica is simulated with {arrivals} of its share")
 
 
 def _workload_notes(workload: WorkloadIn) -> list[str]:

@@ -25,11 +25,18 @@ SLO_PLAN_RESPONSE_EXAMPLE: dict[str, Any] = (
     SloPlanResponse.model_config["json_schema_extra"]["examples"][0])  # type: ignore[index]
 QUOTE_ID_EXAMPLE = "0b7c9d6e-3f4a-4e2b-9c1d-5a6b7c8d9e0f"
 CREATED_AT_EXAMPLE = "2026-11-29T10:15:30.123456Z"
+CREATED_BY_DESCRIPTION = ("Name of the API key that created the quote, at created_at (never the secret); null for "
+                          "quotes made before keys had names")
 # Llama-3.1-70B has Llama-3-70B's architecture with a 128k context.
 SNAPSHOT_EXAMPLE: dict[str, Any] = {
     "models": {"llama-3.1-70b": {**MODEL_OUT_EXAMPLE, "slug": "llama-3.1-70b", "name": "Llama-3.1-70B",
                                  "hf_id": "meta-llama/Llama-3.1-70B", "max_position_embeddings": 131072}},
     "gpus": {"h100-sxm": GPU_OUT_EXAMPLE},
+    "calibration_profile": {"name": "builtin", "origin": "builtin", "description": "Cited constants, not fitted",
+                            "created_at": None, "updated_at": None, "written_by": None, "entries": [],
+                            "provenance": None},
+    "engine_rules_version": "2026.12.01",
+    "calculation_version": "2026.11.29",
 }
 
 
@@ -38,13 +45,21 @@ def _examples(*examples: dict[str, Any]) -> ConfigDict:
 
 
 class CatalogSnapshot(BaseModel):
-    """The catalog rows the plan read, as they were (each with its `version`), keyed by slug."""
+    """Everything the plan read besides its request, as it was: catalog rows (each with its `version`)
+    keyed by slug, the calibration profile's content and provenance, and the engine rules and formula
+    versions. Together with the request (which holds inline GPUs and models) it reproduces the answer."""
 
     model_config = _examples(SNAPSHOT_EXAMPLE)
 
     models: dict[str, ModelOut] = Field(description="The model (and a draft model) by catalog slug; "
                                                     "empty for an inline model_spec")
-    gpus: dict[str, GpuOut] = Field(description="Every candidate GPU the plan resolved, by catalog slug")
+    gpus: dict[str, GpuOut] = Field(description="Every candidate catalog GPU the plan resolved, by slug")
+    calibration_profile: dict[str, Any] | None = Field(
+        None, description="The calibration profile the plan used, whole: name, origin, description, entries "
+                          "(efficiencies per GPU family and precision), provenance, when and by which key it "
+                          "was stored (absent in quotes made before quotes kept it)")
+    engine_rules_version: str | None = Field(None, description="Version of the engine rules the plan applied")
+    calculation_version: str | None = Field(None, description="Version of the formulas the plan applied")
 
 
 class StoredQuote(BaseModel):
@@ -52,6 +67,7 @@ class StoredQuote(BaseModel):
 
     id: str = Field(pattern=QUOTE_ID_PATTERN, description="UUID4", examples=[QUOTE_ID_EXAMPLE])
     created_at: UtcDatetime
+    created_by: str | None = Field(description=CREATED_BY_DESCRIPTION)
     calculation_version: str = Field(description="Version of the formulas that produced the result")
     request_sha256: str = Field(description="SHA-256 of the canonical request JSON (sorted keys, no spaces)")
     request: dict[str, Any]
@@ -62,6 +78,7 @@ class StoredQuote(BaseModel):
 QUOTE_EXAMPLE: dict[str, Any] = {
     "id": QUOTE_ID_EXAMPLE,
     "created_at": CREATED_AT_EXAMPLE,
+    "created_by": "sales-desk",
     "calculation_version": "2026.11.29",
     "request_sha256": "5d41402abc4b2a76b9719d911017c592a9f3e0c1d2b3a4f5e6d7c8b9a0f1e2d3",
     "request": SloPlanRequest.model_validate(ISSUE_EXAMPLE).model_dump(mode="json"),  # defaults filled in
@@ -82,7 +99,8 @@ class QuoteOut(StoredQuote):
 
 
 SUMMARY_EXAMPLE: dict[str, Any] = {
-    "id": QUOTE_ID_EXAMPLE, "created_at": CREATED_AT_EXAMPLE, "model": "llama-3-70b", "feasible": True,
+    "id": QUOTE_ID_EXAMPLE, "created_at": CREATED_AT_EXAMPLE, "created_by": "sales-desk", "model": "llama-3-70b",
+    "feasible": True,
     "cheapest_gpu": "h100-sxm", "cheapest_cost_per_hour_usd": 58.24, "calculation_version": "2026.11.29",
 }
 
@@ -94,6 +112,7 @@ class QuoteSummary(BaseModel):
 
     id: str = Field(pattern=QUOTE_ID_PATTERN, examples=[QUOTE_ID_EXAMPLE])
     created_at: UtcDatetime
+    created_by: str | None = Field(description=CREATED_BY_DESCRIPTION)
     model: Slug | None = Field(description="Catalog slug of the model; null for an inline model_spec")
     feasible: bool = Field(description="Whether any candidate met the SLO")
     cheapest_gpu: Slug | None = Field(description="GPU of the cheapest plan; null when infeasible")
@@ -125,9 +144,11 @@ class QuoteDifference(BaseModel):
 
     model_config = _examples(*DIFFERENCE_EXAMPLES)
 
-    kind: Literal["catalog", "outcome", "calculation_version"] = Field(
-        description="catalog: a row the quote read changed, appeared or was deleted; outcome: the plan's "
-                    "answer changed; calculation_version: the formulas changed")
+    kind: Literal["catalog", "calibration", "engine_rules_version", "calculation_version", "outcome"] = Field(
+        description="catalog: a row the quote read changed, appeared or was deleted; calibration: the "
+                    "profile the quote used changed or was deleted, or another profile is now the default; "
+                    "engine_rules_version / calculation_version: the engine rules or formulas changed; "
+                    "outcome: the plan's answer changed")
     subject: str = Field(description='What changed: "gpu <slug>", "model <slug>", "cheapest plan", ...')
     field: str | None = Field(description="The changed field; null when a whole row appeared or went away")
     change: Literal["changed", "added", "deleted"]
@@ -148,4 +169,21 @@ class RepriceOut(BaseModel):
     original: QuoteSummary
     repriced: SloPlanResponse = Field(description="The plan as /v1/slo-plan answers it today")
     differences: list[QuoteDifference] = Field(
-        description="Changed catalog rows first, then changed outcomes; empty when nothing changed")
+        description="Changed catalog rows first, then the calibration profile, versions, and changed outcomes; "
+                    "empty when nothing changed")
+
+
+class ReproduceOut(BaseModel):
+    """A stored quote's request planned again from the quote's own snapshot (nothing else is read, nothing
+    is stored)."""
+
+    model_config = _examples({"quote_id": QUOTE_ID_EXAMPLE, "identical": True,
+                              "stored_calculation_version": "2026.11.29", "calculation_version": "2026.11.29",
+                              "result": SLO_PLAN_RESPONSE_EXAMPLE})
+
+    quote_id: str = Field(pattern=QUOTE_ID_PATTERN, examples=[QUOTE_ID_EXAMPLE])
+    identical: bool = Field(description="Whether the result is byte for byte the stored one (canonical JSON); "
+                                        "expected whenever the calculation version is unchanged")
+    stored_calculation_version: str = Field(description="Version of the formulas that made the quote")
+    calculation_version: str = Field(description="Version of the formulas that reproduced it now")
+    result: SloPlanResponse = Field(description="The plan recomputed from the snapshot")

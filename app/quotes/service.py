@@ -1,8 +1,10 @@
-"""Saved quotes: run a /v1/slo-plan, freeze it with the catalog rows it read, reprice it later.
+"""Saved quotes: run a /v1/slo-plan, freeze it with everything it read, reproduce or reprice it later.
 
-A quote stores the validated request (canonical JSON and its SHA-256), a snapshot of every catalog
-row the plan resolved (each with its `version`), the plan response as returned, the calculation
-version and the time. Quotes are only ever inserted, so one reads back byte for byte the same
+A quote stores the validated request (canonical JSON and its SHA-256; inline GPUs and models are part
+of it), a snapshot of everything else the plan read (every catalog row it resolved, each with its
+`version`; the calibration profile's content and provenance; the engine rules and calculation
+versions), the plan response as returned, the key that made it and the time. The snapshot alone
+reproduces the answer (`reproduce`), whatever happens to the catalog and profiles afterwards. Quotes are only ever inserted, so one reads back byte for byte the same
 forever, whatever happens to the catalog afterwards.
 
 Transactions: unlike the catalog endpoints, creating a quote owns its transaction boundaries,
@@ -27,23 +29,27 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.calibration.profiles import profile_from_entries
 from app.catalog import repository
 from app.catalog import service as catalog_service
+from app.catalog.reference import gpu_spec_from_record, model_spec_from_record
 from app.catalog.schemas import GpuOut, ModelArchitecture, ModelOut
 from app.catalog.tables import GpuRecord, ModelRecord
 from app.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from app.planning import service as planning
 from app.planning.schemas import SloPlanRequest, SloPlanResponse
-from app.quotes.schemas import QuoteDifference, QuotePage, QuoteSummary, RepriceOut, StoredQuote
+from app.quotes.schemas import QuoteDifference, QuotePage, QuoteSummary, RepriceOut, ReproduceOut, StoredQuote
 from app.quotes.tables import QuoteRecord
-from app.sizing import CALCULATION_VERSION
+from app.sizing import CALCULATION_VERSION, ENGINE_RULES_VERSION
+from app.sizing.calibration.fit import CalibrationProfile
+from app.sizing.specs import GpuSpec, ModelSpec
 
 IDEMPOTENCY_KEY_POINTER = "/header/idempotency-key"
 # A catalog write between reading the revision and re-reading it means the plan and the snapshot
 # may have seen different catalogs: plan again (a few times; writes are rare and quick).
 CONSISTENT_READ_ATTEMPTS = 3
 # Row fields every write changes; a difference in them alone is reported once, as the version.
-ROW_BOOKKEEPING = ("version", "created_at", "updated_at")
+ROW_BOOKKEEPING = ("version", "created_at", "updated_at", "written_by")
 
 SessionFactory = Callable[[], Session]
 
@@ -67,7 +73,8 @@ def sha256_hex(document: dict[str, Any]) -> str:
 # The plan and the catalog rows it read -----------------------------------------------------
 
 def _candidate_gpus(session: Session, request: SloPlanRequest) -> list[GpuOut]:
-    """The catalog GPUs the plan resolves: the listed candidates, or every catalog GPU."""
+    """The catalog GPUs the plan resolves: the listed candidates, or every catalog GPU (inline GPUs are in
+    the request)."""
     listed = request.candidates.gpus
     if listed is None:
         return [catalog_service.GPUS.to_out(record) for record in repository.all_rows(session, GpuRecord)]
@@ -83,24 +90,32 @@ def _models(session: Session, request: SloPlanRequest) -> list[ModelOut]:
     return [catalog_service.read_one(session, catalog_service.MODELS, slug) for slug in sorted(slugs)]
 
 
-def catalog_snapshot(session: Session, request: SloPlanRequest) -> dict[str, Any]:
-    """Every catalog row the plan resolves, as stored now (JSON, with its version), by kind and slug."""
+def catalog_snapshot(session: Session, request: SloPlanRequest, profile: dict[str, Any]) -> dict[str, Any]:
+    """Everything the plan read besides its request: every catalog row it resolves, as stored now (JSON,
+    with its version) by kind and slug; the calibration profile it used (content and provenance); and
+    the versions of the engine rules and formulas."""
     return {
         "models": {row.slug: row.model_dump(mode="json") for row in _models(session, request)},
         "gpus": {row.slug: row.model_dump(mode="json") for row in _candidate_gpus(session, request)},
+        "calibration_profile": profile,
+        "engine_rules_version": ENGINE_RULES_VERSION,
+        "calculation_version": CALCULATION_VERSION,
     }
 
 
-def plan_with_snapshot(session: Session, request: SloPlanRequest) -> tuple[SloPlanResponse, dict[str, Any]]:
-    """The plan and the snapshot of the catalog rows it read, both from one catalog revision.
+def plan_with_snapshot(session: Session, request: SloPlanRequest,
+                       sources: planning.DatabaseSources | None = None) -> tuple[SloPlanResponse, dict[str, Any]]:
+    """The plan and the snapshot of what it read, both from one catalog revision.
 
     Every catalog write bumps the revision in its own transaction, so an unchanged revision
-    before and after means no write landed in between.
+    before and after means no write landed in between. The profile is the one the plan itself
+    resolved (profiles are never rewritten, except the default by the reference loader).
     """
     for _ in range(CONSISTENT_READ_ATTEMPTS):
+        attempt = sources or planning.DatabaseSources(session)
         revision = repository.catalog_revision(session)
-        result = planning.plan_slo(session, request)
-        snapshot = catalog_snapshot(session, request)
+        result = planning.plan_slo(session, request, attempt)
+        snapshot = catalog_snapshot(session, request, attempt.profile_documents[request.calibration])
         if repository.catalog_revision(session) == revision:
             return result, snapshot
     raise Conflict("The catalog kept changing while the plan ran; retry")
@@ -130,8 +145,8 @@ def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
 
 
 def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idempotency_key: str | None,
-                 may_commit: Callable[[], bool] = lambda: True) -> tuple[StoredQuote, bool]:
-    """Plan, snapshot and store a quote; returns it and whether it was created just now (False:
+                 created_by: str, may_commit: Callable[[], bool] = lambda: True) -> tuple[StoredQuote, bool]:
+    """Plan, snapshot and store a quote on behalf of the key named `created_by`; returns it and whether it was created just now (False:
     a retry with the same key and request, answered with the stored quote). `may_commit` is asked
     right before the write: False (the request ran past its deadline and its client was already told
     so) stores nothing."""
@@ -156,6 +171,7 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idemp
         feasible=bool(result_document.get("feasible")),
         cheapest_gpu=None if cheapest is None else cheapest["gpu"],
         cheapest_cost_per_hour_usd=None if cheapest is None else cheapest["cost_per_hour_usd"],
+        created_by=created_by,
     )
     try:
         with session_factory() as session, session.begin():
@@ -175,7 +191,8 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idemp
 
 def stored_quote(record: QuoteRecord) -> StoredQuote:
     return StoredQuote(
-        id=record.id, created_at=record.created_at, calculation_version=record.calculation_version,
+        id=record.id, created_at=record.created_at, created_by=record.created_by,
+        calculation_version=record.calculation_version,
         request_sha256=record.request_sha256, request=record.request,
         catalog_snapshot=record.catalog_snapshot, result=record.result,
     )
@@ -202,7 +219,7 @@ def list_quotes(session: Session, limit: int, offset: int) -> QuotePage:
     total = session.scalar(select(func.count()).select_from(QuoteRecord)) or 0
     # Only the summary columns: a page never loads the request, snapshot or result documents.
     rows = session.execute(
-        select(QuoteRecord.id, QuoteRecord.created_at, QuoteRecord.model, QuoteRecord.feasible,
+        select(QuoteRecord.id, QuoteRecord.created_at, QuoteRecord.created_by, QuoteRecord.model, QuoteRecord.feasible,
                QuoteRecord.cheapest_gpu, QuoteRecord.cheapest_cost_per_hour_usd,
                QuoteRecord.calculation_version)
         .order_by(QuoteRecord.created_at.desc(), QuoteRecord.id.desc()).limit(limit).offset(offset)
@@ -230,7 +247,7 @@ def _todays_request(session: Session, stored: SloPlanRequest,
     candidates = stored.candidates
     if candidates.gpus is not None:
         remaining = [slug for slug in candidates.gpus if repository.get(session, GpuRecord, slug) is not None]
-        if not remaining:
+        if not remaining and not candidates.gpu_specs:
             raise Conflict("Every candidate GPU of this quote has been deleted from the catalog since; "
                            "there is nothing to reprice it on")
         prices = candidates.gpu_price_per_hour_usd
@@ -313,20 +330,127 @@ def _outcome_differences(before: dict[str, Any], after: dict[str, Any]) -> Itera
             )
 
 
-def reprice(session: Session, quote_id: str) -> RepriceOut:
-    """Plan the stored request again against today's catalog and list what changed; stores nothing."""
-    record = _record_or_404(session, quote_id)
-    todays = _todays_request(session, _stored_request(record), record.catalog_snapshot)
-    result, snapshot = plan_with_snapshot(session, todays)
-    differences = [
-        *_row_differences("model", record.catalog_snapshot["models"], snapshot["models"]),
-        *_row_differences("gpu", record.catalog_snapshot["gpus"], snapshot["gpus"]),
-    ]
+class _RepriceSources(planning.DatabaseSources):
+    """Today's catalog and profiles; a named profile deleted since is replaced by the quote's copy of it
+    (as a deleted model is by its stored architecture)."""
+
+    def __init__(self, session: Session, stored_profile: dict[str, Any] | None) -> None:
+        super().__init__(session)
+        self.stored_profile = stored_profile
+        self.profile_deleted = False
+
+    def profile(self, name: str | None) -> CalibrationProfile:
+        try:
+            return super().profile(name)
+        except NotFound:
+            if self.stored_profile is None or name != self.stored_profile["name"]:
+                raise
+        self.profile_deleted = True
+        self.profile_documents[name] = self.stored_profile
+        return profile_from_entries(self.stored_profile["name"], self.stored_profile["entries"])
+
+
+# Fields every write of a profile changes; a difference in them alone is no difference in the profile.
+PROFILE_BOOKKEEPING = ("updated_at", "written_by")
+
+
+def _profile_differences(before: dict[str, Any] | None, after: dict[str, Any],
+                         deleted: bool) -> Iterator[QuoteDifference]:
+    """The quote's calibration profile against the one a plan resolves today."""
+    if before is None:
+        return  # the quote was made before quotes kept their calibration profile
+    subject = f"calibration profile {before['name']}"
+    if deleted:
+        yield QuoteDifference(
+            kind="calibration", subject=subject, field=None, change="deleted", before=before["name"], after=None,
+            detail=f"{subject} was deleted since; the reprice uses the copy stored in the quote")
+        return
+    if after["name"] != before["name"]:
+        yield QuoteDifference(
+            kind="calibration", subject="calibration profile (default)", field="name", change="changed",
+            before=before["name"], after=after["name"],
+            detail=f"requests that name no profile now use {after['name']!r} instead of {before['name']!r}")
+        return
+    for name in sorted(before.keys() | after.keys()):
+        if name not in PROFILE_BOOKKEEPING and before.get(name) != after.get(name):
+            yield QuoteDifference(
+                kind="calibration", subject=subject, field=name, change="changed",
+                before=before.get(name), after=after.get(name),
+                detail=f"{subject} {name} changed (stored {before.get('updated_at') or 'builtin'}, "
+                       f"today {after.get('updated_at') or 'builtin'})")
+
+
+def _version_differences(record: QuoteRecord) -> Iterator[QuoteDifference]:
+    stored_rules = record.catalog_snapshot.get("engine_rules_version")
+    if stored_rules is not None and stored_rules != ENGINE_RULES_VERSION:
+        yield QuoteDifference(
+            kind="engine_rules_version", subject="engine rules", field="engine_rules_version", change="changed",
+            before=stored_rules, after=ENGINE_RULES_VERSION,
+            detail=f"The engine rules changed: {stored_rules} -> {ENGINE_RULES_VERSION}")
     if record.calculation_version != CALCULATION_VERSION:
-        differences.append(QuoteDifference(
+        yield QuoteDifference(
             kind="calculation_version", subject="formulas", field="calculation_version", change="changed",
             before=record.calculation_version, after=CALCULATION_VERSION,
             detail=f"The formulas changed: {record.calculation_version} -> {CALCULATION_VERSION}",
-        ))
+        )
+
+
+def reprice(session: Session, quote_id: str) -> RepriceOut:
+    """Plan the stored request again against today's catalog and profiles and list what changed; stores
+    nothing."""
+    record = _record_or_404(session, quote_id)
+    stored = record.catalog_snapshot
+    todays = _todays_request(session, _stored_request(record), stored)
+    sources = _RepriceSources(session, stored.get("calibration_profile"))
+    result, snapshot = plan_with_snapshot(session, todays, sources)
+    differences = [
+        *_row_differences("model", stored["models"], snapshot["models"]),
+        *_row_differences("gpu", stored["gpus"], snapshot["gpus"]),
+        *_profile_differences(stored.get("calibration_profile"), snapshot["calibration_profile"],
+                              sources.profile_deleted),
+        *_version_differences(record),
+    ]
     differences.extend(_outcome_differences(record.result, result.model_dump(mode="json")))
     return RepriceOut(quote_id=record.id, original=summary(record), repriced=result, differences=differences)
+
+
+# Reproducing -------------------------------------------------------------------------------
+
+class SnapshotSources:
+    """A quote's snapshot as the plan's only source: catalog rows and the calibration profile as they
+    were when the quote was made, whatever the catalog and profiles hold today."""
+
+    def __init__(self, snapshot: dict[str, Any]) -> None:
+        self.snapshot = snapshot
+
+    def _row(self, kind: str, slug: str) -> bytes:
+        try:
+            return canonical_json(self.snapshot[kind][slug])
+        except KeyError:
+            raise Conflict(f"The quote's snapshot holds no {kind} {slug!r}; it cannot be reproduced") from None
+
+    def model(self, slug: str) -> tuple[ModelSpec, str]:
+        row = ModelOut.model_validate_json(self._row("models", slug))
+        return model_spec_from_record(row), row.hf_id or slug
+
+    def gpu(self, slug: str) -> GpuSpec:
+        return gpu_spec_from_record(GpuOut.model_validate_json(self._row("gpus", slug)))
+
+    def all_gpus(self) -> list[GpuSpec]:
+        return [self.gpu(slug) for slug in sorted(self.snapshot["gpus"])]
+
+    def profile(self, name: str | None) -> CalibrationProfile:
+        document = self.snapshot["calibration_profile"]
+        return profile_from_entries(document["name"], document["entries"])
+
+
+def reproduce(session: Session, quote_id: str) -> ReproduceOut:
+    """Plan the stored request from the quote's snapshot alone; stores nothing."""
+    record = _record_or_404(session, quote_id)
+    if "calibration_profile" not in record.catalog_snapshot:
+        raise Conflict("This quote was made before quotes kept their calibration profile; it cannot be "
+                       "reproduced from itself (reprice it instead)")
+    result = planning.plan_slo(session, _stored_request(record), SnapshotSources(record.catalog_snapshot))
+    identical = canonical_json(result.model_dump(mode="json")) == canonical_json(record.result)
+    return ReproduceOut(quote_id=record.id, identical=identical, stored_calculation_version=record.calculation_version,
+                        calculation_version=CALCULATION_VERSION, result=result)

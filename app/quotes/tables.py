@@ -34,3 +34,5 @@ class QuoteRecord(Base):
     feasible: Mapped[bool]
     cheapest_gpu: Mapped[str | None] = mapped_column(String(64))
     cheapest_cost_per_hour_usd: Mapped[float | None] = mapped_column(Double)
+    # Name of the API key that created it (at created_at); null for quotes made before keys had names.
+    created_by: Mapped[str | None] = mapped_column(String(64))

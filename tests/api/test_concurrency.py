@@ -34,7 +34,7 @@ from tests.api.test_quotes_concurrency import server_url  # noqa: F401  (the liv
 from tests.conftest import TEST_API_KEY, reset_catalog
 
 WRITE_HEADERS = {"Authorization": f"Bearer {TEST_API_KEY}"}
-BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at")  # set by the service, not the client
+BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at", "written_by")  # set by the service, not the client
 KV = {"model": "llama-3-70b", "context_tokens": 8192, "batch_size": 32}
 # Llama-3-70B, bf16: 2 (K and V) x 80 layers x 8 KV heads x 128 head_dim x 2 bytes = 327,680 bytes
 # per token; x 8192 tokens = 2,684,354,560 bytes per sequence; x 32 sequences = 85,899,345,920.

@@ -185,11 +185,12 @@ def test_two_writers_that_read_the_same_version_cannot_both_win(engine: Engine, 
             record = session.get(GpuRecord, "a10")
             assert record is not None and record.version == 1
             columns = GpuIn.model_validate(record, from_attributes=True).model_dump()
-        catalog_service.put(first, catalog_service.GPUS, "a10", {**columns, "price_per_hour_usd": 1.11}, web.Preconditions())
+        catalog_service.put(first, catalog_service.GPUS, "a10", {**columns, "price_per_hour_usd": 1.11},
+                            web.Preconditions(), written_by="key-1")
         first.commit()
         with pytest.raises(PreconditionFailed):
             catalog_service.put(second, catalog_service.GPUS, "a10", {**columns, "price_per_hour_usd": 2.22},
-                         web.Preconditions())
+                                web.Preconditions(), written_by="key-2")
         second.rollback()
     finally:
         first.close()

@@ -165,7 +165,7 @@ def test_a_value_the_database_refuses_is_a_422_not_an_outage(client: TestClient,
     client's input, so a 422 problem, never the 503 of a database outage."""
     row = client.get("/v1/gpus/h100-sxm").json()
     body = {key: value for key, value in row.items()
-            if key not in ("slug", "origin", "version", "created_at", "updated_at")}
+            if key not in ("slug", "origin", "version", "created_at", "updated_at", "written_by")}
 
     def refusing_put(*args: Any, **kwargs: Any) -> Any:
         raise DataError("UPDATE gpus SET vendor=%(vendor)s", {}, Exception("value too long for type "
@@ -253,7 +253,7 @@ def test_a_write_that_times_out_is_not_applied(app_with: Any, engine: Engine, cl
     with Session(engine) as session:
         revision = catalog_revision(session)
     body = {key: value for key, value in before.items()
-            if key not in ("slug", "origin", "version", "created_at", "updated_at")}
+            if key not in ("slug", "origin", "version", "created_at", "updated_at", "written_by")}
     slow(monkeypatch, "put", 1.0)
     with TestClient(app_with(request_timeout_s=0.2), raise_server_exceptions=False) as slow_client:
         response = slow_client.put("/v1/gpus/h100-sxm", json={**body, "name": "Renamed"}, headers=write_headers)

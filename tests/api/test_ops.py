@@ -160,7 +160,7 @@ def test_settings_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CORS_ORIGINS", "https://a.example,https://b.example")
     settings = Settings()
     assert settings.database_url == "postgresql+psycopg://u@db.internal:5432/sizing"  # psycopg 3 driver
-    assert [key.get_secret_value() for key in settings.api_keys] == [TEST_API_KEY, "rotated-write-key-fedcba9876543210"]
+    assert [key.secret.get_secret_value() for key in settings.api_keys] == [TEST_API_KEY, "rotated-write-key-fedcba9876543210"]
     assert (settings.host, settings.port, settings.log_level) == ("0.0.0.0", 9000, "debug")
     assert settings.cors_origins == ["https://a.example", "https://b.example"]
 

@@ -43,6 +43,14 @@ TWO_GPUS = {**PLAN, "candidates": {"gpus": ["h100-sxm", "h200-sxm"], "tensor_par
 IMPOSSIBLE = {**PLAN, "slo": {"ttft_ms": 2000, "tpot_ms": 2, "percentile": 95}}
 
 
+@pytest.fixture
+def client(client: TestClient, write_headers: dict[str, str]) -> TestClient:
+    """Quotes are read with a key (quotes:read): this client sends the test key, which has every scope,
+    on every request (tests of refusals remove it)."""
+    client.headers.update(write_headers)
+    return client
+
+
 @pytest.fixture(autouse=True)
 def no_quotes(engine: Engine) -> Iterator[None]:
     """Each test starts with an empty quote table (the catalog is reset by the `client` fixture)."""
@@ -154,7 +162,7 @@ def test_a_quote_survives_a_restart(client: TestClient, write_headers: dict[str,
     restarted = create_app(settings)  # a new application with a new engine on the same database
     try:
         with TestClient(restarted) as other:
-            read = other.get(created.headers["location"])
+            read = other.get(created.headers["location"], headers=write_headers)
             assert read.status_code == 200
             assert read.content == created.content and read.headers["etag"] == created.headers["etag"]
     finally:
@@ -194,6 +202,7 @@ def test_default_candidates_snapshot_every_catalog_gpu(client: TestClient,
 # Errors --------------------------------------------------------------------------------------
 
 def test_creating_needs_a_write_key(client: TestClient, engine: Engine) -> None:
+    del client.headers["Authorization"]
     response = client.post("/v1/quotes", json=PLAN)
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
@@ -328,7 +337,7 @@ def test_list_bounds(client: TestClient, params: dict[str, int]) -> None:
 def test_reprice_with_nothing_changed_has_no_differences(client: TestClient,
                                                          write_headers: dict[str, str]) -> None:
     quote = _create(client, write_headers).json()
-    repriced = client.post(f"/v1/quotes/{quote['id']}/reprice")  # a read: no key needed
+    repriced = client.post(f"/v1/quotes/{quote['id']}/reprice")
     assert repriced.status_code == 200
     body = repriced.json()
     assert body["quote_id"] == quote["id"]

@@ -149,8 +149,8 @@ def test_a_catalog_write_during_the_plan_is_never_half_seen(app: FastAPI, engine
     calls: list[int] = []
     real_plan = planning.plan_slo
 
-    def plan_then_write(session: Session, request: Any) -> Any:
-        answer = real_plan(session, request)
+    def plan_then_write(session: Session, request: Any, *sources: Any) -> Any:
+        answer = real_plan(session, request, *sources)
         calls.append(1)
         if len(calls) == 1:
             with Session(engine) as writer, writer.begin():
@@ -162,7 +162,7 @@ def test_a_catalog_write_during_the_plan_is_never_half_seen(app: FastAPI, engine
 
     monkeypatch.setattr(planning, "plan_slo", plan_then_write)
     stored, created = quotes.create_quote(app.state.session_factory,
-                                          quotes.SloPlanRequest.model_validate(PLAN), None)
+                                          quotes.SloPlanRequest.model_validate(PLAN), None, "key-1")
     assert created and len(calls) == 2
     gpu = stored.catalog_snapshot["gpus"]["h100-sxm"]
     assert (gpu["price_per_hour_usd"], gpu["version"]) == (2.0, 2)

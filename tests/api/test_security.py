@@ -24,7 +24,7 @@ from tests.conftest import OTHER_API_KEY, TEST_API_KEY
 
 KV = {"model": "llama-3-70b", "context_tokens": 8192}
 NEW_KEY = "third-write-key-after-rotation-42"
-BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at")
+BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at", "written_by")
 
 
 def bearer(key: str) -> dict[str, str]:

@@ -86,13 +86,13 @@ def test_an_impossible_slo_is_infeasible_with_reasons(client):
 
 
 def test_fleet_arithmetic_of_a_plan_by_hand(client):
-    """Price override $2.00 per H200-hour, peak 5 req/s x burst 1.5 = 7.5 req/s, each replica loaded at
+    """Price override $2.00 per H200-hour, 5 req/s x peak-to-mean ratio 1.5 = 7.5 req/s, each replica loaded at
     most 0.8 of its verified maximum, one spare:
         replicas = ceil(7.5 / (max_verified x 0.8)) + 1, GPUs = replicas x TP, cost = GPUs x $2.00,
         output tokens/s at the peak = 5 x 500 = 2,500, $ per million = cost / (2,500 x 3,600) x 1e6,
         offered = 7.5 / replicas, utilization = offered / max_verified, nodes = ceil(replicas / (8 // TP))."""
     body = {**ISSUE_EXAMPLE,
-            "workload": {**ISSUE_EXAMPLE["workload"], "burst_factor": 1.5},
+            "workload": {**ISSUE_EXAMPLE["workload"], "peak_to_mean_ratio": 1.5},
             "candidates": {"gpus": ["h200-sxm"], "tensor_parallel": [2, 4], "gpu_price_per_hour_usd": {"h200-sxm": 2.0}},
             "ha_policy": {"extra_replicas": 1, "max_utilization_ratio": 0.8}}
     response = post(client, body)
@@ -244,3 +244,99 @@ def test_an_inline_model_is_planned(client):
     result = response.json()
     assert result["model"] == "model_spec (inline)"
     assert result["plans"][0]["launch"]["command"].startswith("vllm serve /path/to/model ")
+
+
+BURST_CASE = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h200-sxm"], "tensor_parallel": [4]}}
+
+
+def test_burst_factor_is_the_deprecated_name_of_peak_to_mean_ratio(client):
+    """The old field keeps its old meaning (it scales the rate the fleet is sized for), and both
+    spellings give the same answer; giving both with different values is a 422."""
+    old = post(client, {**BURST_CASE, "workload": {**ISSUE_EXAMPLE["workload"], "burst_factor": 1.5}})
+    new = post(client, {**BURST_CASE, "workload": {**ISSUE_EXAMPLE["workload"], "peak_to_mean_ratio": 1.5}})
+    assert old.status_code == new.status_code == 200, old.text
+    assert old.json() == new.json()
+    assert "x peak-to-mean ratio 1.5" in new.json()["assumptions"]["load_model"]
+    both = post(client, {**BURST_CASE, "workload": {**ISSUE_EXAMPLE["workload"], "burst_factor": 1.5,
+                                                     "peak_to_mean_ratio": 2}})
+    assert problem_pointers(both) == ["/body/workload"]
+
+
+def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
+    """Same mean rate (40 req/s), gaps with CV 2 instead of Poisson: queues are longer at every load
+    (Kingman: about 4x the wait), so the highest verified load per replica is lower, more replicas
+    are needed, and the load model names the Gamma stream. Closed loops have no arrival process to shape (422)."""
+    busy = {**ISSUE_EXAMPLE["workload"], "requests_per_s": 40}
+    poisson = post(client, {**BURST_CASE, "workload": busy})
+    bursty = post(client, {**BURST_CASE, "workload": {**busy, "arrival_cv": 2}})
+    assert poisson.status_code == bursty.status_code == 200, bursty.text
+    calm, clumped = poisson.json()["plans"][0], bursty.json()["plans"][0]
+    assert clumped["load_per_replica"]["max_verified"] < calm["load_per_replica"]["max_verified"]
+    assert clumped["replicas"] > calm["replicas"]
+    assert "Gamma renewal stream (gaps with coefficient of variation 2)" in bursty.json()["assumptions"]["load_model"]
+    closed = post(client, {**BURST_CASE, "workload": {"input_tokens": 1000, "output_tokens": 500,
+                                                       "concurrent_users": 8, "arrival_cv": 2}})
+    assert problem_pointers(closed) == ["/body/workload"]
+
+
+# Inline GPUs ---------------------------------------------------------------------------------
+
+def inline_h100(client, **changes):
+    """The catalog's H100 SXM spec as an inline GPU (no catalog bookkeeping), at a negotiated price."""
+    row = client.get("/v1/gpus/h100-sxm").json()
+    spec = {name: row[name] for name in ("family", "memory_bytes", "memory_bandwidth_bytes_per_s",
+                                         "interconnect_bandwidth_bytes_per_s", "gpus_per_node",
+                                         "scale_out_bandwidth_bytes_per_s", "fp32_tflops", "tf32_tflops",
+                                         "bf16_tflops", "fp16_tflops", "fp8_tflops", "int8_tops", "fp4_tflops",
+                                         "tdp_w")}
+    return {**spec, "slug": "h100-negotiated", "name": "H100 SXM at a negotiated price", "price_per_hour_usd": 2.1,
+            **changes}
+
+
+def test_an_inline_gpu_is_ranked_among_catalog_gpus_and_never_stored(client):
+    """The inline GPU is an H100 SXM at $2.10 instead of the catalog's $3.64 per GPU-hour: the same spec
+    simulates the same (same seed, same efficiency: family hopper), so it needs exactly the catalog
+    H100's replicas and GPUs, and costs 2.10 / 3.64 = 57.7 % as much: the cheapest plan, with its price
+    reported as given in the request. The catalog is the same before and after."""
+    before = client.get("/v1/gpus", params={"limit": 200}).json()
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm", "h200-sxm"], "tensor_parallel": [4],
+                                            "gpu_specs": [inline_h100(client)]}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    plans = {plan["gpu"]: plan for plan in response.json()["plans"]}
+    assert response.json()["plans"][0]["gpu"] == "h100-negotiated"
+    inline, catalog = plans["h100-negotiated"], plans["h100-sxm"]
+    assert (inline["replicas"], inline["gpus"]) == (catalog["replicas"], catalog["gpus"])
+    assert inline["price_per_gpu_hour_usd"] == 2.1 and inline["price_source"] == "request"
+    assert catalog["price_per_gpu_hour_usd"] == 3.64 and catalog["price_source"] == "catalog"
+    assert inline["cost_per_hour_usd"] == pytest.approx(catalog["cost_per_hour_usd"] * 2.1 / 3.64)
+    assert inline["gpu_name"] == "H100 SXM at a negotiated price"
+    assert client.get("/v1/gpus", params={"limit": 200}).json() == before
+    assert client.get("/v1/gpus/h100-negotiated").status_code == 404
+
+
+def test_only_inline_gpus(client):
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": [], "tensor_parallel": [4], "gpu_specs": [inline_h100(client)]}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    assert {plan["gpu"] for plan in response.json()["plans"]} == {"h100-negotiated"}
+    assert problem_pointers(post(client, {**ISSUE_EXAMPLE, "candidates": {"gpus": []}})) == ["/body/candidates"]
+
+
+@pytest.mark.parametrize(("changes", "pointer"), [
+    ({"price_per_hour_usd": None}, "/body/candidates/gpu_specs/0/price_per_hour_usd"),
+    ({"slug": "h100-sxm"}, "/body/candidates/gpu_specs/0/slug"),  # a candidate catalog GPU's slug
+    ({"memory_bytes": 0}, "/body/candidates/gpu_specs/0/memory_bytes"),
+    ({"vendor": "NVIDIA"}, "/body/candidates/gpu_specs/0/vendor"),  # not a spec field
+])
+def test_inline_gpus_are_validated_like_catalog_rows(client, changes, pointer):
+    spec = {key: value for key, value in inline_h100(client, **changes).items() if value is not None}
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [4], "gpu_specs": [spec]}}
+    assert pointer in problem_pointers(post(client, body))
+
+
+def test_an_inline_gpu_takes_no_price_override(client):
+    body = {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [4],
+                                            "gpu_specs": [inline_h100(client)],
+                                            "gpu_price_per_hour_usd": {"h100-negotiated": 1.0}}}
+    assert problem_pointers(post(client, body)) == ["/body/candidates/gpu_price_per_hour_usd/h100-negotiated"]

@@ -50,9 +50,9 @@ def inputs_for(model, workload, slo, *gpus, efficiency=DEFAULT_EFFICIENCY, **opt
 # Fleet arithmetic ----------------------------------------------------------------------------------
 
 def test_replicas_follow_the_issue_formula():
-    """peak 5 req/s x burst 1.2 = 6 req/s; each replica may carry 2.3 x 0.8 = 1.84 req/s;
+    """5 req/s x peak-to-mean 1.2 = 6 req/s; each replica may carry 2.3 x 0.8 = 1.84 req/s;
     6 / 1.84 = 3.26 -> 4 replicas, + 1 spare (N+1) = 5."""
-    assert replicas_needed(5, 2.3, HaPolicy(extra_replicas=1, max_utilization_ratio=0.8), burst_factor=1.2) == 5
+    assert replicas_needed(5, 2.3, HaPolicy(extra_replicas=1, max_utilization_ratio=0.8), peak_to_mean_ratio=1.2) == 5
 
 
 def test_an_exact_multiple_does_not_round_up():

@@ -176,7 +176,9 @@ def test_workload_needs_exactly_one_load_kind():
     with pytest.raises(ValueError, match="exactly one"):
         Workload(Fixed(100), Fixed(10), requests_per_s=1, concurrent_users=4)
     with pytest.raises(ValueError, match="open-loop"):
-        Workload(Fixed(100), Fixed(10), concurrent_users=4, burst_factor=2)
+        Workload(Fixed(100), Fixed(10), concurrent_users=4, arrival_cv=2)
+    with pytest.raises(ValueError, match="arrival_cv"):
+        Workload(Fixed(100), Fixed(10), requests_per_s=1, arrival_cv=0)
     with pytest.raises(ValueError):
         Workload(Fixed(100), Fixed(10), requests_per_s=1, prefix_cache_hit_rate=1.5)
     assert Workload(Fixed(100), Fixed(10), concurrent_users=4).is_closed_loop
@@ -192,11 +194,11 @@ def test_poisson_arrivals_have_the_requested_rate():
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(1.0, rel=0.05)
 
 
-def test_burst_factor_keeps_the_rate_and_clumps_arrivals():
-    """burst_factor 4: Gamma gaps of shape 1/4 and mean 1/rate, so the squared coefficient of
+def test_arrival_cv_keeps_the_rate_and_clumps_arrivals():
+    """arrival_cv 2: Gamma gaps of shape 1/2² = 1/4 and mean 1/rate, so the squared coefficient of
     variation is 1/shape = 4. Gamma(1/4) has excess kurtosis 6·4 = 24, so over 100,000 gaps the
     sample variance has relative sd sqrt(26/100000) = 1.6%: 8% is 5 standard deviations."""
-    w = Workload(Fixed(100), Fixed(10), requests_per_s=4, burst_factor=4)
+    w = Workload(Fixed(100), Fixed(10), requests_per_s=4, arrival_cv=2)
     gaps = np.diff(sample_requests(w, 100_000, seed=5).arrival_s, prepend=0.0)
     assert gaps.mean() == pytest.approx(0.25, rel=0.03)
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(4.0, rel=0.08)

@@ -24,7 +24,7 @@ How it stays fast (well under a second over the whole catalog):
    Then the cheapest plan's configuration at the next larger TP degree is simulated too (when the
    budget allows): more money for lower latency, so the cost-latency frontier has a next point.
 3. For each simulated configuration, the fewest replicas whose share of the peak meets the SLO
-   (`_Planner.settle`): a replica count R means a per-replica load of peak x burst / (R x max
+   (`_Planner.settle`): a replica count R means a per-replica load of rate x peak-to-mean / (R x max
    utilization), simulated with the seeded simulator. The search starts at the count the ceiling
    implies; when that meets the SLO it tries the bound (CEILING_MARGIN), else it steps up (by the
    miss ratio, at least LOAD_STEP); then it bisects until R passes and R − 1 fails, or the loads
@@ -35,9 +35,11 @@ How it stays fast (well under a second over the whole catalog):
    count: short runs were measured to be optimistic near saturation, where the queue has not had
    time to build.
 
-Fleet arithmetic, for a peak load λ (requests/s, or users), a burst factor b, a utilization cap u and
-N+k spare replicas: replicas = R + k, R = ceil(λ·b / (max load per replica · u)). The burst factor
-multiplies the peak the fleet is sized for; each replica's arrivals are a Poisson stream of its share.
+Fleet arithmetic, for a load λ (requests/s, or users), a peak-to-mean ratio p, a utilization cap u
+and N+k spare replicas: replicas = R + k, R = ceil(λ·p / (max load per replica · u)). Two separate
+knobs describe a bursty workload: the peak-to-mean ratio p scales the rate the fleet is sized for
+(peaks above the mean rate), and the workload's `arrival_cv` says how arrivals bunch at a given rate
+(Gamma gaps; 1 = Poisson). Each replica is simulated with a renewal stream of its share at that CV.
 TPOT is (E2E − TTFT)/(OSL − 1), the mean gap between output tokens after the first.
 
 Longer than 600 lines because the search is one algorithm over shared state (screen by analytic
@@ -190,8 +192,8 @@ class PlanInputs:
 
     `efficiencies` maps (GPU slug, compute dtype) to the calibrated efficiency to use there (the
     service resolves them); a configuration whose pair is missing is reported infeasible.
-    `prices` overrides the catalog price per GPU-hour by GPU slug. The workload's own burst_factor
-    (gamma-distributed gaps) is not used: `burst_factor` here multiplies the peak.
+    `prices` overrides the catalog price per GPU-hour by GPU slug. `peak_to_mean_ratio` multiplies
+    the rate the fleet is sized for; the workload's `arrival_cv` shapes the simulated arrivals.
     """
 
     model: ModelSpec
@@ -199,7 +201,7 @@ class PlanInputs:
     slo: Slo
     efficiencies: Mapping[tuple[str, str], Efficiency]
     engine: str = "vllm"
-    burst_factor: float = 1.0
+    peak_to_mean_ratio: float = 1.0
     policy: HaPolicy = HaPolicy()
     prices: Mapping[str, float] = field(default_factory=dict)
     speculative: SpeculativeDecoding | None = None
@@ -208,10 +210,10 @@ class PlanInputs:
     simulated_requests: int = DEFAULT_SIMULATED_REQUESTS
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.burst_factor) and self.burst_factor >= 1):
-            raise ValueError("burst_factor must be >= 1")
-        if self.workload.is_closed_loop and self.burst_factor != 1:
-            raise ValueError("burst_factor applies to requests_per_s (open loop) only")
+        if not (math.isfinite(self.peak_to_mean_ratio) and self.peak_to_mean_ratio >= 1):
+            raise ValueError("peak_to_mean_ratio must be >= 1")
+        if self.workload.is_closed_loop and self.peak_to_mean_ratio != 1:
+            raise ValueError("peak_to_mean_ratio applies to requests_per_s (open loop) only")
         if self.simulated_requests < 100:
             raise ValueError("simulated_requests must be >= 100")
         if (self.speculative is not None and self.speculative.has_draft_model) != (self.draft is not None):
@@ -362,14 +364,14 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
 # Fleet arithmetic --------------------------------------------------------------------------------
 
 def replicas_needed(peak_load: float, max_load_per_replica: float, policy: HaPolicy,
-                    burst_factor: float = 1.0) -> int:
-    """ceil(peak · burst / (max load per replica · max utilization)) + extra replicas.
+                    peak_to_mean_ratio: float = 1.0) -> int:
+    """ceil(load · peak-to-mean / (max load per replica · max utilization)) + extra replicas.
 
     A relative 1e-9 is forgiven before rounding up, so 6 / (2 · 1.0) is 3 replicas, not 4.
     """
     if peak_load <= 0 or max_load_per_replica <= 0:
         raise ValueError("loads must be positive")
-    return _base_replicas(peak_load * burst_factor / policy.max_utilization_ratio,
+    return _base_replicas(peak_load * peak_to_mean_ratio / policy.max_utilization_ratio,
                           max_load_per_replica) + policy.extra_replicas
 
 
@@ -504,8 +506,8 @@ class _Planner:
         self.max_model_len = self.lengths.longest_request
         self.peak_load = float(inputs.workload.concurrent_users if self.closed_loop
                                else inputs.workload.requests_per_s)  # type: ignore[arg-type]
-        # What the base replicas must carry together: the peak, x burst, over the utilization cap.
-        self.sized_load = self.peak_load * inputs.burst_factor / inputs.policy.max_utilization_ratio
+        # What the base replicas must carry together: the load, x peak-to-mean, over the utilization cap.
+        self.sized_load = self.peak_load * inputs.peak_to_mean_ratio / inputs.policy.max_utilization_ratio
         self.simulations = 0
         self.simulated_requests = 0
         self._requests: dict[int, Requests] = {}
@@ -708,7 +710,7 @@ class _Planner:
         if count not in self._requests:
             workload = self.workload
             if not self.closed_loop:
-                workload = replace(workload, requests_per_s=1.0, burst_factor=1.0)
+                workload = replace(workload, requests_per_s=1.0)  # keeps its arrival_cv
             self._requests[count] = sample_requests(workload, count, self.inputs.seed)
         return self._requests[count]
 
@@ -953,7 +955,7 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
     replicas = settled.replicas + inputs.policy.extra_replicas
     offered_run = None
     for _ in range(OFFERED_LOAD_RETRIES + 1):
-        offered = planner.peak_load * inputs.burst_factor / replicas
+        offered = planner.peak_load * inputs.peak_to_mean_ratio / replicas
         if planner.closed_loop:
             offered = float(math.ceil(offered * (1 - 1e-9)))
         offered_run = settled.passing if offered == settled.passing.load else planner.run(candidate, offered)

@@ -1,7 +1,7 @@
 """What the service is asked to serve: prompt/answer length distributions and the arrival process.
 
-A workload is either open loop (`requests_per_s`: Poisson arrivals at the peak rate, optionally
-bursty) or closed loop (`concurrent_users`: each user sends the next request the moment the previous
+A workload is either open loop (`requests_per_s`: a renewal arrival process, Poisson or burstier,
+see `arrival_cv`) or closed loop (`concurrent_users`: each user sends the next request the moment the previous
 one finishes). `sample_requests` turns it into concrete, seeded requests for the simulator.
 
 Lengths are token counts. A length distribution is one of three kinds, each with `.mean`,
@@ -27,6 +27,11 @@ DEFAULT_MAX_TOKENS = 131_072
 # A fitted lognormal must reproduce every statistic it was given to within this fraction; beyond it
 # the numbers do not describe a lognormal and a Histogram is the honest input.
 LOGNORMAL_FIT_TOLERANCE = 0.10
+
+# Arrival burstiness bounds: CV 10 (Gamma shape 0.01) already puts most arrivals into a few huge
+# clumps; CV 0.1 (shape 100) is nearly a metronome. Beyond either, the number means little.
+MIN_ARRIVAL_CV = 0.1
+MAX_ARRIVAL_CV = 10.0
 
 _STANDARD_NORMAL = NormalDist()
 
@@ -220,9 +225,11 @@ def _check_quantile(q: float) -> None:
 class Workload:
     """Lengths plus load. Exactly one of `requests_per_s` (open loop) and `concurrent_users`.
 
-    - `burst_factor` b >= 1 is the squared coefficient of variation of the gaps between arrivals:
-      1 is Poisson; b > 1 draws gaps from a Gamma of shape 1/b with the same mean 1/rate, i.e.
-      arrivals come in clumps at the same average rate (vLLM's benchmark `--burstiness` = 1/b).
+    - `arrival_cv` c > 0 is the coefficient of variation (sd / mean) of the gaps between arrivals,
+      which are drawn from a Gamma of shape 1/c² and mean 1/rate: c = 1 is Poisson (exponential
+      gaps); c > 1 clumps arrivals at the same average rate, c < 1 spaces them more evenly (vLLM's
+      benchmark `--burstiness` is the shape, 1/c²). It says how arrivals bunch at a given rate, not
+      how far the rate peaks above its mean (that is the planner's `peak_to_mean_ratio`).
       Open loop only: in a closed loop the users' own finishing times pace the arrivals.
     - `prefix_cache_hit_rate` r: the share of each prompt's tokens found in the prefix cache
       (vLLM reports the same token-level rate); those tokens skip prefill compute.
@@ -237,7 +244,7 @@ class Workload:
     output_tokens: LengthDistribution
     requests_per_s: float | None = None
     concurrent_users: int | None = None
-    burst_factor: float = 1.0
+    arrival_cv: float = 1.0
     prefix_cache_hit_rate: float = 0.0
     shared_prefix_tokens: int = 0
 
@@ -250,10 +257,10 @@ class Workload:
             raise ValueError("requests_per_s must be positive")
         if self.concurrent_users is not None and self.concurrent_users < 1:
             raise ValueError("concurrent_users must be >= 1")
-        if not (math.isfinite(self.burst_factor) and self.burst_factor >= 1):
-            raise ValueError("burst_factor must be >= 1 (1 = Poisson arrivals)")
-        if self.concurrent_users is not None and self.burst_factor != 1:
-            raise ValueError("burst_factor applies to open-loop arrivals (requests_per_s) only")
+        if not (math.isfinite(self.arrival_cv) and MIN_ARRIVAL_CV <= self.arrival_cv <= MAX_ARRIVAL_CV):
+            raise ValueError(f"arrival_cv must be in [{MIN_ARRIVAL_CV:g}, {MAX_ARRIVAL_CV:g}] (1 = Poisson arrivals)")
+        if self.concurrent_users is not None and self.arrival_cv != 1:
+            raise ValueError("arrival_cv applies to open-loop arrivals (requests_per_s) only")
         if not 0 <= self.prefix_cache_hit_rate <= 1:
             raise ValueError("prefix_cache_hit_rate must be in [0, 1]")
         if self.shared_prefix_tokens < 0:
@@ -327,8 +334,11 @@ def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1
         arrival_s = np.full(n, np.nan)
     else:
         rate = workload.requests_per_s * rate_scale
-        b = workload.burst_factor
-        unit_gaps = rng.standard_exponential(n) if b == 1 else rng.gamma(1 / b, b, n)
+        cv_squared = workload.arrival_cv ** 2
+        # Gamma(shape 1/c², scale c²) has mean 1 and variance c²; shape 1 is the exponential, drawn
+        # as such so Poisson arrivals keep the same draws as before this option existed.
+        unit_gaps = (rng.standard_exponential(n) if cv_squared == 1
+                     else rng.gamma(1 / cv_squared, cv_squared, n))
         arrival_s = np.cumsum(unit_gaps / rate)
     input_tokens = workload.input_tokens.sample(rng, n)
     output_tokens = workload.output_tokens.sample(rng, n)

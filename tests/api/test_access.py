@@ -1,0 +1,151 @@
+"""Who may call what: every route of the OpenAPI description against every API-key scope.
+
+The table below is the decision for each route. A route the application serves but the table does
+not list fails the first test, so no route ships without someone deciding who may call it.
+
+- "public": operations endpoints, never behind a key.
+- "catalog:read" / "sizing:read": open by default; with OPEN_READS=false they need that scope.
+- any other scope: always needs a key with that scope (401 without a known key, 403 without the scope).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import SCOPES, Settings
+
+PUBLIC = "public"
+OPEN_READS = ("catalog:read", "sizing:read")
+
+ACCESS: dict[tuple[str, str], str] = {
+    ("GET", "/healthz"): PUBLIC,
+    ("GET", "/readyz"): PUBLIC,
+    ("GET", "/metrics"): PUBLIC,
+    ("GET", "/v1/gpus"): "catalog:read",
+    ("GET", "/v1/gpus/{slug}"): "catalog:read",
+    ("PUT", "/v1/gpus/{slug}"): "catalog:write",
+    ("DELETE", "/v1/gpus/{slug}"): "catalog:write",
+    ("GET", "/v1/models"): "catalog:read",
+    ("GET", "/v1/models/{slug}"): "catalog:read",
+    ("PUT", "/v1/models/{slug}"): "catalog:write",
+    ("DELETE", "/v1/models/{slug}"): "catalog:write",
+    ("POST", "/v1/models/import"): "catalog:write",  # storing; a dry run is a catalog read (tested below)
+    ("GET", "/v1/calibrations"): "catalog:read",
+    ("GET", "/v1/calibrations/{name}"): "catalog:read",
+    ("POST", "/v1/calibrations"): "calibrations:write",
+    ("POST", "/v1/validate"): "sizing:read",
+    ("POST", "/v1/kv-cache"): "sizing:read",
+    ("POST", "/v1/roofline"): "sizing:read",
+    ("POST", "/v1/roofline/batch-sweep"): "sizing:read",
+    ("POST", "/v1/capacity"): "sizing:read",
+    ("POST", "/v1/slo-plan"): "sizing:read",
+    ("GET", "/v1/roofline/chart"): "sizing:read",
+    ("POST", "/v1/roofline/chart"): "sizing:read",
+    ("GET", "/v1/roofline/batch-sweep/chart"): "sizing:read",
+    ("POST", "/v1/roofline/batch-sweep/chart"): "sizing:read",
+    ("GET", "/v1/slo-plan/chart"): "sizing:read",
+    ("POST", "/v1/slo-plan/chart"): "sizing:read",
+    ("POST", "/v1/quotes"): "quotes:write",
+    ("GET", "/v1/quotes"): "quotes:read",
+    ("GET", "/v1/quotes/{quote_id}"): "quotes:read",
+    ("POST", "/v1/quotes/{quote_id}/reprice"): "quotes:read",
+    ("POST", "/v1/quotes/{quote_id}/reproduce"): "quotes:read",
+}
+
+# Path parameters that name nothing stored: a request that passes the key check ends in a 404 or
+# 422 and changes nothing (a DELETE with the right scope deletes no row).
+PATH_VALUES = {"slug": "no-such-row", "quote_id": "0b7c9d6e-3f4a-4e2b-9c1d-5a6b7c8d9e0f", "name": "no-such-profile"}
+# Query parameters a route needs to reach its write (the import stores only with dry_run=false).
+QUERY = {("POST", "/v1/models/import"): {"dry_run": "false", "slug": "no-such-row"}}
+
+
+def secret(scope: str) -> str:
+    return "secret-for-" + scope.replace(":", "-") + "-0123456789"
+
+
+def key_name(scope: str) -> str:
+    return "only-" + scope.replace(":", "-")
+
+
+# One key per scope, each holding that scope alone.
+KEYS = ",".join(f"{key_name(scope)}:{secret(scope)}:{scope}" for scope in SCOPES)
+
+
+@pytest.fixture
+def clients(settings: Settings, app: FastAPI, fresh_catalog: None) -> Iterator[dict[bool, TestClient]]:
+    """Clients of two applications on the test database: reads open (the default) and closed."""
+    built = {open_reads: create_app(settings.model_copy(update={
+        "api_keys": Settings(api_keys=KEYS).api_keys, "open_reads": open_reads})) for open_reads in (True, False)}
+    with TestClient(built[True], raise_server_exceptions=False) as opened, \
+            TestClient(built[False], raise_server_exceptions=False) as closed:
+        yield {True: opened, False: closed}
+    for application in built.values():
+        application.state.engine.dispose()
+
+
+def call(client: TestClient, method: str, path: str, scope: str | None) -> Any:
+    url = path.format(**PATH_VALUES)
+    headers = {} if scope is None else {"Authorization": f"Bearer {secret(scope)}"}
+    return client.request(method, url, params=QUERY.get((method, path)), json={}, headers=headers)
+
+
+def test_every_route_has_an_access_decision(app: FastAPI) -> None:
+    served = {(method.upper(), path) for path, operations in app.openapi()["paths"].items() for method in operations}
+    assert served - ACCESS.keys() == set(), "decide who may call these routes (add them to ACCESS)"
+    assert ACCESS.keys() - served == set(), "these routes are gone; remove them from ACCESS"
+
+
+@pytest.mark.parametrize("open_reads", [True, False], ids=["reads-open", "reads-closed"])
+@pytest.mark.parametrize(("method", "path"), sorted(ACCESS))
+def test_route_against_every_scope(clients: dict[bool, TestClient], open_reads: bool, method: str,
+                                   path: str) -> None:
+    """Without a key: 401 where a key is needed. With a key holding one scope: 403 unless it is the
+    route's scope. A request let through is answered by the route (404/422 here), never 401/403."""
+    needed = ACCESS[(method, path)]
+    client = clients[open_reads]
+    protected = needed != PUBLIC and not (open_reads and needed in OPEN_READS)
+    anonymous = call(client, method, path, None)
+    if protected:
+        assert anonymous.status_code == 401, anonymous.text
+        assert anonymous.headers["content-type"] == "application/problem+json"
+    else:
+        assert anonymous.status_code not in (401, 403), anonymous.text
+    for scope in SCOPES:
+        response = call(client, method, path, scope)
+        if protected and scope != needed:
+            assert response.status_code == 403, (scope, response.text)
+            assert needed in response.json()["detail"] and secret(scope) not in response.text
+        else:
+            assert response.status_code not in (401, 403), (scope, response.text)
+
+
+def test_a_dry_run_import_is_a_catalog_read(clients: dict[bool, TestClient]) -> None:
+    body = ["not", "a", "config"]  # a 422 once past the key check
+    assert clients[True].post("/v1/models/import?slug=x", json=body).status_code == 422
+    assert clients[False].post("/v1/models/import?slug=x", json=body).status_code == 401
+    reader = {"Authorization": f"Bearer {secret('catalog:read')}"}
+    assert clients[False].post("/v1/models/import?slug=x", json=body, headers=reader).status_code == 422
+
+
+def test_quotes_need_a_key_and_catalog_reads_do_not(client: TestClient, write_headers: dict[str, str]) -> None:
+    """The default application: quote list, read and reprice are 401 without a key, while catalog and
+    sizing reads still answer."""
+    created = client.post("/v1/quotes", headers=write_headers, json={
+        "model": "llama-3.1-8b", "workload": {"input_tokens": 500, "output_tokens": 100, "requests_per_s": 1},
+        "slo": {"ttft_ms": 2000, "tpot_ms": 100}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+        "simulated_requests": 500})
+    assert created.status_code == 201, created.text
+    location = created.headers["location"]
+    for response in (client.get("/v1/quotes"), client.get(location), client.post(f"{location}/reprice")):
+        assert response.status_code == 401
+        assert "llama" not in response.text  # nothing of the quote's content
+    assert client.get("/v1/gpus/h100-sxm").status_code == 200
+    assert client.get("/v1/models").status_code == 200
+    assert client.post("/v1/kv-cache", json={"model": "llama-3-70b", "context_tokens": 8192}).status_code == 200
+    assert client.get(location, headers=write_headers).status_code == 200
