@@ -15,10 +15,10 @@ from app.estimates.schemas import (
     RooflineRequest,
     RooflineResponse,
 )
-from app.web import SessionDep
+from app.web import SessionDep, SizingRead
 
 # /v1/kv-cache: how much KV cache a model keeps for a batch of sequences.
-kv_cache_router = APIRouter(prefix="/v1/kv-cache", tags=["sizing"])
+kv_cache_router = APIRouter(prefix="/v1/kv-cache", tags=["sizing"], dependencies=[SizingRead])
 
 
 @kv_cache_router.post("", response_model=KvCacheResponse, summary="KV-cache size",
@@ -33,7 +33,7 @@ def kv_cache(session: SessionDep, body: KvCacheRequest) -> KvCacheResponse:
 
 # /v1/roofline: one prefill or decode step against the GPU's roofline; /v1/roofline/batch-sweep:
 # decode time and throughput against batch size, with the knee where decode turns compute-bound.
-roofline_router = APIRouter(prefix="/v1/roofline", tags=["sizing"])
+roofline_router = APIRouter(prefix="/v1/roofline", tags=["sizing"], dependencies=[SizingRead])
 
 
 @roofline_router.post("", response_model=RooflineResponse, summary="Roofline of one prefill or decode step",
@@ -56,7 +56,7 @@ def batch_sweep(session: SessionDep, body: BatchSweepRequest) -> BatchSweepRespo
 
 
 # /v1/capacity: how many concurrent requests fit on a deployment, and how fast they go.
-capacity_router = APIRouter(prefix="/v1/capacity", tags=["sizing"])
+capacity_router = APIRouter(prefix="/v1/capacity", tags=["sizing"], dependencies=[SizingRead])
 
 
 @capacity_router.post("", response_model=CapacityResponse, summary="Concurrent requests that fit, and their speed",

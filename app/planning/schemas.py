@@ -220,10 +220,7 @@ class CandidatesIn(BaseModel):
         None, max_length=64, description="Price per GPU-hour by GPU slug, overriding the catalog's")
 
     @model_validator(mode="after")
-    def _some_gpu(self) -> CandidatesIn:
-        if self.gpus == [] and not self.gpu_specs:
-            raise ValueError("no candidate GPUs: list catalog gpus, give gpu_specs, or leave gpus null (every "
-                             "catalog GPU)")
+    def _distinct_inline_gpus(self) -> CandidatesIn:
         slugs = [gpu.slug for gpu in self.gpu_specs or []]
         if len(set(slugs)) != len(slugs):
             raise ValueError("gpu_specs: each inline GPU needs its own slug")

@@ -125,6 +125,9 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         defaults.append(f"gpus = every catalog GPU ({len(gpus)})")
     else:
         gpus = [sources.gpu(slug) for slug in dict.fromkeys(candidates.gpus)]
+    if candidates.gpus == [] and not candidates.gpu_specs:
+        raise Unprocessable("no candidate GPUs: list catalog gpus, give gpu_specs, or leave gpus null (every "
+                            "catalog GPU)", errors=[("/body/candidates/gpus", "no candidate GPUs")])
     inline_gpus, inline_prices = _inline_gpus(candidates.gpu_specs or [], {gpu.slug for gpu in gpus})
     gpus = [*gpus, *inline_gpus]
     _check_plan_parallelism(model, candidates)

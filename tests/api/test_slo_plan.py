@@ -320,7 +320,7 @@ def test_only_inline_gpus(client):
     response = post(client, body)
     assert response.status_code == 200, response.text
     assert {plan["gpu"] for plan in response.json()["plans"]} == {"h100-negotiated"}
-    assert problem_pointers(post(client, {**ISSUE_EXAMPLE, "candidates": {"gpus": []}})) == ["/body/candidates"]
+    assert problem_pointers(post(client, {**ISSUE_EXAMPLE, "candidates": {"gpus": []}})) == ["/body/candidates/gpus"]
 
 
 @pytest.mark.parametrize(("changes", "pointer"), [
