@@ -149,3 +149,58 @@ def test_quotes_need_a_key_and_catalog_reads_do_not(client: TestClient, write_he
     assert client.get("/v1/models").status_code == 200
     assert client.post("/v1/kv-cache", json={"model": "llama-3-70b", "context_tokens": 8192}).status_code == 200
     assert client.get(location, headers=write_headers).status_code == 200
+
+
+# Key configuration ---------------------------------------------------------------------------
+
+def test_named_keys_with_scopes_and_the_older_bare_form() -> None:
+    settings = Settings(api_keys="sales:sales-secret-0123456789:quotes:read+quotes:write,"
+                                 "bare-secret-0123456789abcdef,ops:ops-secret-0123456789ab:*")
+    keys = {key.name: key for key in settings.api_keys}
+    assert set(keys) == {"sales", "key-2", "ops"}
+    assert keys["sales"].scopes == {"quotes:read", "quotes:write"}
+    assert keys["sales"].secret.get_secret_value() == "sales-secret-0123456789"
+    assert keys["key-2"].scopes == keys["ops"].scopes == set(SCOPES)
+    assert "sales-secret" not in repr(settings)
+
+
+@pytest.mark.parametrize(("value", "complaint"), [
+    ("sales:sales-secret-0123456789:quotes:readd", "scopes must be"),
+    ("sales:sales-secret-0123456789:", "scopes must be"),
+    ("Sales!:sales-secret-0123456789:*", "the name must be"),
+    ("sales:short:*", "16-256 characters"),
+    ("a:a-secret-0123456789abc:*,a:another-secret-0123456789:*", "unique"),
+    ("sales:sales-secret-0123456789", "name:secret:scope1+scope2"),
+])
+def test_bad_key_entries_stop_the_service_without_echoing_secrets(value: str, complaint: str) -> None:
+    with pytest.raises(ValueError) as error:
+        Settings(api_keys=value)
+    assert complaint in str(error.value)
+    assert "secret-0123456789" not in str(error.value)
+
+
+# Who wrote what ------------------------------------------------------------------------------
+
+def test_writes_record_the_key_name_and_never_the_secret(clients: dict[bool, TestClient]) -> None:
+    """A GPU row, a quote and their list pages name the key that wrote them, next to when."""
+    client = clients[True]
+    writer = {"Authorization": f"Bearer {secret('catalog:write')}"}
+    row = client.get("/v1/gpus/a10").json()
+    assert row["written_by"] is None  # reference data
+    body = {key: value for key, value in row.items()
+            if key not in ("slug", "origin", "version", "created_at", "updated_at", "written_by")}
+    stored = client.put("/v1/gpus/a10", json={**body, "tdp_w": 151.0}, headers=writer)
+    assert stored.status_code == 200, stored.text
+    assert stored.json()["written_by"] == "only-catalog-write" and stored.json()["updated_at"]
+    assert client.get("/v1/gpus/a10").json()["written_by"] == "only-catalog-write"
+    assert secret("catalog:write") not in stored.text
+
+    quote = client.post("/v1/quotes", headers={"Authorization": f"Bearer {secret('quotes:write')}"}, json={
+        "model": "llama-3.1-8b", "workload": {"input_tokens": 500, "output_tokens": 100, "requests_per_s": 1},
+        "slo": {"ttft_ms": 2000, "tpot_ms": 100}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+        "simulated_requests": 500})
+    assert quote.status_code == 201, quote.text
+    assert quote.json()["created_by"] == "only-quotes-write" and quote.json()["created_at"]
+    reader = {"Authorization": f"Bearer {secret('quotes:read')}"}
+    page = client.get("/v1/quotes", headers=reader).json()
+    assert {item["id"]: item["created_by"] for item in page["items"]}[quote.json()["id"]] == "only-quotes-write"

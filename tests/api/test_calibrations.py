@@ -115,6 +115,7 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     profile = created["profile"]
     assert (profile["name"], profile["origin"], profile["description"]) == (
         "sample-trtllm", "user", "TensorRT-LLM on our H100s")
+    assert profile["written_by"] == "key-1"  # the test key is a bare secret, the first of API_KEYS
     assert created["base_profile"] == "builtin"
     assert profile["rows_used"] == 28  # 33 predicted rows but the 5 Poisson ones
     assert profile["provenance"]["rows_total"] == 35
