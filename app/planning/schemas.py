@@ -29,6 +29,7 @@ Engine = Literal["vllm", "sglang", "trtllm", "generic"]
 INLINE_GPU_EXAMPLE: dict[str, Any] = {**GPU_SPEC_EXAMPLE, "slug": "h100-sxm-negotiated",
                                       "name": "NVIDIA H100 SXM5 80GB (negotiated)", "price_per_hour_usd": 2.1}
 Binding = Literal["ttft", "tpot", "e2e", "goodput"]
+Deployment = Literal["aggregated", "disaggregated"]
 
 TokenCount = Annotated[int, Field(ge=1, le=10_000_000)]
 TokenStatistic = Annotated[float, Field(gt=0, le=10_000_000)]
@@ -218,6 +219,12 @@ class CandidatesIn(BaseModel):
         None, min_length=1, max_length=8, description="Tokens-per-step limits to try; null = the engine default")
     gpu_price_per_hour_usd: dict[Slug, Annotated[float, Field(ge=0, le=100_000)]] | None = Field(
         None, max_length=64, description="Price per GPU-hour by GPU slug, overriding the catalog's")
+    deployment: Literal["aggregated", "disaggregated", "both"] = Field(
+        "aggregated", description=(
+            "aggregated: every replica prefills and decodes; disaggregated: separate prefill and decode workers "
+            "(each pool its own GPU type, tensor parallelism and worker count from these candidates), the prompt's "
+            "KV cache moved between them; both: plans of either kind, ranked together. Disaggregated plans need "
+            "an open-loop load (requests_per_s) and no speculative decoding."))
 
     @model_validator(mode="after")
     def _distinct_inline_gpus(self) -> CandidatesIn:
@@ -390,6 +397,65 @@ class PlanAssumptionsOut(BaseModel):
     engine_settings: list[str] = Field(description="Each engine setting and where its value came from")
 
 
+KV_TRANSFER_EXAMPLE = {
+    "link": "network", "mean_prompt_tokens": 8000, "bytes_per_request": 1310720000, "bytes_per_gpu": 655360000,
+    "bandwidth_bytes_per_s": 5e10, "latency_ms": 0.0224, "time_ms": 13.13,
+}
+POOL_EXAMPLE = {
+    "gpu": "h100-sxm", "gpu_name": "NVIDIA H100 SXM5 80GB", "tensor_parallel": 2, "pipeline_parallel": 1,
+    "workers": 4, "gpus": 8, "load_per_worker_requests_per_s": 1.0, "kv_tokens_per_worker": 1050000,
+    "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "cost_per_hour_usd": 29.12,
+    "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...",
+               "notes": []},
+}
+
+
+class KvTransferOut(BaseModel):
+    """One prompt's KV cache moved from its prefill worker to its decode worker (at the mean prompt)."""
+
+    model_config = _examples(KV_TRANSFER_EXAMPLE)
+
+    link: Literal["nvlink", "network"] = Field(
+        description="nvlink when the deployment fits in one NVLink domain of its GPU, else the scale-out network")
+    mean_prompt_tokens: int
+    bytes_per_request: int = Field(description="The prompt's whole KV cache")
+    bytes_per_gpu: int = Field(description="What the most loaded decode GPU receives (each GPU its own shard)")
+    bandwidth_bytes_per_s: float = Field(description="Per GPU, per direction")
+    latency_ms: float
+    time_ms: float = Field(description="latency + bytes_per_gpu / bandwidth")
+
+
+class PoolOut(BaseModel):
+    """One pool of a disaggregated deployment."""
+
+    model_config = _examples(POOL_EXAMPLE)
+
+    gpu: str
+    gpu_name: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    workers: int
+    gpus: int
+    load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst")
+    kv_tokens_per_worker: int
+    max_num_seqs: int | None
+    max_num_batched_tokens: int
+    cost_per_hour_usd: float | None
+    launch: LaunchOut
+
+
+class DisaggregationOut(BaseModel):
+    """Both pools of a disaggregated plan and the KV transfer between them."""
+
+    model_config = _examples({"prefill": POOL_EXAMPLE, "decode": POOL_EXAMPLE, "kv_transfer": KV_TRANSFER_EXAMPLE,
+                              "router": "python -m sglang_router.launch_router --pd-disaggregation ..."})
+
+    prefill: PoolOut
+    decode: PoolOut
+    kv_transfer: KvTransferOut
+    router: str = Field(description="What routes requests to the prefill workers and on to the decode workers")
+
+
 class PlanOut(BaseModel):
     model_config = _examples(PLAN_EXAMPLE)
 
@@ -428,6 +494,10 @@ class PlanOut(BaseModel):
     binding_detail: str
     launch: LaunchOut
     assumptions: PlanAssumptionsOut
+    deployment: Deployment = Field("aggregated", description=(
+        "disaggregated: the per-replica fields (GPU, layout, engine settings, KV tokens, load, launch) describe one "
+        "decode worker, `replicas` counts the workers of both pools, and `gpus` and the costs cover both pools"))
+    disaggregation: DisaggregationOut | None = Field(None, description="The pools of a disaggregated plan")
 
 
 class ParetoPointOut(BaseModel):
@@ -437,6 +507,7 @@ class ParetoPointOut(BaseModel):
     cost_per_hour_usd: float | None
     gpus: int
     e2e_ms_at_slo_percentile: float
+    deployment: Deployment = "aggregated"
 
 
 class InfeasibleOut(BaseModel):

@@ -16,9 +16,11 @@ from app.errors import Unprocessable
 from app.estimates.inputs import INLINE_GPU_LABEL, INLINE_MODEL_LABEL, default_kv_dtype, efficiency_out
 from app.planning.schemas import (
     CandidatesIn,
+    DisaggregationOut,
     HistogramLengths,
     InfeasibleOut,
     InlineGpuIn,
+    KvTransferOut,
     LaunchOut,
     LoadPerReplicaOut,
     LognormalLengths,
@@ -26,6 +28,7 @@ from app.planning.schemas import (
     PercentilesOut,
     PlanAssumptionsOut,
     PlanOut,
+    PoolOut,
     PredictionOut,
     SearchOut,
     SloPlanAssumptions,
@@ -36,13 +39,17 @@ from app.planning.schemas import (
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import CalibrationProfile
+from app.sizing.engines import ENGINES
 from app.sizing.engines.base import LaunchSpec
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
+from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
+from app.sizing.serving.disaggregation import DisaggregatedPlan, DisaggregatedResult, Pool
+from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.serving.speculative import SpeculativeDecoding
 from app.sizing.serving.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
 from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
@@ -176,33 +183,67 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
             simulated_requests=request.simulated_requests)
     except ValueError as exc:
         raise Unprocessable(str(exc), errors=[("/body/workload", str(exc))]) from None
-    result = plan_core.plan(inputs, configurations)
-    plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, result.max_model_len)
-             for rank, plan in enumerate(result.plans, start=1)]
+    deployment = candidates.deployment
+    notes: list[str] = []
+    if deployment != AGGREGATED and request.speculative is not None:
+        raise Unprocessable("disaggregated plans are not modelled with speculative decoding",
+                            errors=[("/body/candidates/deployment", "aggregated only with speculative decoding")])
+    if deployment != AGGREGATED and request.workload.concurrent_users is not None:
+        if deployment == DISAGGREGATED:
+            raise Unprocessable("disaggregated plans are sized for an open-loop load: give requests_per_s",
+                                errors=[("/body/candidates/deployment", "needs workload.requests_per_s")])
+        notes.append("disaggregated plans are sized for an open-loop load (requests_per_s): aggregated plans only")
+        deployment = AGGREGATED
+    aggregated = plan_core.plan(inputs, configurations) if deployment != DISAGGREGATED else None
+    disaggregated = (disaggregation.plan_disaggregated(inputs, configurations)
+                     if deployment != AGGREGATED else None)
+    if aggregated is not None and disaggregated is not None:
+        notes.append(_comparison_note(aggregated, disaggregated))
+    ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
+        [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
+    max_model_len = plan_core.max_model_len(inputs)
+    plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, max_model_len)
+             if isinstance(plan, plan_core.Plan) else
+             _disaggregated_out(rank, plan, model, model_id, profiles, request, max_model_len, inputs)
+             for rank, plan in enumerate(ranked, start=1)]
+    priced = [i for i, plan in enumerate(ranked) if plan.cost_per_hour_usd is not None]
+    on_frontier = priced or list(range(len(ranked)))
+    axis = [(ranked[i].cost_per_hour_usd if priced else ranked[i].gpus, ranked[i].e2e_at_slo_percentile_s)
+            for i in on_frontier]
+    pareto = [on_frontier[i] for i in plan_core.pareto_frontier(axis)]  # type: ignore[arg-type]
+    infeasible = [*(aggregated.infeasible if aggregated else ()), *(disaggregated.infeasible if disaggregated else ())]
+    stats = aggregated.stats if aggregated is not None else None
+    simulations = (stats.simulations if stats else 0) + (disaggregated.simulations if disaggregated else 0)
+    simulated_requests = ((stats.simulated_requests if stats else 0)
+                          + (disaggregated.simulated_requests if disaggregated else 0))
     return SloPlanResponse(
-        feasible=result.feasible, model=label, slo=slo, plans=plans,
-        pareto=[ParetoPointOut(rank=index + 1, cost_per_hour_usd=result.plans[index].cost_per_hour_usd,
-                               gpus=result.plans[index].gpus,
-                               e2e_ms_at_slo_percentile=result.plans[index].e2e_at_slo_percentile_s * 1e3)
-                for index in result.pareto],
+        feasible=bool(ranked), model=label, slo=slo, plans=plans,
+        pareto=[ParetoPointOut(rank=index + 1, cost_per_hour_usd=ranked[index].cost_per_hour_usd,
+                               gpus=ranked[index].gpus,
+                               e2e_ms_at_slo_percentile=ranked[index].e2e_at_slo_percentile_s * 1e3,
+                               deployment=DISAGGREGATED if isinstance(ranked[index], disaggregation.DisaggregatedPlan)
+                               else AGGREGATED)
+                for index in pareto],
         infeasible=[InfeasibleOut(gpu=item.configuration.gpu.slug, tensor_parallel=item.configuration.tensor_parallel,
                                   pipeline_parallel=item.configuration.pipeline_parallel,
                                   weight_dtype=item.configuration.weight_dtype, kv_dtype=item.configuration.kv_dtype,
                                   max_num_seqs=item.configuration.max_num_seqs,
                                   max_num_batched_tokens=item.configuration.max_num_batched_tokens,
                                   reasons=list(item.reasons))
-                    for item in result.infeasible],
+                    for item in infeasible],
         search=SearchOut(
-            configurations_considered=result.stats.configurations, configuration_limit=plan_core.MAX_CONFIGURATIONS,
-            screened_out=result.stats.screened_out, bounded_out=result.stats.bounded_out,
-            simulated=result.stats.simulated, infeasible_in_simulation=result.stats.infeasible_in_simulation,
-            simulator_runs=result.stats.simulations, simulated_requests=result.stats.simulated_requests,
-            requests_per_run=result.stats.requests_per_run, seed=result.stats.seed),
+            configurations_considered=len(configurations), configuration_limit=plan_core.MAX_CONFIGURATIONS,
+            screened_out=stats.screened_out if stats else 0, bounded_out=stats.bounded_out if stats else 0,
+            simulated=stats.simulated if stats else 0,
+            infeasible_in_simulation=stats.infeasible_in_simulation if stats else 0,
+            simulator_runs=simulations, simulated_requests=simulated_requests,
+            requests_per_run=inputs.simulated_requests, seed=inputs.seed),
         assumptions=SloPlanAssumptions(
             calibration_profiles=sorted(set(profiles.values())), engine=candidates.engine,
             load_model=_load_model_text(request.workload), tpot_definition=SLO_PLAN_TPOT_DEFINITION,
-            formulas=list(SLO_PLAN_FORMULAS), defaults_used=defaults,
-            notes=[*result.notes, *_workload_notes(request.workload)]),
+            formulas=list(SLO_PLAN_FORMULAS) + (list(DISAGGREGATION_FORMULAS) if disaggregated else []),
+            defaults_used=defaults,
+            notes=[*(aggregated.notes if aggregated else ()), *notes, *_workload_notes(request.workload)]),
         calculation_version=CALCULATION_VERSION,
     )
 
@@ -362,4 +403,116 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
             efficiency=efficiency_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)]),
             tokens_per_pass=plan.tokens_per_pass,
             engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
+    )
+
+
+# Disaggregated plans ------------------------------------------------------------------------------
+
+AGGREGATED = "aggregated"
+DISAGGREGATED = "disaggregated"
+DISAGGREGATION_FORMULAS = (
+    ("disaggregated: decode workers = the fewest whose simulated TPOT meets the SLO at their share of the load; "
+    "prefill workers = the fewest whose requests' TTFT = prefill queueing + prefill + KV transfer + the decode "
+    "worker's first step meets it"),
+    ("KV transfer = latency + prompt KV bytes on the most loaded decode GPU / per-GPU link bandwidth (NVLink inside "
+    "one NVLink domain, else the scale-out network)"),
+)
+
+
+def _rank_key(plan: plan_core.Plan | DisaggregatedPlan) -> tuple[int, float, int, float, str]:
+    """Priced plans cheapest first, then unpriced by GPU count; ties by E2E, then by name."""
+    cost = plan.cost_per_hour_usd
+    label = plan.configuration.label if isinstance(plan, plan_core.Plan) else plan.label
+    return int(cost is None), cost or 0.0, plan.gpus, plan.e2e_at_slo_percentile_s, label
+
+
+def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: DisaggregatedResult) -> str:
+    """Which kind of deployment wins, by how much, and why."""
+    best_agg = min(aggregated.plans, key=_rank_key, default=None)
+    best_dis = min(disaggregated.plans, key=_rank_key, default=None)
+    if best_agg is None or best_dis is None:
+        missing = "aggregated" if best_agg is None else "disaggregated"
+        return f"aggregated vs disaggregated: no {missing} plan meets the SLO"
+    if best_agg.cost_per_hour_usd is None or best_dis.cost_per_hour_usd is None:
+        return (f"aggregated vs disaggregated: {best_agg.gpus} GPUs against {best_dis.gpus} "
+                "(unpriced: compared by GPU count)")
+    agg_cost, dis_cost = best_agg.cost_per_hour_usd, best_dis.cost_per_hour_usd
+    transfer = best_dis.transfer
+    if dis_cost < agg_cost:
+        return (f"disaggregated wins: ${dis_cost:,.2f}/h against ${agg_cost:,.2f}/h aggregated "
+                f"({1 - dis_cost / agg_cost:.0%} less): decode steps no longer wait for prompt chunks, so each decode "
+                f"worker runs a larger batch within the TPOT SLO, and the prefill pool is sized for prompts alone "
+                f"(KV transfer {transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link})")
+    return (f"aggregated wins: ${agg_cost:,.2f}/h against ${dis_cost:,.2f}/h disaggregated "
+            f"({dis_cost / agg_cost - 1:.0%} more): with prompts of {transfer.prompt_tokens:,} tokens on average, "
+            "prefill is a small share of each GPU's time, so mixing it into decode steps costs little TPOT, while "
+            "separate pools each round up to whole workers, cannot lend idle capacity to each other and add a KV "
+            f"transfer ({transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link}) to every TTFT")
+
+
+def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str) -> PoolOut:
+    configuration, engine = pool.configuration, pool.engine
+    launch = launch_command(LaunchSpec(
+        engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
+        tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
+        weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
+        gpu_memory_utilization=engine.gpu_memory_utilization), role)
+    return PoolOut(
+        gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
+        pipeline_parallel=configuration.pipeline_parallel, workers=pool.workers, gpus=pool.gpus,
+        load_per_worker_requests_per_s=pool.load_per_worker, kv_tokens_per_worker=pool.kv_tokens_per_worker,
+        max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+        cost_per_hour_usd=pool.cost_per_hour_usd, launch=LaunchOut(command=launch.command, notes=list(launch.notes)))
+
+
+def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, model_id: str,
+                       profiles: dict[tuple[str, str], str], request: SloPlanRequest, max_model_len: int,
+                       inputs: plan_core.PlanInputs) -> PlanOut:
+    """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
+    decode, predicted = plan.decode, plan.predicted
+    configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu
+    prefill_out = _pool_out(plan.prefill, model, model_id, max_model_len, PREFILL_POOL)
+    decode_out = _pool_out(decode, model, model_id, max_model_len, DECODE_POOL)
+    transfer = plan.transfer
+    offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
+    return PlanOut(
+        rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
+        pipeline_parallel=configuration.pipeline_parallel, weight_dtype=configuration.weight_dtype,
+        kv_dtype=configuration.kv_dtype, compute_dtype=decode.compute_dtype, engine=engine.engine,
+        max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+        block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,
+        max_model_len=max_model_len, kv_tokens_per_replica=decode.kv_tokens_per_worker,
+        load_per_replica=LoadPerReplicaOut(
+            unit="requests_per_s", offered=offered, max_verified=decode.load_per_worker, failing=None,
+            analytic_ceiling=decode.load_per_worker),
+        replicas=plan.prefill.workers + decode.workers, extra_replicas=0,
+        gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
+        nodes=sum(plan_core.nodes_needed(pool.workers, pool.configuration.tensor_parallel,
+                                         pool.configuration.pipeline_parallel, pool.configuration.gpu.gpus_per_node)
+                  for pool in (plan.prefill, decode)),
+        price_per_gpu_hour_usd=decode.price_per_gpu_hour_usd, price_source=decode.price_source,
+        cost_per_hour_usd=plan.cost_per_hour_usd,
+        cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,
+        output_tokens_per_s=plan.output_tokens_per_s, output_tokens_per_s_per_gpu=plan.output_tokens_per_s / plan.gpus,
+        utilization_ratio=offered / decode.load_per_worker,
+        predicted=PredictionOut(
+            load_per_replica=predicted.load, ttft=_percentiles_out(predicted.ttft),
+            tpot=_percentiles_out(predicted.tpot), e2e=_percentiles_out(predicted.e2e),
+            goodput_ratio=predicted.goodput_ratio, requests_per_s=predicted.requests_per_s,
+            output_tokens_per_s=predicted.output_tokens_per_s, preemptions=predicted.preemptions),
+        meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
+        launch=decode_out.launch,
+        assumptions=PlanAssumptionsOut(
+            efficiency=efficiency_out(decode.efficiency, profiles[(gpu.slug, decode.compute_dtype)]),
+            tokens_per_pass=None,
+            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
+        deployment=DISAGGREGATED,
+        disaggregation=DisaggregationOut(
+            prefill=prefill_out, decode=decode_out, router=ENGINES[engine.engine].disaggregation_router(),
+            kv_transfer=KvTransferOut(
+                link=transfer.link, mean_prompt_tokens=transfer.prompt_tokens,
+                bytes_per_request=transfer.bytes_per_request, bytes_per_gpu=transfer.bytes_per_gpu,
+                bandwidth_bytes_per_s=transfer.bandwidth_bytes_per_s, latency_ms=transfer.latency_s * 1e3,
+                time_ms=transfer.time_s * 1e3)),
     )

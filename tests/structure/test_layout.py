@@ -62,7 +62,8 @@ PROTOCOL_MEMBERS = sorted(
 
 def test_the_protocol_has_the_members_the_callers_use() -> None:
     assert PROTOCOL_MEMBERS == sorted([
-        "defaults", "derived_max_num_seqs", "kv_allocation", "launch_notes", "launch_words",
+        "defaults", "derived_max_num_seqs", "disaggregation_notes", "disaggregation_router",
+        "disaggregation_words", "kv_allocation", "launch_notes", "launch_words",
         "mixes_prefill_into_decode", "name", "speculative_flags", "start_refusals", "utilization_of"])
 
 

@@ -76,6 +76,11 @@ class ResolvedEngine:
         return STEADY_STATE if self.kv_allocation == ON_DEMAND else ADMISSION
 
 
+# The roles of a disaggregated deployment's workers (ENGINES.md section 3).
+PREFILL_ROLE = "prefill"
+DECODE_ROLE = "decode"
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a launch command must set; `speculative_*` only with speculative decoding."""
@@ -131,4 +136,16 @@ class Engine(Protocol):
 
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
         """What the command line cannot say (which checkpoint to serve, ...)."""
+        ...
+
+    def disaggregation_words(self, role: str) -> list[str]:
+        """Flags that make a worker a disaggregated `role` ("prefill" or "decode") worker."""
+        ...
+
+    def disaggregation_notes(self, role: str) -> list[str]:
+        """What else a `role` worker needs (configuration files, transport)."""
+        ...
+
+    def disaggregation_router(self) -> str:
+        """What sends each request to a prefill worker and then to a decode worker."""
         ...

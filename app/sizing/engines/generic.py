@@ -53,5 +53,14 @@ class Generic:
         return [("generic engine: set the same parallelism, batch limits and memory fraction in the engine "
                 "you use")]
 
+    def disaggregation_words(self, role: str) -> list[str]:
+        return []
+
+    def disaggregation_notes(self, role: str) -> list[str]:
+        return [f"generic engine: run this worker in the engine's {role} role"]
+
+    def disaggregation_router(self) -> str:
+        return "the engine's own prefill/decode router"
+
 
 ENGINE = Generic()

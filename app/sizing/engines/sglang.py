@@ -116,5 +116,16 @@ class Sglang:
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
         return []
 
+    def disaggregation_words(self, role: str) -> list[str]:
+        return ["--disaggregation-mode", role]
+
+    def disaggregation_notes(self, role: str) -> list[str]:
+        return [(f"{role} worker: the KV moves with the Mooncake transfer engine over RDMA by default "
+                "(--disaggregation-transfer-backend, --disaggregation-ib-device)")]
+
+    def disaggregation_router(self) -> str:
+        return ("python -m sglang_router.launch_router --pd-disaggregation --prefill PREFILL_URL ... "
+                "--decode DECODE_URL ...")
+
 
 ENGINE = Sglang()

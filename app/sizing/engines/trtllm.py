@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.sizing.engines.base import OF_FREE, RESERVE_AT_ADMISSION, Default, LaunchSpec, non_torch_default
+from app.sizing.engines.base import (
+    OF_FREE,
+    PREFILL_ROLE,
+    RESERVE_AT_ADMISSION,
+    Default,
+    LaunchSpec,
+    non_torch_default,
+)
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -70,6 +77,20 @@ class Trtllm:
         if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
             return ["TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt"]
         return []
+
+    def disaggregation_words(self, role: str) -> list[str]:
+        return ["--extra_llm_api_options", "ctx.yaml" if role == PREFILL_ROLE else "gen.yaml"]
+
+    def disaggregation_notes(self, role: str) -> list[str]:
+        notes = [(f"{'ctx' if role == PREFILL_ROLE else 'gen'}.yaml sets cache_transceiver_config: {{backend: DEFAULT}} "
+                 "(NIXL unless TRTLLM_USE_*_KVCACHE selects another)")]
+        if role == PREFILL_ROLE:
+            notes.append("context servers also set disable_overlap_scheduler: True")
+        return notes
+
+    def disaggregation_router(self) -> str:
+        return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
+                "or NVIDIA Dynamo")
 
 
 ENGINE = Trtllm()

@@ -93,5 +93,18 @@ class Vllm:
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
         return []
 
+    def disaggregation_words(self, role: str) -> list[str]:
+        # NixlConnector ignores kv_producer/kv_consumer: the proxy assigns the roles (ENGINES.md section 3).
+        return ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                                                   separators=(",", ":"))]
+
+    def disaggregation_notes(self, role: str) -> list[str]:
+        return [(f"{role} worker: the KV moves over NIXL (UCX; set UCX_TLS/UCX_NET_DEVICES for RDMA); "
+                "VLLM_NIXL_SIDE_CHANNEL_HOST/PORT must be reachable from the other pool")]
+
+    def disaggregation_router(self) -> str:
+        return ("vLLM's NIXL proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --prefiller-hosts "
+                "PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / NVIDIA Dynamo")
+
 
 ENGINE = Vllm()

@@ -103,6 +103,11 @@ BINDING_GOODPUT = "goodput"
 
 MAX_MODEL_LEN_SOURCE = "the workload's longest prompt + longest answer"
 
+# What a configuration serves: both phases, or one pool of a disaggregated deployment.
+AGGREGATED = "aggregated"
+PREFILL_POOL = "prefill"
+DECODE_POOL = "decode"
+
 PRICE_FROM_REQUEST = "request"
 PRICE_FROM_CATALOG = "catalog"
 
@@ -316,6 +321,11 @@ class PlanResult:
     notes: tuple[str, ...]
 
 
+def max_model_len(inputs: PlanInputs) -> int:
+    """The context every replica is configured for: the workload's longest prompt + longest answer."""
+    return _Lengths.of(inputs.workload, inputs.slo.percentile).longest_request
+
+
 # Configuration space -----------------------------------------------------------------------------
 
 def default_tensor_parallel(model: ModelSpec, gpu: GpuSpec) -> tuple[int, ...]:
@@ -514,7 +524,9 @@ class _Planner:
 
     # Screening ---------------------------------------------------------------------------------
 
-    def screen(self, configuration: Configuration) -> _Screened | Infeasible:
+    def screen(self, configuration: Configuration, role: str = AGGREGATED) -> _Screened | Infeasible:
+        """The configuration against the analytic bounds. A disaggregated pool (`role` "prefill" or
+        "decode") is held only to the floors of its own phase."""
         inputs, model, gpu = self.inputs, self.inputs.model, configuration.gpu
         tp, pp = configuration.tensor_parallel, configuration.pipeline_parallel
 
@@ -580,7 +592,7 @@ class _Planner:
         if inputs.speculative is not None:
             step_time = SpeculativeStepTime(target, inputs.speculative, draft_steps)
 
-        reasons = self._floor_reasons(step_time, scheduler)
+        reasons = self._floor_reasons(step_time, scheduler, role)
         if reasons:
             return infeasible(*reasons)
         ceiling = self._ceiling(step_time, scheduler)
@@ -623,20 +635,20 @@ class _Planner:
     def _chunked_prefill(self, engine: ResolvedEngine) -> bool:
         return ENGINES[engine.engine].mixes_prefill_into_decode(self.max_model_len, engine.max_num_batched_tokens)
 
-    def _floor_reasons(self, step_time: StepTimeFn, scheduler: SchedulerConfig) -> list[str]:
+    def _floor_reasons(self, step_time: StepTimeFn, scheduler: SchedulerConfig, role: str) -> list[str]:
         slo, lengths, p = self.slo, self.lengths, f"p{self.slo.percentile:g}"
         reasons = []
         tpot_floor = float(step_time(1, lengths.input_median, 0, 0))
-        if lengths.output_at_percentile > 1 and tpot_floor > slo.tpot_s:
+        if role != PREFILL_POOL and lengths.output_at_percentile > 1 and tpot_floor > slo.tpot_s:
             reasons.append(f"TPOT floor {_ms(tpot_floor)} at batch 1 exceeds {_ms(slo.tpot_s)} (one decode "
                            f"step attending the median prompt of {lengths.input_median:,} tokens)")
         prompt = lengths.input_at_percentile
         ttft_floor = prefill_time_s(step_time, prompt, cached_prompt_tokens(self.workload, prompt),
                                     scheduler.max_num_batched_tokens)
-        if ttft_floor > slo.ttft_s:
+        if role != DECODE_POOL and ttft_floor > slo.ttft_s:
             reasons.append(f"TTFT floor {_ms(ttft_floor)} exceeds {_ms(slo.ttft_s)} (the {p} prompt of "
                            f"{prompt:,} tokens prefilled alone)")
-        if slo.e2e_s is not None:
+        if slo.e2e_s is not None and role == AGGREGATED:
             decode_floor = (lengths.output_at_percentile - 1) * float(step_time(1, 1, 0, 0))
             e2e_floor = max(ttft_floor, decode_floor)
             if e2e_floor > slo.e2e_s:

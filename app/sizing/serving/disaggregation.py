@@ -1,0 +1,510 @@
+"""Disaggregated prefill/decode: separate prefill and decode workers, the prompt's KV moved between them.
+
+A request is prefilled by a prefill worker (its first token comes out there), its prompt KV cache moves to
+a decode worker, and the decode worker generates the rest. Prefill never stalls a decode step, and each
+pool gets its own GPU, layout and worker count.
+
+- **KV transfer** (ENGINES.md section 3: "bytes ≈ prompt tokens × per-token KV bytes"): every decode GPU
+  receives its own shard of the prompt's KV over its own link, in parallel, so one transfer takes
+  `latency + bytes on the most loaded decode GPU / per-GPU link bandwidth`. The link is NVLink when the
+  whole deployment sits in one NVLink domain (`gpus_per_node`: 8 in an HGX node, 72 in a GB200 NVL72),
+  else the scale-out network (NIXL/Mooncake over RDMA). The latency is NCCL's own model of one
+  point-to-point message (ENGINES.md section 5, NCCL `tuning.cc`, Simple protocol): base 8.4 µs + one
+  NVLink hop 3.4 µs = 11.8 µs, or + one network hop 14 µs = 22.4 µs.
+- **Time to first token** = prefill queueing + prefill + KV transfer + the wait for the decode worker's
+  first step that carries the request (the decode worker streams the first token with its first step).
+  TPOT comes from the decode workers' batch alone.
+- **Simulation**: one prefill worker and one decode worker are simulated at their share of the load
+  (each pool's arrivals are a Poisson stream of its share), with the same requests (common random
+  numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
+  arrives with its prompt cached except the last token, whose step emits the first streamed token, and
+  generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
+  TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from app.sizing.engines.base import ResolvedEngine
+from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.model.kv import kv_cache_size
+from app.sizing.serving.plan import (
+    BINDING_E2E,
+    BINDING_GOODPUT,
+    BINDING_TPOT,
+    BINDING_TTFT,
+    DECODE_POOL,
+    PERCENTILES_REPORTED,
+    PREFILL_POOL,
+    Configuration,
+    Infeasible,
+    Percentiles,
+    PlanInputs,
+    Prediction,
+    Slo,
+    _describe,
+    _Planner,
+    _Screened,
+    cached_prompt_tokens,
+    cost_per_million_tokens,
+    prefill_time_s,
+)
+from app.sizing.serving.simulate import KvCapacityError, SimulationLimitError, SimulationResult, simulate
+from app.sizing.serving.workload import Requests
+from app.sizing.specs import GpuSpec, ModelSpec
+
+NVLINK = "nvlink"
+NETWORK = "network"
+
+# NCCL's latency model of one message (NVIDIA/nccl src/graph/tuning.cc @5067397c, Simple protocol; model
+# constants, not measurements): base 8.4 µs, plus a hop of 3.4 µs over NVLink or 14 µs over the network.
+NVLINK_TRANSFER_LATENCY_S = (8.4 + 3.4) * 1e-6
+NETWORK_TRANSFER_LATENCY_S = (8.4 + 14.0) * 1e-6
+TRANSFER_LATENCY_SOURCE = ("NCCL tuner latency model, Simple protocol: base 8.4 us + one hop (NVLink 3.4 us, "
+                           "network 14 us); NVIDIA/nccl src/graph/tuning.cc")
+
+
+@dataclass(frozen=True, slots=True)
+class KvTransfer:
+    """Moving one prompt's KV cache from its prefill worker to its decode worker."""
+
+    prompt_tokens: int
+    bytes_per_request: int  # the whole prompt's KV, unsharded (what the model caches for it)
+    bytes_per_gpu: int  # what the most loaded decode GPU receives (its shard; MLA's latent is whole on each)
+    link: str  # NVLINK or NETWORK
+    bandwidth_bytes_per_s: float  # per GPU, per direction
+    latency_s: float
+    time_s: float
+
+
+def transfer_link(gpu: GpuSpec, deployment_gpus: int) -> tuple[str, float, float]:
+    """(link, per-GPU bandwidth, latency) the KV moves over: NVLink when the deployment's GPUs fit in one
+    NVLink domain of this GPU, else the scale-out network."""
+    if deployment_gpus < 1:
+        raise ValueError("deployment_gpus must be >= 1")
+    if deployment_gpus <= gpu.gpus_per_node:
+        return NVLINK, gpu.interconnect_bandwidth_bytes_per_s, NVLINK_TRANSFER_LATENCY_S
+    return NETWORK, gpu.scale_out_bandwidth_bytes_per_s, NETWORK_TRANSFER_LATENCY_S
+
+
+def kv_transfer(model: ModelSpec, prompt_tokens: int, kv_dtype: str, *, decode_tensor_parallel: int,
+                decode_pipeline_parallel: int, link: str, bandwidth_bytes_per_s: float,
+                latency_s: float) -> KvTransfer:
+    """One prompt's KV transfer: latency + bytes on the most loaded decode GPU / bandwidth."""
+    if prompt_tokens < 1:
+        raise ValueError("prompt_tokens must be >= 1")
+    if not (math.isfinite(bandwidth_bytes_per_s) and bandwidth_bytes_per_s > 0):
+        raise ValueError("bandwidth_bytes_per_s must be positive")
+    if not (math.isfinite(latency_s) and latency_s >= 0):
+        raise ValueError("latency_s must be >= 0")
+    if link not in (NVLINK, NETWORK):
+        raise ValueError(f"link must be {NVLINK!r} or {NETWORK!r}")
+    size = kv_cache_size(model, prompt_tokens, kv_dtype, tensor_parallel=decode_tensor_parallel,
+                         pipeline_parallel=decode_pipeline_parallel)
+    per_gpu = size.bytes_per_sequence_per_gpu
+    return KvTransfer(prompt_tokens=prompt_tokens, bytes_per_request=size.bytes_per_sequence,
+                      bytes_per_gpu=per_gpu, link=link, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
+                      latency_s=latency_s, time_s=latency_s + per_gpu / bandwidth_bytes_per_s)
+
+
+def transfer_times_s(model: ModelSpec, prompt_tokens: np.ndarray, kv_dtype: str, *, decode_tensor_parallel: int,
+                     decode_pipeline_parallel: int, bandwidth_bytes_per_s: float, latency_s: float) -> np.ndarray:
+    """`kv_transfer(...).time_s` for each prompt length (the per-GPU bytes are linear in the tokens for
+    full-attention and MLA layers, and bounded by the window for windowed ones: computed per distinct
+    length)."""
+    lengths, inverse = np.unique(np.asarray(prompt_tokens, dtype=np.int64), return_inverse=True)
+    per_gpu = np.array([kv_cache_size(model, int(n), kv_dtype, tensor_parallel=decode_tensor_parallel,
+                                      pipeline_parallel=decode_pipeline_parallel).bytes_per_sequence_per_gpu
+                        for n in lengths], dtype=float)
+    return (latency_s + per_gpu / bandwidth_bytes_per_s)[inverse]
+
+
+# Per-request composition ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PoolTimes:
+    """Request i's timings in each pool, relative to its arrival there (arrival order, same requests)."""
+
+    prefill_ttft_s: np.ndarray  # queueing + prefill on the prefill worker
+    transfer_s: np.ndarray
+    decode_first_s: np.ndarray  # arrival at the decode worker to its first step (the first streamed token)
+    decode_rest_s: np.ndarray  # first streamed token to the last token, on the decode worker
+    output_tokens: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class Combined:
+    """End-to-end per-request latencies of a disaggregated deployment."""
+
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray  # (E2E − TTFT) / (OSL − 1); NaN for one-token answers
+    e2e_s: np.ndarray
+
+    def percentile(self, metric: str, q: float) -> float:
+        values = getattr(self, f"{metric}_s")
+        values = values[~np.isnan(values)]
+        return float(np.percentile(values, q)) if len(values) else math.nan
+
+
+def combine(times: PoolTimes) -> Combined:
+    """TTFT = prefill TTFT + transfer + decode first-step delay; E2E = TTFT + the rest of the decode."""
+    ttft = times.prefill_ttft_s + times.transfer_s + times.decode_first_s
+    e2e = ttft + times.decode_rest_s
+    gaps = times.output_tokens - 1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(gaps > 0, (e2e - ttft) / np.maximum(gaps, 1), np.nan)
+    return Combined(ttft, tpot, e2e)
+
+
+def prefill_role_requests(requests: Requests) -> Requests:
+    """What a prefill worker serves: the same prompts, each ending with its first token."""
+    return replace(requests, output_tokens=np.ones_like(requests.output_tokens))
+
+
+def decode_role_requests(requests: Requests) -> Requests:
+    """What a decode worker serves: the prompt arrives cached but for its last token (whose step emits the
+    first streamed token), then OSL − 1 more tokens (at least one step)."""
+    return replace(requests, cached_prefix_tokens=requests.input_tokens - 1,
+                   output_tokens=np.maximum(requests.output_tokens - 1, 1), shared_prefix_tokens=0)
+
+
+
+def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int) -> int | None:
+    """The fewest workers in [lowest, most] for which `meets` holds (it holds for all counts above one
+    that meets), by doubling then bisection; None when even `most` misses."""
+    if lowest < 1 or most < lowest:
+        raise ValueError("need 1 <= lowest <= most")
+    if meets(lowest):
+        return lowest
+    failing, passing = lowest, None
+    while passing is None:
+        candidate = min(most, failing * 2)
+        if meets(candidate):
+            passing = candidate
+        elif candidate >= most:
+            return None
+        else:
+            failing = candidate
+    while passing - failing > 1:
+        middle = (passing + failing) // 2
+        if meets(middle):
+            passing = middle
+        else:
+            failing = middle
+    return passing
+
+
+# Planning ---------------------------------------------------------------------------------------------
+
+POOL_CONFIGURATIONS_SIMULATED = 2  # per pool: the cheapest by the analytic bound are sized by simulation
+TTFT_RETRIES = 3  # prefill workers added when the combined TTFT misses at the sized counts
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """One pool of a disaggregated deployment: a worker's configuration and how many workers."""
+
+    role: str  # PREFILL_POOL or DECODE_POOL
+    configuration: Configuration
+    compute_dtype: str
+    efficiency: Efficiency
+    engine: ResolvedEngine
+    kv_tokens_per_worker: int
+    workers: int
+    load_per_worker: float  # requests/s, its share of the sized load
+    gpus: int
+    price_per_gpu_hour_usd: float | None
+    price_source: str | None
+    cost_per_hour_usd: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggregatedPlan:
+    prefill: Pool
+    decode: Pool
+    transfer: KvTransfer  # of the mean prompt
+    gpus: int
+    cost_per_hour_usd: float | None
+    cost_per_million_output_tokens_usd: float | None
+    output_tokens_per_s: float  # the whole deployment at the peak load
+    predicted: Prediction  # per request, end to end, at the offered load (load = the deployment's requests/s)
+    meets_slo: bool
+    binding_constraint: str
+    binding_detail: str
+
+    @property
+    def e2e_at_slo_percentile_s(self) -> float:
+        return self.predicted.e2e.at_slo_percentile_s
+
+    @property
+    def label(self) -> str:
+        return (f"{self.prefill.workers} x prefill {self.prefill.configuration.label} + "
+                f"{self.decode.workers} x decode {self.decode.configuration.label}")
+
+
+@dataclass(frozen=True, slots=True)
+class DisaggregatedResult:
+    plans: tuple[DisaggregatedPlan, ...]  # cheapest first (at most one per prefill x decode GPU pair)
+    infeasible: tuple[Infeasible, ...]  # per pool configuration, reasons prefixed with the pool
+    simulations: int
+    simulated_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolOption:
+    screened: _Screened
+    workers: int  # workers needed if each ran at its analytic throughput (where the search starts)
+    bound: float  # their cost, $/h (or GPUs past every priced option when unpriced): a lower bound
+
+
+def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) -> DisaggregatedResult:
+    """The cheapest disaggregated deployments over `candidates` (each may serve either pool).
+
+    Open-loop workloads only (a closed loop's users are not split between pools). The pools are sized
+    one after the other: decode workers by the TPOT SLO (a decode worker's TPOT does not depend on the
+    prefill pool), then prefill workers by the TTFT SLO of the combined request (prefill + transfer +
+    the decode worker's first step at its sized load).
+    """
+    if inputs.workload.is_closed_loop:
+        raise ValueError("disaggregated plans are sized for an open-loop load (requests_per_s)")
+    planner = _Planner(inputs)
+    infeasible: list[Infeasible] = []
+    options: dict[str, list[_PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
+    for configuration in candidates:
+        for role in (PREFILL_POOL, DECODE_POOL):
+            outcome = planner.screen(configuration, role)
+            if isinstance(outcome, Infeasible):
+                infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
+            else:
+                options[role].append(_pool_option(planner, outcome, role))
+    requests = planner._unit_requests(inputs.simulated_requests)
+    plans = []
+    prefill_floor = min((_prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
+                        default=math.inf)
+    decodes = _size_pools(planner, options[DECODE_POOL], DECODE_POOL, requests, prefill_floor, infeasible)
+    if decodes:  # the prefill pools are sized behind the cheapest decode pool
+        decode_pool, decode_result = min(decodes, key=lambda sized: _cost_key(sized[0]))
+        prefills = _size_pools(planner, options[PREFILL_POOL], PREFILL_POOL, requests,
+                               (decode_pool, decode_result), infeasible)
+        for prefill_pool, _ in prefills:
+            built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
+            (infeasible if isinstance(built, Infeasible) else plans).append(built)
+    plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
+                              p.e2e_at_slo_percentile_s))
+    return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests)
+
+
+def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
+    """The workers the pool needs if each ran at its analytic throughput: back-to-back prefills of the
+    mean prompt, or decode steps at the largest batch the engine runs, and what they cost."""
+    lengths, step_time = planner.lengths, screened.step_time
+    if role == PREFILL_POOL:
+        prompt = max(1, round(lengths.input_mean))
+        busy_s = prefill_time_s(step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
+                                screened.scheduler.max_num_batched_tokens)
+        rate = 1 / max(busy_s, 1e-12)
+    else:
+        batch = screened.scheduler.max_num_seqs
+        step = float(step_time(batch, batch * (lengths.input_mean + lengths.output_mean / 2), 0, 0))
+        rate = batch / (step * max(lengths.output_mean - 1, 1.0))
+    workers = max(1, math.ceil(planner.sized_load / rate * (1 - 1e-9)))
+    gpus = workers * screened.configuration.gpus_per_replica
+    return _PoolOption(screened, workers, gpus * screened.price if screened.price is not None else 1e12 + gpus)
+
+
+def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
+                   load: float) -> SimulationResult:
+    role_requests = prefill_role_requests(requests) if role == PREFILL_POOL else decode_role_requests(requests)
+    role_requests = replace(role_requests, arrival_s=role_requests.arrival_s / load)
+    planner.simulations += 1
+    planner.simulated_requests += len(role_requests)
+    return simulate(screened.step_time, screened.scheduler, role_requests)
+
+
+def _prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
+    """The p-th percentile prompt prefilled alone on this configuration."""
+    prompt = planner.lengths.input_at_percentile
+    return prefill_time_s(screened.step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
+                          screened.scheduler.max_num_batched_tokens)
+
+
+def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, requests: Requests,
+                behind: float | tuple[Pool, SimulationResult],
+                infeasible: list[Infeasible]) -> list[tuple[Pool, SimulationResult]]:
+    """The cheapest few pool options of `role` (by their analytic bound), each sized by simulation."""
+    sized = []
+    for option in sorted(options, key=lambda o: o.bound)[:POOL_CONFIGURATIONS_SIMULATED]:
+        outcome = _size_pool(planner, option, role, requests, behind)
+        (infeasible if isinstance(outcome, Infeasible) else sized).append(outcome)
+    return sized
+
+
+def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requests,
+               behind: float | tuple[Pool, SimulationResult]) -> tuple[Pool, SimulationResult] | Infeasible:
+    """The fewest workers of this configuration meeting the pool's SLO. Decode: the TPOT, and a wait for
+    the first decode step within what the TTFT SLO leaves after the fastest prefill (`behind`, the p-th
+    prompt prefilled alone) and the KV transfer: a decode pool short of KV or sequence slots queues the
+    requests. Prefill: the TTFT (and E2E) of the whole request with the sized decode pool (`behind`). The
+    search starts at the analytic worker count, which no simulated count undercuts by much."""
+    slo, screened = planner.slo, option.screened
+    if role == DECODE_POOL:
+        assert isinstance(behind, float)
+        prompt = planner.lengths.input_at_percentile
+        configuration = screened.configuration
+        transfer = transfer_times_s(planner.inputs.model, np.array([prompt]), configuration.kv_dtype,
+                                    decode_tensor_parallel=configuration.tensor_parallel,
+                                    decode_pipeline_parallel=configuration.pipeline_parallel,
+                                    bandwidth_bytes_per_s=configuration.gpu.scale_out_bandwidth_bytes_per_s,
+                                    latency_s=NETWORK_TRANSFER_LATENCY_S)[0]
+        first_step_budget = slo.ttft_s - behind - transfer
+    results: dict[int, SimulationResult] = {}
+
+    def run(workers: int) -> SimulationResult:
+        if workers not in results:
+            results[workers] = _simulate_role(planner, screened, role, requests, planner.sized_load / workers)
+        return results[workers]
+
+    def meets(workers: int) -> bool:
+        try:
+            result = run(workers)
+        except (KvCapacityError, SimulationLimitError, ValueError):
+            return False
+        if role == DECODE_POOL:
+            tpot = result.percentile("tpot", slo.percentile)
+            return ((math.isnan(tpot) or tpot <= slo.tpot_s)
+                    and result.percentile("ttft", slo.percentile) <= first_step_budget)
+        assert not isinstance(behind, float)
+        decode_pool, decode_result = behind
+        combined = combine(_pool_times(planner, result, decode_result, decode_pool, requests))
+        checks = _combined_checks(combined, slo, result.warmup_requests)
+        return all(ratio <= 1 for name, _, _, ratio in checks if name != BINDING_TPOT)
+
+    workers = fewest_workers(meets, min(option.workers, MAX_POOL_WORKERS), MAX_POOL_WORKERS)
+    if workers is None:
+        slo_name = "TPOT (or its share of the TTFT)" if role == DECODE_POOL else "TTFT"
+        return Infeasible(screened.configuration, (
+            f"{role} pool: misses the {slo_name} SLO with up to {MAX_POOL_WORKERS} workers",))
+    return _pool(planner, screened, role, workers), run(workers)
+
+
+MAX_POOL_WORKERS = 4096
+
+
+def _cost_key(pool: Pool) -> tuple[bool, float, int]:
+    return pool.cost_per_hour_usd is None, pool.cost_per_hour_usd or 0.0, pool.gpus
+
+
+def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
+    gpus = workers * screened.configuration.gpus_per_replica
+    return Pool(role=role, configuration=screened.configuration, compute_dtype=screened.compute_dtype,
+                efficiency=screened.efficiency, engine=screened.engine,
+                kv_tokens_per_worker=screened.scheduler.kv_capacity_tokens, workers=workers,
+                load_per_worker=planner.sized_load / workers, gpus=gpus,
+                price_per_gpu_hour_usd=screened.price, price_source=screened.price_source,
+                cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
+
+
+def _link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
+    """NVLink when both pools are one GPU type and the deployment fits in one of its NVLink domains."""
+    if prefill.configuration.gpu == decode.configuration.gpu:
+        return transfer_link(decode.configuration.gpu, prefill.gpus + decode.gpus)
+    return NETWORK, min(prefill.configuration.gpu.scale_out_bandwidth_bytes_per_s,
+                        decode.configuration.gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
+
+
+def _pool_times(planner: _Planner, prefill_result: SimulationResult, decode_result: SimulationResult,
+                decode: Pool, requests: Requests, link: tuple[str, float, float] | None = None) -> PoolTimes:
+    gpu = decode.configuration.gpu
+    _, bandwidth, latency = link or (NETWORK, gpu.scale_out_bandwidth_bytes_per_s, NETWORK_TRANSFER_LATENCY_S)
+    transfer = transfer_times_s(planner.inputs.model, requests.input_tokens, decode.configuration.kv_dtype,
+                                decode_tensor_parallel=decode.configuration.tensor_parallel,
+                                decode_pipeline_parallel=decode.configuration.pipeline_parallel,
+                                bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+    return PoolTimes(prefill_ttft_s=prefill_result.ttft_s, transfer_s=transfer,
+                     decode_first_s=decode_result.ttft_s, decode_rest_s=decode_result.e2e_s - decode_result.ttft_s,
+                     output_tokens=requests.output_tokens)
+
+
+def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Requests,
+                decode_result: SimulationResult) -> DisaggregatedPlan | Infeasible:
+    """Both pools at the offered (peak) load, with the link the deployment really has."""
+    slo, inputs = planner.slo, planner.inputs
+    prefill_screened = planner.screen(prefill.configuration, PREFILL_POOL)
+    assert isinstance(prefill_screened, _Screened)
+    link = _link(prefill, decode)
+    for _ in range(TTFT_RETRIES + 1):
+        offered = planner.peak_load * inputs.peak_to_mean_ratio / prefill.workers
+        prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered)
+        times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
+        combined = combine(times)
+        checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
+        if all(ratio <= 1 for *_, ratio in checks):
+            break
+        prefill = _pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + 1)
+        link = _link(prefill, decode)
+    else:
+        worst = max(checks, key=lambda check: check[3])
+        return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
+                                                 + _describe(worst, slo.percentile),))
+    gpus = prefill.gpus + decode.gpus
+    priced = prefill.cost_per_hour_usd is not None and decode.cost_per_hour_usd is not None
+    cost = prefill.cost_per_hour_usd + decode.cost_per_hour_usd if priced else None  # type: ignore[operator]
+    tokens_per_s = planner.peak_load * planner.lengths.output_mean
+    mean_prompt = max(1, round(planner.lengths.input_mean))
+    transfer = kv_transfer(inputs.model, mean_prompt, decode.configuration.kv_dtype,
+                           decode_tensor_parallel=decode.configuration.tensor_parallel,
+                           decode_pipeline_parallel=decode.configuration.pipeline_parallel,
+                           link=link[0], bandwidth_bytes_per_s=link[1], latency_s=link[2])
+    skip = prefill_result.warmup_requests
+    measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
+    meets = _meets_all(measured, slo)
+    prediction = Prediction(
+        load=planner.peak_load * inputs.peak_to_mean_ratio,
+        ttft=_combined_percentiles(measured, "ttft", slo.percentile),
+        tpot=_combined_percentiles(measured, "tpot", slo.percentile),
+        e2e=_combined_percentiles(measured, "e2e", slo.percentile),
+        goodput_ratio=float(meets.mean()),
+        requests_per_s=planner.peak_load * inputs.peak_to_mean_ratio,
+        output_tokens_per_s=tokens_per_s,
+        preemptions=prefill_result.preemptions + decode_result.preemptions)
+    worst = max(checks, key=lambda check: check[3])
+    binding_detail = (f"closest to its limit: {_describe(worst, slo.percentile)} "
+                      f"({prefill.workers} prefill and {decode.workers} decode workers)")
+    return DisaggregatedPlan(
+        prefill=prefill, decode=decode, transfer=transfer, gpus=gpus, cost_per_hour_usd=cost,
+        cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
+        output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
+        binding_detail=binding_detail)
+
+
+def _combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
+    measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
+    checks = []
+    for name, limit in ((BINDING_TTFT, slo.ttft_s), (BINDING_TPOT, slo.tpot_s), (BINDING_E2E, slo.e2e_s)):
+        if limit is None:
+            continue
+        value = measured.percentile(name, slo.percentile)
+        if not math.isnan(value):
+            checks.append((name, value, limit, value / limit))
+    if slo.goodput_ratio is not None:
+        fraction = float(_meets_all(measured, slo).mean())
+        checks.append((BINDING_GOODPUT, fraction, slo.goodput_ratio,
+                       slo.goodput_ratio / fraction if fraction > 0 else math.inf))
+    return tuple(checks)
+
+
+def _meets_all(combined: Combined, slo: Slo) -> np.ndarray:
+    meets = (combined.ttft_s <= slo.ttft_s) & (np.isnan(combined.tpot_s) | (combined.tpot_s <= slo.tpot_s))
+    if slo.e2e_s is not None:
+        meets &= combined.e2e_s <= slo.e2e_s
+    return meets
+
+
+def _combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
+    p50, p95, p99 = (combined.percentile(metric, q) for q in PERCENTILES_REPORTED)
+    return Percentiles(p50, p95, p99, combined.percentile(metric, slo_percentile))

@@ -1,0 +1,108 @@
+"""POST /v1/slo-plan with `candidates.deployment`: disaggregated prefill/decode plans beside aggregated ones."""
+
+import pytest
+
+LONG_PROMPTS = {
+    "model": "llama-3.1-70b",
+    "workload": {"input_tokens": 8000, "output_tokens": 1000, "requests_per_s": 2},
+    "slo": {"ttft_ms": 2000, "tpot_ms": 30, "percentile": 95},
+    "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [2, 4], "weight_dtypes": ["fp8"], "kv_dtypes": ["fp8"],
+                   "deployment": "both"},
+    "simulated_requests": 500,
+}
+CHAT = {
+    "model": "llama-3.1-70b",
+    "workload": {"input_tokens": 500, "output_tokens": 300, "requests_per_s": 2},
+    "slo": {"ttft_ms": 500, "tpot_ms": 50, "percentile": 95},
+    "candidates": {"gpus": ["h200-sxm"], "tensor_parallel": [1, 2], "weight_dtypes": ["fp8"], "kv_dtypes": ["fp8"],
+                   "deployment": "both"},
+    "simulated_requests": 500,
+}
+
+
+def plan(client, body):
+    response = client.post("/v1/slo-plan", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_long_prompts_show_a_disaggregated_plan_beside_the_aggregated_one(client):
+    body = plan(client, LONG_PROMPTS)
+    kinds = {p["deployment"] for p in body["plans"]}
+    assert kinds == {"aggregated", "disaggregated"}
+    costs = [p["cost_per_hour_usd"] for p in body["plans"]]
+    assert costs == sorted(costs)
+    disaggregated = next(p for p in body["plans"] if p["deployment"] == "disaggregated")
+    pools = disaggregated["disaggregation"]
+    prefill, decode = pools["prefill"], pools["decode"]
+    # Both pools' GPUs and costs add up to the plan's (the catalog's H100 price per GPU-hour for each).
+    for pool in (prefill, decode):
+        assert pool["gpus"] == pool["workers"] * pool["tensor_parallel"] * pool["pipeline_parallel"]
+        assert pool["cost_per_hour_usd"] == pytest.approx(pool["gpus"] * disaggregated["price_per_gpu_hour_usd"])
+    assert disaggregated["gpus"] == prefill["gpus"] + decode["gpus"]
+    assert disaggregated["cost_per_hour_usd"] == pytest.approx(prefill["cost_per_hour_usd"] + decode["cost_per_hour_usd"])
+    assert disaggregated["replicas"] == prefill["workers"] + decode["workers"]
+    # The KV moved for the mean prompt: 8,000 tokens x 163,840 B (fp8: 2 x 8 heads x 128 x 80 layers)
+    # = 1,310,720,000 B, a decode TP degree's share per GPU.
+    transfer = pools["kv_transfer"]
+    assert transfer["bytes_per_request"] == 1_310_720_000
+    assert transfer["bytes_per_gpu"] == 1_310_720_000 // decode["tensor_parallel"]
+    assert transfer["time_ms"] == pytest.approx(
+        transfer["latency_ms"] + transfer["bytes_per_gpu"] / transfer["bandwidth_bytes_per_s"] * 1e3)
+    # Each pool's vLLM command joins the NIXL KV connector; the router is named.
+    assert "--kv-transfer-config" in prefill["launch"]["command"]
+    assert "--kv-transfer-config" in decode["launch"]["command"]
+    assert "toy_proxy_server" in pools["router"]
+    predicted = disaggregated["predicted"]
+    assert predicted["ttft"]["at_slo_percentile_ms"] <= 2000
+    assert predicted["tpot"]["at_slo_percentile_ms"] <= 30
+    # The comparison says which kind wins and why; the frontier knows both kinds.
+    assert any(note.startswith(("aggregated wins", "disaggregated wins")) for note in body["assumptions"]["notes"])
+    assert {point["deployment"] for point in body["pareto"]} <= {"aggregated", "disaggregated"}
+    assert any("KV transfer" in formula for formula in body["assumptions"]["formulas"])
+
+
+def test_short_chat_prompts_explain_why_aggregated_wins(client):
+    body = plan(client, CHAT)
+    assert body["plans"][0]["deployment"] == "aggregated"
+    note = next(note for note in body["assumptions"]["notes"] if "wins" in note)
+    assert note.startswith("aggregated wins")
+    assert "prefill is a small share" in note and "KV transfer" in note
+
+
+def test_sglang_pools_are_launched_in_their_disaggregation_modes(client):
+    body = plan(client, {**LONG_PROMPTS, "candidates": {**LONG_PROMPTS["candidates"], "engine": "sglang",
+                                                          "deployment": "disaggregated"}})
+    assert {p["deployment"] for p in body["plans"]} == {"disaggregated"}
+    pools = body["plans"][0]["disaggregation"]
+    assert pools["prefill"]["launch"]["command"].endswith("--disaggregation-mode prefill")
+    assert pools["decode"]["launch"]["command"].endswith("--disaggregation-mode decode")
+    assert "--pd-disaggregation" in pools["router"]
+
+
+def test_an_aggregated_request_is_unchanged(client):
+    body = plan(client, {**CHAT, "candidates": {**CHAT["candidates"], "deployment": "aggregated"}})
+    assert {p["deployment"] for p in body["plans"]} == {"aggregated"}
+    assert all(p["disaggregation"] is None for p in body["plans"])
+    assert not any("wins" in note for note in body["assumptions"]["notes"])
+
+
+def test_a_disaggregated_closed_loop_is_a_422(client):
+    body = {**CHAT, "workload": {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 8},
+            "candidates": {**CHAT["candidates"], "deployment": "disaggregated"}}
+    response = client.post("/v1/slo-plan", json=body)
+    assert response.status_code == 422
+    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/candidates/deployment"]
+
+
+def test_both_with_a_closed_loop_plans_aggregated_and_says_so(client):
+    body = plan(client, {**CHAT, "workload": {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 8}})
+    assert {p["deployment"] for p in body["plans"]} == {"aggregated"}
+    assert any("open-loop" in note for note in body["assumptions"]["notes"])
+
+
+def test_disaggregation_with_speculative_decoding_is_a_422(client):
+    body = {**CHAT, "speculative": {"acceptance_rate": 0.7, "draft_tokens": 3}}
+    response = client.post("/v1/slo-plan", json=body)
+    assert response.status_code == 422
+    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/candidates/deployment"]

@@ -1,0 +1,182 @@
+"""Disaggregated prefill/decode: the KV transfer, the per-request composition of TTFT, and pool sizing.
+
+Expected values are worked by hand in each docstring from the architecture (Llama-3.1-70B's config.json)
+and the GPU datasheet (H100 SXM: NVLink 4, 900 GB/s bidirectional = 450 GB/s per direction; one
+400 Gb/s NIC per GPU = 50 GB/s per direction; gpus.csv and SIZING.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.serving.disaggregation import (
+    NETWORK,
+    NETWORK_TRANSFER_LATENCY_S,
+    NVLINK,
+    NVLINK_TRANSFER_LATENCY_S,
+    PoolTimes,
+    combine,
+    decode_role_requests,
+    fewest_workers,
+    kv_transfer,
+    plan_disaggregated,
+    prefill_role_requests,
+    transfer_link,
+    transfer_times_s,
+)
+from app.sizing.serving.plan import PlanInputs, Slo, configurations
+from app.sizing.serving.simulate import SchedulerConfig, simulate
+from app.sizing.serving.workload import Fixed, Requests, Workload
+from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
+from tests.domain.models_for_tests import LLAMA_3_70B
+
+# meta-llama/Llama-3.1-70B config.json: the KV geometry of Llama-3-70B (80 layers, 8 KV heads of 128),
+# with 131,072 positions.
+LLAMA_3_1_70B = dataclasses.replace(LLAMA_3_70B, name="Llama-3.1-70B", slug="llama-3.1-70b",
+                                    max_position_embeddings=131_072)
+H100 = GpuSpec(name="H100 SXM", slug="h100-sxm", memory_bytes=85_520_809_984, memory_bandwidth_bytes_per_s=3.35e12,
+               interconnect_bandwidth_bytes_per_s=450e9, gpus_per_node=8, scale_out_bandwidth_bytes_per_s=50e9,
+               bf16_flops_per_s=989.5e12, fp8_flops_per_s=1979e12, price_per_hour_usd=3.0)
+
+
+def test_nccl_latency_model_of_one_transfer() -> None:
+    """NCCL's Simple protocol: base 8.4 us + one hop, 3.4 us over NVLink, 14 us over the network."""
+    assert NVLINK_TRANSFER_LATENCY_S == pytest.approx(11.8e-6)
+    assert NETWORK_TRANSFER_LATENCY_S == pytest.approx(22.4e-6)
+
+
+@pytest.mark.parametrize(("link", "bandwidth", "latency", "expected_s"), [
+    # 167,772,160 B / 450e9 B/s = 372.827 us, + 11.8 us = 384.627 us
+    (NVLINK, 450e9, 11.8e-6, 167_772_160 / 450e9 + 11.8e-6),
+    # 167,772,160 B / 50e9 B/s = 3,355.4432 us, + 22.4 us = 3,377.8432 us
+    (NETWORK, 50e9, 22.4e-6, 167_772_160 / 50e9 + 22.4e-6),
+])
+def test_kv_transfer_of_an_8k_prompt_of_llama_3_1_70b_in_fp8(link: str, bandwidth: float, latency: float,
+                                                             expected_s: float) -> None:
+    """One 8,192-token prompt, fp8 KV, decoded on TP8.
+
+    Per token and layer: K and V x 8 KV heads x 128 dims x 1 byte = 2,048 B; x 80 layers = 163,840 B per
+    token; x 8,192 tokens = 1,342,177,280 B for the request. TP8 gives each decode GPU 8 / 8 = 1 KV head:
+    1,342,177,280 / 8 = 167,772,160 B per GPU, all GPUs receiving in parallel.
+    """
+    transfer = kv_transfer(LLAMA_3_1_70B, 8192, "fp8", decode_tensor_parallel=8, decode_pipeline_parallel=1,
+                           link=link, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+    assert transfer.bytes_per_request == 1_342_177_280
+    assert transfer.bytes_per_gpu == 167_772_160
+    assert transfer.time_s == pytest.approx(expected_s, rel=1e-12)
+    assert expected_s == pytest.approx(384.627e-6 if link == NVLINK else 3_377.843e-6, abs=1e-9)
+
+
+def test_the_transfer_takes_nvlink_only_inside_one_nvlink_domain() -> None:
+    """8 GPUs fit one HGX H100 node (NVLink); a ninth crosses the scale-out network."""
+    assert transfer_link(H100, 8) == (NVLINK, 450e9, NVLINK_TRANSFER_LATENCY_S)
+    assert transfer_link(H100, 9) == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
+    nvl72 = dataclasses.replace(H100, gpus_per_node=72)
+    assert transfer_link(nvl72, 72)[0] == NVLINK
+
+
+def test_transfer_times_per_request_match_the_single_transfer() -> None:
+    prompts = np.array([8192, 1024, 8192])
+    times = transfer_times_s(LLAMA_3_1_70B, prompts, "fp8", decode_tensor_parallel=8, decode_pipeline_parallel=1,
+                             bandwidth_bytes_per_s=50e9, latency_s=22.4e-6)
+    # 1,024 tokens: 163,840 x 1,024 / 8 = 20,971,520 B per GPU; / 50e9 = 419.43 us, + 22.4 us
+    assert times.tolist() == pytest.approx([3_377.843e-6, 441.8304e-6, 3_377.843e-6], abs=1e-9)
+
+
+def test_ttft_of_one_request_through_an_idle_prefill_decode_deployment() -> None:
+    """One request of 8,192 prompt tokens and 4 output tokens, alone in both pools.
+
+    Step time (seconds) = 5 ms + 50 us per prompt token + 1 ms per decoding sequence.
+    - Prefill worker: the whole prompt in one step (chunk 8,192): 5 ms + 8,192 x 50 us = 414.6 ms; its
+      first token ends the prefill worker's part.
+    - KV transfer over 400 Gb/s (TP8 decode): 3.3778432 ms (test above).
+    - Decode worker: the request arrives with 8,191 tokens cached; its first step computes the last prompt
+      token (5 ms + 1 x 50 us = 5.05 ms) and streams the first token: TTFT = 414.6 + 3.3778432 + 5.05
+      = 423.0278432 ms.
+    - Then OSL - 1 = 3 tokens on the decode worker, the first of them from that first step: 2 more decode
+      steps of 5 + 1 = 6 ms each: E2E = 423.0278432 + 12 = 435.0278432 ms; TPOT = 12 / (4 - 1) = 4 ms.
+    """
+    def step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
+
+    requests = Requests(arrival_s=[0.0], input_tokens=[8192], output_tokens=[4], cached_prefix_tokens=[0])
+    scheduler = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
+    prefill = simulate(step_time, scheduler, prefill_role_requests(requests), warmup_fraction=0)
+    decode = simulate(step_time, scheduler, decode_role_requests(requests), warmup_fraction=0)
+    assert prefill.ttft_s.tolist() == pytest.approx([0.4146])
+    assert decode.ttft_s.tolist() == pytest.approx([0.00505])
+    transfer = transfer_times_s(LLAMA_3_1_70B, requests.input_tokens, "fp8", decode_tensor_parallel=8,
+                                decode_pipeline_parallel=1, bandwidth_bytes_per_s=50e9, latency_s=22.4e-6)
+    combined = combine(PoolTimes(prefill_ttft_s=prefill.ttft_s, transfer_s=transfer, decode_first_s=decode.ttft_s,
+                                 decode_rest_s=decode.e2e_s - decode.ttft_s, output_tokens=requests.output_tokens))
+    assert combined.ttft_s.tolist() == pytest.approx([0.4230278432], abs=1e-12)
+    assert combined.e2e_s.tolist() == pytest.approx([0.4350278432], abs=1e-12)
+    assert combined.tpot_s.tolist() == pytest.approx([0.004], abs=1e-12)
+
+
+def test_a_one_token_answer_has_no_tpot() -> None:
+    combined = combine(PoolTimes(prefill_ttft_s=np.array([0.1]), transfer_s=np.array([0.01]),
+                                 decode_first_s=np.array([0.005]), decode_rest_s=np.array([0.0]),
+                                 output_tokens=np.array([1])))
+    assert combined.ttft_s.tolist() == pytest.approx([0.115])
+    assert math.isnan(combined.tpot_s[0])
+
+
+def test_role_requests() -> None:
+    """Prefill ends at the first token; decode has all but the last prompt token cached, OSL - 1 tokens left."""
+    requests = Requests(arrival_s=[0.0, 1.0], input_tokens=[100, 7], output_tokens=[50, 1],
+                        cached_prefix_tokens=[10, 0], shared_prefix_tokens=10)
+    prefill = prefill_role_requests(requests)
+    assert prefill.output_tokens.tolist() == [1, 1]
+    assert prefill.cached_prefix_tokens.tolist() == [10, 0]
+    decode = decode_role_requests(requests)
+    assert decode.cached_prefix_tokens.tolist() == [99, 6]
+    assert decode.output_tokens.tolist() == [49, 1]
+    assert decode.shared_prefix_tokens == 0
+
+
+@pytest.mark.parametrize(("needed", "lowest", "most", "expected"), [
+    (1, 1, 100, 1), (5, 1, 100, 5), (37, 3, 100, 37), (100, 1, 100, 100), (101, 1, 100, None), (2, 4, 9, 4)])
+def test_fewest_workers(needed: int, lowest: int, most: int, expected: int | None) -> None:
+    calls: list[int] = []
+
+    def meets(workers: int) -> bool:
+        calls.append(workers)
+        return workers >= needed
+
+    assert fewest_workers(meets, lowest, most) == expected
+    assert len(calls) <= 2 * math.ceil(math.log2(most)) + 2  # doubling, then bisection
+
+
+def test_a_disaggregated_plan_adds_up_and_meets_the_slo() -> None:
+    """Llama-3.1-70B fp8 on H100 at 8k in / 1k out, 2 req/s: each pool's GPUs are workers x TP, the cost
+    is GPUs x $3.00/h, and the predicted percentiles meet the SLO."""
+    inputs = PlanInputs(model=LLAMA_3_1_70B, workload=Workload(Fixed(8000), Fixed(1000), requests_per_s=2.0),
+                        slo=Slo(ttft_s=2.0, tpot_s=0.04, percentile=95),
+                        efficiencies={("h100-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES},
+                        simulated_requests=500)
+    result = plan_disaggregated(inputs, configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"]))
+    assert result.plans
+    for plan in result.plans:
+        for pool in (plan.prefill, plan.decode):
+            assert pool.gpus == pool.workers * pool.configuration.tensor_parallel
+            assert pool.cost_per_hour_usd == pytest.approx(pool.gpus * 3.0)
+        assert plan.gpus == plan.prefill.gpus + plan.decode.gpus
+        assert plan.cost_per_hour_usd == pytest.approx(plan.gpus * 3.0)
+        assert plan.predicted.ttft.at_slo_percentile_s <= 2.0
+        assert plan.predicted.tpot.at_slo_percentile_s <= 0.04
+        assert plan.transfer.prompt_tokens == 8000
+        assert plan.transfer.link == (NVLINK if plan.gpus <= 8 else NETWORK)
+
+
+def test_closed_loop_workloads_are_refused() -> None:
+    inputs = PlanInputs(model=LLAMA_3_1_70B, workload=Workload(Fixed(100), Fixed(10), concurrent_users=4),
+                        slo=Slo(ttft_s=2.0, tpot_s=0.04),
+                        efficiencies={("h100-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES})
+    with pytest.raises(ValueError, match="open-loop"):
+        plan_disaggregated(inputs, configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"]))
