@@ -264,17 +264,26 @@ def draw_slo_plan(plan: SloPlanResponse, metric: PlanMetric) -> bytes:
 
     def draw(fig: Figure) -> None:
         ax = fig.add_subplot()
-        if others:
-            (points,) = ax.plot([ms for _, ms in others], [p.cost_per_hour_usd for p, _ in others],
-                                linestyle="none", marker="o", markersize=6, color=SKY_BLUE,
-                                label="other plans")
-            points.set_gid("plans")
+        for kind, marker, color, label in (("aggregated", "o", SKY_BLUE, "other plans"),
+                                           ("disaggregated", "s", GREEN, "other plans, prefill/decode pools")):
+            kind_plans = [(p, ms) for p, ms in others if p.deployment == kind]
+            if kind_plans:
+                (points,) = ax.plot([ms for _, ms in kind_plans], [p.cost_per_hour_usd for p, _ in kind_plans],
+                                    linestyle="none", marker=marker, markersize=6, color=color, label=label)
+                points.set_gid("plans" if kind == "aggregated" else "plans-disaggregated")
         if frontier:
             # Joined in latency order; the frontier is the plan's own (cost against E2E), not refitted here.
             (line,) = ax.plot([ms for _, ms in frontier], [p.cost_per_hour_usd for p, _ in frontier],
                               color=VERMILLION, marker="D", markersize=8, linewidth=1.5,
                               label="Pareto frontier (cost against E2E)")
             line.set_gid("frontier")
+            split = [(p, ms) for p, ms in frontier if p.deployment == "disaggregated"]
+            if split:  # frontier plans with separate prefill and decode pools, ringed
+                (ringed,) = ax.plot([ms for _, ms in split], [p.cost_per_hour_usd for p, _ in split],
+                                    linestyle="none", marker="s", markersize=13, markerfacecolor="none",
+                                    markeredgecolor=GREEN, markeredgewidth=1.5,
+                                    label="prefill/decode pools (disaggregated)")
+                ringed.set_gid("frontier-disaggregated")
             for p, ms in frontier:
                 ax.annotate(f"#{p.rank}", (ms, p.cost_per_hour_usd), xytext=(6, 6),
                             textcoords="offset points", fontsize=9, fontweight="bold", color=VERMILLION,
@@ -319,6 +328,11 @@ def _latency(plan: PlanOut, metric: PlanMetric) -> float | None:
 
 
 def _plan_label(plan: PlanOut) -> str:
+    if plan.disaggregation is not None:
+        prefill, decode = plan.disaggregation.prefill, plan.disaggregation.decode
+        return (f"#{plan.rank}: {prefill.workers} x {prefill.gpu} TP{prefill.tensor_parallel} prefill + "
+                f"{decode.workers} x {decode.gpu} TP{decode.tensor_parallel} decode {plan.weight_dtype}, "
+                f"${plan.cost_per_hour_usd:,.2f}/h")
     return (f"#{plan.rank}: {plan.replicas} x {plan.gpu} TP{plan.tensor_parallel} {plan.weight_dtype}, "
             f"${plan.cost_per_hour_usd:,.2f}/h")
 

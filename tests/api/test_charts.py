@@ -437,3 +437,31 @@ def test_bad_slo_plan_chart_query_parameters(client: TestClient, params: dict[st
 def test_bad_slo_plan_chart_body(client: TestClient) -> None:
     assert_problem(client.post(PLAN, json={**PLAN_BODY, "slo": {"ttft_ms": 1000}}), 422, "/body/slo/tpot_ms")
     assert_problem(client.post(f"{PLAN}?metric=e2e", json=PLAN_BODY), 422, "/query/metric")
+
+
+def test_slo_plan_chart_shows_both_kinds_of_deployment(client: TestClient) -> None:
+    """With deployment "both", disaggregated plans are squares (ringed on the frontier) and labelled with
+    both pools; aggregated ones stay circles."""
+    body = {"model": "llama-3.1-70b",
+            "workload": {"input_tokens": 8000, "output_tokens": 1000, "requests_per_s": 2},
+            "slo": {"ttft_ms": 2000, "tpot_ms": 30, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [2, 4], "weight_dtypes": ["fp8"],
+                           "kv_dtypes": ["fp8"], "deployment": "both"},
+            "simulated_requests": 500}
+    answer = client.post("/v1/slo-plan", json=body).json()
+    root = chart(client.post(PLAN, json=body))
+    pareto = {point["rank"] for point in answer["pareto"]}
+    split = [plan for plan in answer["plans"] if plan["deployment"] == "disaggregated"]
+    assert split, answer
+    split_on_frontier = [plan for plan in split if plan["rank"] in pareto]
+    split_others = [plan for plan in split if plan["rank"] not in pareto]
+    if split_on_frontier:
+        assert len(markers(group(root, "frontier-disaggregated"))) == len(split_on_frontier)
+        all_text = texts(root)
+        for plan in split_on_frontier:
+            prefill, decode = plan["disaggregation"]["prefill"], plan["disaggregation"]["decode"]
+            assert (f"#{plan['rank']}: {prefill['workers']} x {prefill['gpu']} TP{prefill['tensor_parallel']} "
+                    f"prefill + {decode['workers']} x {decode['gpu']} TP{decode['tensor_parallel']} decode "
+                    f"{plan['weight_dtype']}, ${plan['cost_per_hour_usd']:,.2f}/h") in all_text
+    if split_others:
+        assert len(markers(group(root, "plans-disaggregated"))) == len(split_others)
