@@ -34,6 +34,7 @@ from app.catalog import api as catalog_api
 from app.catalog.service import SpecCache
 from app.charts import api as charts_api
 from app.db import RequestDeadline, make_engine, make_session_factory
+from app.docs import install_docs
 from app.errors import current_request_id, install_error_handlers, problem_response
 from app.estimates import api as estimates_api
 from app.ops import api as ops_api
@@ -237,6 +238,9 @@ def _log_late_failure(task: asyncio.Future[None]) -> None:
 
 # Application -------------------------------------------------------------------------------
 
+def operation_id(route: APIRoute) -> str:
+    return route.name
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
@@ -253,8 +257,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Catalog of accelerators and model architectures (read freely; write with a bearer key) "
                     "and sizing calculations over them. Every error is an RFC 9457 problem+json.",
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url=None,  # served from packaged assets by app.docs, never from a CDN
         redoc_url=None,
+        # Operation ids are the endpoint functions' names (`kv_cache`, `create_quote`): what a
+        # client generated from the spec names its functions, so they are part of the contract.
+        generate_unique_id_function=operation_id,
         openapi_tags=[
             {"name": "gpus", "description": "Accelerator catalog"},
             {"name": "models", "description": "Model-architecture catalog and Hugging Face config import"},
@@ -267,6 +274,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_factory = make_session_factory(engine, info={"spec_cache": SpecCache()})
     app.state.metrics = Metrics()
     install_error_handlers(app)
+    install_docs(app)
     for router in ROUTERS:
         app.include_router(router)
     # For the Allow header of 405 problems (see app.errors).

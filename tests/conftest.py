@@ -8,9 +8,13 @@ Each test that uses `client` or `db_session` starts from the reference catalog e
 from __future__ import annotations
 
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+import uvicorn
 from alembic import command
 from alembic.config import Config
 from fastapi import FastAPI
@@ -24,6 +28,7 @@ from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
 from app.db import MIGRATIONS_DIR
 from app.main import create_app
 from app.settings import Settings
+from scripts.render_charts import chromium
 
 TEST_API_KEY = "test-write-key-0123456789abcdef"
 OTHER_API_KEY = "rotated-write-key-fedcba9876543210"
@@ -104,3 +109,38 @@ def db_session(app: FastAPI, fresh_catalog: None) -> Iterator[Session]:
 @pytest.fixture
 def write_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {TEST_API_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def live_url(app: FastAPI) -> Iterator[str]:
+    """The application served by uvicorn on a loopback port, for clients that speak real HTTP
+    (a browser, curl, a generated client). Tests using it also ask for `fresh_catalog`."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("the live server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        listener.close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> str:
+    """Headless Chromium (Debian's `chromium`). Skipped where missing, except in CI (CI=true), which
+    installs it: there a missing browser means the browser checks silently stopped running."""
+    found = chromium()
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Chromium is not installed; CI must install it (apt-get install -y chromium)")
+        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the browser check did not run")
+    return found

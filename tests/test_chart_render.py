@@ -3,12 +3,11 @@
 The SVG tests (tests/api/test_charts.py) check what the file says; this checks what a browser makes
 of it (fonts, the viewBox scaling, the colours). Chromium is Debian's `chromium` package. Where it is
 missing the test is skipped, except in CI (CI=true), where a missing browser is a failure: CI installs
-it, so its absence there means the check silently stopped running.
+it, so its absence there means the check silently stopped running (the `browser` fixture, tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,23 +15,12 @@ import pytest
 from fastapi.testclient import TestClient
 from matplotlib.image import imread
 
-from scripts.render_charts import EXAMPLES, ChartExample, chromium, svg_to_png
+from scripts.render_charts import EXAMPLES, ChartExample, svg_to_png
 
 # Okabe-Ito colours each chart draws its data in (RGB 0..1): vermillion and blue.
 VERMILLION = (0xD5 / 255, 0x5E / 255, 0x00 / 255)
 BLUE = (0x00 / 255, 0x72 / 255, 0xB2 / 255)
 DATA_COLOURS = {"roofline": (VERMILLION, BLUE), "batch-sweep": (BLUE,), "slo-plan": (VERMILLION,)}
-
-
-@pytest.fixture(scope="module")
-def browser() -> str:
-    found = chromium()
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Chromium is not installed; CI must install it (apt-get install -y chromium)")
-        pytest.skip("Chromium is not installed (Debian: apt-get install chromium); the charts' browser check "
-                    "did not run")
-    return found
 
 
 def pixels_near(image: np.ndarray, colour: tuple[float, float, float], tolerance: float = 0.04) -> int:

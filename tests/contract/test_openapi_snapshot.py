@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi.testclient import TestClient
 
@@ -42,3 +43,16 @@ def test_every_schema_has_an_example() -> None:
     missing = [name for name, schema in schemas.items()
                if "examples" not in schema and "example" not in schema]
     assert missing == []
+
+
+def test_operation_ids_are_short_stable_snake_case_names() -> None:
+    """A client generated from the spec names its functions after these ids: `kv_cache`, not
+    FastAPI's default `kv_cache_v1_kv_cache_post`. Renaming one breaks every generated client."""
+    ids = [operation["operationId"] for operations in served_spec()["paths"].values()
+           for operation in operations.values()]
+    assert len(ids) == len(set(ids))
+    for operation_id in ids:
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", operation_id), operation_id
+        assert "v1" not in operation_id.split("_"), operation_id
+    assert {"kv_cache", "list_gpus", "get_gpu", "put_gpu", "import_model", "create_quote", "get_quote",
+            "slo_plan", "create_calibration", "validate_rows"} <= set(ids)
