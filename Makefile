@@ -3,7 +3,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# `make run` installs the service's own dependencies; the test, lint and load tools only when asked for.
+RUNTIME := $(VENV)/.installed-runtime
+DEV := $(VENV)/.installed-dev
 HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
@@ -14,15 +16,18 @@ PYTEST_ARGS ?=
 .PHONY: run test test-sqlite test-postgres bench openapi lint migrate load-catalog charts accuracy calibrate clean
 
 # Reinstall only when the dependency files change, so a second `make run` starts in seconds.
-$(STAMP): pyproject.toml constraints.txt
+$(RUNTIME): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e .
+	@touch $(RUNTIME)
+
+$(DEV): $(RUNTIME)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
-	@touch $(STAMP)
+	@touch $(DEV)
 
-venv: $(STAMP)
+venv: $(DEV)
 
-migrate: $(STAMP)
+migrate: $(RUNTIME)
 	$(PY) -m alembic upgrade head
 
 load-catalog: migrate
@@ -33,12 +38,12 @@ run: load-catalog
 
 test: test-sqlite test-postgres
 
-test-sqlite: $(STAMP)
+test-sqlite: $(DEV)
 	@echo "== test suite on SQLite =="
 	env -u TEST_DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS)
 
 # A throwaway database on the local server; the suite fails (never skips) if PostgreSQL is unusable.
-test-postgres: $(STAMP)
+test-postgres: $(DEV)
 	@echo "== test suite on PostgreSQL =="
 	@db=sizing_test_$$$$; admin="$(PG_ADMIN_URL)"; \
 	$(PY) scripts/pgdb.py create "$$admin" $$db || exit 1; \
@@ -46,24 +51,24 @@ test-postgres: $(STAMP)
 	TEST_DATABASE_URL="$${url%/*}/$$db" $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	$(PY) scripts/pgdb.py drop "$$admin" $$db; exit $$rc
 
-bench: $(STAMP)
+bench: $(DEV)
 	$(PY) -m app.bench
 
-openapi: $(STAMP)
+openapi: $(RUNTIME)
 	$(PY) scripts/export_openapi.py
 
 # docs/ACCURACY.md: the error of the shipped default profile on the published measurements.
-accuracy: $(STAMP)
+accuracy: $(RUNTIME)
 	$(PY) -m app.validate tests/data/measured-calibration.csv --markdown docs/ACCURACY.md
 
 # Refit the shipped default calibration profile (a few minutes: includes leave-one-source-out).
-calibrate: $(STAMP)
+calibrate: $(RUNTIME)
 	$(PY) -m app.calibrate tests/data/measured-calibration.csv --name default
 
-charts: $(STAMP)
+charts: $(RUNTIME)
 	$(PY) scripts/render_charts.py
 
-lint: $(STAMP)
+lint: $(DEV)
 	$(VENV)/bin/ruff check app tests scripts
 
 clean:
