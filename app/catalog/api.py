@@ -10,7 +10,16 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
 from app.catalog import service as catalog_service
-from app.catalog.schemas import GpuIn, GpuOut, GpuPage, ModelImport, ModelIn, ModelOut, ModelPage
+from app.catalog.schemas import (
+    GpuOut,
+    GpuPage,
+    GpuPut,
+    ModelImport,
+    ModelOut,
+    ModelPage,
+    ModelPut,
+    split_read_only,
+)
 from app.common import SLUG_PATTERN
 from app.errors import Unprocessable, problem_responses
 from app.web import (
@@ -65,12 +74,14 @@ def get_gpu(request: Request, session: SessionDep, slug: SlugPath) -> Response:
                  **problem_responses(401, 403, 409, 412, 413, 422, 503),
                  },
                  )
-def put_gpu(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: GpuIn,
+def put_gpu(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: GpuPut,
             preconditions: PreconditionsDep) -> Response:
     """Create (201 + Location) or replace (200) a row. Send `If-Match: <ETag>` to replace only
-    the version you read (412 otherwise), or `If-None-Match: *` to create only."""
-    stored, created = catalog_service.put(session, catalog_service.GPUS, slug, catalog_service.gpu_columns(slug, body), preconditions,
-                                          written_by=writer.name)
+    the version you read (412 otherwise), or `If-None-Match: *` to create only. The body may be
+    what GET returned, read-only fields included: they must match the stored row (see each field)."""
+    columns = catalog_service.gpu_columns(slug, body)
+    stored, created = catalog_service.put(session, catalog_service.GPUS, slug, columns, preconditions,
+                                          written_by=writer.name, echoed=split_read_only(body)[1])
     if created:
         return json_with_etag(request, stored, status_code=201, headers={"Location": f"{catalog_service.GPUS.path}/{slug}"})
     return json_with_etag(request, stored)
@@ -121,14 +132,15 @@ def get_model(request: Request, session: SessionDep, slug: SlugPath) -> Response
                    **problem_responses(401, 403, 409, 412, 413, 422, 503),
                    },
                    )
-def put_model(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: ModelIn,
+def put_model(request: Request, writer: CatalogWriter, session: SessionDep, slug: SlugPath, body: ModelPut,
               preconditions: PreconditionsDep) -> Response:
     """Create (201 + Location) or replace (200) a row. Send `If-Match: <ETag>` to replace only
-    the version you read (412 otherwise), or `If-None-Match: *` to create only."""
+    the version you read (412 otherwise), or `If-None-Match: *` to create only. The body may be
+    what GET returned, read-only fields included: they must match the stored row (see each field)."""
     _refuse_reserved(slug)
     columns = catalog_service.model_columns(slug, body)
     stored, created = catalog_service.put(session, catalog_service.MODELS, slug, columns, preconditions,
-                                          written_by=writer.name)
+                                          written_by=writer.name, echoed=split_read_only(body)[1])
     if created:
         return json_with_etag(request, stored, status_code=201, headers={"Location": f"{catalog_service.MODELS.path}/{slug}"})
     return json_with_etag(request, stored)

@@ -201,6 +201,44 @@ class GpuOut(GpuIn):
     written_by: str | None = Field(None, description=WRITTEN_BY_DESCRIPTION)
 
 
+# PUT accepts what GET returns: the read-only fields may be sent back (a client edits the row it
+# read and sends it whole). They are checked against the stored row, never written.
+READ_ONLY_FIELDS = ("slug", "origin", "version", "created_at", "updated_at", "written_by", "architecture",
+                    "attention_type")
+_ECHO = "Read-only, as GET returns it: may be sent back unchanged (or omitted); never written."
+# Strictness off for these: a datetime arrives as its JSON string, as GET wrote it.
+EchoedDatetime = Annotated[UtcDatetime | None, Field(None, strict=False, description=_ECHO)]
+
+
+class RowEcho(BaseModel):
+    """The read-only fields of a stored row, optional on input."""
+
+    slug: Slug | None = Field(None, description=_ECHO + " A different slug than the URL's is a 422.")
+    origin: Origin | None = Field(None, description=_ECHO)
+    version: Annotated[int, Field(ge=1)] | None = Field(
+        None, description=_ECHO + " Not the stored version: 412, as a stale If-Match.")
+    created_at: EchoedDatetime
+    updated_at: EchoedDatetime
+    written_by: str | None = Field(None, max_length=200, description=_ECHO)
+
+
+class GpuPut(GpuIn, RowEcho):
+    """The body of PUT /v1/gpus/{slug}: a GPU as written, or as read with GET."""
+
+
+class ModelPut(ModelIn, RowEcho):
+    """The body of PUT /v1/models/{slug}: a model as written, or as read with GET."""
+
+    architecture: Literal["dense", "moe"] | None = Field(None, description=_ECHO + " Derived from the architecture.")
+    attention_type: Literal["mha", "mqa", "gqa", "mla"] | None = Field(None, description=_ECHO)
+
+
+def split_read_only(body: BaseModel) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the writable fields, the read-only fields the client sent back)."""
+    echoed = body.model_dump(include=set(READ_ONLY_FIELDS), exclude_none=True)
+    return body.model_dump(exclude=set(READ_ONLY_FIELDS)), echoed
+
+
 class GpuPage(Page[GpuOut]):
     model_config = _examples({"items": [GPU_OUT_EXAMPLE], "total": 34, "limit": 50, "offset": 0})
 

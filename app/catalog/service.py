@@ -35,6 +35,7 @@ from app.catalog.schemas import (
     ModelOut,
     gpu_spec_from_schema,
     model_spec_from_schema,
+    split_read_only,
 )
 from app.catalog.tables import ORIGIN_USER, GpuRecord, ModelRecord
 from app.errors import Conflict, NotFound, PreconditionFailed, Unprocessable, json_pointer
@@ -164,20 +165,23 @@ def model_filters(architecture: str | None, attention: str | None) -> list[Colum
 
 def gpu_columns(slug: str, body: GpuIn) -> dict[str, Any]:
     gpu_spec_from_schema(body, pointer="/body", slug=slug)  # cross-field invariants -> 422
-    return body.model_dump()
+    return split_read_only(body)[0]
 
 
 def model_columns(slug: str, body: ModelIn, pointer: str = "/body") -> dict[str, Any]:
     spec = model_spec_from_schema(body, pointer=pointer, slug=slug, name=body.name)
-    return {**body.model_dump(), "architecture": architecture_kind(spec), "attention_type": attention_kind(spec)}
+    return {**split_read_only(body)[0], "architecture": architecture_kind(spec), "attention_type": attention_kind(spec)}
 
 
 def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str, Any],
-        preconditions: Preconditions, *, written_by: str) -> tuple[OutT, bool]:
+        preconditions: Preconditions, *, written_by: str,
+        echoed: dict[str, Any] | None = None) -> tuple[OutT, bool]:
     """Create or replace a row (origin 'user') on behalf of the key named `written_by`; returns the
-    stored row and whether it was created."""
+    stored row and whether it was created. `echoed`: read-only fields sent back with the body (see
+    `check_echoed`)."""
     record = repository.get(session, kind.record, slug)
     preconditions.check(None if record is None else etag_of(kind.to_out(record)))
+    check_echoed(kind, slug, None if record is None else kind.to_out(record), echoed or {})
     now = datetime.now(UTC)
     created = record is None
     if record is None:
@@ -194,6 +198,33 @@ def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str,
     _flush_or_conflict(session, kind, slug)
     repository.bump_catalog_revision(session)
     return kind.to_out(record), created
+
+
+def check_echoed(kind: CatalogKind[OutT], slug: str, stored: OutT | None, echoed: dict[str, Any]) -> None:
+    """A body that GET returned may be PUT back: its read-only fields must describe the stored row.
+    Another slug is a 422; another version a 412 (the row changed since it was read, as with a stale
+    If-Match); any other read-only field that differs from the stored row a 422."""
+    if "slug" in echoed and echoed["slug"] != slug:
+        raise Unprocessable(
+            f"The body is the {kind.name} {echoed['slug']!r} but the URL names {slug!r}",
+            errors=[("/body/slug", f"must be {slug!r} (the URL's slug) or omitted; omit it to copy a row")])
+    if "version" in echoed:
+        if stored is None:
+            raise PreconditionFailed(f"The body is version {echoed['version']} of {slug!r}, which does not exist; "
+                                     "omit version to create it")
+        if echoed["version"] != stored.version:
+            raise PreconditionFailed(f"The body is version {echoed['version']} of {slug!r} but the stored row is "
+                                     f"version {stored.version}; GET it again and reapply your change")
+    if stored is None:
+        return  # nothing to compare the rest with: a new row has its own origin and timestamps
+    differing = [name for name, value in echoed.items()
+                 if name not in ("slug", "version") and getattr(stored, name) != value]
+    if differing:
+        stored_json = stored.model_dump(mode="json", include=set(differing))
+        raise Unprocessable(
+            f"Read-only fields differ from the stored {kind.name}: {', '.join(differing)}",
+            errors=[(f"/body/{name}", f"read-only: send the stored value {stored_json[name]} or omit it")
+                    for name in differing])
 
 
 def delete(session: Session, kind: CatalogKind[Any], slug: str, preconditions: Preconditions) -> None:
