@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from http import HTTPStatus
@@ -114,8 +115,20 @@ async def _service_error(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, exc.status, exc.detail, errors=exc.errors, headers=exc.headers)
 
 
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.split(";")[0].strip().lower()
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type) and any(tuple(error.get("loc", ())) == ("body",) for error in exc.errors()):
+        # FastAPI reads a body without a JSON content type as no object at all; say what to send.
+        sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+        return problem_response(request, 422, f"Send the body as JSON with Content-Type: application/json "
+                                              f"(this request had {sent})",
+                                errors=[("/header/content-type", "must be application/json")])
     errors = []
     for error in exc.errors():
         location = error.get("loc", ())
@@ -145,7 +158,15 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
                                 errors=[("/body", str(exc.detail))], headers=headers)
     if status == 405:
         headers["Allow"] = ", ".join(_allowed_methods(request))
+    if status == 404 and (repository_id := _CATALOG_PATH_WITH_REPOSITORY_ID.match(request.url.path)):
+        detail = (f"No such resource: {repository_id['id']!r} looks like a Hugging Face repository id, and catalog "
+                  f"slugs have no '/'. GET /{repository_id['kind']} lists each row's slug"
+                  + (" and hf_id; import a model's config.json with POST /v1/models/import?slug=..."
+                     if repository_id["kind"] == "v1/models" else ""))
     return problem_response(request, status, detail, headers=headers)
+
+
+_CATALOG_PATH_WITH_REPOSITORY_ID = re.compile(r"^/(?P<kind>v1/models|v1/gpus)/(?P<id>[^/]+/[^/]+)/?$")
 
 
 def _allowed_methods(request: Request) -> list[str]:

@@ -250,6 +250,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     configure_logging(settings.log_level)
+    if not settings.api_keys:
+        logging.getLogger("app").warning("API_KEYS is not set: every operation that needs a key (writes; reads "
+                                         "too when OPEN_READS is false) is refused with 401")
     app = FastAPI(
         title="LLM inference sizing service",
         version=VERSION,

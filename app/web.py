@@ -75,6 +75,10 @@ BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bear
 def authenticate(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str) -> ApiKey:
     """The configured key presented as `Authorization: Bearer <key>` (several are valid at once, for
     rotation), if it has `scope`: 401 without a known key, 403 when the key lacks the scope."""
+    if not request.app.state.settings.api_keys:
+        raise Unauthorized(f"This operation needs an API key with the {scope} scope, and this server was "
+                           "started without API_KEYS: it refuses every operation that needs a key",
+                           headers={"WWW-Authenticate": _CHALLENGE})
     if credentials is None:
         raise Unauthorized(f"This operation needs an API key with the {scope} scope "
                            "(Authorization: Bearer <key>)", headers={"WWW-Authenticate": _CHALLENGE})

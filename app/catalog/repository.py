@@ -42,6 +42,10 @@ def all_rows(session: Session, record_class: type[R]) -> list[R]:
     return list(session.scalars(select(record_class).order_by(_by_slug(session, record_class))))
 
 
+def all_slugs(session: Session, record_class: type[R]) -> list[str]:
+    return list(session.scalars(select(record_class.slug)))
+
+
 def catalog_revision(session: Session) -> int:
     return session.scalar(select(CatalogRevision.revision).where(CatalogRevision.id == CATALOG_REVISION_ID)) or 0
 

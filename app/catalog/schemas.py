@@ -7,14 +7,15 @@ bound every number to physical sense. Architecture fields use Hugging Face `conf
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from app.catalog.reference import gpu_spec_from_record, model_spec_from_record
+from app.catalog.reference import gpu_spec_from_record, model_spec_from_record, reference_model_rows
 from app.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug
 from app.errors import Unprocessable
 from app.sizing.specs import BITS_PER_VALUE, LAYER_TYPES, GpuSpec, ModelSpec
@@ -76,6 +77,28 @@ GPU_IN_EXAMPLE = {
     "source": "NVIDIA H100 datasheet", "notes": "Dense = datasheet sparse/2.",
 }
 GPU_OUT_EXAMPLE = {**GPU_IN_EXAMPLE, "slug": "h100-sxm", **ROW_EXAMPLE}
+
+
+def _not_a_repository_id(value: object) -> object:
+    """A model slug that is a Hugging Face repository id ("org/name") gets a message saying where the
+    catalog slug is, or how to import the model, instead of a bare pattern mismatch."""
+    if not (isinstance(value, str) and value.count("/") == 1 and len(value) <= 200):
+        return value
+    suggested = re.sub(r"[^a-z0-9._-]+", "-", value.split("/")[1].lower()).strip("-._")[:64] or "my-model"
+    rows = reference_model_rows()
+    for row in rows:
+        if row["hf_id"].lower() == value.lower():
+            raise ValueError(f"{value!r} is a Hugging Face repository id; its catalog slug is {row['slug']!r}")
+    for row in rows:
+        if row["slug"] == suggested:
+            raise ValueError(f"{value!r} is a Hugging Face repository id, not a catalog slug; the catalog's "
+                             f"{suggested!r} is {row['hf_id']!r}")
+    raise ValueError(f"{value!r} is a Hugging Face repository id, not a catalog slug. GET /v1/models lists "
+                     f"each model's hf_id; a model not in the catalog can be imported from its config.json "
+                     f"with POST /v1/models/import?slug={suggested} (or sized inline with model_spec)")
+
+
+ModelSlug = Annotated[Slug, BeforeValidator(_not_a_repository_id)]
 
 
 def _examples(example: dict[str, Any]) -> ConfigDict:

@@ -6,6 +6,7 @@ slug raises `NotFound` (a 404 problem).
 
 from __future__ import annotations
 
+import difflib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,16 +85,16 @@ def _cached(session: Session, key: tuple[str, str], build: Any) -> Any:
     return spec
 
 
-def get_model_spec(session: Session, slug: str) -> ModelSpec:
+def get_model_spec(session: Session, slug: str, pointer: str = "/body/model") -> ModelSpec:
     def build() -> ModelSpec:
-        return model_spec_from_record(_record_or_404(session, MODELS, slug))
+        return model_spec_from_record(_record_or_404(session, MODELS, slug, pointer))
 
     return _cached(session, ("model", slug), build)
 
 
-def get_gpu_spec(session: Session, slug: str) -> GpuSpec:
+def get_gpu_spec(session: Session, slug: str, pointer: str = "/body/gpu") -> GpuSpec:
     def build() -> GpuSpec:
-        return gpu_spec_from_record(_record_or_404(session, GPUS, slug))
+        return gpu_spec_from_record(_record_or_404(session, GPUS, slug, pointer))
 
     return _cached(session, ("gpu", slug), build)
 
@@ -128,15 +129,25 @@ GPUS = CatalogKind("gpu", GpuRecord, GpuOut, "/v1/gpus")
 MODELS = CatalogKind("model", ModelRecord, ModelOut, "/v1/models")
 
 
-def _record_or_404(session: Session, kind: CatalogKind[Any], slug: str) -> Any:
+def _record_or_404(session: Session, kind: CatalogKind[Any], slug: str, pointer: str = "/path/slug") -> Any:
+    """The row, or a 404 naming the input (`pointer`) and the closest slugs the catalog has."""
     record = repository.get(session, kind.record, slug)
     if record is None:
-        raise NotFound(f"No {kind.name} with slug {slug!r} in the catalog")
+        close = closest_slugs(slug, repository.all_slugs(session, kind.record))
+        hint = (f"did you mean {', '.join(map(repr, close))}?" if close
+                else f"no slug is close; GET {kind.path} lists them all")
+        raise NotFound(f"No {kind.name} with slug {slug!r} in the catalog; {hint}",
+                       errors=[(pointer, f"unknown {kind.name}; {hint}")])
     return record
 
 
-def read_one(session: Session, kind: CatalogKind[OutT], slug: str) -> OutT:
-    return kind.to_out(_record_or_404(session, kind, slug))
+def closest_slugs(slug: str, known: Sequence[str], limit: int = 3) -> list[str]:
+    """Up to `limit` known slugs most like `slug` (typos, dots for dashes, a missing version)."""
+    return difflib.get_close_matches(slug, known, n=limit, cutoff=0.6)
+
+
+def read_one(session: Session, kind: CatalogKind[OutT], slug: str, pointer: str = "/path/slug") -> OutT:
+    return kind.to_out(_record_or_404(session, kind, slug, pointer))
 
 
 def read_page(session: Session, kind: CatalogKind[OutT], filters: Sequence[ColumnElement[bool]],

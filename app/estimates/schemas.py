@@ -29,6 +29,7 @@ from app.catalog.schemas import (
     MODEL_ARCHITECTURE_EXAMPLE,
     GpuSpecIn,
     ModelArchitecture,
+    ModelSlug,
 )
 from app.common import SLUG_PATTERN, Slug
 from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES
@@ -78,7 +79,7 @@ class ModelRef(BaseModel):
 
     model_config = INPUT_CONFIG
 
-    model: Slug | None = Field(None, description="Catalog slug of the model (or give model_spec)",
+    model: ModelSlug | None = Field(None, description="Catalog slug of the model (or give model_spec)",
                                examples=["llama-3-70b"])
     model_spec: ModelArchitecture | None = Field(
         None, validate_default=True,

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn
+from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, ModelSlug
 from app.common import Slug
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
@@ -241,7 +241,7 @@ class SpeculativeIn(BaseModel):
     model_config = INPUT_CONFIG | _examples({"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4},
                                             {"acceptance_rate": 0.5, "draft_tokens": 3})
 
-    draft_model: Slug | None = Field(None, description="Catalog slug of the draft model; null = n-gram drafting")
+    draft_model: ModelSlug | None = Field(None, description="Catalog slug of the draft model; null = n-gram drafting")
     acceptance_rate: Annotated[float, Field(ge=0, le=1)] = Field(description="Per drafted token")
     draft_tokens: Annotated[int, Field(ge=1, le=16)] = Field(description="Tokens proposed per step (k)")
 

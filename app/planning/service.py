@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
 from app.calibration.profiles import profile_snapshot
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
-from app.errors import Unprocessable
+from app.errors import NotFound, Unprocessable
 from app.estimates.inputs import INLINE_GPU_LABEL, INLINE_MODEL_LABEL, default_kv_dtype, efficiency_out
 from app.planning.schemas import (
     CandidatesIn,
@@ -115,6 +115,18 @@ class DatabaseSources:
         return profile
 
 
+T = TypeVar("T")
+
+
+def at_pointer(pointer: str, lookup: Callable[[str], T], slug: str) -> T:
+    """`lookup(slug)`, its 404 pointing at where the request named the slug."""
+    try:
+        return lookup(slug)
+    except NotFound as exc:
+        raise NotFound(exc.detail, errors=[(pointer, message) for _, message in exc.errors]
+                       or [(pointer, exc.detail)]) from None
+
+
 def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | None = None) -> SloPlanResponse:
     """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`), over the
     catalog and profiles of `sources` (default: the database of `session`)."""
@@ -131,7 +143,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         gpus = sources.all_gpus()
         defaults.append(f"gpus = every catalog GPU ({len(gpus)})")
     else:
-        gpus = [sources.gpu(slug) for slug in dict.fromkeys(candidates.gpus)]
+        gpus = [at_pointer(f"/body/candidates/gpus/{candidates.gpus.index(slug)}", sources.gpu, slug)
+                for slug in dict.fromkeys(candidates.gpus)]
     if candidates.gpus == [] and not candidates.gpu_specs:
         raise Unprocessable("no candidate GPUs: list catalog gpus, give gpu_specs, or leave gpus null (every "
                             "catalog GPU)", errors=[("/body/candidates/gpus", "no candidate GPUs")])
@@ -314,7 +327,7 @@ def _plan_speculation(sources: PlanSources, speculative: SpeculativeIn | None,
                                has_draft_model=speculative.draft_model is not None)
     if speculative.draft_model is None:
         return spec, None, None
-    draft_model, draft_id = sources.model(speculative.draft_model)
+    draft_model, draft_id = at_pointer("/body/speculative/draft_model", sources.model, speculative.draft_model)
     draft_dtype = draft_model.dtype if draft_model.dtype in WEIGHT_DTYPES else "bf16"
     return spec, plan_core.DraftModel(draft_model, draft_dtype), draft_id
 
