@@ -68,6 +68,18 @@ def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel:
             errors=[("/body/pipeline_parallel", f"must be at most num_hidden_layers ({layers})")])
 
 
+def sequence_warnings(model: ModelSpec, sequence_tokens: int, what: str) -> list[str]:
+    """A warning when a sequence is longer than the model's positions. vLLM's max_model_len defaults
+    to max_position_embeddings and refuses more (unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set; vLLM
+    config `_get_and_verify_max_len`); the arithmetic itself still holds."""
+    limit = model.max_position_embeddings
+    if sequence_tokens <= limit:
+        return []
+    return [(f"{what} is {sequence_tokens:,} tokens, beyond the model's max_position_embeddings ({limit:,}): "
+             f"serving engines refuse such sequences (vLLM's max_model_len stops at {limit:,}) and the model was "
+             "not trained on them; the figures extrapolate the formulas")]
+
+
 def default_kv_dtype(model: ModelSpec) -> tuple[str, str]:
     """The KV dtype engines use unless told otherwise ("auto": the model's 16-bit dtype), and why.
 

@@ -286,6 +286,9 @@ class KvCacheResponse(BaseModel):
         description="What the same model would cache with one K and one V head per query head (unpaged)")
     mha_saving_ratio: float = Field(description="Fraction of the MHA-equivalent size that GQA/MQA/MLA saves")
     curve: KvCurve | None = Field(description="Windowed models only: bytes against context (no single slope)")
+    warnings: list[str] = Field(default_factory=list, description=(
+        "Inputs beyond what the model or a serving engine supports, e.g. a sequence longer than the model's "
+        "max_position_embeddings; the figures still follow the formulas"))
     assumptions: KvAssumptions
     calculation_version: str
 
@@ -427,6 +430,9 @@ class RooflineResponse(BaseModel):
     expected_tokens_per_s: float
     operators: list[OperatorOut]
     attention_traffic: AttentionTraffic
+    warnings: list[str] = Field(default_factory=list, description=(
+        "Inputs beyond what the model or a serving engine supports, e.g. a sequence longer than the model's "
+        "max_position_embeddings; the figures still follow the formulas"))
     assumptions: RooflineAssumptions
     calculation_version: str
 
@@ -503,6 +509,9 @@ class BatchSweepResponse(BaseModel):
     knee_batch_size: int | None = Field(
         description="Smallest batch whose ideal decode step is compute-bound (analytic); null = never")
     knee_explanation: str
+    warnings: list[str] = Field(default_factory=list, description=(
+        "Inputs beyond what the model or a serving engine supports, e.g. a sequence longer than the model's "
+        "max_position_embeddings; the figures still follow the formulas"))
     assumptions: RooflineAssumptions
     calculation_version: str
 

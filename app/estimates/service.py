@@ -33,6 +33,7 @@ from app.estimates.inputs import (
     resolve_gpu,
     resolve_model,
     resolve_precisions,
+    sequence_warnings,
 )
 from app.estimates.schemas import (
     DEFAULT_SWEEP_BATCH_SIZES,
@@ -134,6 +135,7 @@ def kv_cache(session: Session, request: KvCacheRequest) -> KvCacheResponse:
         mha_equivalent_bytes_per_sequence=mha_equivalent,
         mha_saving_ratio=1 - unpaged.bytes_per_sequence / mha_equivalent,
         curve=curve,
+        warnings=sequence_warnings(model, context, "context_tokens"),
         assumptions=KvAssumptions(kv_dtype=kv_dtype, kv_dtype_source=kv_source, formulas=list(KV_FORMULAS),
                                   defaults_used=defaults),
         calculation_version=CALCULATION_VERSION,
@@ -276,6 +278,8 @@ def roofline_step(session: Session, request: RooflineRequest) -> RooflineRespons
                                            score_matrix_bytes=naive_bytes - flash_bytes,
                                            naive_to_flash_ratio=naive_bytes / flash_bytes,
                                            note=ATTENTION_TRAFFIC_NOTE),
+        warnings=sequence_warnings(model, cached + new_tokens, "The sequence (context_tokens + this step's "
+                                                              "new tokens)"),
         assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults),
         calculation_version=CALCULATION_VERSION,
     )
@@ -364,6 +368,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
         model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp,
         compute_dtype=precisions.compute_dtype, ridge_point=ridge_point(gpu, precisions.compute_dtype),
         points=points, knee_batch_size=sweep.knee_batch_size, knee_explanation=explanation,
+        warnings=sequence_warnings(model, context + 1, "The sequence (context_tokens + the decoded token)"),
         assumptions=_roofline_assumptions(precisions, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA),
                                           defaults),
         calculation_version=CALCULATION_VERSION,

@@ -87,3 +87,31 @@ def test_without_api_keys_the_401_and_the_start_up_log_say_writes_are_off(
         response = client.put("/v1/gpus/h100-sxm", json={}, headers={"Authorization": f"Bearer {TEST_API_KEY}"})
     problem = assert_problem(response, 401)
     assert "started without API_KEYS" in problem["detail"]
+
+
+# llama-3-8b: max_position_embeddings 8,192 (Meta-Llama-3-8B config.json).
+@pytest.mark.parametrize(("path", "body", "tokens"), [
+    ("/v1/kv-cache", {"model": "llama-3-8b", "context_tokens": 10_000_000}, "10,000,000"),
+    # prefill: 8,000 cached + 500 new = 8,500 positions
+    ("/v1/roofline", {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "prefill", "context_tokens": 8000,
+                      "prompt_tokens": 500}, "8,500"),
+    # decode: 8,192 cached + the decoded token = 8,193 positions, one too many
+    ("/v1/roofline", {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "context_tokens": 8192}, "8,193"),
+    ("/v1/roofline/batch-sweep", {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 8192}, "8,193"),
+])
+def test_a_sequence_beyond_the_models_positions_is_answered_with_a_warning(
+        client: TestClient, path: str, body: dict[str, Any], tokens: str) -> None:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    [warning] = response.json()["warnings"]
+    assert f"{tokens} tokens" in warning and "max_position_embeddings (8,192)" in warning
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/kv-cache", {"model": "llama-3-8b", "context_tokens": 8192}),
+    ("/v1/roofline", {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "context_tokens": 8191}),
+    ("/v1/roofline/batch-sweep", {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 8191}),
+])
+def test_a_sequence_within_the_models_positions_has_no_warning(client: TestClient, path: str,
+                                                               body: dict[str, Any]) -> None:
+    assert client.post(path, json=body).json()["warnings"] == []
