@@ -21,7 +21,7 @@ from matplotlib.axis import Axis
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from sqlalchemy.orm import Session
 
 from app.errors import Unprocessable
@@ -272,10 +272,11 @@ def draw_slo_plan(plan: SloPlanResponse, metric: PlanMetric) -> bytes:
                                     linestyle="none", marker=marker, markersize=6, color=color, label=label)
                 points.set_gid("plans" if kind == "aggregated" else "plans-disaggregated")
         if frontier:
-            # Joined in latency order; the frontier is the plan's own (cost against E2E), not refitted here.
+            # Joined in latency order; the frontier is the plan's own (cost against E2E), not refitted
+            # here, so the legend says so: on this axis the points are at their TTFT or TPOT.
             (line,) = ax.plot([ms for _, ms in frontier], [p.cost_per_hour_usd for p, _ in frontier],
                               color=VERMILLION, marker="D", markersize=8, linewidth=1.5,
-                              label="Pareto frontier (cost against E2E)")
+                              label=f"Pareto (cost vs E2E) at their {metric_name}")
             line.set_gid("frontier")
             split = [(p, ms) for p, ms in frontier if p.deployment == "disaggregated"]
             if split:  # frontier plans with separate prefill and decode pools, ringed
@@ -292,7 +293,8 @@ def draw_slo_plan(plan: SloPlanResponse, metric: PlanMetric) -> bytes:
                    label=f"SLO: {percentile} {metric_name} {target_ms:,g} ms").set_gid("slo-line")
         ax.set_xlim(0, x_high)
         ax.set_ylim(0, max((p.cost_per_hour_usd for p, _ in plotted), default=1.0) * 1.25)
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"${value:,.0f}"))
+        round_ticks(ax.xaxis)
+        round_ticks(ax.yaxis, prefix="$")
         notes = []
         if not plan.feasible:
             notes.append(f"No plan meets the SLO ({len(plan.infeasible):,} configurations infeasible; "
@@ -358,6 +360,19 @@ def _number(value: float) -> str:
         return f"{value:g}"
     decimals = max(0, 2 - math.floor(math.log10(abs(value))))
     return f"{value:,.{decimals}f}"
+
+
+def round_ticks(axis: Axis, prefix: str = "") -> None:
+    """Ticks 1, 2 or 5 x 10^k apart (matplotlib's default also steps by 2.5), labelled with their exact
+    value: 2.5 never reads as $2."""
+    axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 5, 10]))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: prefix + tick_label(value)))
+
+
+def tick_label(value: float) -> str:
+    """A tick value exactly, with thousands separators and no trailing zeros: 1,500, 2.5, 0.05."""
+    text = f"{value:,.6f}".rstrip("0").rstrip(".")
+    return "0" if text in ("", "-0") else text
 
 
 def _plain_log_ticks(axis: Axis) -> None:

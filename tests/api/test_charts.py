@@ -11,6 +11,7 @@ arithmetic): catalog peak 989.5e12 dense bf16 FLOP/s (the datasheet's 1,979 "wit
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -23,8 +24,11 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from matplotlib.backends.backend_svg import FigureCanvasSVG
+from matplotlib.figure import Figure
 
 from app.catalog.schemas import GPU_SPEC_EXAMPLE
+from app.charts.service import round_ticks, tick_label
 from tests.api.problems import assert_problem
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -396,12 +400,49 @@ def test_slo_plan_chart_highlights_the_frontier(client: TestClient, plan_answer:
         assert lowest_on_frontier >= max(y for _, y in markers(group(root, "plans")))
     gpus = ", ".join(sorted({plan["gpu"] for plan in plan_answer["plans"]}))
     assert any(text.startswith(f"GPUs {gpus}; weights ") for text in all_text), all_text
+    # The frontier is the plan's (cost against E2E), drawn on this chart's TPOT axis: the legend says both.
+    assert "Pareto (cost vs E2E) at their TPOT" in all_text
+    dollar_ticks = [float(text[1:].replace(",", "")) for text in all_text if re.fullmatch(r"\$[\d,.]+", text)]
+    assert_round_ticks(dollar_ticks)
+
+
+def assert_round_ticks(ticks: list[float]) -> None:
+    """At least three ticks, evenly spaced by 1, 2 or 5 x 10^k (not 2.5), each labelled exactly."""
+    assert len(ticks) >= 3, ticks
+    steps = {round(b - a, 9) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1, ticks
+    mantissa = steps.pop() / 10 ** math.floor(math.log10(ticks[1] - ticks[0]))
+    assert round(mantissa, 9) in (1, 2, 5), ticks
+
+
+@pytest.mark.parametrize(("value", "label"), [
+    (2.5, "2.5"), (2.0, "2"), (1500.0, "1,500"), (0.05, "0.05"), (-0.0, "0"), (12.5, "12.5"),
+])
+def test_tick_labels_are_the_exact_values(value: float, label: str) -> None:
+    assert tick_label(value) == label
+
+
+@pytest.mark.parametrize("limits", [(0, 18.3), (0, 2.9), (0, 9.4), (0, 1.37), (0, 4_800), (0, 0.071)])
+def test_round_ticks_step_by_one_two_or_five(limits: tuple[float, float]) -> None:
+    """matplotlib's default locator steps 0..18.3 by 2.5 (0, 2.5, 5, 7.5, ...), which "${x:,.0f}"
+    printed as $0, $2, $5, $8; and 0..2.9 by 0.5, printed $0, $0, $1, $2. These axes step by 1, 2 or
+    5 x 10^k only, and print 0.5 as 0.5."""
+    figure = Figure(figsize=(8, 5))
+    axes = figure.add_subplot()
+    axes.set_ylim(*limits)
+    round_ticks(axes.yaxis, prefix="$")
+    FigureCanvasSVG(figure).draw()
+    ticks = [tick for tick in axes.get_yticks() if limits[0] <= tick <= limits[1]]
+    assert_round_ticks(ticks)
+    labels = [label.get_text() for label in axes.get_yticklabels() if label.get_text()]
+    assert labels[:len(ticks)] == [f"${tick_label(tick)}" for tick in ticks]
 
 
 def test_slo_plan_chart_against_ttft(client: TestClient) -> None:
     root = chart(client.post(f"{PLAN}?metric=ttft", json=PLAN_BODY))
     assert "TTFT at p95 (ms)" in texts(root)
     assert "SLO: p95 TTFT 1,000 ms" in texts(root)
+    assert "Pareto (cost vs E2E) at their TTFT" in texts(root)
 
 
 def test_slo_plan_chart_from_query_parameters_is_the_post_chart(client: TestClient) -> None:
