@@ -1,6 +1,6 @@
 """The validator and calibration commands on a sample of real published rows.
 
-tests/data/calibration-sample.csv holds 35 rows copied unchanged from measured-calibration.csv: TensorRT-LLM
+examples/calibration-sample.csv holds 35 rows copied unchanged from measured-calibration.csv: TensorRT-LLM
 0.9 static batches and batch-1 first-token latencies, TensorRT-LLM 0.17 offline and Poisson-load rows,
 gpt-fast batch-1 and LMDeploy static rows, and two vLLM rows from a dataset (ShareGPT) without fixed
 lengths, which must be skipped.
@@ -20,7 +20,7 @@ from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.service import ReferenceCatalog, RowsInvalid, observed_rows, rows_from_csv, validate
 
 DATA = Path(__file__).parent / "data"
-SAMPLE = DATA / "calibration-sample.csv"
+SAMPLE = Path(__file__).parents[1] / "examples" / "calibration-sample.csv"
 DATASET_ROWS = {"LAMBDA_VLLM_054-1399", "LAMBDA_VLLM_054-1400"}
 
 

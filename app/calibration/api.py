@@ -16,7 +16,6 @@ from starlette.responses import Response
 from app.calibration import service as calibration
 from app.calibration.schemas import (
     CSV_UPLOAD_DESCRIPTION,
-    MAX_UPLOAD_ROWS,
     CalibrationRequest,
     CalibrationResponse,
     ProfileList,
@@ -54,8 +53,9 @@ def _inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
 def _body_docs(model: type[BaseModel], form_fields: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
     """OpenAPI request body: the JSON model, or a multipart form with the CSV file."""
     example = model.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
+    csv_description = CSV_UPLOAD_DESCRIPTION.format(rows=model.max_rows)  # type: ignore[attr-defined]
     form = {"type": "object", "required": ["file", *required],
-            "properties": {"file": {"type": "string", "format": "binary", "description": CSV_UPLOAD_DESCRIPTION},
+            "properties": {"file": {"type": "string", "format": "binary", "description": csv_description},
                            **form_fields}}
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": _inline_refs(model.model_json_schema()), "example": example},
@@ -87,7 +87,7 @@ async def _read_upload(request: Request, model: type[Upload], form_fields: tuple
         raise Unprocessable("the form needs a `file` part with the CSV", errors=[("/body/file", "missing CSV file")])
     try:
         text = (await upload.read()).decode("utf-8-sig")
-        rows = calibration.rows_from_csv(text, pointer="/body/file", max_rows=MAX_UPLOAD_ROWS)
+        rows = calibration.rows_from_csv(text, pointer="/body/file", max_rows=model.max_rows)
     except UnicodeDecodeError:
         raise Unprocessable("the CSV is not UTF-8 text", errors=[("/body/file", "not UTF-8")]) from None
     except calibration.RowsInvalid as exc:

@@ -8,7 +8,7 @@ missing value, "128" is 128) before the same bounds apply. Percent errors are `a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,12 +17,26 @@ from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import ComputeCurvePoint, ComputeDtype, KvDtype, WeightDtype
 from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 
-# Uploads: each row can mean a simulation, so a request carries a bounded number of them.
-MAX_UPLOAD_ROWS = 200
+# Uploads: each row can mean a simulation, so a request carries a bounded amount of work, sized to
+# finish well inside REQUEST_TIMEOUT_S (30 s). Measured on a 2-vCPU machine shared with other work:
+# validating the whole shipped tests/data/measured-calibration.csv (1,263 rows, 573 distinct simulated
+# runs) took 8 s; fitting a profile to it 29 s, to a 150-row sample of it 7 s.
+MAX_VALIDATE_ROWS = 2000
+MAX_VALIDATE_SIMULATED_RUNS = 1000
+MAX_CALIBRATE_ROWS = 500
+MAX_CALIBRATE_SIMULATED_RUNS = 250
 CSV_UPLOAD_DESCRIPTION = (
-    f"CSV with a header row in the measured-calibration.csv schema (at most {MAX_UPLOAD_ROWS} rows); required "
+    "CSV with a header row in the measured-calibration.csv schema (at most {rows:,} rows); required "
     "columns: row_id, model, gpu, num_gpus, weight_dtype, engine, scenario, metric, value. Empty cells are "
     "missing values; extra columns are ignored.")
+
+
+def upload_limits(rows: int, simulated_runs: int) -> str:
+    """The limits of one upload, in words (OpenAPI descriptions and the README say the same)."""
+    return (f"At most {rows:,} rows and {simulated_runs:,} distinct simulated runs (rows of offline, closed-loop "
+            "or Poisson scenarios, one run per model, GPU and load) per request, and a body of at most 1 MiB "
+            "(a CSV upload is about 380 bytes a row).")
+
 
 Engine = Literal[ENGINES]  # type: ignore[valid-type]
 Scenario = Literal[SCENARIOS]  # type: ignore[valid-type]
@@ -89,7 +103,6 @@ class MeasurementRowIn(BaseModel):
     notes: LongText = ""
 
 
-Rows = Annotated[list[MeasurementRowIn], Field(min_length=1, max_length=MAX_UPLOAD_ROWS)]
 
 
 class ValidationRequest(BaseModel):
@@ -97,12 +110,19 @@ class ValidationRequest(BaseModel):
 
     model_config = INPUT_CONFIG | _examples({"calibration": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
 
+    max_rows: ClassVar[int] = MAX_VALIDATE_ROWS
+    max_simulated_runs: ClassVar[int] = MAX_VALIDATE_SIMULATED_RUNS
+
     calibration: ProfileName | None = Field(None, description="Profile to validate; null = the default profile")
-    rows: Rows
+    rows: list[MeasurementRowIn] = Field(min_length=1, max_length=MAX_VALIDATE_ROWS,
+                                         description=upload_limits(MAX_VALIDATE_ROWS, MAX_VALIDATE_SIMULATED_RUNS))
 
 
 class CalibrationRequest(BaseModel):
     """Measurements of your engine and hardware, to fit a named profile from."""
+
+    max_rows: ClassVar[int] = MAX_CALIBRATE_ROWS
+    max_simulated_runs: ClassVar[int] = MAX_CALIBRATE_SIMULATED_RUNS
 
     model_config = INPUT_CONFIG | _examples({
         "name": "my-trtllm-h100", "description": "Our TensorRT-LLM 0.17 runs on the H100 cluster",
@@ -113,7 +133,8 @@ class CalibrationRequest(BaseModel):
     base_profile: ProfileName | None = Field(
         None, description="Profile the fit starts from and falls back to for what the rows do not cover; "
                           "null = the default profile")
-    rows: Rows
+    rows: list[MeasurementRowIn] = Field(min_length=1, max_length=MAX_CALIBRATE_ROWS,
+                                         description=upload_limits(MAX_CALIBRATE_ROWS, MAX_CALIBRATE_SIMULATED_RUNS))
 
 
 # Error reports -------------------------------------------------------------------------------

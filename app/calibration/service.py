@@ -538,22 +538,20 @@ def _pct(value: float | None) -> str:
 
 # The API --------------------------------------------------------------------------------------
 
-# Distinct simulated runs one upload may need (a Poisson run is simulated for each profile it is
-# predicted under): keeps a request within seconds, far below the service's request timeout.
-MAX_SIMULATED_RUNS_PER_UPLOAD = 25
 # Fit effort for uploads (the command-line fit allows fit.DEFAULT_EVALUATIONS per entry).
 UPLOAD_FIT_EVALUATIONS = 80
 
 
-def check_upload_work(rows: Sequence[ObservedRow]) -> None:
-    """422 when the rows would need more simulations than one request may run."""
+def check_upload_work(rows: Sequence[ObservedRow], limit: int, offline_command: str) -> None:
+    """422 when the rows would need more distinct simulated runs than one request may run (a Poisson
+    run is simulated for each profile it is predicted under)."""
     runs = {(row.model, row.gpu, replace(row.measurement, metric=THROUGHPUT_METRICS[0], stat=None))
             for row in rows if needs_simulation(row.measurement)}
-    if len(runs) > MAX_SIMULATED_RUNS_PER_UPLOAD:
+    if len(runs) > limit:
         raise Unprocessable(
             f"the rows need {len(runs)} distinct simulated runs (offline, closed-loop, Poisson); one request "
-            f"may run at most {MAX_SIMULATED_RUNS_PER_UPLOAD}: split the upload, or run `python -m app.validate`",
-            errors=[("/body/rows", f"at most {MAX_SIMULATED_RUNS_PER_UPLOAD} distinct simulated configurations")])
+            f"may run at most {limit}: split the upload, or run `{offline_command}` on the file",
+            errors=[("/body/rows", f"at most {limit} distinct simulated configurations")])
 
 
 def report_schemas(report: Report) -> tuple[list[RowResultOut], ErrorSummaryOut]:
@@ -564,7 +562,7 @@ def report_schemas(report: Report) -> tuple[list[RowResultOut], ErrorSummaryOut]
 def validate_upload(session: Session, request: ValidationRequest) -> ValidationResponse:
     """POST /v1/validate: the error report of the rows under a profile; nothing is stored."""
     rows = _observed_or_422(request.rows)
-    check_upload_work(rows)
+    check_upload_work(rows, request.max_simulated_runs, "python -m app.validate FILE.csv")
     profile = get_profile(session, request.calibration)
     rows_out, summary = report_schemas(validate(rows, DatabaseCatalog(session), profile))
     return ValidationResponse(calibration_profile=profile.name, rows=rows_out, summary=summary,
@@ -580,7 +578,7 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
     if session.get(CalibrationProfileRecord, request.name) is not None:
         raise Conflict(f"a calibration profile named {request.name!r} already exists; choose another name")
     rows = _observed_or_422(request.rows)
-    check_upload_work(rows)
+    check_upload_work(rows, request.max_simulated_runs, "python -m app.calibrate FILE.csv --name NAME --write-db")
     base = get_profile(session, request.base_profile)
     canonical = json.dumps([row.model_dump(mode="json") for row in request.rows], sort_keys=True,
                            separators=(",", ":")).encode()
