@@ -16,13 +16,14 @@ PYTEST_ARGS ?=
 .PHONY: run test test-sqlite test-postgres bench openapi lint migrate load-catalog charts accuracy calibrate clean
 
 # Reinstall only when the dependency files change, so a second `make run` starts in seconds.
+# --no-compile: Python compiles each module on first import anyway, only those it imports.
 $(RUNTIME): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e .
 	@touch $(RUNTIME)
 
 $(DEV): $(RUNTIME)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
 	@touch $(DEV)
 
 venv: $(DEV)
