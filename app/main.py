@@ -241,6 +241,7 @@ def _log_late_failure(task: asyncio.Future[None]) -> None:
 def operation_id(route: APIRoute) -> str:
     return route.name
 
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield

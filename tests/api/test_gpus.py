@@ -75,7 +75,7 @@ def test_unknown_slug_is_a_404_problem(client: TestClient) -> None:
     response = client.get("/v1/gpus/h900")
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
-    assert response.json()["detail"] == "No gpu with slug 'h900' in the catalog"
+    assert response.json()["detail"] == "No gpu with slug 'h900' in the catalog; no slug is close; GET /v1/gpus lists them all"
 
 
 @pytest.mark.parametrize("path", ["/v1/gpus", "/v1/gpus/h100-sxm", "/v1/gpus?vendor=AMD&limit=2"])

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from app.calibration.service import rows_from_csv
 from scripts.export_openapi import OUTPUT
 from tests.conftest import TEST_API_KEY
 
@@ -152,8 +153,6 @@ def test_every_json_operation_works_through_the_generated_client(generated: Path
     call("reprice_quote", "RepriceOut", quote_id=quote.id)
 
     # Calibration: the README's 35-row sample as JSON rows.
-    from app.calibration import rows_from_csv
-
     rows = [row.model_dump(mode="json") for row in rows_from_csv((EXAMPLES / "calibration-sample.csv").read_text())]
     call("validate_rows", "ValidationResponse", body=model("ValidateRowsJsonValidationRequest", {"rows": rows}))
     call("create_calibration", "CalibrationResponse", 201, client=writer,
