@@ -266,6 +266,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Operation ids are the endpoint functions' names (`kv_cache`, `create_quote`): what a
         # client generated from the spec names its functions, so they are part of the contract.
         generate_unique_id_function=operation_id,
+        # One schema per model, not `X-Input` and `X-Output` twins where serialization differs (a quote
+        # echoes its request): generated clients fail to resolve the hyphenated twin names.
+        separate_input_output_schemas=False,
         openapi_tags=[
             {"name": "gpus", "description": "Accelerator catalog"},
             {"name": "models", "description": "Model-architecture catalog and Hugging Face config import"},

@@ -145,12 +145,14 @@ def test_every_json_operation_works_through_the_generated_client(generated: Path
                     "simulated_requests": 500}
     call("slo_plan", "SloPlanResponse", body=model("SloPlanRequest", plan_request))
 
-    # Quotes.
+    # Quotes (every quote route needs a key).
     quote = call("create_quote", "QuoteOut", 201, client=writer, body=model("SloPlanRequest", plan_request),
                  idempotency_key="generated-client")
-    call("get_quote", "QuoteOut", quote_id=quote.id)
-    call("list_quotes", "QuotePage")
-    call("reprice_quote", "RepriceOut", quote_id=quote.id)
+    call("get_quote", "QuoteOut", client=writer, quote_id=quote.id)
+    call("list_quotes", "QuotePage", client=writer)
+    call("reprice_quote", "RepriceOut", client=writer, quote_id=quote.id)
+    reproduced = call("reproduce_quote", "ReproduceOut", client=writer, quote_id=quote.id)
+    assert reproduced.identical
 
     # Calibration: the README's 35-row sample as JSON rows.
     rows = [row.model_dump(mode="json") for row in rows_from_csv((EXAMPLES / "calibration-sample.csv").read_text())]
