@@ -25,6 +25,7 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
+from app.sizing.layout import Layout, layout_problems
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 # Sizing endpoints: /v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep ------------------
@@ -54,18 +55,19 @@ def resolve_gpu(session: Session, ref: GpuRef) -> tuple[GpuSpec, str]:
     return get_gpu_spec(session, ref.gpu), ref.gpu
 
 
-def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel: int = 1) -> None:
-    """422 unless tp splits the attention heads evenly and pp gives every stage a layer."""
-    heads = model.num_attention_heads
-    if heads % tensor_parallel:
-        raise Unprocessable(
-            f"tensor_parallel {tensor_parallel} does not divide the model's {heads} attention heads",
-            errors=[("/body/tensor_parallel", f"must divide num_attention_heads ({heads})")])
-    layers = model.num_hidden_layers
-    if pipeline_parallel > layers:
-        raise Unprocessable(
-            f"pipeline_parallel {pipeline_parallel} exceeds the model's {layers} layers",
-            errors=[("/body/pipeline_parallel", f"must be at most num_hidden_layers ({layers})")])
+def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel: int = 1, *,
+                      data_parallel: int = 1, expert_parallel: int = 1, engine: str | None = None,
+                      pointer: str = "/body") -> Layout:
+    """The request's layout, or a 422 naming every rule it breaks (`app.sizing.layout`)."""
+    try:
+        layout = Layout(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
+    except ValueError as exc:
+        raise Unprocessable(str(exc), errors=[(f"{pointer}/expert_parallel", str(exc))]) from None
+    problems = layout_problems(model, layout, engine)
+    if problems:
+        raise Unprocessable("; ".join(problem.rule for problem in problems),
+                            errors=[(f"{pointer}/{problem.field}", problem.rule) for problem in problems])
+    return layout
 
 
 def sequence_warnings(model: ModelSpec, sequence_tokens: int, what: str) -> list[str]:

@@ -46,6 +46,7 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
+from app.sizing.layout import TENSOR_PARALLEL, Layout, layout_problems
 from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
 from app.sizing.serving.disaggregation import DisaggregatedPlan, DisaggregatedResult, Pool
@@ -276,18 +277,18 @@ def _inline_gpus(specs: Sequence[InlineGpuIn], catalog_slugs: set[str]) -> tuple
 
 
 def _check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn) -> None:
-    """422 for a tensor-parallel degree that does not divide the heads, or more stages than layers."""
-    heads, layers = model.num_attention_heads, model.num_hidden_layers
+    """422 for a listed degree the model (or the engine) cannot run: each tensor-parallel degree as plain
+    TP, each pipeline degree against the layers (`app.sizing.layout`)."""
     for index, tp in enumerate(candidates.tensor_parallel or []):
-        if heads % tp:
-            raise Unprocessable(f"tensor_parallel {tp} does not divide the model's {heads} attention heads",
-                                errors=[(f"/body/candidates/tensor_parallel/{index}",
-                                         f"must divide num_attention_heads ({heads})")])
+        problems = [p for p in layout_problems(model, Layout(tp), candidates.engine) if p.field == TENSOR_PARALLEL]
+        if problems:
+            raise Unprocessable("; ".join(p.rule for p in problems),
+                                errors=[(f"/body/candidates/tensor_parallel/{index}", p.rule) for p in problems])
     for index, pp in enumerate(candidates.pipeline_parallel):
-        if pp > layers:
-            raise Unprocessable(f"pipeline_parallel {pp} exceeds the model's {layers} layers",
-                                errors=[(f"/body/candidates/pipeline_parallel/{index}",
-                                         f"must be at most num_hidden_layers ({layers})")])
+        problems = layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)
+        if problems:
+            raise Unprocessable("; ".join(p.rule for p in problems),
+                                errors=[(f"/body/candidates/pipeline_parallel/{index}", p.rule) for p in problems])
 
 
 def _plan_lengths(lengths: Any, pointer: str, cap: int) -> LengthDistribution:

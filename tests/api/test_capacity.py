@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from app.estimates import capacity_schemas as shapes
+from tests.api.problems import assert_problem
 
 GIB = 2**30
 WORKLOAD = {"input_tokens": 1000, "output_tokens": 500}
@@ -249,3 +250,14 @@ def test_documented_examples_are_valid(client: TestClient) -> None:
         shape = getattr(shapes, name)
         for example in shape.model_config["json_schema_extra"]["examples"]:
             shape.model_validate(example)
+
+
+def test_qwen2_5_7b_at_tp7_is_a_422_naming_the_rules(client: TestClient) -> None:
+    """Qwen2.5-7B: 28 heads (7 divides them) but 4 KV heads (7 is neither a divisor nor a multiple) and
+    an MLP of 18,944 (= 2^9 x 37, not a multiple of 7). No engine starts with --tensor-parallel-size 7."""
+    response = client.post("/v1/capacity", json={"model": "qwen2.5-7b", "gpu": "h100-sxm", "tensor_parallel": 7,
+                                                 **WORKLOAD})
+    problem = assert_problem(response, 422, "/body/tensor_parallel")
+    details = [error["detail"] for error in problem["errors"]]
+    assert details == ["tensor_parallel 7 must be a multiple of the 4 KV heads (each KV head is replicated tp/4 times)",
+                       "tensor_parallel 7 must divide the MLP width 18,944"]

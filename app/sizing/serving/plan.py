@@ -59,6 +59,7 @@ from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.layout import Layout, layout_problems, valid_tensor_parallel
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -165,17 +166,23 @@ class Configuration:
     kv_dtype: str
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    data_parallel: int = 1  # attention data-parallel ranks (app.sizing.layout)
+    expert_parallel: int = 1
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.tensor_parallel, self.pipeline_parallel, self.data_parallel, self.expert_parallel)
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.layout.gpus
 
     @property
     def label(self) -> str:
         knobs = "".join(f", {name} {value}" for name, value in (
             ("max_num_seqs", self.max_num_seqs), ("max_num_batched_tokens", self.max_num_batched_tokens))
             if value is not None)
-        return (f"{self.gpu.slug or self.gpu.name} TP{self.tensor_parallel} PP{self.pipeline_parallel}, "
+        return (f"{self.gpu.slug or self.gpu.name} {self.layout.label}, "
                 f"{self.weight_dtype} weights, {self.kv_dtype} KV{knobs}")
 
 
@@ -329,8 +336,8 @@ def max_model_len(inputs: PlanInputs) -> int:
 # Configuration space -----------------------------------------------------------------------------
 
 def default_tensor_parallel(model: ModelSpec, gpu: GpuSpec) -> tuple[int, ...]:
-    """Degrees that divide the attention heads and fit in one node of this GPU."""
-    return tuple(tp for tp in range(1, gpu.gpus_per_node + 1) if model.num_attention_heads % tp == 0)
+    """Degrees the model's heads, KV heads and widths split evenly over, inside one node of this GPU."""
+    return valid_tensor_parallel(model, gpu.gpus_per_node)
 
 
 def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
@@ -533,9 +540,10 @@ class _Planner:
         def infeasible(*reasons: str) -> Infeasible:
             return Infeasible(configuration, reasons)
 
-        if tp > gpu.gpus_per_node:
-            return infeasible(f"TP{tp} needs {tp} GPUs in one node; a {gpu.slug or gpu.name} node has "
-                              f"{gpu.gpus_per_node} (tensor parallelism stays inside one node)")
+        problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node)
+        if problems:
+            return infeasible(*(f"{configuration.layout.label} on {gpu.slug or gpu.name}: {problem.rule}"
+                                for problem in problems))
         try:
             compute_dtype = default_compute_dtype(gpu, configuration.weight_dtype)
         except ValueError as exc:

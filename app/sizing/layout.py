@@ -1,0 +1,232 @@
+"""A parallel layout of one model replica, and which layouts a model and an engine accept.
+
+Vocabulary (ENGINES.md section 2), the same for every engine:
+- `tensor_parallel` (tp): GPUs one attention head group is split over, inside one data-parallel rank.
+  Dense layers (non-MoE MLPs, shared experts), the embedding and the LM head follow it too.
+- `data_parallel` (dp): attention data-parallel ranks. Each rank holds a full copy of the attention
+  weights split only by tp, runs attention for its own requests and keeps their KV cache alone (the MLA
+  latent is no longer copied onto every GPU). With dp = 1 this is plain tensor parallelism.
+- `pipeline_parallel` (pp): stages, each holding its share of the layers.
+- `expert_parallel` (ep): the MoE layers of one stage span all tp·dp ranks; `ep` of them own disjoint
+  sets of routed experts and each expert is split over `moe_tensor_parallel = tp·dp / ep` ranks
+  (TensorRT-LLM's `tp = moe_tp · moe_ep`, SGLang's `--ep` inside `--tp`, vLLM's
+  `--enable-expert-parallel`: ep = dp·tp, moe_tp = 1). Tokens reach their experts by an all-to-all.
+
+A replica uses tp·pp·dp GPUs (vLLM: TP·PP·DP; TensorRT-LLM and AIC's sample: tp·pp·attention_dp).
+A request that names only tp and pp means what it meant before layouts existed: dp = ep = 1, experts
+split by tp.
+
+Validity lives here, in one place: `layout_problems` lists every rule a layout breaks, as
+`LayoutProblem(field, rule)`; generic rules (heads, widths, experts, node size) first, then the named
+engine's own (`ENGINE_RULES`), each a small function so it can move into the engine's module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from app.sizing.model.params import shared_expert_width
+from app.sizing.specs import ModelSpec
+
+TENSOR_PARALLEL = "tensor_parallel"
+PIPELINE_PARALLEL = "pipeline_parallel"
+DATA_PARALLEL = "data_parallel"
+EXPERT_PARALLEL = "expert_parallel"
+
+KIND_TP = "tp"  # tensor (and pipeline) parallel only: dp = ep = 1, pp = 1
+KIND_DP_EP = "dp_ep"  # attention data parallelism and/or expert parallelism
+KIND_PP = "pp"  # pipeline stages (pp > 1), whatever else
+LAYOUT_KINDS = (KIND_TP, KIND_DP_EP, KIND_PP)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How one replica is split over GPUs (see the module docstring for each degree's meaning)."""
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (TENSOR_PARALLEL, PIPELINE_PARALLEL, DATA_PARALLEL, EXPERT_PARALLEL):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1")
+        if self.moe_group % self.expert_parallel:
+            raise ValueError(f"expert_parallel {self.expert_parallel} must divide tensor_parallel x data_parallel "
+                             f"({self.moe_group}): the MoE layers span those ranks")
+
+    @property
+    def moe_group(self) -> int:
+        """GPUs one stage's MoE layers span: every tensor- and data-parallel rank."""
+        return self.tensor_parallel * self.data_parallel
+
+    @property
+    def moe_tensor_parallel(self) -> int:
+        """Ranks each routed expert is split over."""
+        return self.moe_group // self.expert_parallel
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+    @property
+    def kind(self) -> str:
+        """The layout family the validator reports error by."""
+        if self.pipeline_parallel > 1:
+            return KIND_PP
+        if self.data_parallel > 1 or self.expert_parallel > 1:
+            return KIND_DP_EP
+        return KIND_TP
+
+    @property
+    def label(self) -> str:
+        parts = [f"TP{self.tensor_parallel}"]
+        if self.data_parallel > 1:
+            parts.append(f"DP{self.data_parallel}")
+        if self.expert_parallel > 1:
+            parts.append(f"EP{self.expert_parallel}")
+        parts.append(f"PP{self.pipeline_parallel}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutProblem:
+    """One broken rule: the layout field to change, and the rule in words."""
+
+    field: str
+    rule: str
+
+
+# Generic rules: what the model's shapes allow, whatever the engine ---------------------------------
+
+def _heads(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    tp, heads = layout.tensor_parallel, model.num_attention_heads
+    problems = []
+    if heads % tp:
+        problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the {heads} attention heads"))
+    kv_heads = model.num_key_value_heads
+    if not model.is_mla:  # MLA has one latent "KV head", replicated on every rank
+        # vLLM's QKVParallelLinear: tp >= Hkv replicates each KV head tp/Hkv times (needs tp % Hkv == 0),
+        # tp < Hkv splits them (needs Hkv % tp == 0). Qwen2.5-7B (4 KV heads) at TP7 is neither.
+        if tp >= kv_heads and tp % kv_heads:
+            problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must be a multiple of the "
+                                          f"{kv_heads} KV heads (each KV head is replicated tp/{kv_heads} times)"))
+        elif tp < kv_heads and kv_heads % tp:
+            problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the {kv_heads} KV heads"))
+    return problems
+
+
+def _widths(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    """Sharded feed-forward widths must split evenly (vLLM's `divide()` asserts, TensorRT-LLM likewise)."""
+    tp, problems = layout.tensor_parallel, []
+    has_dense = len(model.moe_layer_indices) < model.num_hidden_layers
+    if has_dense and model.dense_intermediate_size % tp:
+        problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the MLP width "
+                                      f"{model.dense_intermediate_size:,}"))
+    if model.is_moe:
+        moe_tp = layout.moe_tensor_parallel
+        if model.expert_intermediate_size % moe_tp:
+            field = TENSOR_PARALLEL if layout.expert_parallel == 1 and layout.data_parallel == 1 else EXPERT_PARALLEL
+            problems.append(LayoutProblem(field, f"each expert is split over tensor_parallel x "
+                                          f"data_parallel / expert_parallel = {moe_tp} ranks, which must divide "
+                                          f"the expert width {model.expert_intermediate_size:,}"))
+        if model.n_shared_experts and shared_expert_width(model) % tp:
+            problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the shared-expert "
+                                          f"width {shared_expert_width(model):,}"))
+    return problems
+
+
+def _experts(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    ep = layout.expert_parallel
+    if ep == 1:
+        return []
+    if not model.is_moe:
+        return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} needs an MoE model; this one has no experts")]
+    if ep > model.num_experts:
+        return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} exceeds the {model.num_experts} routed "
+                              "experts (every rank must own one)")]
+    return []
+
+
+def _stages(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    pp, layers = layout.pipeline_parallel, model.num_hidden_layers
+    if pp > layers:
+        return [LayoutProblem(PIPELINE_PARALLEL, f"pipeline_parallel {pp} exceeds the {layers} layers")]
+    return []
+
+
+GENERIC_RULES: tuple[Callable[[ModelSpec, Layout], list[LayoutProblem]], ...] = (_heads, _widths, _experts, _stages)
+
+
+def node_problems(layout: Layout, gpus_per_node: int) -> list[LayoutProblem]:
+    """Tensor parallelism stays inside one node (its two all-reduces per layer need NVLink). Data- and
+    expert-parallel ranks may span nodes: the all-to-all then crosses the scale-out network (`comm.py`)."""
+    if layout.tensor_parallel > gpus_per_node:
+        return [LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {layout.tensor_parallel} exceeds the "
+                              f"{gpus_per_node} GPUs of one node (tensor parallelism stays inside one node)")]
+    return []
+
+
+# Engine rules (ENGINES.md section 2) ---------------------------------------------------------------
+
+def vllm_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    """`--enable-expert-parallel` is all or nothing: ep = DP·TP and each rank owns whole experts; without
+    it experts are TP-sharded over all DP·TP ranks (vLLM 0.13.0 `FusedMoEParallelConfig.make`)."""
+    ep = layout.expert_parallel
+    if ep not in (1, layout.moe_group):
+        return [LayoutProblem(EXPERT_PARALLEL, f"vLLM's --enable-expert-parallel sets expert_parallel = "
+                              f"data_parallel x tensor_parallel = {layout.moe_group}; {ep} is not possible")]
+    return []
+
+
+def sglang_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    """SGLang expresses attention DP inside its TP group (`--tp tp·dp --dp dp --enable-dp-attention`), and
+    hands each EP rank E/ep experts (SGL 0.5.10 `server_args.py`)."""
+    problems = []
+    if model.is_moe and layout.expert_parallel > 1 and model.num_experts % layout.expert_parallel:
+        problems.append(LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {layout.expert_parallel} must divide the "
+                                      f"{model.num_experts} routed experts"))
+    if layout.data_parallel > 1 and layout.pipeline_parallel > 1:
+        problems.append(LayoutProblem(PIPELINE_PARALLEL, "SGLang does not combine DP attention with pipeline "
+                                      "stages; use pipeline_parallel 1"))
+    return problems
+
+
+def trtllm_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    """TensorRT-LLM gives each EP rank `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2),
+    so ep must divide the experts."""
+    if model.is_moe and layout.expert_parallel > 1 and model.num_experts % layout.expert_parallel:
+        return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {layout.expert_parallel} must divide the "
+                              f"{model.num_experts} routed experts (TensorRT-LLM gives each rank E // ep)")]
+    return []
+
+
+ENGINE_RULES: dict[str, tuple[Callable[[ModelSpec, Layout], list[LayoutProblem]], ...]] = {
+    "vllm": (vllm_rules,),
+    "sglang": (sglang_rules,),
+    "trtllm": (trtllm_rules,),
+    "generic": (),
+}
+
+
+def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
+                    gpus_per_node: int | None = None) -> list[LayoutProblem]:
+    """Every rule `layout` breaks for this model (and engine, and node size, when given); [] = valid."""
+    problems = [problem for rule in GENERIC_RULES for problem in rule(model, layout)]
+    if gpus_per_node is not None:
+        problems += node_problems(layout, gpus_per_node)
+    if engine is not None:
+        problems += [problem for rule in ENGINE_RULES.get(engine, ()) for problem in rule(model, layout)]
+    return problems
+
+
+def is_valid(model: ModelSpec, layout: Layout, engine: str | None = None, gpus_per_node: int | None = None) -> bool:
+    return not layout_problems(model, layout, engine, gpus_per_node)
+
+
+def valid_tensor_parallel(model: ModelSpec, gpus_per_node: int) -> tuple[int, ...]:
+    """Plain TP degrees (dp = ep = pp = 1) the model accepts inside one node."""
+    return tuple(tp for tp in range(1, gpus_per_node + 1) if is_valid(model, Layout(tp), None, gpus_per_node))
