@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.catalog import model_spec_from_record, reference_gpu_rows, reference_model_rows
+from app.sizing.capacity import EngineConfig, kv_token_capacity, memory_budget, resolve_engine
 from app.sizing.layout import (
     EXPERT_PARALLEL,
     KIND_DP_EP,
@@ -22,6 +23,7 @@ from app.sizing.layout import (
 )
 from app.sizing.plan import configurations, default_tensor_parallel
 from app.sizing.specs import GpuSpec, ModelSpec
+from app.sizing.weights import weight_bytes_for_layout
 from tests.domain.models_for_tests import DEEPSEEK_V3, GPT_OSS_120B, LLAMA_3_70B, MIXTRAL_8X7B
 
 # Qwen/Qwen2.5-7B-Instruct config.json: 28 heads, 4 KV heads, MLP 18,944, 28 layers.
@@ -122,3 +124,58 @@ def test_the_planner_proposes_no_invalid_layout_for_any_catalog_model():
 def _gpu(gpus_per_node):
     return GpuSpec(name=f"node of {gpus_per_node}", memory_bytes=80 * 2**30, memory_bandwidth_bytes_per_s=3e12,
                    interconnect_bandwidth_bytes_per_s=450e9, gpus_per_node=gpus_per_node, bf16_flops_per_s=1e15)
+
+
+# Memory under a layout: DeepSeek-V3 fp8 on 8 x H200, TP8 against DP8 + EP8 ------------------------------
+
+H200 = GpuSpec(name="NVIDIA H200 SXM 141GB", slug="h200-sxm", memory_bytes=150_754_820_096,
+               memory_bandwidth_bytes_per_s=4.8e12, interconnect_bandwidth_bytes_per_s=450e9,
+               bf16_flops_per_s=989.5e12, fp8_flops_per_s=1979e12)
+
+
+def test_deepseek_v3_weights_per_gpu_tp8_against_dp8_ep8():
+    """DeepSeek-V3 (h 7168, 128 heads, q LoRA 1536, kv LoRA 512, rope 64, nope 128, v 128, vocab 129,280,
+    61 layers: 3 dense of F 18,432, 58 MoE of 256 experts of F_e 2,048 + 1 shared). fp8 linear weights
+    (1 B); embedding, head, routers, norms bf16 (2 B).
+
+    Attention per layer at tp t: q = 7168·1536 + 1536·(128/t)·192, kv down 7168·576 = 4,128,768 (replicated),
+    kv up 512·(128/t)·256, out (128/t)·128·7168.
+      t = 8: 11,010,048 + 4,718,592 + 4,128,768 + 2,097,152 + 14,680,064 = 36,634,624
+      t = 1: 11,010,048 + 37,748,736 + 4,128,768 + 16,777,216 + 117,440,512 = 187,105,280
+    Dense MLP 3·7168·18432/t: t = 8 49,545,216; t = 1 396,361,728.
+    One expert 3·7168·2048 = 44,040,192; at moe_tp 8: 3·7168·256 = 5,505,024.
+    TP8: every GPU holds all 256 experts at 1/8 width = 1,409,286,144, and 1/8 of the shared one, 5,505,024.
+    DP8 + EP8: 256/8 = 32 whole experts = 1,409,286,144 (the same), the whole shared expert 44,040,192.
+    bf16 parts: routers 58 · 7168·256 = 106,430,464; norms 61 · (2·7168 + 1536 + 512) = 999,424; final norm
+    7,168; embedding + head 2 · 129,280·7168/t (t = 8: 231,669,760; t = 1: 1,853,358,080).
+
+    TP8 fp8: 61·36,634,624 + 3·49,545,216 + 58·(1,409,286,144 + 5,505,024) = 84,441,235,456 B;
+         bf16: (106,430,464 + 999,424 + 7,168 + 231,669,760)·2 = 678,213,632 B; total 85,119,449,088 B.
+    DP8+EP8 fp8: 61·187,105,280 + 3·396,361,728 + 58·(1,409,286,144 + 44,040,192) = 96,895,434,752 B;
+         bf16: (106,430,464 + 999,424 + 7,168 + 1,853,358,080)·2 = 3,921,590,272 B; total 100,817,025,024 B.
+    Attention replicated on every rank costs 15.7 GB per GPU more."""
+    assert weight_bytes_for_layout(DEEPSEEK_V3, "fp8", Layout(8)) == 85_119_449_088
+    assert weight_bytes_for_layout(DEEPSEEK_V3, "fp8", Layout(1, 1, 8, 8)) == 100_817_025_024
+
+
+def test_deepseek_v3_kv_tokens_of_the_replica_tp8_against_dp8_ep8():
+    """A generic engine using 0.9 of the H200's 150,754,820,096 B: int(135,679,338,086.4) = 135,679,338,086 B,
+    nothing else reserved. MLA caches (512 + 64)·2 B = 1,152 B per token per layer on a GPU, 61 layers =
+    70,272 B; a block of 16 tokens 1,124,352 B.
+    TP8: KV budget 135,679,338,086 − 85,119,449,088 = 50,559,888,998 B per GPU; 50,559,888,998 // 1,124,352
+    = 44,968 blocks (1,124,352 · 44,968 = 50,559,860,736): 719,488 tokens, and every GPU holds all of them
+    (the latent is copied onto all 8).
+    DP8+EP8: 135,679,338,086 − 100,817,025,024 = 34,862,313,062 B per GPU; // 1,124,352 = 31,006 blocks
+    (34,861,658,112) per rank, each rank its own requests: 8 · 31,006 = 248,048 blocks = 3,968,768 tokens,
+    5.5 times the TP8 replica."""
+    engine = resolve_engine(EngineConfig(engine="generic", gpu_memory_utilization=0.9, reserved_bytes_per_gpu=0,
+                                         activation_bytes_per_gpu=0, non_torch_bytes_per_gpu=0,
+                                         cuda_graph_bytes_per_gpu=0), DEEPSEEK_V3, H200, 8)
+    tp8 = memory_budget(DEEPSEEK_V3, H200, engine, tensor_parallel=8, pipeline_parallel=1, weight_dtype="fp8")
+    dep8 = memory_budget(DEEPSEEK_V3, H200, engine, tensor_parallel=1, pipeline_parallel=1, weight_dtype="fp8",
+                         data_parallel=8, expert_parallel=8)
+    assert (tp8.kv_budget_bytes_per_gpu, dep8.kv_budget_bytes_per_gpu) == (50_559_888_998, 34_862_313_062)
+    assert kv_token_capacity(DEEPSEEK_V3, tp8.kv_budget_bytes_per_gpu, "bf16", tensor_parallel=8,
+                             pipeline_parallel=1, block_size=16) == (719_488, 44_968)
+    assert kv_token_capacity(DEEPSEEK_V3, dep8.kv_budget_bytes_per_gpu, "bf16", tensor_parallel=1,
+                             pipeline_parallel=1, block_size=16, data_parallel=8) == (3_968_768, 248_048)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from app.sizing.layout import Layout
 from app.sizing.model.params import (
     attention_params,
     ceil_div,
@@ -56,17 +57,26 @@ def weight_bytes(model: ModelSpec, weight_dtype: str) -> int:
     return weight_bytes_per_gpu(model, weight_dtype)
 
 
+def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str, layout: Layout) -> int:
+    """Weight bytes on the most loaded GPU of a parallel layout (`weight_bytes_per_gpu`)."""
+    return weight_bytes_per_gpu(model, weight_dtype, layout.tensor_parallel, layout.pipeline_parallel,
+                                layout.expert_parallel, layout.data_parallel)
+
+
 @lru_cache(maxsize=4096)
 def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: int = 1,
-                         pipeline_parallel: int = 1, expert_parallel: int = 1) -> int:
+                         pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1) -> int:
     """Weight bytes on the most loaded GPU.
 
     - Tensor parallelism splits attention by heads (KV heads replicate when tp > Hkv, MLA
       down-projections replicate), the dense MLP, shared experts, embedding and LM head (vocabulary
       rows) by `tp`, rounding up; norms, routers and MLA LoRA norms are replicated.
-    - Expert parallelism: routed experts are dealt out to `ep` groups (ceil(E/ep) experts per GPU)
-      and each expert is split over the remaining tp/ep ranks (SGLang's moe_tp = tp/ep; vLLM's
-      --enable-expert-parallel is ep = tp, whole experts per GPU).
+    - Attention data parallelism (`data_parallel` ranks of `tp` GPUs each) replicates all of that on
+      every rank: only the routed experts are shared between ranks.
+    - Expert parallelism: the MoE layers span all tp·dp GPUs; routed experts are dealt out to `ep`
+      groups (ceil(E/ep) experts per GPU) and each expert is split over the remaining tp·dp/ep ranks
+      (`layout.Layout.moe_tensor_parallel`: SGLang's `--tp 16 --ep 4` is 4; vLLM's
+      --enable-expert-parallel is ep = dp·tp, whole experts per GPU).
     - Pipeline stages hold the layers of `params.pipeline_stages`; the first adds the embedding, the
       last the LM head and final norm (with tied embeddings and pp > 1 the last stage keeps its own
       copy of the table, as vLLM does). The answer is the largest stage.
@@ -75,8 +85,12 @@ def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: i
         raise ValueError(f"unknown weight dtype {weight_dtype!r}; expected one of {list(WEIGHT_DTYPES)}")
     bits = bits_per_value(weight_dtype)
     _check_expert_parallel(model, expert_parallel)
-    dense_layer = _layer_shard(model, False, tensor_parallel, expert_parallel)
-    moe_layer = _layer_shard(model, True, tensor_parallel, expert_parallel) if model.is_moe else dense_layer
+    if data_parallel < 1:
+        raise ValueError("data_parallel must be >= 1")
+    ranks_per_expert = max(1, tensor_parallel * data_parallel // expert_parallel)
+    dense_layer = _layer_shard(model, False, tensor_parallel, expert_parallel, ranks_per_expert)
+    moe_layer = (_layer_shard(model, True, tensor_parallel, expert_parallel, ranks_per_expert) if model.is_moe
+                 else dense_layer)
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
     stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel)
     moe_counts = _moe_layers_per_stage(model, pipeline_parallel)
@@ -92,13 +106,13 @@ def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: i
     return largest
 
 
-def _layer_shard(model: ModelSpec, is_moe: bool, tensor_parallel: int, expert_parallel: int) -> _Params:
+def _layer_shard(model: ModelSpec, is_moe: bool, tensor_parallel: int, expert_parallel: int,
+                 ranks_per_expert: int) -> _Params:
     """One decoder layer's parameters on one GPU."""
     layer = layer_params_by_kind(model, is_moe)
     attention = attention_params(model, tensor_parallel)
     # Feed-forward blocks split their intermediate columns, so a rank holds ceil(F/tp) of them.
     if is_moe:
-        ranks_per_expert = max(1, tensor_parallel // expert_parallel)
         feed_forward = (
             ceil_div(layer.routed_experts, expert_parallel)
             * mlp_params(model, ceil_div(model.expert_intermediate_size, ranks_per_expert))

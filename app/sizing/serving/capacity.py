@@ -81,10 +81,14 @@ class MemoryBudget:
 
 
 def memory_budget(model: ModelSpec, gpu: GpuSpec, engine: ResolvedEngine, *, tensor_parallel: int,
-                  pipeline_parallel: int, weight_dtype: str) -> MemoryBudget:
-    """The per-GPU memory budget of `engine` (see the module docstring for each engine's rule)."""
+                  pipeline_parallel: int, weight_dtype: str, data_parallel: int = 1,
+                  expert_parallel: int = 1) -> MemoryBudget:
+    """The per-GPU memory budget of `engine` (see the module docstring for each engine's rule), with
+    weights placed by the layout (`weights.weight_bytes_per_gpu`: attention replicated on every
+    data-parallel rank, routed experts split by expert parallelism)."""
     total = gpu.memory_bytes
-    weights = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel)
+    weights = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel, expert_parallel,
+                                   data_parallel)
     activation = engine.activation_bytes_per_gpu
     overhead = engine.overhead_bytes_per_gpu
     if engine.utilization_of == OF_FREE:
@@ -114,16 +118,20 @@ def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_dtype: str, *, tensor_parall
 
 
 def kv_token_capacity(model: ModelSpec, kv_budget_bytes_per_gpu: int, kv_dtype: str, *, tensor_parallel: int,
-                      pipeline_parallel: int, block_size: int) -> tuple[int, int]:
+                      pipeline_parallel: int, block_size: int, data_parallel: int = 1) -> tuple[int, int]:
     """(kv_tokens, kv_blocks) per replica: blocks = budget // (block_size × per-token bytes per GPU),
-    tokens = blocks × block_size, in full-attention-equivalent blocks for window models (module docstring)."""
+    tokens = blocks × block_size, in full-attention-equivalent blocks for window models (module docstring).
+
+    Attention data parallelism: each of the `data_parallel` ranks caches only its own requests, at the
+    per-GPU bytes of its tensor-parallel split, so the replica holds `data_parallel` times one rank's
+    tokens (under plain TP an MLA latent is instead copied onto every GPU of the replica)."""
     if block_size < 1:
         raise ValueError("block_size must be >= 1")
     if kv_budget_bytes_per_gpu <= 0:
         return 0, 0
     per_token = kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tensor_parallel,
                                            pipeline_parallel=pipeline_parallel)
-    blocks = kv_budget_bytes_per_gpu // (block_size * per_token)
+    blocks = kv_budget_bytes_per_gpu // (block_size * per_token) * data_parallel
     return blocks * block_size, blocks
 
 
