@@ -10,6 +10,8 @@ import pytest
 
 from app.catalog import model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.sizing.capacity import EngineConfig, kv_token_capacity, memory_budget, resolve_engine
+from app.sizing.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
+from app.sizing.flops import DISTINCT_EXPERTS, step_cost_model
 from app.sizing.layout import (
     EXPERT_PARALLEL,
     KIND_DP_EP,
@@ -179,3 +181,46 @@ def test_deepseek_v3_kv_tokens_of_the_replica_tp8_against_dp8_ep8():
                              pipeline_parallel=1, block_size=16) == (719_488, 44_968)
     assert kv_token_capacity(DEEPSEEK_V3, dep8.kv_budget_bytes_per_gpu, "bf16", tensor_parallel=1,
                              pipeline_parallel=1, block_size=16, data_parallel=8) == (3_968_768, 248_048)
+
+
+# Time under a layout: the MoE exchange and the experts a rank reads -----------------------------------------
+
+def test_deepseek_v3_all_to_all_bytes_per_layer_at_batch_64():
+    """DP8 + EP8, 64 decoding sequences on one rank (tp 1), bf16 activations (2 B), k = 8, h = 7168: each token
+    sends its 8 expert copies, 7/8 of them to other GPUs: 64 · 8 · 7/8 · 7168 · 2 = 6,422,528 B per MoE layer
+    in each direction (dispatch, then combine). Plain TP8 exchanges nothing (its all-reduces are counted
+    apart); DP8 without EP all-gathers the other 7 ranks' tokens: 64 · 7 · 7168 · 2 = 6,422,528 B too."""
+    dep8 = step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 1, 8, 8)
+    assert 64 * dep8.moe_exchange_bytes_per_token == 6_422_528
+    assert step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 8).moe_exchange_bytes_per_token == 0
+    assert 64 * moe_exchange_bytes_per_token(7168, 2, 8, tensor_parallel=1, data_parallel=8,
+                                             expert_parallel=1) == 6_422_528
+
+
+def test_all_to_all_time_over_nvlink_and_across_nodes():
+    """58 MoE layers x 2 exchanges x (alpha 10 us + 6,422,528 B / 450e9 B/s = 14.2723 us) = 116 x 24.2723 us
+    = 2.81559 ms inside an H200 node; across nodes at 50e9 B/s: 116 x (10 + 128.4506) us = 16.0603 ms."""
+    nvlink = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 8), 10e-6)
+    assert nvlink == pytest.approx(116 * (10e-6 + 6_422_528 / 450e9), rel=1e-12)
+    assert nvlink == pytest.approx(2.81559e-3, rel=1e-5)
+    across = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 16), 10e-6)
+    assert across == pytest.approx(16.0603e-3, rel=1e-5)
+    assert moe_exchange_time_s(0, 58, 100.0, 450e9, 10e-6) == 0
+
+
+def test_each_rank_reads_only_its_own_experts_touched_by_every_rank():
+    """Routed-expert weights one GPU reads per decode step, 64 sequences per rank, fp8 (1 B per weight).
+    TP8: 64 tokens touch 256·(1 − (1 − 8/256)^64) = 256·(1 − 0.96875^64) experts
+    (ln 0.96875 = −0.03174870, x 64 = −2.0319167, e^ = 0.131084) -> 222.4425 experts, each 1/8 of
+    44,040,192 = 5,505,024 B, in 58 layers: 222.4425 · 5,505,024 · 58 = 71.024 GB.
+    DP8 + EP8: the 8 ranks bring 512 tokens, touching 256·(1 − 0.96875^512) = 256·(1 − 8.7e-8) ≈ 256 experts;
+    this GPU owns 1/8 of them, whole: 32 · 44,040,192 · 58 = 81.739 GB (every expert it owns, every step)."""
+    tp8 = step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 8)
+    dep8 = step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 1, 8, 8)
+
+    def expert_bytes(costs):
+        shape = costs.shape(tokens=64, sampled=64, attended=[64 * 1000], kv_read=[64 * 1000])
+        return costs.bytes_per_distinct_expert * shape[DISTINCT_EXPERTS]
+
+    assert expert_bytes(tp8) == pytest.approx(222.4425 * 5_505_024 * 58, rel=1e-6)
+    assert expert_bytes(dep8) == pytest.approx(32 * 44_040_192 * 58, rel=1e-6)

@@ -19,7 +19,9 @@ from app.sizing.serving.simulate import (
     KvCapacityError,
     SchedulerConfig,
     SimulationLimitError,
+    micro_batch_config,
     simulate,
+    simulate_pipeline,
 )
 from app.sizing.serving.workload import Fixed, LogNormal, Requests, Workload, sample_requests
 
@@ -592,3 +594,47 @@ def test_the_reference_scheduler_preempts_in_the_traced_case():
         constant_step(TAU), SchedulerConfig(64, block_size=16), requests([0.0, 0.0], [16, 16], [40, 40]))
     assert preemptions == 1 and steps == 63
     assert finish == pytest.approx([40 * TAU, 63 * TAU])
+
+
+# Pipeline stages: micro-batches in flight ------------------------------------------------------------------
+
+def test_a_pp4_pipeline_against_a_hand_built_schedule():
+    """8 requests at t = 0, prompts of 16 tokens, answers of 4, blocks of 16, KV reserved for prompt + answer
+    (20 tokens = 2 blocks per request). One stage's GPU holds 4 blocks of the whole model's KV.
+
+    PP1, one GPU: 4 blocks = 2 requests at a time; a step (the whole model) takes 4 x 10 ms = 40 ms.
+      Wave 1: prefill step ends at 40 ms (first tokens), 3 decode steps, done at 160 ms; waves 2, 3, 4 start
+      at 160, 320, 480: TTFT 40, 200, 360, 520 ms (mean 280), last finish 640 ms: 8 x 4 = 32 tokens in
+      0.640 s = 50 tokens/s.
+    PP4, four GPUs: each holds a quarter of the layers, so 4 x 4 = 16 blocks; 4 micro-batches of 4 blocks
+    each take 2 requests (requests 0, 4 / 1, 5 / 2, 6 / 3, 7). A micro-batch's trip is 4 stages x 10 ms +
+    3 hand-offs x 1 ms = 43 ms, and the four trips overlap (each stage serves the micro-batches in turn).
+      Every request: TTFT 43 ms (every stage and hand-off), TPOT 43 ms, done at 4 x 43 = 172 ms: 32 tokens
+      in 0.172 s = 186.05 tokens/s, 3.72 times PP1."""
+    batch = requests([0.0] * 8, [16] * 8, [4] * 8)
+    pp1 = SchedulerConfig(kv_capacity_tokens=64, block_size=16, max_num_seqs=8, max_num_batched_tokens=8192,
+                          kv_tokens_reserved_per_request="full")
+    one = simulate_pipeline(constant_step(0.040), pp1, batch, 1)
+    assert sorted(one.ttft_s) == pytest.approx([0.040] * 2 + [0.200] * 2 + [0.360] * 2 + [0.520] * 2)
+    assert one.finish_s.max() == pytest.approx(0.640)
+    assert one.output_tokens_per_s == pytest.approx(50.0)
+
+    pp4 = SchedulerConfig(kv_capacity_tokens=256, block_size=16, max_num_seqs=8, max_num_batched_tokens=8192,
+                          kv_tokens_reserved_per_request="full")
+    assert micro_batch_config(pp4, 4).kv_capacity_tokens == 64 and micro_batch_config(pp4, 4).max_num_seqs == 2
+    four = simulate_pipeline(constant_step(4 * 0.010 + 3 * 0.001), pp4, batch, 4)
+    assert list(four.ttft_s) == pytest.approx([0.043] * 8)
+    assert list(four.tpot_s) == pytest.approx([0.043] * 8)
+    assert list(four.finish_s) == pytest.approx([0.172] * 8)
+    assert four.output_tokens_per_s == pytest.approx(32 / 0.172)
+    assert four.output_tokens_per_s / one.output_tokens_per_s == pytest.approx(3.72, abs=0.005)
+
+
+def test_closed_loop_users_are_dealt_to_the_micro_batches():
+    """5 users over 2 micro-batches: 3 and 2. With a constant 10 ms step, 1-token prompts and 2-token answers,
+    every request takes 2 steps (20 ms) whatever its micro-batch: 30 requests all have E2E 20 ms."""
+    config = SchedulerConfig(kv_capacity_tokens=1024, block_size=16, max_num_seqs=8, max_num_batched_tokens=64)
+    closed = requests([math.nan] * 30, [1] * 30, [2] * 30)
+    result = simulate_pipeline(constant_step(0.010), config, closed, 2, closed_loop_users=5)
+    assert len(result.e2e_s) == 30
+    assert list(result.e2e_s) == pytest.approx([0.020] * 30)

@@ -74,3 +74,48 @@ def pipeline_hops_time_s(tokens: ArrayLike, pipeline_parallel: int, message_byte
     per_hop = latency_s + tokens * message_bytes_per_token / link_bandwidth_bytes_per_s
     time = (tokens > 0) * (pipeline_parallel - 1) * per_hop
     return float(time) if np.ndim(time) == 0 else time
+
+
+# The MoE exchange of a data- or expert-parallel layout ---------------------------------------------
+
+MOE_EXCHANGES_PER_LAYER = 2  # dispatch before the experts, combine after them
+
+
+def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, experts_per_token: int, *,
+                                 tensor_parallel: int, data_parallel: int, expert_parallel: int) -> float:
+    """Bytes one GPU sends per token of its data-parallel rank, per MoE layer, in each direction.
+
+    - Expert parallelism (ep > 1), dispatch then combine: each of a token's k expert copies leaves the GPU
+      unless its expert is local, a share (ep-1)/ep under uniform routing, so k·(ep-1)/ep·h values per
+      token. A rank's tokens are split over its tp GPUs. (Engines that send a token once per destination
+      GPU rather than once per expert, as DeepEP does, send less: this is an upper bound.)
+    - Attention data parallelism without EP (dp > 1, experts tensor-split over all tp·dp GPUs): vLLM's
+      all-gather of every rank's tokens, then a reduce-scatter: (dp-1)·h values received per own token.
+    - Neither: 0 (the tensor-parallel all-reduces of `step_allreduce_time_s` cover plain TP).
+    """
+    if min(tensor_parallel, data_parallel, expert_parallel) < 1:
+        raise ValueError("parallel degrees must be >= 1")
+    if expert_parallel > 1:
+        return experts_per_token * (expert_parallel - 1) / expert_parallel * hidden_size * activation_bytes \
+            / tensor_parallel
+    if data_parallel > 1:
+        return (data_parallel - 1) * hidden_size * activation_bytes
+    return 0.0
+
+
+def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token: float,
+                        link_bandwidth_bytes_per_s: float, latency_s: float) -> float | np.ndarray:
+    """Dispatch and combine of one step over all MoE layers: 2 · layers · (alpha + tokens · bytes / bandwidth).
+
+    The link is NVLink when the tp·dp GPUs of the exchange sit in one node, the scale-out network when they
+    span nodes (`link_bandwidth`). 0 for an empty step or no exchange.
+    """
+    if link_bandwidth_bytes_per_s <= 0:
+        raise ValueError("link_bandwidth_bytes_per_s must be positive")
+    tokens = np.asarray(tokens, dtype=float)
+    if not bytes_per_token:
+        time = tokens * 0.0
+    else:
+        per_call = latency_s + tokens * bytes_per_token / link_bandwidth_bytes_per_s
+        time = (tokens > 0) * MOE_EXCHANGES_PER_LAYER * num_moe_layers * per_call
+    return float(time) if np.ndim(time) == 0 else time

@@ -52,6 +52,7 @@ from numpy.typing import ArrayLike
 
 from app.sizing.hardware.comm import (
     link_bandwidth,
+    moe_exchange_time_s,
     pipeline_hops_time_s,
     step_allreduce_time_s,
     tp_link_bandwidth,
@@ -132,7 +133,7 @@ class _Forms:
     ideal_matrix: np.ndarray
     slowdowns: np.ndarray  # at 0.._TABLE_ROWS matmul rows
     slowdown_list: memoryview  # the same, read as Python floats
-    experts: tuple[int, int] | None  # (routed experts, experts per token) of an MoE model
+    experts: tuple[int, int, int] | None  # (routed experts, experts per token, moe token scale) of an MoE model
     distinct_experts: np.ndarray | None  # at 0.._TABLE_ROWS tokens
     distinct_experts_list: memoryview | None
 
@@ -149,6 +150,9 @@ class StepTimeModel:
     tp_link_bandwidth_bytes_per_s: float
     pp_link_bandwidth_bytes_per_s: float
     compute_dtype: str
+    data_parallel: int = 1
+    expert_parallel: int = 1
+    moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
 
     def __post_init__(self) -> None:
@@ -205,7 +209,7 @@ class StepTimeModel:
             features += (decode + attended, decode + read)
         if forms.experts is not None:
             features.append(forms.distinct_experts_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                            else float(expected_distinct_experts(*forms.experts, tokens)))
+                            else float(_distinct_experts(forms.experts, tokens)))
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -283,7 +287,7 @@ class StepTimeModel:
             if tabulated:
                 forms.distinct_experts.take(table_rows[0], out=features[at], mode="clip")  # type: ignore[union-attr]
             else:
-                features[at] = expected_distinct_experts(*forms.experts, rows[0])
+                features[at] = _distinct_experts(forms.experts, rows[0])
         if not expected:
             compute, memory = forms.ideal_matrix @ features[:forms.width]
             return np.maximum(compute, memory)
@@ -322,10 +326,14 @@ class StepTimeModel:
 def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
                           pipeline_parallel: int = 1, weight_dtype: str, kv_dtype: str,
                           compute_dtype: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                          activation_dtype: str = "bf16") -> StepTimeModel:
+                          activation_dtype: str = "bf16", data_parallel: int = 1,
+                          expert_parallel: int = 1) -> StepTimeModel:
+    """Step times of one GPU of one attention data-parallel rank (`data_parallel` ranks of
+    `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens, `comm.py`)."""
     pipeline_stages(model.num_hidden_layers, pipeline_parallel)  # validates 1 <= pp <= layers
     compute_dtype = compute_dtype or default_compute_dtype(gpu, weight_dtype)
-    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel)
+    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
+                                  data_parallel, expert_parallel)
     peaks = operator_peaks(model_costs.operator_names, gpu, compute_dtype, activation_dtype)
     compute_seconds = model_costs.flops / peaks[:, np.newaxis]
     memory_seconds = model_costs.bytes / gpu.memory_bandwidth_bytes_per_s
@@ -339,6 +347,9 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
         tp_link_bandwidth_bytes_per_s=tp_link_bandwidth(gpu, tensor_parallel),
         pp_link_bandwidth_bytes_per_s=link_bandwidth(gpu, tensor_parallel * pipeline_parallel),
         compute_dtype=compute_dtype,
+        data_parallel=data_parallel,
+        expert_parallel=expert_parallel,
+        moe_link_bandwidth_bytes_per_s=link_bandwidth(gpu, tensor_parallel * data_parallel),
     )
 
 
@@ -360,6 +371,11 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s
         linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
         linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
+    exchange = steps.cost_model.moe_exchange_bytes_per_token
+    if exchange:
+        moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s
+        linear[_STEP_AT] += moe_exchange_time_s(1.0, moe_layers, 0.0, bandwidth, latency)
+        linear[_TOKENS_AT] += moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
     distinct = _distinct_experts_table(*structure.experts) if structure.experts else None
@@ -401,7 +417,7 @@ class _Structure:
     attention: np.ndarray  # bool per operator
     linear_memory_row: np.ndarray
     ideal_matrix: np.ndarray
-    experts: tuple[int, int] | None  # (routed experts, experts per token) of an MoE model
+    experts: tuple[int, int, int] | None  # (routed experts, experts per token, moe token scale) of an MoE model
 
 
 @lru_cache(maxsize=256)
@@ -450,7 +466,8 @@ def _structure(cost_model: StepCostModel, operator_terms: tuple[tuple[_Terms, _T
         attention=np.array([attention for _, _, attention in operators], dtype=bool),
         linear_memory_row=rows([linear_memory])[0],
         ideal_matrix=np.array([ideal_compute, ideal_memory]),
-        experts=(cost_model.num_experts, cost_model.experts_per_token) if cost_model.num_experts else None,
+        experts=((cost_model.num_experts, cost_model.experts_per_token, cost_model.moe_token_scale)
+                 if cost_model.num_experts else None),
     )
 
 
@@ -469,9 +486,16 @@ def _slowdown_table(efficiency: Efficiency) -> np.ndarray:
     return table
 
 
+def _distinct_experts(experts: tuple[int, int, int], tokens: ArrayLike) -> ArrayLike:
+    """Distinct experts one MoE layer touches when every data-parallel rank brings `tokens` (the model's
+    (experts, per token, ranks) triple)."""
+    num_experts, experts_per_token, ranks = experts
+    return expected_distinct_experts(num_experts, experts_per_token, np.multiply(tokens, ranks))
+
+
 @lru_cache(maxsize=32)
-def _distinct_experts_table(num_experts: int, experts_per_token: int) -> np.ndarray:
-    table = np.asarray(expected_distinct_experts(num_experts, experts_per_token, _TABLE_GRID))
+def _distinct_experts_table(num_experts: int, experts_per_token: int, ranks: int) -> np.ndarray:
+    table = np.asarray(_distinct_experts((num_experts, experts_per_token, ranks), _TABLE_GRID))
     table.setflags(write=False)
     return table
 

@@ -42,6 +42,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
+from app.sizing.hardware.comm import moe_exchange_bytes_per_token
 from app.sizing.model.kv import kv_bytes_per_token_per_layer
 from app.sizing.model.params import (
     attention_params,
@@ -213,6 +214,11 @@ class StepCostModel:
     tensor_parallel: int
     activation_dtype: str
     hidden_state_bytes_per_token: float
+    # Attention data parallelism: the MoE layers see the tokens of all `moe_token_scale` (= dp) ranks, so
+    # the distinct experts are those dp·T tokens touch (this GPU owns 1/ep of them: in the coefficients).
+    moe_token_scale: int = 1
+    num_moe_layers: int = 0
+    moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per MoE layer and direction
 
     def shape(self, tokens: ArrayLike, sampled: ArrayLike, attended: Sequence[ArrayLike],
               kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0) -> list[ArrayLike]:
@@ -221,7 +227,8 @@ class StepCostModel:
         `attended` and `kv_read` give, per window of `windows`, the positions the step's new tokens
         attend to and the KV tokens read, summed over sequences.
         """
-        distinct = (expected_distinct_experts(self.num_experts, self.experts_per_token, tokens)
+        distinct = (expected_distinct_experts(self.num_experts, self.experts_per_token,
+                                              tokens * self.moe_token_scale)  # type: ignore[operator]
                     if self.num_experts else 0.0)
         per_window = [value for pair in zip(attended, kv_read, strict=True) for value in pair]
         return [tokens > 0, sampled > 0, tokens, sampled, distinct, score_entries, *per_window]  # type: ignore[operator]
@@ -250,13 +257,26 @@ class StepCostModel:
 
 @lru_cache(maxsize=256)
 def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-                    activation_dtype: str = "bf16", tensor_parallel: int = 1) -> StepCostModel:
-    """The per-operator linear forms of a model at these precisions and TP degree (computed once)."""
+                    activation_dtype: str = "bf16", tensor_parallel: int = 1, data_parallel: int = 1,
+                    expert_parallel: int = 1) -> StepCostModel:
+    """The per-operator linear forms of a model at these precisions and layout (computed once), on one GPU
+    of one attention data-parallel rank, per token of that rank.
+
+    Attention, dense MLP, shared experts, embedding and LM head split by `tensor_parallel` (and are
+    replicated across data-parallel ranks). The routed experts of one MoE layer serve the tokens of all dp
+    ranks and are spread over tp·dp GPUs: this GPU owns 1/ep of them, each split over moe_tp = tp·dp/ep,
+    so per own token it multiplies k·dp/ep expert shares of width F_e/moe_tp (with dp = ep = 1: k experts
+    at F_e/tp, plain TP), and reads the distinct experts that dp·T tokens touch, divided by ep.
+    """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"unknown weight dtype {weight_dtype!r}; expected one of {list(WEIGHT_DTYPES)}")
-    if tensor_parallel < 1:
-        raise ValueError("tensor_parallel must be >= 1")
+    if min(tensor_parallel, data_parallel, expert_parallel) < 1:
+        raise ValueError("tensor_parallel, data_parallel and expert_parallel must be >= 1")
+    if (tensor_parallel * data_parallel) % expert_parallel:
+        raise ValueError("expert_parallel must divide tensor_parallel x data_parallel")
     tp = tensor_parallel
+    moe_tp = tp * data_parallel // expert_parallel
+    moe_share = data_parallel / expert_parallel  # expert work per own token, relative to plain TP's split
     weight_b = bits_per_value(weight_dtype) / 8
     high_b = HIGH_PRECISION_BITS / 8
     act_b = bits_per_value(activation_dtype) / 8
@@ -270,7 +290,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
     moe_layers = model.moe_layer_indices
     # Feed-forward blocks split their intermediate columns: a rank holds ceil(F/tp) of them (weights.py).
     dense_width = ceil_div(model.dense_intermediate_size, tp)
-    expert_width = ceil_div(model.expert_intermediate_size, tp)
+    expert_width = ceil_div(model.expert_intermediate_size, moe_tp)
     shared_width = ceil_div(shared_expert_width(model), tp)
     expert = mlp_params(model, expert_width)  # one routed expert's weights on this rank
     shared = model.n_shared_experts * mlp_params(model, shared_width)
@@ -305,10 +325,10 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
             cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * act_b  # intermediate out and back
         if layer.routed_experts:
             k = layer.experts_per_token
-            cost[MOE][_FLOPS, TOKENS] += 2 * (k * expert + shared)
+            cost[MOE][_FLOPS, TOKENS] += 2 * (k * moe_share * expert + shared)
             cost[MOE][_WEIGHT, STEP] += shared * weight_b
-            cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b
-            moe_width = k * expert_width + model.n_shared_experts * shared_width
+            cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b / expert_parallel
+            moe_width = k * moe_share * expert_width + model.n_shared_experts * shared_width
             cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * moe_width) * act_b
             cost[ROUTER][_FLOPS, TOKENS] += 2 * layer.router
             cost[ROUTER][_WEIGHT, STEP] += layer.router * high_b
@@ -331,6 +351,10 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
         num_experts=model.num_experts, experts_per_token=model.num_experts_per_tok,
         num_layers=model.num_hidden_layers, tensor_parallel=tp, activation_dtype=activation_dtype,
         hidden_state_bytes_per_token=h * act_b,
+        moe_token_scale=data_parallel, num_moe_layers=len(moe_layers),
+        moe_exchange_bytes_per_token=moe_exchange_bytes_per_token(
+            h, act_b, model.num_experts_per_tok, tensor_parallel=tp, data_parallel=data_parallel,
+            expert_parallel=expert_parallel) if model.is_moe else 0.0,
     )
 
 
