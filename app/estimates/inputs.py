@@ -21,11 +21,12 @@ from app.estimates.schemas import (
     ModelRef,
     Precisions,
 )
+from app.sizing.engines import layout_problems
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
-from app.sizing.layout import Layout, layout_problems
+from app.sizing.layout import Layout
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 # Sizing endpoints: /v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep ------------------

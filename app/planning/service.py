@@ -39,14 +39,14 @@ from app.planning.schemas import (
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import CalibrationProfile
-from app.sizing.engines import ENGINES
+from app.sizing.engines import ENGINES, layout_problems
 from app.sizing.engines.base import LaunchSpec
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
-from app.sizing.layout import TENSOR_PARALLEL, Layout, layout_problems
+from app.sizing.layout import TENSOR_PARALLEL, Layout
 from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
 from app.sizing.serving.disaggregation import DisaggregatedPlan, DisaggregatedResult, Pool

@@ -16,9 +16,9 @@ A replica uses tp·pp·dp GPUs (vLLM: TP·PP·DP; TensorRT-LLM and AIC's sample:
 A request that names only tp and pp means what it meant before layouts existed: dp = ep = 1, experts
 split by tp.
 
-Validity lives here, in one place: `layout_problems` lists every rule a layout breaks, as
-`LayoutProblem(field, rule)`; generic rules (heads, widths, experts, node size) first, then the named
-engine's own (`ENGINE_RULES`), each a small function so it can move into the engine's module.
+Validity: `layout_problems` lists every generic rule a layout breaks (heads, widths, experts, stages, node
+size), as `LayoutProblem(field, rule)`; each engine module adds its own (`Engine.layout_problems`), and
+`engines.layout_problems` asks both. Nothing else decides whether a layout is valid.
 """
 
 from __future__ import annotations
@@ -170,63 +170,16 @@ def node_problems(layout: Layout, gpus_per_node: int) -> list[LayoutProblem]:
     return []
 
 
-# Engine rules (ENGINES.md section 2) ---------------------------------------------------------------
-
-def vllm_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
-    """`--enable-expert-parallel` is all or nothing: ep = DP·TP and each rank owns whole experts; without
-    it experts are TP-sharded over all DP·TP ranks (vLLM 0.13.0 `FusedMoEParallelConfig.make`)."""
-    ep = layout.expert_parallel
-    if ep not in (1, layout.moe_group):
-        return [LayoutProblem(EXPERT_PARALLEL, f"vLLM's --enable-expert-parallel sets expert_parallel = "
-                              f"data_parallel x tensor_parallel = {layout.moe_group}; {ep} is not possible")]
-    return []
-
-
-def sglang_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
-    """SGLang expresses attention DP inside its TP group (`--tp tp·dp --dp dp --enable-dp-attention`), and
-    hands each EP rank E/ep experts (SGL 0.5.10 `server_args.py`)."""
-    problems = []
-    if model.is_moe and layout.expert_parallel > 1 and model.num_experts % layout.expert_parallel:
-        problems.append(LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {layout.expert_parallel} must divide the "
-                                      f"{model.num_experts} routed experts"))
-    if layout.data_parallel > 1 and layout.pipeline_parallel > 1:
-        problems.append(LayoutProblem(PIPELINE_PARALLEL, "SGLang does not combine DP attention with pipeline "
-                                      "stages; use pipeline_parallel 1"))
-    return problems
-
-
-def trtllm_rules(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
-    """TensorRT-LLM gives each EP rank `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2),
-    so ep must divide the experts."""
-    if model.is_moe and layout.expert_parallel > 1 and model.num_experts % layout.expert_parallel:
-        return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {layout.expert_parallel} must divide the "
-                              f"{model.num_experts} routed experts (TensorRT-LLM gives each rank E // ep)")]
-    return []
-
-
-ENGINE_RULES: dict[str, tuple[Callable[[ModelSpec, Layout], list[LayoutProblem]], ...]] = {
-    "vllm": (vllm_rules,),
-    "sglang": (sglang_rules,),
-    "trtllm": (trtllm_rules,),
-    "generic": (),
-}
-
-
-def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
-                    gpus_per_node: int | None = None) -> list[LayoutProblem]:
-    """Every rule `layout` breaks for this model (and engine, and node size, when given); [] = valid."""
+def layout_problems(model: ModelSpec, layout: Layout, gpus_per_node: int | None = None) -> list[LayoutProblem]:
+    """Every generic rule `layout` breaks for this model (and node size, when given); [] = valid.
+    `engines.layout_problems` adds the named engine's own rules."""
     problems = [problem for rule in GENERIC_RULES for problem in rule(model, layout)]
     if gpus_per_node is not None:
         problems += node_problems(layout, gpus_per_node)
-    if engine is not None:
-        problems += [problem for rule in ENGINE_RULES.get(engine, ()) for problem in rule(model, layout)]
     return problems
 
 
-def is_valid(model: ModelSpec, layout: Layout, engine: str | None = None, gpus_per_node: int | None = None) -> bool:
-    return not layout_problems(model, layout, engine, gpus_per_node)
-
-
 def valid_tensor_parallel(model: ModelSpec, gpus_per_node: int) -> tuple[int, ...]:
-    """Plain TP degrees (dp = ep = pp = 1) the model accepts inside one node."""
-    return tuple(tp for tp in range(1, gpus_per_node + 1) if is_valid(model, Layout(tp), None, gpus_per_node))
+    """Plain TP degrees (dp = ep = pp = 1) the model accepts inside one node (plain TP passes every engine's
+    own rules too: they concern expert and data parallelism)."""
+    return tuple(tp for tp in range(1, gpus_per_node + 1) if not layout_problems(model, Layout(tp), gpus_per_node))

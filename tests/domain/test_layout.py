@@ -9,9 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from app.catalog import model_spec_from_record, reference_gpu_rows, reference_model_rows
-from app.sizing.capacity import EngineConfig, kv_token_capacity, memory_budget, resolve_engine
-from app.sizing.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
-from app.sizing.flops import DISTINCT_EXPERTS, step_cost_model
+from app.sizing.engines import EngineConfig, layout_problems, resolve_engine
+from app.sizing.hardware.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
 from app.sizing.layout import (
     EXPERT_PARALLEL,
     KIND_DP_EP,
@@ -20,12 +19,14 @@ from app.sizing.layout import (
     PIPELINE_PARALLEL,
     TENSOR_PARALLEL,
     Layout,
-    layout_problems,
     valid_tensor_parallel,
 )
-from app.sizing.plan import configurations, default_tensor_parallel
+from app.sizing.layout import layout_problems as generic_layout_problems
+from app.sizing.model.flops import DISTINCT_EXPERTS, step_cost_model
+from app.sizing.model.weights import weight_bytes_for_layout
+from app.sizing.serving.capacity import kv_token_capacity, memory_budget
+from app.sizing.serving.plan import configurations, default_tensor_parallel
 from app.sizing.specs import GpuSpec, ModelSpec
-from app.sizing.weights import weight_bytes_for_layout
 from tests.domain.models_for_tests import DEEPSEEK_V3, GPT_OSS_120B, LLAMA_3_70B, MIXTRAL_8X7B
 
 # Qwen/Qwen2.5-7B-Instruct config.json: 28 heads, 4 KV heads, MLP 18,944, 28 layers.
@@ -101,6 +102,7 @@ def test_stages_and_node_rules():
     """80 layers cannot make 81 stages; TP16 leaves an 8-GPU node; DP over nodes is allowed."""
     assert [p.field for p in layout_problems(LLAMA_3_70B, Layout(1, 81))] == [PIPELINE_PARALLEL]
     assert [p.field for p in layout_problems(LLAMA_3_70B, Layout(16), gpus_per_node=8)] == [TENSOR_PARALLEL]
+    assert generic_layout_problems(LLAMA_3_70B, Layout(16)) == []  # without a node size, no node rule
     assert layout_problems(DEEPSEEK_V3, Layout(8, 1, 4, 32), "vllm", gpus_per_node=8) == []
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
 from app.sizing.engines.base import Engine, ResolvedEngine
+from app.sizing.layout import Layout, LayoutProblem
+from app.sizing.layout import layout_problems as generic_layout_problems
 from app.sizing.specs import GpuSpec, ModelSpec
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE,
@@ -45,6 +47,15 @@ class EngineConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1")
 
+
+
+def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
+                    gpus_per_node: int | None = None) -> list[LayoutProblem]:
+    """Every rule `layout` breaks: the generic ones (`layout.layout_problems`), then the engine's own."""
+    problems = generic_layout_problems(model, layout, gpus_per_node)
+    if engine is not None:
+        problems += ENGINES[engine].layout_problems(model, layout)
+    return problems
 
 
 def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,

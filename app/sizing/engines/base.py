@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -148,4 +149,8 @@ class Engine(Protocol):
 
     def disaggregation_router(self) -> str:
         """What sends each request to a prefill worker and then to a decode worker."""
+        ...
+
+    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+        """The engine's own rules a parallel layout breaks, beyond `layout.layout_problems`' generic ones."""
         ...

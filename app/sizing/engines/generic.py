@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec
+from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -61,6 +62,9 @@ class Generic:
 
     def disaggregation_router(self) -> str:
         return "the engine's own prefill/decode router"
+
+    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+        return []  # no engine of its own: the generic rules only
 
 
 ENGINE = Generic()

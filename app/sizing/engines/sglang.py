@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import MIB, OF_TOTAL, ON_DEMAND, Default, LaunchSpec, online_fp8
+from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -126,6 +127,20 @@ class Sglang:
     def disaggregation_router(self) -> str:
         return ("python -m sglang_router.launch_router --pd-disaggregation --prefill PREFILL_URL ... "
                 "--decode DECODE_URL ...")
+
+    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+        """SGLang spells attention DP inside its TP group (`--tp tp·dp --dp dp --enable-dp-attention`), gives
+        each EP rank E/ep experts, and does not combine DP attention with pipeline stages (SGL 0.5.10
+        `server_args.py`)."""
+        problems = []
+        ep = layout.expert_parallel
+        if model.is_moe and ep > 1 and model.num_experts % ep:
+            problems.append(LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} must divide the "
+                                          f"{model.num_experts} routed experts"))
+        if layout.data_parallel > 1 and layout.pipeline_parallel > 1:
+            problems.append(LayoutProblem(PIPELINE_PARALLEL, "SGLang does not combine DP attention with "
+                                          "pipeline stages; use pipeline_parallel 1"))
+        return problems
 
 
 ENGINE = Sglang()

@@ -18,6 +18,7 @@ from app.sizing.engines.base import (
     LaunchSpec,
     non_torch_default,
 )
+from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -91,6 +92,15 @@ class Trtllm:
     def disaggregation_router(self) -> str:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
                 "or NVIDIA Dynamo")
+
+    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+        """Each EP rank takes `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2), so ep must
+        divide the experts."""
+        ep = layout.expert_parallel
+        if model.is_moe and ep > 1 and model.num_experts % ep:
+            return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} must divide the {model.num_experts} "
+                                  "routed experts (TensorRT-LLM gives each rank E // ep)")]
+        return []
 
 
 ENGINE = Trtllm()

@@ -20,6 +20,7 @@ from app.sizing.engines.base import (
     non_torch_default,
     online_fp8,
 )
+from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -105,6 +106,16 @@ class Vllm:
     def disaggregation_router(self) -> str:
         return ("vLLM's NIXL proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --prefiller-hosts "
                 "PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / NVIDIA Dynamo")
+
+    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+        """`--enable-expert-parallel` is all or nothing: ep = DP·TP and each rank owns whole experts;
+        without it experts are TP-sharded over all DP·TP ranks (vLLM 0.13.0 `FusedMoEParallelConfig.make`).
+        `E mod ep` need not be 0: the first ranks take one more expert (`determine_expert_map`)."""
+        ep = layout.expert_parallel
+        if ep not in (1, layout.moe_group):
+            return [LayoutProblem(EXPERT_PARALLEL, f"vLLM's --enable-expert-parallel sets expert_parallel = "
+                                  f"data_parallel x tensor_parallel = {layout.moe_group}; {ep} is not possible")]
+        return []
 
 
 ENGINE = Vllm()

@@ -54,12 +54,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, layout_problems, resolve_engine
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
-from app.sizing.layout import Layout, layout_problems, valid_tensor_parallel
+from app.sizing.layout import Layout, valid_tensor_parallel
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
