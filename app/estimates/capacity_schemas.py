@@ -13,7 +13,9 @@ from app.estimates.schemas import (
     BlockSize,
     CalibrationRef,
     ContextTokens,
+    DataParallel,
     EfficiencyOut,
+    ExpertParallel,
     GpuRef,
     HumanSize,
     ModelRef,
@@ -102,6 +104,8 @@ class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
 
     tensor_parallel: TensorParallel = 1
     pipeline_parallel: PipelineParallel = 1
+    data_parallel: DataParallel = 1
+    expert_parallel: ExpertParallel = 1
     engine: Engine = Field("vllm", description="Whose memory accounting decides capacity: vllm, sglang, "
                                                "trtllm, or generic (only what you give is subtracted)")
     gpu_memory_utilization: float | None = Field(
@@ -243,7 +247,11 @@ class CapacityResponse(BaseModel):
     gpu: str
     tensor_parallel: int
     pipeline_parallel: int
-    num_gpus: int = Field(description="Per replica: tensor_parallel x pipeline_parallel")
+    data_parallel: int
+    expert_parallel: int
+    moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over: tensor_parallel x "
+                                                 "data_parallel / expert_parallel")
+    num_gpus: int = Field(description="Per replica: tensor_parallel x pipeline_parallel x data_parallel")
     input_tokens: int
     output_tokens: int
     fits: bool
@@ -264,7 +272,7 @@ class CapacityResponse(BaseModel):
 
     model_config = _examples({
         "model": "llama-3.1-8b", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1,
-        "num_gpus": 1, "input_tokens": 1000, "output_tokens": 500, "fits": True, "reasons": [],
+        "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 1, "num_gpus": 1, "input_tokens": 1000, "output_tokens": 500, "fits": True, "reasons": [],
         "suggestion": None,
         "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens": 420944,
         "kv_blocks": 26309, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,

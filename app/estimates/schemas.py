@@ -48,6 +48,12 @@ BatchSize = Annotated[int, Field(ge=1, le=1_000_000, description="Concurrent seq
 TensorParallel = Annotated[int, Field(ge=1, le=1024, description="Tensor-parallel degree; must divide the "
                                                                    "attention heads")]
 PipelineParallel = Annotated[int, Field(ge=1, le=1000, description="Pipeline stages; at most the layers")]
+DataParallel = Annotated[int, Field(
+    ge=1, le=1024, description="Attention data-parallel ranks of tensor_parallel GPUs each: each rank holds the "
+                               "attention weights and the KV cache of its own requests (1 = plain TP)")]
+ExpertParallel = Annotated[int, Field(
+    ge=1, le=1024, description="Expert-parallel ranks the routed experts are dealt to; must divide "
+                               "tensor_parallel x data_parallel (each expert splits over the rest)")]
 BlockSize = Annotated[int, Field(ge=1, le=65_536, description="Paged-KV block in tokens (vLLM 16, "
                                                                "TensorRT-LLM 32)")]
 ProfileName = Annotated[str, Field(pattern=SLUG_PATTERN, max_length=64,

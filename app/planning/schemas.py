@@ -15,7 +15,9 @@ from app.common import Slug
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     CalibrationRef,
+    DataParallel,
     EfficiencyOut,
+    ExpertParallel,
     KvDtype,
     ModelRef,
     PipelineParallel,
@@ -208,6 +210,13 @@ class CandidatesIn(BaseModel):
         None, min_length=1, max_length=16,
         description="Degrees to try; null = every divisor of the attention heads up to the GPU's node size")
     pipeline_parallel: list[PipelineParallel] = Field([1], min_length=1, max_length=8)
+    data_parallel: list[DataParallel] | None = Field(
+        None, min_length=1, max_length=8,
+        description="Attention data-parallel degrees to combine with tensor_parallel; null (with expert_parallel "
+                    "null) = plain TP, plus for MoE models when tensor_parallel is null too the DP+EP and TP+EP "
+                    "layouts of each valid GPU count")
+    expert_parallel: list[ExpertParallel] | None = Field(
+        None, min_length=1, max_length=8, description="Expert-parallel degrees to combine; see data_parallel")
     weight_dtypes: list[WeightDtype] | None = Field(None, min_length=1, max_length=6,
                                                     description="null = the model's published dtype")
     kv_dtypes: list[KvDtype] | None = Field(None, min_length=1, max_length=4,
@@ -309,6 +318,7 @@ PLAN_ASSUMPTIONS_EXAMPLE = {
 }
 PLAN_EXAMPLE = {
     "rank": 1, "gpu": "h200-sxm", "gpu_name": "NVIDIA H200 SXM 141GB", "tensor_parallel": 2, "pipeline_parallel": 1,
+    "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 2, "layout": "TP2 PP1",
     "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16", "engine": "vllm", "max_num_seqs": 1024,
     "max_num_batched_tokens": 8192, "block_size": 16, "gpu_memory_utilization_ratio": 0.92, "max_model_len": 1500,
     "kv_tokens_per_replica": 374160, "load_per_replica": LOAD_EXAMPLE, "replicas": 2, "extra_replicas": 0,
@@ -321,8 +331,8 @@ PLAN_EXAMPLE = {
 }
 PARETO_EXAMPLE = {"rank": 1, "cost_per_hour_usd": 18.36, "gpus": 4, "e2e_ms_at_slo_percentile": 15500.0}
 INFEASIBLE_EXAMPLE = {
-    "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
-    "max_num_seqs": None, "max_num_batched_tokens": None,
+    "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1, "expert_parallel": 1,
+    "weight_dtype": "bf16", "kv_dtype": "bf16", "max_num_seqs": None, "max_num_batched_tokens": None,
     "reasons": [("weights need 141.1 GB per GPU (bf16, TP1 x PP1); with 10.1 GB of activations and 1.1 GB of engine "
                  "overhead that leaves no KV cache in vllm's 78.7 GB budget of a 85.5 GB GPU")],
 }
@@ -464,6 +474,10 @@ class PlanOut(BaseModel):
     gpu_name: str
     tensor_parallel: int
     pipeline_parallel: int
+    data_parallel: int = Field(description="Attention data-parallel ranks (each its own requests and KV cache)")
+    expert_parallel: int
+    moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over")
+    layout: str = Field(description='The layout in short, e.g. "TP1 DP8 EP8 PP1"')
     weight_dtype: WeightDtype
     kv_dtype: KvDtype
     compute_dtype: str
@@ -516,6 +530,8 @@ class InfeasibleOut(BaseModel):
     gpu: str
     tensor_parallel: int
     pipeline_parallel: int
+    data_parallel: int
+    expert_parallel: int
     weight_dtype: WeightDtype
     kv_dtype: KvDtype
     max_num_seqs: int | None = Field(description="null = the engine default")

@@ -261,3 +261,30 @@ def test_qwen2_5_7b_at_tp7_is_a_422_naming_the_rules(client: TestClient) -> None
     details = [error["detail"] for error in problem["errors"]]
     assert details == ["tensor_parallel 7 must be a multiple of the 4 KV heads (each KV head is replicated tp/4 times)",
                        "tensor_parallel 7 must divide the MLP width 18,944"]
+
+
+def test_deepseek_v3_dp8_ep8_keeps_each_ranks_own_kv(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 on 8 x H200 under vLLM's accounting. Weights per GPU (derived by hand in
+    tests/domain/test_layout.py): TP8 85,119,449,088 B, DP8+EP8 100,817,025,024 B. The MLA latent costs
+    61 x 576 x 2 = 70,272 B per token on a GPU, 1,124,352 B per 16-token block: TP8 copies every token onto all
+    8 GPUs, DP8 keeps each rank's own, so the replica holds 8 x (budget // 1,124,352) blocks."""
+    body = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "kv_dtype": "bf16", **WORKLOAD}
+    tp8 = post(client, {**body, "tensor_parallel": 8})
+    dep8 = post(client, {**body, "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8})
+    assert (dep8["num_gpus"], dep8["moe_tensor_parallel"], tp8["moe_tensor_parallel"]) == (8, 1, 8)
+    assert tp8["memory"]["weights_bytes_per_gpu"] == 85_119_449_088
+    assert dep8["memory"]["weights_bytes_per_gpu"] == 100_817_025_024
+    assert tp8["kv_bytes_per_token_per_gpu"] == dep8["kv_bytes_per_token_per_gpu"] == 70_272
+    assert tp8["kv_blocks"] == tp8["memory"]["kv_budget_bytes_per_gpu"] // 1_124_352
+    assert dep8["kv_blocks"] == 8 * (dep8["memory"]["kv_budget_bytes_per_gpu"] // 1_124_352)
+    assert dep8["kv_tokens"] == 16 * dep8["kv_blocks"] > 3 * tp8["kv_tokens"]
+
+
+@pytest.mark.parametrize(("change", "pointer"), [
+    ({"tensor_parallel": 8, "expert_parallel": 2}, "/body/expert_parallel"),  # vLLM: ep is 1 or dp x tp
+    ({"tensor_parallel": 2, "expert_parallel": 4}, "/body/expert_parallel"),  # 4 does not divide 2 x 1
+    ({"model": "llama-3-70b", "tensor_parallel": 2, "expert_parallel": 2}, "/body/expert_parallel"),  # dense
+])
+def test_an_invalid_expert_layout_is_a_422(client: TestClient, change: dict[str, Any], pointer: str) -> None:
+    body = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", **WORKLOAD, **change}
+    assert_problem(client.post("/v1/capacity", json=body), 422, pointer)

@@ -119,10 +119,20 @@ def test_the_planner_proposes_no_invalid_layout_for_any_catalog_model():
         for size in node_sizes:
             gpu = SimpleNamespace(gpus_per_node=size)
             assert default_tensor_parallel(model, gpu), model.slug
-            for configuration in configurations(model, [_gpu(size)], None, [1], ["bf16"], ["bf16"]):
-                for engine in ("vllm", "sglang", "trtllm", "generic"):
+            for engine in ("vllm", "sglang", "trtllm", "generic"):
+                for configuration in configurations(model, [_gpu(size)], None, [1], ["bf16"], ["bf16"], engine=engine):
                     problems = layout_problems(model, configuration.layout, engine, size)
                     assert problems == [], (model.slug, configuration.label, problems)
+
+
+def test_the_planner_searches_expert_layouts_for_moe_models_only():
+    """DeepSeek-V3 on an 8-GPU node: plain TP 1, 2, 4, 8 (128 heads; 18,432 and 2,048 split by each), then
+    DEP and TEP at 2, 4 and 8 GPUs. Llama-3-70B (dense): plain TP only."""
+    labels = [c.layout.label for c in configurations(DEEPSEEK_V3, [_gpu(8)], None, [1], ["fp8"], ["bf16"],
+                                                     engine="vllm")]
+    assert labels == ["TP1 PP1", "TP2 PP1", "TP4 PP1", "TP8 PP1", "TP1 DP2 EP2 PP1", "TP2 EP2 PP1",
+                      "TP1 DP4 EP4 PP1", "TP4 EP4 PP1", "TP1 DP8 EP8 PP1", "TP8 EP8 PP1"]
+    assert all(c.layout.kind == "tp" for c in configurations(LLAMA_3_70B, [_gpu(8)], None, [1], ["bf16"], ["bf16"]))
 
 
 def _gpu(gpus_per_node):

@@ -353,3 +353,18 @@ def test_other_engines_use_their_own_flags():
     assert launch(engine="sglang").command.startswith("python -m sglang.launch_server --model-path ")
     assert "--max_batch_size 256" in launch(engine="trtllm").command
     assert launch(engine="generic").command is None
+
+
+def test_layouts_in_each_engines_own_flags():
+    """DP8 + EP8 (tp 1) for DeepSeek-V3: vLLM `--tensor-parallel-size 1 --data-parallel-size 8
+    --enable-expert-parallel`; SGLang's TP group spans the DP ranks, `--tp-size 8 --dp-size 8
+    --enable-dp-attention --ep-size 8`; TensorRT-LLM `--tp_size 8 --ep_size 8` with attention DP as an LLM-API
+    option (a note)."""
+    dep8 = {"model_id": "deepseek-ai/DeepSeek-V3", "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8}
+    assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel " in launch(**dep8).command
+    assert ("--tp-size 8 --dp-size 8 --enable-dp-attention --ep-size 8 "
+            in launch(engine="sglang", **dep8).command)
+    trtllm = launch(engine="trtllm", **dep8)
+    assert "--tp_size 8 --pp_size 1 --ep_size 8 " in trtllm.command
+    assert any("enable_attention_dp: true" in note for note in trtllm.notes)
+    assert "--data-parallel-size" not in launch().command  # plain TP4 is unchanged

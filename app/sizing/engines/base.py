@@ -99,6 +99,8 @@ class LaunchSpec:
     gpu_memory_utilization: float
     draft_tokens: int | None = None
     draft_model_id: str | None = None  # None with draft_tokens: n-gram (prompt lookup) proposals
+    data_parallel: int = 1  # attention data-parallel ranks (`layout.Layout`)
+    expert_parallel: int = 1
 
 
 def online_fp8(spec: LaunchSpec) -> bool:

@@ -99,10 +99,15 @@ class Sglang:
         return ()
 
     def launch_words(self, spec: LaunchSpec) -> list[str] | None:
+        # SGLang's TP group spans the attention data-parallel ranks: --tp tp·dp --dp dp --enable-dp-attention.
         words = ["python", "-m", "sglang.launch_server", "--model-path", spec.model_id,
-                 "--tp-size", str(spec.tensor_parallel)]
+                 "--tp-size", str(spec.tensor_parallel * spec.data_parallel)]
         if spec.pipeline_parallel > 1:
             words += ["--pp-size", str(spec.pipeline_parallel)]
+        if spec.data_parallel > 1:
+            words += ["--dp-size", str(spec.data_parallel), "--enable-dp-attention"]
+        if spec.expert_parallel > 1:
+            words += ["--ep-size", str(spec.expert_parallel)]
         if spec.max_num_seqs is not None:
             words += ["--max-running-requests", str(spec.max_num_seqs)]
         words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens),

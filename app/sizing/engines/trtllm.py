@@ -65,8 +65,12 @@ class Trtllm:
         return ()
 
     def launch_words(self, spec: LaunchSpec) -> list[str] | None:
-        words = ["trtllm-serve", spec.model_id, "--tp_size", str(spec.tensor_parallel),
+        # TensorRT-LLM's tp_size spans the attention data-parallel ranks (world = tp·pp); attention DP itself
+        # is an LLM-API option (`launch_notes`).
+        words = ["trtllm-serve", spec.model_id, "--tp_size", str(spec.tensor_parallel * spec.data_parallel),
                  "--pp_size", str(spec.pipeline_parallel)]
+        if spec.expert_parallel > 1:
+            words += ["--ep_size", str(spec.expert_parallel)]
         if spec.max_num_seqs is not None:
             words += ["--max_batch_size", str(spec.max_num_seqs)]
         words += ["--max_num_tokens", str(spec.max_num_batched_tokens),
@@ -75,9 +79,14 @@ class Trtllm:
         return words
 
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
+        notes = []
         if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
-            return ["TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt"]
-        return []
+            notes.append("TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt")
+        if spec.data_parallel > 1:
+            notes.append(f"attention data parallelism over {spec.data_parallel} ranks: pass "
+                         "--extra_llm_api_options with `enable_attention_dp: true` (and "
+                         f"`moe_expert_parallel_size: {spec.expert_parallel}`)")
+        return notes
 
     def disaggregation_words(self, role: str) -> list[str]:
         return ["--extra_llm_api_options", "ctx.yaml" if role == PREFILL_ROLE else "gen.yaml"]

@@ -74,6 +74,10 @@ class Vllm:
         words = ["vllm", "serve", spec.model_id, "--tensor-parallel-size", str(spec.tensor_parallel)]
         if spec.pipeline_parallel > 1:
             words += ["--pipeline-parallel-size", str(spec.pipeline_parallel)]
+        if spec.data_parallel > 1:
+            words += ["--data-parallel-size", str(spec.data_parallel)]
+        if spec.expert_parallel > 1:  # ep = dp x tp: `layout_problems` allows nothing else
+            words += ["--enable-expert-parallel"]
         if spec.max_num_seqs is not None:
             words += ["--max-num-seqs", str(spec.max_num_seqs)]
         words += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens),

@@ -42,6 +42,7 @@ from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.layout import Layout
 from app.sizing.model.kv import kv_bytes_per_token_per_layer, kv_cache_bytes_for_batch, kv_cache_size
 from app.sizing.model.params import ceil_div, pipeline_stages
 from app.sizing.model.weights import weight_bytes, weight_bytes_per_gpu
@@ -229,10 +230,12 @@ class MaxConcurrency:
         return self.admission if name == ADMISSION else self.steady_state
 
 
-def _capped(kv_limited: int, max_num_seqs: int | None, tokens_per_request: float) -> ConcurrencyView:
+def _capped(kv_limited: int, max_num_seqs: int | None, tokens_per_request: float,
+            ranks: int = 1) -> ConcurrencyView:
+    """One rank's KV-limited sequences against its max_num_seqs, for `ranks` data-parallel ranks."""
     if max_num_seqs is not None and max_num_seqs < kv_limited:
-        return ConcurrencyView(max_num_seqs, kv_limited, LIMIT_MAX_NUM_SEQS, tokens_per_request)
-    return ConcurrencyView(kv_limited, kv_limited, LIMIT_KV_CACHE, tokens_per_request)
+        return ConcurrencyView(ranks * max_num_seqs, ranks * kv_limited, LIMIT_MAX_NUM_SEQS, tokens_per_request)
+    return ConcurrencyView(ranks * kv_limited, ranks * kv_limited, LIMIT_KV_CACHE, tokens_per_request)
 
 
 def longest_context(model: ModelSpec, kv_budget_bytes_per_gpu: int, kv_dtype: str, *, tensor_parallel: int,
@@ -293,18 +296,22 @@ class OperatingPoint:
 def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurrency_view: str,
                     input_tokens: int, output_tokens: int, tensor_parallel: int, pipeline_parallel: int,
                     weight_dtype: str, kv_dtype: str, compute_dtype: str, efficiency: Efficiency,
-                    max_num_batched_tokens: int, activation_dtype: str = "bf16") -> OperatingPoint:
+                    max_num_batched_tokens: int, activation_dtype: str = "bf16", data_parallel: int = 1,
+                    expert_parallel: int = 1) -> OperatingPoint:
     """Decode step, prefill and the steady-state rates at `batch_size` running requests (see
-    `OperatingPoint`), timed with the step-time model of this deployment."""
+    `OperatingPoint`), timed with the step-time model of this deployment. The requests are spread over
+    the data-parallel ranks and, within a rank, over the pp micro-batches in flight."""
     if batch_size < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("batch_size, input_tokens and output_tokens must be >= 1")
     steps = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel,
                                   pipeline_parallel=pipeline_parallel, weight_dtype=weight_dtype,
                                   kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
-                                  activation_dtype=activation_dtype)
+                                  activation_dtype=activation_dtype, data_parallel=data_parallel,
+                                  expert_parallel=expert_parallel)
     # The step producing output token t+1 reads the prompt and t-1 generated tokens, t = 1..output-1.
     mean_context = input_tokens + max(output_tokens - 2, 0) / 2
-    micro_batch = batch_size / pipeline_parallel
+    rank_batch = batch_size / data_parallel
+    micro_batch = rank_batch / pipeline_parallel
     # The prompt in chunks of at most max_num_batched_tokens; chunk k (n_k tokens after a prefix p_k)
     # attends n_k·(p_k + (n_k+1)/2) positions (causal). Row 0 is the decode step, rows 1.. the chunks, so
     # one vectorized call times them all. A chunk's time is piecewise linear in k, so beyond
@@ -323,7 +330,7 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     prefill_ideal, prefill_expected = (float(times[1:].mean() * count) for times in (ideal, expected))
 
     def tpot(decode: float, prefill: float) -> float:
-        return decode + batch_size * prefill / (pipeline_parallel * output_tokens)
+        return decode + rank_batch * prefill / (pipeline_parallel * output_tokens)
 
     tpot_ideal, tpot_expected = tpot(decode_ideal, prefill_ideal), tpot(decode_expected, prefill_expected)
     return OperatingPoint(
@@ -387,16 +394,19 @@ class _Accounting:
 
 def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
              pipeline_parallel: int, weight_dtype: str, kv_dtype: str, input_tokens: int,
-             output_tokens: int) -> _Accounting:
-    tp, pp = tensor_parallel, pipeline_parallel
+             output_tokens: int, data_parallel: int = 1, expert_parallel: int = 1) -> _Accounting:
+    """Memory and concurrency of a replica. With attention data parallelism each of the dp ranks is an
+    engine of its own (its KV cache, its scheduler and max_num_seqs): one rank's figures, times dp."""
+    tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
     engine = resolve_engine(config, model, gpu, tp, pp)
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
-                           weight_dtype=weight_dtype)
+                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=expert_parallel)
     budget, block = memory.kv_budget_bytes_per_gpu, engine.block_size
     layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": block}
-    kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout)
+    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
+    kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
     if engine.max_num_seqs is None:
-        derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens, engine.max_model_len)
+        derived = ENGINES[engine.engine].derived_max_num_seqs(rank_tokens, engine.max_model_len)
         engine = replace(engine, max_num_seqs=derived)
     request_tokens = input_tokens + output_tokens
     worst = requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout)
@@ -406,9 +416,9 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     per_token = kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp)
     mean_live_tokens = float(mean_bytes / per_token)  # full-attention-equivalent tokens
     concurrency = MaxConcurrency(
-        worst_case=_capped(worst, engine.max_num_seqs, engine.max_model_len),
-        admission=_capped(admission, engine.max_num_seqs, request_tokens),
-        steady_state=_capped(steady, engine.max_num_seqs, mean_live_tokens),
+        worst_case=_capped(worst, engine.max_num_seqs, engine.max_model_len, dp),
+        admission=_capped(admission, engine.max_num_seqs, request_tokens, dp),
+        steady_state=_capped(steady, engine.max_num_seqs, mean_live_tokens, dp),
     )
     max_context = longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout)
     reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, kv_tokens,
@@ -488,7 +498,7 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
 def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_parallel: int,
              weight_dtype: str, kv_dtype: str, compute_dtype: str | None, engine: EngineConfig,
              input_tokens: int, output_tokens: int, efficiency: Efficiency,
-             activation_dtype: str = "bf16") -> CapacityResult:
+             activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1) -> CapacityResult:
     """How many concurrent requests of `input_tokens` + `output_tokens` fit, and how fast they go.
 
     Impossible configurations are answers (fits False, reasons, a suggestion), not errors; only
@@ -507,13 +517,15 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
                          "(the layers)")
     if input_tokens < 1 or output_tokens < 1:
         raise ValueError("input_tokens and output_tokens must be >= 1")
+    Layout(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)  # its invariants
     compute_dtype = compute_dtype or default_compute_dtype(gpu, weight_dtype)
     if not gpu.peak_flops_per_s(compute_dtype):
         raise ValueError(f"{gpu.name or gpu.slug} has no {compute_dtype} tensor rate")
     shape = {"tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
              "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "input_tokens": input_tokens,
              "output_tokens": output_tokens}
-    accounting = _account(model, gpu, engine, **shape)
+    accounting = _account(model, gpu, engine, **shape, data_parallel=data_parallel,
+                          expert_parallel=expert_parallel)
     fits = not accounting.reasons
     point = None
     if fits:
@@ -523,7 +535,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
             pipeline_parallel=pipeline_parallel, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
             compute_dtype=compute_dtype, efficiency=efficiency, activation_dtype=activation_dtype,
-            max_num_batched_tokens=accounting.engine.max_num_batched_tokens)
+            max_num_batched_tokens=accounting.engine.max_num_batched_tokens, data_parallel=data_parallel,
+            expert_parallel=expert_parallel)
     return CapacityResult(
         fits=fits,
         reasons=accounting.reasons,

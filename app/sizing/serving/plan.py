@@ -70,6 +70,7 @@ from app.sizing.serving.simulate import (
     SimulationLimitError,
     SimulationResult,
     StepTimeFn,
+    micro_batch_config,
     simulate,
 )
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime
@@ -340,13 +341,46 @@ def default_tensor_parallel(model: ModelSpec, gpu: GpuSpec) -> tuple[int, ...]:
     return valid_tensor_parallel(model, gpu.gpus_per_node)
 
 
+def expert_layouts(model: ModelSpec, gpu: GpuSpec, engine: str | None = None) -> tuple[tuple[int, int, int], ...]:
+    """The (tp, dp, ep) layouts searched besides plain TP for an MoE model: at each GPU count g of a valid TP
+    degree, attention DP with one EP rank per GPU ("DEP g": tp 1, dp g, ep g) and TP with EP (tp g, ep g),
+    the layouts TensorRT-LLM, SGLang and vLLM serve DeepSeek, Qwen3-MoE and gpt-oss with; those the engine
+    or the model refuse are left out. Dense models: none."""
+    if not model.is_moe:
+        return ()
+    found = []
+    for size in default_tensor_parallel(model, gpu):
+        for tp, dp in ((1, size), (size, 1)):
+            if size > 1 and size <= model.num_experts:
+                layout = Layout(tp, 1, dp, size)
+                if not layout_problems(model, layout, engine, gpu.gpus_per_node):
+                    found.append((tp, dp, size))
+    return tuple(found)
+
+
+def _layouts(model: ModelSpec, gpu: GpuSpec, tensor_parallel: Sequence[int] | None,
+             data_parallel: Sequence[int] | None, expert_parallel: Sequence[int] | None,
+             engine: str | None) -> list[tuple[int, int, int]]:
+    """(tp, dp, ep) per GPU: the given degrees combined (those that make no layout dropped), or by default the
+    valid TP degrees and, for MoE models, `expert_layouts`."""
+    if data_parallel is None and expert_parallel is None:
+        if tensor_parallel is not None:
+            return [(tp, 1, 1) for tp in tensor_parallel]
+        return ([(tp, 1, 1) for tp in default_tensor_parallel(model, gpu)]
+                + list(expert_layouts(model, gpu, engine)))
+    return [(tp, dp, ep)
+            for tp in (tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu))
+            for dp in (data_parallel or (1,)) for ep in (expert_parallel or (1,)) if (tp * dp) % ep == 0]
+
+
 def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
                       pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                       max_num_seqs: Sequence[int | None] = (None,),
-                      max_num_batched_tokens: Sequence[int | None] = (None,)) -> int:
+                      max_num_batched_tokens: Sequence[int | None] = (None,), *,
+                      data_parallel: Sequence[int] | None = None, expert_parallel: Sequence[int] | None = None,
+                      engine: str | None = None) -> int:
     """How many configurations `configurations` would list (counted, not listed)."""
-    per_gpu = sum(len(tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu))
-                  for gpu in gpus)
+    per_gpu = sum(len(_layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)) for gpu in gpus)
     return (per_gpu * len(pipeline_parallel) * len(weight_dtypes) * len(kv_dtypes) * len(max_num_seqs)
             * len(max_num_batched_tokens))
 
@@ -354,22 +388,26 @@ def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel
 def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
                    pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                    max_num_seqs: Sequence[int | None] = (None,),
-                   max_num_batched_tokens: Sequence[int | None] = (None,)) -> list[Configuration]:
-    """Every combination, GPU by GPU (None tensor_parallel = `default_tensor_parallel` per GPU).
+                   max_num_batched_tokens: Sequence[int | None] = (None,), *,
+                   data_parallel: Sequence[int] | None = None, expert_parallel: Sequence[int] | None = None,
+                   engine: str | None = None) -> list[Configuration]:
+    """Every combination, GPU by GPU. Layouts: the given tensor-, data- and expert-parallel degrees combined;
+    with none given, `default_tensor_parallel` and, for MoE models, `expert_layouts` (for `engine`).
 
     Raises SearchSpaceTooLarge beyond MAX_CONFIGURATIONS, before listing anything.
     """
     size = search_space_size(model, gpus, tensor_parallel, pipeline_parallel, weight_dtypes, kv_dtypes,
-                             max_num_seqs, max_num_batched_tokens)
+                             max_num_seqs, max_num_batched_tokens, data_parallel=data_parallel,
+                             expert_parallel=expert_parallel, engine=engine)
     if size > MAX_CONFIGURATIONS:
         raise SearchSpaceTooLarge(
-            f"{size} configurations (GPUs x tensor_parallel x pipeline_parallel x weight dtypes x KV dtypes x "
+            f"{size} configurations (GPUs x layouts x pipeline_parallel x weight dtypes x KV dtypes x "
             f"max_num_seqs x max_num_batched_tokens) exceed the limit of {MAX_CONFIGURATIONS}; narrow the "
             "candidates")
     return [
-        Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched)
+        Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched, dp, ep)
         for gpu in gpus
-        for tp in (tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu))
+        for tp, dp, ep in _layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)
         for pp in pipeline_parallel
         for weight_dtype in weight_dtypes
         for kv_dtype in kv_dtypes
@@ -487,13 +525,16 @@ class _Screened:
     price: float | None
     price_source: str | None
     cost_bound: tuple[int, float]  # (0, $/h) when priced, (1, GPUs) when not: a lower bound
+    schedulers: int = 1  # side by side in a replica: dp ranks x pp micro-batches; `scheduler` is one of them
+    kv_tokens_per_replica: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class _Run:
-    load: float
-    result: SimulationResult
+    load: float  # per replica
+    result: SimulationResult  # one of the replica's schedulers
     checks: tuple[tuple[str, float, float, float], ...]  # (constraint, value, limit, > 1 = missed)
+    schedulers: int = 1  # side by side in the replica
 
     @property
     def meets(self) -> bool:
@@ -533,9 +574,13 @@ class _Planner:
 
     def screen(self, configuration: Configuration, role: str = AGGREGATED) -> _Screened | Infeasible:
         """The configuration against the analytic bounds. A disaggregated pool (`role` "prefill" or
-        "decode") is held only to the floors of its own phase."""
+        "decode") is held only to the floors of its own phase. A replica runs dp x pp schedulers side by
+        side (each attention data-parallel rank has its own, and a rank's pipeline keeps pp micro-batches in
+        flight, `simulate.simulate_pipeline`): the scheduler simulated is one of them, with its share of
+        the KV cache and of max_num_seqs, at its share of the replica's load."""
         inputs, model, gpu = self.inputs, self.inputs.model, configuration.gpu
         tp, pp = configuration.tensor_parallel, configuration.pipeline_parallel
+        dp, ep = configuration.data_parallel, configuration.expert_parallel
 
         def infeasible(*reasons: str) -> Infeasible:
             return Infeasible(configuration, reasons)
@@ -558,7 +603,7 @@ class _Planner:
         engine = replace(engine, sources=tuple(
             (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
         memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
-                               weight_dtype=configuration.weight_dtype)
+                               weight_dtype=configuration.weight_dtype, data_parallel=dp, expert_parallel=ep)
         kv_budget = memory.kv_budget_bytes_per_gpu
         draft_steps = None
         if inputs.draft is not None:
@@ -569,33 +614,38 @@ class _Planner:
         if kv_budget <= 0:
             return infeasible(
                 f"weights need {_gb(memory.weights_bytes_per_gpu)} per GPU ({configuration.weight_dtype}, "
-                f"TP{tp} x PP{pp}); with {_gb(memory.activation_bytes_per_gpu)} of activations and "
+                f"{_layout_text(configuration.layout)}); with {_gb(memory.activation_bytes_per_gpu)} of activations and "
                 f"{_gb(memory.overhead_bytes_per_gpu)} of engine overhead"
                 + (" and the draft model" if inputs.draft is not None else "")
                 + f" that leaves no KV cache in {engine.engine}'s {_gb(memory.usable_bytes_per_gpu)} budget of a "
                 f"{_gb(memory.total_bytes_per_gpu)} GPU")
-        kv_tokens, kv_blocks = kv_token_capacity(model, kv_budget, configuration.kv_dtype, tensor_parallel=tp,
-                                                 pipeline_parallel=pp, block_size=engine.block_size)
-        shared_prefix = self.workload.shared_prefix_tokens
-        if -(-self.max_model_len // engine.block_size) + -(-shared_prefix // engine.block_size) > kv_blocks:
-            pinned = f" plus the shared prefix of {shared_prefix:,} kept for all" if shared_prefix else ""
-            return infeasible(
-                f"the KV cache holds {kv_tokens:,} tokens per replica, fewer than the longest request's "
-                f"{self.max_model_len:,} (prompt + answer){pinned}")
-        engine = _resolve_max_num_seqs(engine, kv_tokens)
+        rank_tokens, _ = kv_token_capacity(model, kv_budget, configuration.kv_dtype, tensor_parallel=tp,
+                                           pipeline_parallel=pp, block_size=engine.block_size)
+        engine = _resolve_max_num_seqs(engine, rank_tokens)
         if engine.max_num_seqs is not None and engine.max_num_seqs > engine.max_num_batched_tokens:
             return infeasible(f"max_num_seqs {engine.max_num_seqs} exceeds max_num_batched_tokens "
                               f"{engine.max_num_batched_tokens}: a step could not decode every running "
                               "sequence (vLLM refuses this too)")
-        scheduler = SchedulerConfig(
-            kv_capacity_tokens=kv_tokens, block_size=engine.block_size,
+        blocks = rank_tokens // engine.block_size // pp  # one scheduler's share (simulate.micro_batch_config)
+        kv_tokens = blocks * engine.block_size
+        shared_prefix = self.workload.shared_prefix_tokens
+        if -(-self.max_model_len // engine.block_size) + -(-shared_prefix // engine.block_size) > blocks:
+            pinned = f" plus the shared prefix of {shared_prefix:,} kept for all" if shared_prefix else ""
+            holder = ("per replica" if dp == pp == 1 else
+                      f"per scheduler ({_layout_text(configuration.layout)}: {dp * pp} side by side)")
+            return infeasible(
+                f"the KV cache holds {kv_tokens:,} tokens {holder}, fewer than the longest request's "
+                f"{self.max_model_len:,} (prompt + answer){pinned}")
+        scheduler = micro_batch_config(SchedulerConfig(
+            kv_capacity_tokens=rank_tokens, block_size=engine.block_size,
             max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             chunked_prefill=self._chunked_prefill(engine),
-            kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL)
+            kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL), pp)
         target = build_step_time_model(
             model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
-            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency)
+            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
+            data_parallel=dp, expert_parallel=ep)
         step_time: StepTimeFn = target.step_time_s
         if inputs.speculative is not None:
             step_time = SpeculativeStepTime(target, inputs.speculative, draft_steps)
@@ -603,13 +653,14 @@ class _Planner:
         reasons = self._floor_reasons(step_time, scheduler, role)
         if reasons:
             return infeasible(*reasons)
-        ceiling = self._ceiling(step_time, scheduler)
+        schedulers = dp * pp
+        ceiling = self._ceiling(step_time, scheduler) * schedulers
         price, source = self._price(gpu)
         min_replicas = _base_replicas(self.sized_load, ceiling * CEILING_MARGIN)
         gpus = (min_replicas + inputs.policy.extra_replicas) * configuration.gpus_per_replica
         bound = (0, gpus * price) if price is not None else (1, float(gpus))
         return _Screened(configuration, compute_dtype, efficiency, engine, scheduler, step_time, ceiling,
-                         min_replicas, price, source, bound)
+                         min_replicas, price, source, bound, schedulers, rank_tokens * dp)
 
     def _with_draft(self, configuration: Configuration, kv_budget: int) -> tuple[int, StepTimeModel | None]:
         """The target's share of the KV budget once the draft model's weights and KV are placed, and the
@@ -710,19 +761,22 @@ class _Planner:
     # Simulation --------------------------------------------------------------------------------
 
     def run(self, screened: _Screened, load: float) -> _Run:
-        """Simulate one replica at `load` (requests/s, or users) with the full request count."""
+        """Simulate one replica at `load` (requests/s, or users) with the full request count: one of its
+        `schedulers` side-by-side schedulers at its share of the load (rates and tokens scale back up in
+        `_prediction`)."""
         count = self.inputs.simulated_requests
         users = None
+        share = load / screened.schedulers
         if self.closed_loop:
-            users = int(load)
+            users = max(1, math.ceil(share * (1 - 1e-9)))
             count = max(count, min(CLOSED_LOOP_REQUESTS_PER_USER * users, MAX_CLOSED_LOOP_REQUESTS))
         requests = self._unit_requests(count)
         if not self.closed_loop:
-            requests = replace(requests, arrival_s=requests.arrival_s / load)
+            requests = replace(requests, arrival_s=requests.arrival_s / share)
         self.simulations += 1
         self.simulated_requests += count
         result = simulate(screened.step_time, screened.scheduler, requests, closed_loop_users=users)
-        return _Run(load, result, _checks(result, self.slo))
+        return _Run(load, result, _checks(result, self.slo), screened.schedulers)
 
     def _unit_requests(self, count: int) -> Requests:
         """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run), or none
@@ -857,8 +911,8 @@ def _prediction(run: _Run, slo: Slo) -> Prediction:
         tpot=_percentiles(result, "tpot", slo.percentile),
         e2e=_percentiles(result, "e2e", slo.percentile),
         goodput_ratio=result.goodput(slo.ttft_s, slo.tpot_s, slo.e2e_s).fraction,
-        requests_per_s=result.requests_per_s,
-        output_tokens_per_s=result.output_tokens_per_s,
+        requests_per_s=result.requests_per_s * run.schedulers,
+        output_tokens_per_s=result.output_tokens_per_s * run.schedulers,
         preemptions=result.preemptions,
     )
 
@@ -868,6 +922,10 @@ def _ms(seconds: float) -> str:
     if seconds >= 1:
         return f"{seconds:.3g} s"
     return f"{seconds * 1e3:.3g} ms"
+
+
+def _layout_text(layout: Layout) -> str:
+    return " x ".join(layout.label.split())
 
 
 def _gb(size_bytes: float) -> str:
@@ -988,8 +1046,9 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
             "the SLO is not met at the offered load either: "
             + _describe(offered_run.worst, inputs.slo.percentile),))
     gpus = replicas * configuration.gpus_per_replica
-    nodes = nodes_needed(replicas, configuration.tensor_parallel, configuration.pipeline_parallel,
-                         configuration.gpu.gpus_per_node)
+    # Data-parallel ranks pack into nodes as pipeline stages do: whole tensor-parallel groups per node.
+    nodes = nodes_needed(replicas, configuration.tensor_parallel,
+                         configuration.pipeline_parallel * configuration.data_parallel, configuration.gpu.gpus_per_node)
     prediction = _prediction(offered_run, inputs.slo)
     if planner.closed_loop:
         # Each replica serves `offered` users at most; the fleet's users run at the simulated pace.
@@ -1000,7 +1059,7 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
     binding, detail = _binding(settled, inputs.slo, planner.closed_loop)
     return Plan(
         configuration=configuration, compute_dtype=candidate.compute_dtype, efficiency=candidate.efficiency,
-        engine=candidate.engine, kv_tokens_per_replica=candidate.scheduler.kv_capacity_tokens,
+        engine=candidate.engine, kv_tokens_per_replica=candidate.kv_tokens_per_replica,
         load_kind=CLOSED_LOOP if planner.closed_loop else OPEN_LOOP,
         max_load_per_replica=settled.passing.load,
         failing_load_per_replica=None if settled.failing is None else settled.failing.load,
