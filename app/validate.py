@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from app.calibration.service import (
     LATENCY_LIGHT_LOAD,
     LATENCY_LOADED,
     THROUGHPUT,
+    ObservedRow,
     ReferenceCatalog,
     Report,
     file_sha256,
@@ -44,8 +47,11 @@ from app.calibration.service import (
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value
+from app.sizing.calibration.predict import LATENCY_METRICS
+from app.sizing.layout import KIND_DP_EP, KIND_PP, KIND_TP
 
 WORST_ROWS = 10
+LAYOUT_LABELS = {KIND_TP: "TP only", KIND_DP_EP: "DP+EP", KIND_PP: "PP > 1"}
 CATEGORY_LABELS = {THROUGHPUT: "throughput rows", LATENCY_LIGHT_LOAD: "latency, batch 1 and light load",
                    LATENCY_LOADED: "latency under load (queueing)"}
 
@@ -64,12 +70,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every row's prediction and the summary here")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="default | builtin | path to a profile JSON")
     parser.add_argument("--markdown", type=Path, help="write the accuracy page here")
+    parser.add_argument("--source", action="append", help="only the rows of this source_id (repeatable)")
+    parser.add_argument("--stat-when-unstated", choices=("mean", "median"),
+                        help="read latencies whose statistic the source does not state as this one (named in "
+                             "the report); without it such rows are skipped")
+    parser.add_argument("--skip-invalid-rows", action="store_true",
+                        help="leave out rows outside the measurement schema (e.g. capacity rows, rows without a "
+                             "weight dtype) instead of refusing the file")
     args = parser.parse_args(argv)
 
     data = args.file.read_bytes()
-    rows = read_measurement_file(args.file)
+    invalid: list[str] | None = [] if args.skip_invalid_rows else None
+    rows = read_measurement_file(args.file, args.source, invalid)
     if rows is None:
         return 2
+    rows = with_stat(rows, args.stat_when_unstated)
+    if invalid:
+        print(f"left out {len(invalid)} rows outside the measurement schema: "
+              + "; ".join(f"{count} x {problem}" for problem, count in Counter(invalid).most_common(5)),
+              file=sys.stderr)
     try:
         profile, document = load_profile(args.profile)
     except (OSError, ValueError, KeyError) as exc:
@@ -90,6 +109,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def with_stat(rows: list[ObservedRow], stat: str | None) -> list[ObservedRow]:
+    """The rows, latencies without a statistic read as `stat` (unchanged when None)."""
+    if stat is not None:
+        rows = [replace(row, measurement=replace(row.measurement, stat=stat))
+                if row.measurement.metric in LATENCY_METRICS and row.measurement.stat is None else row
+                for row in rows]
+    return rows
+
+
 def _row_json(row: dict[str, Any]) -> dict[str, Any]:
     """A predicted row carries predicted/abs_pct_error, a skipped one its reason (not both)."""
     keep = ("predicted", "abs_pct_error") if row["skipped_reason"] is None else ("skipped_reason",)
@@ -101,6 +129,12 @@ def _command(args: argparse.Namespace) -> str:
     parts = ["python -m app.validate", str(args.file)]
     if args.profile != DEFAULT_PROFILE:
         parts += ["--profile", args.profile]
+    for source in args.source or []:
+        parts += ["--source", source]
+    if args.stat_when_unstated:
+        parts += ["--stat-when-unstated", args.stat_when_unstated]
+    if args.skip_invalid_rows:
+        parts += ["--skip-invalid-rows"]
     return " ".join(parts + ["--markdown", str(args.markdown)])
 
 
@@ -124,6 +158,10 @@ def text_report(report: Report, source: dict[str, str]) -> str:
         stats = summary.categories[name]
         lines.append(f"  {label}: {stats.rows} rows, median {_pct(stats.median_abs_pct_error)}%, "
                      f"p90 {_pct(stats.p90_abs_pct_error)}%")
+    lines += ["", f"{'layout':<13} {'metric':<28} {'rows':>5} {'median %':>9} {'p90 %':>7}"]
+    for (kind, metric), stats in summary.by_layout:
+        lines.append(f"{LAYOUT_LABELS[kind]:<13} {metric:<28} {stats.rows:>5} "
+                     f"{_pct(stats.median_abs_pct_error):>9} {_pct(stats.p90_abs_pct_error):>7}")
     lines += ["", f"{'scenario':<13} {'metric':<28} {'gpu family':<10} {'rows':>5} {'median %':>9} {'p90 %':>7}"]
     for (scenario, metric, family), stats in summary.by_group:
         lines.append(f"{scenario:<13} {metric:<28} {family:<10} {stats.rows:>5} "
@@ -139,6 +177,19 @@ def text_report(report: Report, source: dict[str, str]) -> str:
 
 # Markdown ---------------------------------------------------------------------------------------
 
+def _data_text(report: Report, source: dict[str, str], command: str) -> str:
+    if source["file"] == "measured-calibration.csv" and "--source" not in command:
+        return (f"`{source['file']}` (sha256 `{source['sha256']}`): {report.summary.rows_total} published "
+                "measurements of TensorRT-LLM, vLLM, LMDeploy and gpt-fast (offline throughput, fixed-batch "
+                "throughput, batch-1 latency, latency under a Poisson load) on A100, H100, H200, GH200, L40S and "
+                "MI300X. Sources and how each one measured: `measured-calibration-sources.md` in the reference data.")
+    sources = sorted({outcome.row.source_id for outcome in report.outcomes})
+    stem = source["file"].removesuffix(".csv")
+    return (f"`{source['file']}` (sha256 `{source['sha256']}`), the rows of {', '.join(sources)}: "
+            f"{report.summary.rows_total} published measurements. Sources and how each one measured: "
+            f"`{stem}-sources.md` in the reference data.")
+
+
 def markdown_report(report: Report, source: dict[str, str], document: dict[str, Any] | None, *,
                     command: str) -> str:
     summary = report.summary
@@ -153,10 +204,7 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
         "",
         "## Data",
         "",
-        (f"`{source['file']}` (sha256 `{source['sha256']}`): {summary.rows_total} published measurements of "
-         "TensorRT-LLM, vLLM, LMDeploy and gpt-fast (offline throughput, fixed-batch throughput, batch-1 latency, "
-         "latency under a Poisson load) on A100, H100, H200, GH200, L40S and MI300X. Sources and how each one "
-         "measured: `measured-calibration-sources.md` in the reference data."),
+        _data_text(report, source, command),
         "",
         "## Method",
         "",
@@ -236,6 +284,19 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
                 for item in held_out["by_source"]]
         out.append("")
     out += [
+        "## By layout kind",
+        "",
+        ("TP only: tensor (and no pipeline) parallelism; DP+EP: attention data parallelism and/or expert "
+         "parallelism (each rank its own requests and KV, experts split, an all-to-all per MoE layer); PP > 1: "
+         "pipeline stages with micro-batches in flight."),
+        "",
+        "| layout | metric | rows | median abs. error | p90 abs. error |",
+        "|---|---|---:|---:|---:|",
+    ]
+    out += [f"| {LAYOUT_LABELS[kind]} | {metric} | {stats.rows} | {_pct(stats.median_abs_pct_error)}% | "
+            f"{_pct(stats.p90_abs_pct_error)}% |" for (kind, metric), stats in summary.by_layout]
+    out += [
+        "",
         "## By scenario, metric and GPU family",
         "",
         "| scenario | metric | GPU family | rows | median abs. error | p90 abs. error |",

@@ -179,3 +179,39 @@ def test_full_calibration_file_is_the_published_one() -> None:
     rows = rows_from_csv((DATA / "measured-calibration.csv").read_text(encoding="utf-8-sig"))
     assert len(rows) == 1263
     assert len({row.source_id for row in rows}) == 7
+
+
+LAYOUT_CSV = """row_id,source_id,model,gpu,num_gpus,tp,pp,dp,ep,moe_tp,deployment,weight_dtype,engine,scenario,isl,osl,concurrency,metric,stat,value
+a,AIC,mixtral-8x7b,h100-sxm,8,1,1,8,8,1,aggregated,bf16,trtllm,closed_loop,1000,1000,64,tpot_ms,,20
+b,AIC,llama-3.1-8b,h100-sxm,2,2,1,n/a,0,0,aggregated,bf16,trtllm,closed_loop,1000,1000,8,tpot_ms,mean,10
+c,AIC,mixtral-8x7b,h100-sxm,8,8,1,n/a,8,2,aggregated,bf16,trtllm,closed_loop,1000,1000,8,tpot_ms,mean,10
+d,AIC,mixtral-8x7b,h100-sxm,,8,1,,,,disaggregated,bf16,trtllm,closed_loop,1000,1000,8,tpot_ms,mean,10
+e,OTHER,llama-3.1-8b,h100-sxm,2,1,2,,,,aggregated,bf16,trtllm,closed_loop,1000,1000,8,tpot_ms,mean,10
+f,AIC,mixtral-8x7b,h100-sxm,8,8,1,,,,disaggregated,bf16,trtllm,closed_loop,1000,1000,8,tpot_ms,mean,10
+"""
+
+
+def test_layout_columns_sources_and_unstated_statistics(tmp_path: Path) -> None:
+    """Row a: DP8 x EP8 (moe_tp 1 = 1 x 8 / 8), statistic unstated: skipped unless read as a mean. Row b: "n/a"
+    and 0 in the layout columns mean 1 (plain TP2). Row c: tp 8 x dp 1 != ep 8 x moe_tp 2, skipped. Row d has
+    no num_gpus (outside the schema: left out with --skip-invalid-rows). Row e belongs to another source. Row
+    f: disaggregated workers, skipped."""
+    path = tmp_path / "layouts.csv"
+    path.write_text(LAYOUT_CSV)
+    invalid: list[str] = []
+    rows = observed_rows(rows_from_csv(LAYOUT_CSV, sources={"AIC"}, invalid=invalid))
+    assert [row.row_id for row in rows] == ["a", "b", "c", "f"] and invalid == ["num_gpus: Field required"]
+    assert (rows[0].measurement.dp, rows[0].measurement.ep, rows[1].measurement.dp, rows[1].measurement.ep) == (
+        8, 8, None, None)
+    out = tmp_path / "out.json"
+    assert validate_command.main([str(path), "--source", "AIC", "--skip-invalid-rows", "--stat-when-unstated",
+                                  "mean", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    reasons = {row["row_id"]: row.get("skipped_reason") for row in report["rows"]}
+    assert reasons["a"] is None and reasons["b"] is None
+    assert reasons["c"].startswith("inconsistent layout") and reasons["f"].startswith("disaggregated")
+    kinds = {(item["layout_kind"], item["metric"]): item["rows"] for item in report["summary"]["by_layout"]}
+    assert kinds == {("tp", "tpot_ms"): 1, ("dp_ep", "tpot_ms"): 1}
+    assert validate_command.main([str(path), "--source", "AIC", "--skip-invalid-rows", "--json", str(out)]) == 0
+    unstated = {row["row_id"]: row.get("skipped_reason") for row in json.loads(out.read_text())["rows"]}
+    assert unstated["a"].startswith("tpot_ms without its statistic")

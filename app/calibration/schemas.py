@@ -84,6 +84,15 @@ class MeasurementRowIn(BaseModel):
     tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
         None, description="Tensor parallel; null = not stated (the best layout on num_gpus is compared)")
     pp: Annotated[int, Field(ge=1, le=1000)] | None = Field(None, description="Pipeline parallel; null = 1")
+    dp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        None, description="Attention data-parallel ranks of tp GPUs each; null, 0 or n/a = 1")
+    ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        None, description="Expert-parallel ranks of the MoE layers; null, 0 or n/a = 1")
+    deployment: Literal["aggregated", "disaggregated"] | None = Field(
+        None, description="disaggregated: separate prefill and decode workers (not modelled: skipped); null = "
+                          "aggregated")
+    moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
+        None, description="GPUs each expert is split over; when given, tp x dp must equal ep x moe_tp")
     weight_dtype: WeightDtype
     compute_dtype: ComputeDtype | None = Field(
         None, description="Differs from the weights for weight-only quantization (fp8 weights on A100: fp16)")
@@ -165,6 +174,12 @@ class GroupErrorOut(ErrorStatsOut):
     gpu_family: str
 
 
+class LayoutErrorOut(ErrorStatsOut):
+    layout_kind: Literal["tp", "dp_ep", "pp"] = Field(
+        description="tp: tensor parallel only; dp_ep: attention data and/or expert parallel; pp: pipeline stages")
+    metric: str
+
+
 class RowResultOut(BaseModel):
     model_config = _examples(ROW_RESULT_EXAMPLE, {
         "row_id": "LAMBDA_VLLM_054-1399", "source_id": "LAMBDA_VLLM_054", "model": "llama-3.1-8b",
@@ -192,6 +207,8 @@ SUMMARY_EXAMPLE: dict[str, Any] = {
     "latency_light_load": {"rows": 1, "median_abs_pct_error": 12.4, "p90_abs_pct_error": 12.4},
     "latency_loaded": {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None},
     "by_group": [GROUP_ERROR_EXAMPLE],
+    "by_layout": [{"layout_kind": "tp", "metric": "output_tokens_per_s", "rows": 1, "median_abs_pct_error": 3.4,
+                   "p90_abs_pct_error": 3.4}],
     "skipped_reasons": {},
 }
 
@@ -215,6 +232,7 @@ class ErrorSummaryOut(BaseModel):
     latency_light_load: ErrorStatsOut
     latency_loaded: ErrorStatsOut
     by_group: list[GroupErrorOut]
+    by_layout: list[LayoutErrorOut] = Field(description="Errors by layout kind and metric")
     skipped_reasons: dict[str, int] = Field(description="Rows skipped, by reason")
 
 

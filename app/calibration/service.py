@@ -22,7 +22,7 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
@@ -95,6 +95,7 @@ from app.sizing.calibration.predict import (
     prepare,
 )
 from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.layout import KIND_DP_EP, KIND_PP, KIND_TP, LAYOUT_KINDS
 from app.sizing.specs import GpuSpec, ModelSpec
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
@@ -103,6 +104,9 @@ REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.i
 LIGHT_LOAD_UTILIZATION = 0.5
 
 MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
+# Layout columns: measured-calibration-2.csv writes "n/a" (or 0) where a degree does not apply, i.e. 1.
+LAYOUT_COLUMNS = ("dp", "ep", "moe_tp")
+NOT_APPLICABLE = ("n/a", "0")
 
 THROUGHPUT = "throughput"
 LATENCY_LIGHT_LOAD = "latency_light_load"
@@ -132,10 +136,13 @@ class ObservedRow:
     value: float
 
 
-def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowIn]:
+def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None,
+                  sources: Collection[str] | None = None,
+                  invalid: list[str] | None = None) -> list[MeasurementRowIn]:
     """Parse CSV text in the measurement schema. Extra columns are ignored; a missing required column,
     a bad cell, a malformed file or too many rows raise RowsInvalid (pointers `<pointer>/<line>/<column>`,
-    at most MAX_REPORTED_ERRORS of them)."""
+    at most MAX_REPORTED_ERRORS of them). `sources`: only the rows of these source ids are read. `invalid`: when
+    given, a row with bad cells is left out and its first problem appended there instead."""
     reader = csv.DictReader(io.StringIO(text))
     rows: list[MeasurementRowIn] = []
     errors: list[tuple[str, str]] = []
@@ -150,14 +157,21 @@ def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | Non
             if max_rows is not None and count > max_rows:
                 raise RowsInvalid(f"more than {max_rows} rows in one upload",
                                   [(pointer, f"at most {max_rows} rows per upload; split the file")])
+            if sources is not None and record.get("source_id") not in sources:
+                continue
             if None in record:  # more cells than header columns
                 errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
                 continue
             cells = {column: value.strip() for column, value in record.items()
-                     if column in CSV_COLUMNS and value is not None and value.strip() != ""}
+                     if column in CSV_COLUMNS and value is not None and value.strip() != ""
+                     and not (column in LAYOUT_COLUMNS and value.strip().lower() in NOT_APPLICABLE)}
             try:
                 rows.append(MeasurementRowIn.model_validate(cells, strict=False))
             except ValidationError as exc:
+                if invalid is not None:
+                    first = exc.errors()[0]
+                    invalid.append(f"{'/'.join(str(part) for part in first['loc'])}: {first['msg']}")
+                    continue
                 errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
                            for error in exc.errors()]
     except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
@@ -169,12 +183,14 @@ def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | Non
     return rows
 
 
-def read_measurement_file(path: Path) -> list[ObservedRow] | None:
-    """The rows of a measurement CSV file for the command-line tools, or None after printing what is
-    wrong with it (to stderr, at most 50 problems)."""
+def read_measurement_file(path: Path, sources: Collection[str] | None = None,
+                          invalid: list[str] | None = None) -> list[ObservedRow] | None:
+    """The rows of a measurement CSV file (of `sources` only, when given) for the command-line tools, or
+    None after printing what is wrong with it (to stderr, at most 50 problems). `invalid`: see
+    `rows_from_csv`."""
     try:
-        return observed_rows(rows_from_csv(path.read_bytes().decode("utf-8-sig"), pointer=str(path)),
-                             pointer=str(path))
+        return observed_rows(rows_from_csv(path.read_bytes().decode("utf-8-sig"), pointer=str(path),
+                                           sources=sources, invalid=invalid), pointer=str(path))
     except (RowsInvalid, UnicodeDecodeError) as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         for pointer, message in getattr(exc, "errors", [])[:50]:
@@ -196,7 +212,9 @@ def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows")
         row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, value=row.value,
         measurement=Measurement(
             scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
-            engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, compute_dtype=row.compute_dtype,
+            engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
+            disaggregated=row.deployment == "disaggregated",
+            compute_dtype=row.compute_dtype,
             kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
             num_requests=row.num_requests, request_rate=row.request_rate),
     ) for row in rows]
@@ -331,6 +349,7 @@ class Summary:
     overall: ErrorStats
     categories: dict[str, ErrorStats]
     by_group: tuple[tuple[tuple[str, str, str], ErrorStats], ...]  # ((scenario, metric, family), stats)
+    by_layout: tuple[tuple[tuple[str, str], ErrorStats], ...]  # ((layout kind, metric), stats)
     skipped_reasons: dict[str, int]
 
     @property
@@ -386,9 +405,11 @@ def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipp
 def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
     predicted = [outcome for outcome in outcomes if outcome.predicted is not None]
     groups: dict[tuple[str, str, str], list[float]] = {}
+    kinds: dict[tuple[str, str], list[float]] = {}
     for outcome in predicted:
         m = outcome.row.measurement
         groups.setdefault((m.scenario, m.metric, outcome.family), []).append(outcome.abs_pct_error)
+        kinds.setdefault((layout_kind(m), m.metric), []).append(outcome.abs_pct_error)
     return Summary(
         rows_total=len(outcomes),
         rows_predicted=len(predicted),
@@ -396,9 +417,22 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
         categories={name: ErrorStats.of([outcome.abs_pct_error for outcome in predicted if outcome.category == name])
                     for name in CATEGORIES},
         by_group=tuple((key, ErrorStats.of(errors)) for key, errors in sorted(groups.items())),
+        by_layout=tuple((key, ErrorStats.of(errors))
+                        for key, errors in sorted(kinds.items(), key=lambda item: (LAYOUT_KINDS.index(item[0][0]),
+                                                                                   item[0][1]))),
         skipped_reasons=dict(Counter(_reason_kind(outcome.skipped_reason) for outcome in outcomes
                                      if outcome.skipped_reason is not None).most_common()),
     )
+
+
+def layout_kind(measurement: Measurement) -> str:
+    """The layout family a measurement ran (`layout.LAYOUT_KINDS`): pipeline stages, else attention data or
+    expert parallelism, else tensor parallelism only."""
+    if (measurement.pp or 1) > 1:
+        return KIND_PP
+    if (measurement.dp or 1) > 1 or (measurement.ep or 1) > 1:
+        return KIND_DP_EP
+    return KIND_TP
 
 
 def _reason_kind(reason: str) -> str:
@@ -431,6 +465,8 @@ def summary_document(summary: Summary) -> dict[str, Any]:
         **{name: _stats_document(stats) for name, stats in summary.categories.items()},
         "by_group": [{"scenario": scenario, "metric": metric, "gpu_family": family, **_stats_document(stats)}
                      for (scenario, metric, family), stats in summary.by_group],
+        "by_layout": [{"layout_kind": kind, "metric": metric, **_stats_document(stats)}
+                      for (kind, metric), stats in summary.by_layout],
         "skipped_reasons": summary.skipped_reasons,
     }
 

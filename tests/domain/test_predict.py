@@ -18,7 +18,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.serving.simulate import simulate
 from app.sizing.serving.workload import Fixed, Workload, sample_requests
-from tests.domain.models_for_tests import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from tests.domain.models_for_tests import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B
 from tests.domain.test_roofline import A100_80GB_SXM, H100_SXM
 
 HOPPER = dataclasses.replace(H100_SXM, family="hopper")
@@ -244,3 +244,34 @@ def test_which_scenarios_run_the_simulator() -> None:
     assert needs_simulation(measurement(scenario="static_batch", engine="vllm"))
     assert not needs_simulation(measurement(scenario="static_batch", engine="trtllm"))
     assert not needs_simulation(measurement(scenario="batch1"))
+
+
+# Parallel layouts -------------------------------------------------------------------------------------
+
+def test_data_parallel_ranks_and_pipeline_micro_batches_share_the_load() -> None:
+    """A closed loop of 64 users on 8 GPUs. Mixtral-8x7B as TP1 x DP8 x EP8: 8 ranks, each its own scheduler
+    with 64 / 8 = 8 users. Llama-3-8B as TP2 x PP4: 4 micro-batches in flight, 16 users each. Throughput per
+    GPU divides by the 8 GPUs either way."""
+    dep8 = prepare(measurement(scenario="closed_loop", metric="output_tokens_per_s_per_gpu", stat=None, num_gpus=8,
+                               tp=1, dp=8, ep=8, moe_tp=1, engine="trtllm", concurrency=64, batch=None),
+                   MIXTRAL_8X7B, HOPPER)
+    (layout,) = dep8.layouts
+    assert (layout.replicas, layout.data_parallel, layout.expert_parallel, layout.num_gpus) == (8, 8, 8, 8)
+    pp4 = prepare(measurement(scenario="closed_loop", metric="output_tokens_per_s", stat=None, num_gpus=8, tp=2, pp=4,
+                              engine="trtllm", concurrency=64, batch=None), LLAMA_3_8B, HOPPER)
+    (layout,) = pp4.layouts
+    assert layout.replicas == 4
+    per_gpu = prepare(measurement(scenario="closed_loop", metric="output_tokens_per_s_per_gpu", stat=None,
+                                  num_gpus=8, tp=2, pp=4, engine="trtllm", concurrency=64, batch=None),
+                      LLAMA_3_8B, HOPPER)
+    assert per_gpu.predict(DEFAULT_EFFICIENCY) == pytest.approx(pp4.predict(DEFAULT_EFFICIENCY) / 8)
+
+
+@pytest.mark.parametrize("fields, reason", [
+    ({"tp": 8, "dp": 1, "ep": 8, "moe_tp": 2}, "inconsistent layout"),  # 8 x 1 != 8 x 2
+    ({"tp": None, "dp": 8, "ep": 8, "num_gpus": 8}, "without its tensor-parallel degree"),
+    ({"tp": 2, "ep": 4, "num_gpus": 2}, "must divide"),  # 4 does not divide 2 x 1
+])
+def test_layouts_that_cannot_be_predicted_say_why(fields, reason) -> None:
+    with pytest.raises(Unpredictable, match=reason):
+        prepare(measurement(**{"num_gpus": 8, **fields}), MIXTRAL_8X7B, HOPPER)

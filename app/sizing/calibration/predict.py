@@ -52,6 +52,7 @@ from functools import lru_cache
 import numpy as np
 
 from app.sizing import engines
+from app.sizing import layout as layouts
 from app.sizing.engines import EngineConfig, resolve_engine
 from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
@@ -127,6 +128,10 @@ class Measurement:
     stat: str | None = None  # for latencies: mean, median/p50, p90, p99
     tp: int | None = None  # None: the source does not say (the best layout on num_gpus is compared)
     pp: int | None = None  # None: 1
+    dp: int | None = None  # attention data-parallel ranks (`layout.Layout`); None: 1
+    ep: int | None = None  # expert-parallel ranks; None: 1
+    moe_tp: int | None = None  # GPUs per expert as the source states it (checked against tp·dp/ep); None: not stated
+    disaggregated: bool = False  # separate prefill and decode workers
     compute_dtype: str | None = None  # None: the weights' own where the GPU has that rate
     kv_dtype: str | None = None  # None: the engine default, 16-bit
     isl: int | None = None  # None: lengths from a dataset
@@ -147,7 +152,8 @@ class Measurement:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}")
         if self.stat is not None and self.stat not in STATS:
             raise ValueError(f"stat must be one of {', '.join(STATS)}")
-        for name in ("num_gpus", "tp", "pp", "isl", "osl", "batch", "concurrency", "num_requests"):
+        for name in ("num_gpus", "tp", "pp", "dp", "ep", "moe_tp", "isl", "osl", "batch", "concurrency",
+                     "num_requests"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -159,13 +165,21 @@ class Measurement:
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """One way to run the measurement's GPUs: tensor x pipeline parallel, and replicas of that."""
+    """One way to run the measurement's GPUs: a parallel layout, and replicas of it.
+
+    `replicas` counts the schedulers running side by side on all the GPUs: replicas of the layout x its
+    attention data-parallel ranks x its pipeline micro-batches in flight (`simulate.simulate_pipeline`);
+    the load is shared among them evenly and each is simulated as `scheduler` (its share of the KV cache
+    and of max_num_seqs)."""
 
     tensor_parallel: int
     pipeline_parallel: int
     replicas: int
-    kv_tokens: int  # per replica, by the engine's accounting
+    kv_tokens: int  # per scheduler, by the engine's accounting
     scheduler: SchedulerConfig
+    data_parallel: int = 1
+    expert_parallel: int = 1
+    num_gpus: int = 1
 
 
 class PreparedPrediction:
@@ -208,6 +222,8 @@ class PreparedPrediction:
 def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> PreparedPrediction:
     """Check the measurement can be predicted and do the efficiency-free work; raises Unpredictable."""
     m = measurement
+    if m.disaggregated:
+        raise Unpredictable("disaggregated prefill and decode workers are not modelled")
     if m.isl is None or m.osl is None:
         raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl)")
     if m.metric in LATENCY_METRICS and m.stat is None:
@@ -226,8 +242,13 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     kv_dtype = m.kv_dtype or "bf16"
     key = (m.scenario, m.num_gpus, m.pp or 1, m.weight_dtype, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
+    dp, ep = m.dp or 1, m.ep or 1
+    if (dp > 1 or ep > 1) and m.tp is None:
+        raise Unpredictable("a data- or expert-parallel layout without its tensor-parallel degree")
+    if m.tp is not None and m.moe_tp is not None and m.tp * dp != ep * m.moe_tp:
+        raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
-        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key),))
+        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep),))
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
@@ -247,11 +268,11 @@ def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:
 def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gpus: int, pp: int,
                   weight_dtype: str, compute_dtype: str | None, kv_dtype: str, engine: str, isl: int, osl: int,
                   batch: int | None, concurrency: int | None, num_requests: int | None,
-                  request_rate: float | None) -> _Run:
+                  request_rate: float | None, dp: int = 1, ep: int = 1) -> _Run:
     """The efficiency-free part of a run (cached: the rows of one benchmark share it)."""
-    layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine)
+    layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine, dp, ep)
     try:
-        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype)
+        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep)
     except ValueError as exc:
         raise Unpredictable(str(exc)) from None
     if scenario == BATCH1:
@@ -278,7 +299,7 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
     _check_work(count, osl)
     workload = Workload(Fixed(isl), Fixed(osl), requests_per_s=request_rate / replicas)
     saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
-                              isl, osl, None, None, None, None)
+                              isl, osl, None, None, None, None, dp, ep)
     return _PoissonRun(layout, steps, workload, count, saturated)
 
 
@@ -290,10 +311,11 @@ def _check_work(requests: int, osl: int) -> None:
 
 @lru_cache(maxsize=1024)
 def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, kv_dtype: str,
-                compute_dtype: str | None) -> StepTimeModel:
+                compute_dtype: str | None, dp: int = 1, ep: int = 1) -> StepTimeModel:
     """One deployment's step-time model (shared by every run on it)."""
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
-                                 kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=DEFAULT_EFFICIENCY)
+                                 kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=DEFAULT_EFFICIENCY,
+                                 data_parallel=dp, expert_parallel=ep)
 
 
 @lru_cache(maxsize=4096)
@@ -304,33 +326,42 @@ def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
 
 
 def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str, kv_dtype: str,
-            engine: str) -> Layout:
-    """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules)."""
+            engine: str, dp: int = 1, ep: int = 1) -> Layout:
+    """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules), split into
+    the side-by-side schedulers of `Layout`."""
     if model.num_attention_heads % tp:
         raise Unpredictable(f"TP{tp} does not divide the {model.num_attention_heads} attention heads")
     if pp > model.num_hidden_layers:
         raise Unpredictable(f"PP{pp} exceeds the {model.num_hidden_layers} layers")
-    if num_gpus % (tp * pp):
-        raise Unpredictable(f"{num_gpus} GPUs are not a whole number of TP{tp} x PP{pp} replicas")
+    try:
+        layout = layouts.Layout(tp, pp, dp, ep)
+    except ValueError as exc:
+        raise Unpredictable(str(exc)) from None
+    if ep > 1 and not model.is_moe:
+        raise Unpredictable(f"EP{ep} on a model without experts")
+    if num_gpus % layout.gpus:
+        raise Unpredictable(f"{num_gpus} GPUs are not a whole number of {layout.label} replicas")
     resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine]), model, gpu, tp, pp)
     budget = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
-                           weight_dtype=weight_dtype).kv_budget_bytes_per_gpu
-    kv_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
-                                     block_size=resolved.block_size)
+                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep).kv_budget_bytes_per_gpu
+    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
+                                       block_size=resolved.block_size)
+    kv_tokens = rank_tokens // resolved.block_size // pp * resolved.block_size  # one micro-batch's share
     if kv_tokens < resolved.block_size:
         raise Unpredictable(
             f"by {resolved.engine}'s memory accounting the weights leave no KV cache on TP{tp} x PP{pp} "
             f"({budget / 1e9:.1f} GB per GPU after weights, activations and overhead)")
     max_num_seqs = resolved.max_num_seqs
     if max_num_seqs is None:
-        max_num_seqs = engines.ENGINES[resolved.engine].derived_max_num_seqs(kv_tokens, resolved.max_model_len)
+        max_num_seqs = engines.ENGINES[resolved.engine].derived_max_num_seqs(rank_tokens, resolved.max_model_len)
     # No sequence limit (generic engine): every running sequence still needs a token of the step budget.
     max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
+    max_num_seqs = -(-max_num_seqs // pp)
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=resolved.max_num_batched_tokens, chunked_prefill=True,
         kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL)
-    return Layout(tp, pp, num_gpus // (tp * pp), kv_tokens, scheduler)
+    return Layout(tp, pp, num_gpus // layout.gpus * dp * pp, kv_tokens, scheduler, dp, ep, num_gpus)
 
 
 # Runs ---------------------------------------------------------------------------------------------
@@ -390,13 +421,9 @@ class _StaticRun(_Run):
         return {
             REQUESTS_PER_S: per_second,
             OUTPUT_TOKENS_PER_S: per_second * self.osl,
-            OUTPUT_TOKENS_PER_S_PER_GPU: per_second * self.osl / (self.layout.replicas * self._gpus_per_replica),
+            OUTPUT_TOKENS_PER_S_PER_GPU: per_second * self.osl / self.layout.num_gpus,
             TOTAL_TOKENS_PER_S: per_second * (self.isl + self.osl),
         }[metric]
-
-    @property
-    def _gpus_per_replica(self) -> int:
-        return self.layout.tensor_parallel * self.layout.pipeline_parallel
 
 
 class _SimulatedRun(_Run):
@@ -416,8 +443,7 @@ class _SimulatedRun(_Run):
         return {
             REQUESTS_PER_S: len(result.output_tokens) * per_second,
             OUTPUT_TOKENS_PER_S: output,
-            OUTPUT_TOKENS_PER_S_PER_GPU: output / (replicas * self.layout.tensor_parallel
-                                                   * self.layout.pipeline_parallel),
+            OUTPUT_TOKENS_PER_S_PER_GPU: output / self.layout.num_gpus,
             TOTAL_TOKENS_PER_S: float(result.input_tokens.sum() + result.output_tokens.sum()) * per_second,
         }[metric]
 
