@@ -420,8 +420,14 @@ CAPACITY_FORMULAS = (
     ("worst case = requests of max_model_len; admission = requests of input + output (reserved up front); "
      "steady state = budget / mean KV of a request over its decode (input + t tokens, block-rounded, "
      "t = 1..output); each capped by max_num_seqs"),
-    ("operating point: tpot = decode step (batch/pp requests at mean context, all stages) + batch x prefill "
-     "/ (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
+    ("operating point: tpot = decode step (batch/(dp x pp) requests at mean context, all stages) + batch/dp x "
+     "prefill / (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
+    ("attention data parallelism: each of the dp ranks keeps its own requests' KV at the per-GPU bytes of its "
+     "tensor-parallel split (replica KV = dp x one rank's) and holds the attention, dense and shared-expert "
+     "weights; routed experts are dealt to the expert-parallel ranks and split over tp x dp / ep GPUs"),
+    ("MoE exchange per MoE layer (dp or ep > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
+     "(ep-1)/ep x hidden x 2 B per token / tp, dp > 1 without ep: (dp-1) x hidden x 2 B per token; NVLink "
+     "inside a node, the scale-out link across nodes"),
     "TP beyond one node's GPUs runs its all-reduces over the scale-out link",
 )
 
@@ -430,7 +436,9 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     """/v1/capacity: concurrency and speed of a deployment under its engine's memory accounting."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
-    check_parallelism(model, request.tensor_parallel, request.pipeline_parallel)
+    layout = check_parallelism(model, request.tensor_parallel, request.pipeline_parallel,
+                               data_parallel=request.data_parallel, expert_parallel=request.expert_parallel,
+                               engine=request.engine)
     if request.max_model_len is not None and request.max_model_len > model.max_position_embeddings:
         raise Unprocessable(
             f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
@@ -452,7 +460,8 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
             compute_dtype=precisions.compute_dtype, engine=engine, input_tokens=request.input_tokens,
             output_tokens=request.output_tokens, efficiency=efficiency,
-            activation_dtype=precisions.activation_dtype)
+            activation_dtype=precisions.activation_dtype, data_parallel=layout.data_parallel,
+            expert_parallel=layout.expert_parallel)
     except ValueError as exc:
         raise core_problem(exc) from None
     resolved = result.engine
@@ -463,8 +472,10 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
                  if source != "given"]
     memory = result.memory
     return CapacityResponse(
-        model=model_label, gpu=gpu_label, tensor_parallel=request.tensor_parallel,
-        pipeline_parallel=request.pipeline_parallel, num_gpus=request.tensor_parallel * request.pipeline_parallel,
+        model=model_label, gpu=gpu_label, tensor_parallel=layout.tensor_parallel,
+        pipeline_parallel=layout.pipeline_parallel, data_parallel=layout.data_parallel,
+        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel,
+        num_gpus=layout.gpus,
         input_tokens=request.input_tokens, output_tokens=request.output_tokens,
         fits=result.fits, reasons=list(result.reasons),
         suggestion=None if result.suggestion is None else SuggestionOut(

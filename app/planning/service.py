@@ -162,7 +162,11 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         kv_dtypes = [kv_dtype]
         defaults.append(f"kv_dtypes = [{kv_dtype}] ({why})")
     if candidates.tensor_parallel is None:
-        defaults.append("tensor_parallel = every divisor of the attention heads up to each GPU's node size")
+        defaults.append("tensor_parallel = every degree that splits the heads, KV heads and widths evenly, up to "
+                        "each GPU's node size")
+        if model.is_moe and candidates.data_parallel is None and candidates.expert_parallel is None:
+            defaults.append("layouts of an MoE model: also attention DP + EP (TP1 DPg EPg) and TP + EP (TPg EPg) at "
+                            "each of those GPU counts g > 1 that the engine accepts")
     for knob in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(candidates, knob) is None:
             defaults.append(f"{knob} = the {candidates.engine} default")
@@ -179,7 +183,9 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     try:
         configurations = plan_core.configurations(
             model, gpus, candidates.tensor_parallel, candidates.pipeline_parallel, weight_dtypes, kv_dtypes,
-            candidates.max_num_seqs or [None], candidates.max_num_batched_tokens or [None])
+            candidates.max_num_seqs or [None], candidates.max_num_batched_tokens or [None],
+            data_parallel=candidates.data_parallel, expert_parallel=candidates.expert_parallel,
+            engine=candidates.engine)
     except plan_core.SearchSpaceTooLarge as exc:
         raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
     compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
@@ -240,6 +246,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
                 for index in pareto],
         infeasible=[InfeasibleOut(gpu=item.configuration.gpu.slug, tensor_parallel=item.configuration.tensor_parallel,
                                   pipeline_parallel=item.configuration.pipeline_parallel,
+                                  data_parallel=item.configuration.data_parallel,
+                                  expert_parallel=item.configuration.expert_parallel,
                                   weight_dtype=item.configuration.weight_dtype, kv_dtype=item.configuration.kv_dtype,
                                   max_num_seqs=item.configuration.max_num_seqs,
                                   max_num_batched_tokens=item.configuration.max_num_batched_tokens,
@@ -388,10 +396,14 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
         weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=engine.gpu_memory_utilization,
-        draft_tokens=None if speculative is None else speculative.draft_tokens, draft_model_id=draft_id))
+        draft_tokens=None if speculative is None else speculative.draft_tokens, draft_model_id=draft_id,
+        data_parallel=configuration.data_parallel, expert_parallel=configuration.expert_parallel))
+    layout = configuration.layout
     return PlanOut(
         rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
-        pipeline_parallel=configuration.pipeline_parallel, weight_dtype=configuration.weight_dtype,
+        pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
+        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
+        weight_dtype=configuration.weight_dtype,
         kv_dtype=configuration.kv_dtype, compute_dtype=plan.compute_dtype, engine=engine.engine,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
         block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,

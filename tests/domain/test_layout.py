@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.catalog import model_spec_from_record, reference_gpu_rows, reference_model_rows
+from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.sizing.engines import EngineConfig, layout_problems, resolve_engine
 from app.sizing.hardware.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
 from app.sizing.layout import (

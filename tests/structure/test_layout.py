@@ -63,7 +63,7 @@ PROTOCOL_MEMBERS = sorted(
 def test_the_protocol_has_the_members_the_callers_use() -> None:
     assert PROTOCOL_MEMBERS == sorted([
         "defaults", "derived_max_num_seqs", "disaggregation_notes", "disaggregation_router",
-        "disaggregation_words", "kv_allocation", "launch_notes", "launch_words",
+        "disaggregation_words", "kv_allocation", "launch_notes", "launch_words", "layout_problems",
         "mixes_prefill_into_decode", "name", "speculative_flags", "start_refusals", "utilization_of"])
 
 
