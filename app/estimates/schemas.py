@@ -336,6 +336,8 @@ class RooflineRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
         description="Decode: tokens already cached per sequence (required). Prefill: a cached prefix the "
                     "prompt follows (default 0)")
     tensor_parallel: TensorParallel = 1
+    data_parallel: DataParallel = 1
+    expert_parallel: ExpertParallel = 1
 
     @field_validator("prompt_tokens")
     @classmethod
@@ -419,6 +421,8 @@ class RooflineResponse(BaseModel):
     prompt_tokens: int | None
     context_tokens: int
     tensor_parallel: int
+    data_parallel: int
+    expert_parallel: int
     tokens: int = Field(description="New tokens this step processes, all sequences")
     compute_dtype: ComputeDtype
     flops: float = Field(description="Per GPU")
@@ -444,7 +448,8 @@ class RooflineResponse(BaseModel):
 
     model_config = _examples({
         "model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "prompt_tokens": None,
-        "context_tokens": 1024, "tensor_parallel": 1, "tokens": 1, "compute_dtype": "bf16",
+        "context_tokens": 1024, "tensor_parallel": 1, "data_parallel": 1, "expert_parallel": 1, "tokens": 1,
+        "compute_dtype": "bf16",
         "flops": 15546712064.0, "bytes": 15148673536.0, "arithmetic_intensity": 1.0263, "ridge_point": 295.3731,
         "bound": "memory", "compute_time_ms": 0.015712, "memory_time_ms": 4.521992, "ideal_time_ms": 4.521992,
         "expected_time_ms": 6.903746, "comm_time_ms": 0.0, "overhead_time_ms": 0.396,

@@ -229,10 +229,12 @@ ATTENTION_TRAFFIC_NOTE = (
 
 
 def roofline_step(session: Session, request: RooflineRequest) -> RooflineResponse:
-    """/v1/roofline: one prefill or decode step on one GPU of the tensor-parallel group."""
+    """/v1/roofline: one prefill or decode step on one GPU of the tensor-parallel group (of one attention
+    data-parallel rank, whose `batch_size` sequences every rank matches)."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
-    check_parallelism(model, request.tensor_parallel)
+    layout = check_parallelism(model, request.tensor_parallel, data_parallel=request.data_parallel,
+                               expert_parallel=request.expert_parallel)
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = list(precisions.defaults_used)
@@ -244,7 +246,8 @@ def roofline_step(session: Session, request: RooflineRequest) -> RooflineRespons
     if request.phase == PREFILL and request.context_tokens is None:
         defaults.append("context_tokens = 0 (no cached prefix)")
     dtypes = {"weight_dtype": precisions.weight_dtype, "kv_dtype": precisions.kv_dtype,
-              "activation_dtype": precisions.activation_dtype, "tensor_parallel": request.tensor_parallel}
+              "activation_dtype": precisions.activation_dtype, "tensor_parallel": request.tensor_parallel,
+              "data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     try:
         if request.phase == PREFILL:
             cost = prefill_cost(model, new_tokens, cached, request.batch_size, **dtypes)
@@ -260,7 +263,7 @@ def roofline_step(session: Session, request: RooflineRequest) -> RooflineRespons
     return RooflineResponse(
         model=model_label, gpu=gpu_label, phase=request.phase, batch_size=request.batch_size,
         prompt_tokens=request.prompt_tokens, context_tokens=cached, tensor_parallel=request.tensor_parallel,
-        tokens=result.tokens, compute_dtype=precisions.compute_dtype,
+        data_parallel=layout.data_parallel, expert_parallel=layout.expert_parallel, tokens=result.tokens, compute_dtype=precisions.compute_dtype,
         flops=result.flops, bytes=result.bytes, arithmetic_intensity=result.arithmetic_intensity,
         ridge_point=result.ridge_point, bound=result.bound,
         compute_time_ms=result.compute_time_s * 1e3, memory_time_ms=result.memory_time_s * 1e3,

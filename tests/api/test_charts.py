@@ -148,7 +148,8 @@ def test_charts_are_documented_as_svg_images(client: TestClient) -> None:
         assert names["model"]["required"] is True
     roofline_parameters = {p["name"] for p in spec["paths"][ROOFLINE]["get"]["parameters"]}
     assert {"model", "gpu", "phase", "batch_size", "prompt_tokens", "context_tokens", "tensor_parallel",
-            "weight_dtype", "kv_dtype", "compute_dtype", "calibration"} == roofline_parameters
+            "data_parallel", "expert_parallel", "weight_dtype", "kv_dtype", "compute_dtype",
+            "calibration"} == roofline_parameters
 
 
 # /v1/roofline/chart ------------------------------------------------------------------------

@@ -302,3 +302,17 @@ def test_any_in_bounds_request_answers_200_or_a_422(
     assert answer["expected_time_ms"] >= answer["ideal_time_ms"] > 0
     assert math.isfinite(answer["expected_tokens_per_s"]) and answer["expected_tokens_per_s"] > 0
     assert answer["ideal_time_ms"] == pytest.approx(max(answer["compute_time_ms"], answer["memory_time_ms"]))
+
+
+def test_a_dp_ep_layout_times_one_rank_and_its_exchange(client: TestClient) -> None:
+    """DeepSeek-V3 decode, 64 sequences on one of 8 attention data-parallel ranks (tp 1, ep 8): the answer
+    echoes the layout and its communication is the MoE exchange (tp 1 has no all-reduce); an expert degree
+    that does not divide tp x dp is a 422."""
+    body = {"model": "deepseek-v3", "gpu": "h200-sxm", "phase": "decode", "batch_size": 64, "context_tokens": 1000,
+            "weight_dtype": "fp8", "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8}
+    response = client.post("/v1/roofline", json=body)
+    assert response.status_code == 200, response.text
+    data = response.json()
+    assert (data["tensor_parallel"], data["data_parallel"], data["expert_parallel"]) == (1, 8, 8)
+    assert data["comm_time_ms"] > 116 * 6_422_528 / 450e9 * 1e3  # 1.656 ms of transfers alone
+    assert client.post("/v1/roofline", json={**body, "expert_parallel": 3}).status_code == 422

@@ -11,6 +11,8 @@ import pytest
 from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.sizing.engines import EngineConfig, layout_problems, resolve_engine
 from app.sizing.hardware.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.roofline import roofline
 from app.sizing.layout import (
     EXPERT_PARALLEL,
     KIND_DP_EP,
@@ -22,7 +24,7 @@ from app.sizing.layout import (
     valid_tensor_parallel,
 )
 from app.sizing.layout import layout_problems as generic_layout_problems
-from app.sizing.model.flops import DISTINCT_EXPERTS, step_cost_model
+from app.sizing.model.flops import DISTINCT_EXPERTS, decode_cost, step_cost_model
 from app.sizing.model.weights import weight_bytes_for_layout
 from app.sizing.serving.capacity import kv_token_capacity, memory_budget
 from app.sizing.serving.plan import configurations, default_tensor_parallel
@@ -236,3 +238,17 @@ def test_each_rank_reads_only_its_own_experts_touched_by_every_rank():
 
     assert expert_bytes(tp8) == pytest.approx(222.4425 * 5_505_024 * 58, rel=1e-6)
     assert expert_bytes(dep8) == pytest.approx(32 * 44_040_192 * 58, rel=1e-6)
+
+
+def test_the_roofline_pays_the_exchange_of_a_dp_ep_decode_step():
+    """DeepSeek-V3 DP8 + EP8 on H200, 64 sequences per rank at 1,000 cached tokens: tp 1 has no all-reduce;
+    the exchange is 58 MoE layers x 2 x (alpha + 6,422,528 B / 450e9 B/s), alpha the efficiency's per-call
+    latency. TP8 pays its all-reduces instead, and no exchange."""
+    alpha = DEFAULT_EFFICIENCY.allreduce_latency_s
+    dep8 = decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=1, data_parallel=8, expert_parallel=8)
+    result = roofline(dep8, H200, "fp8", DEFAULT_EFFICIENCY)
+    assert result.comm_time_s == pytest.approx(116 * (alpha + 6_422_528 / 450e9), rel=1e-12)
+    tp8 = roofline(decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=8), H200, "fp8",
+                   DEFAULT_EFFICIENCY)
+    # 2 all-reduces x 61 layers of 64 x 7168 x 2 B = 917,504 B: alpha + 2 x 7/8 x 917,504 / 450e9 each.
+    assert tp8.comm_time_s == pytest.approx(122 * (alpha + 1.75 * 917_504 / 450e9), rel=1e-12)

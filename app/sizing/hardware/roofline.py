@@ -24,7 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.hardware.comm import step_allreduce_time_s, tp_link_bandwidth
+from app.sizing.hardware.comm import (
+    link_bandwidth,
+    moe_exchange_time_s,
+    step_allreduce_time_s,
+    tp_link_bandwidth,
+)
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.model.flops import (
     HIGH_PRECISION_OPERATORS,
@@ -172,6 +177,9 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel),
                                  efficiency.allreduce_latency_s)
+    comm += moe_exchange_time_s(cost.tokens, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
+                                link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel),
+                                efficiency.allreduce_latency_s)
     overhead = efficiency.overhead_time_s(cost.tokens, cost.num_layers)
     compute_time, memory_time = float(compute.sum()), float(memory.sum())
     ideal = max(compute_time, memory_time)

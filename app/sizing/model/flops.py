@@ -125,6 +125,10 @@ class PhaseCost:
     num_layers: int
     hidden_state_bytes_per_token: float  # h · activation bytes: one token's TP all-reduce / PP message
     activation_dtype: str
+    data_parallel: int = 1  # attention data-parallel ranks: the step is one rank's (`tokens` its own)
+    expert_parallel: int = 1
+    num_moe_layers: int = 0
+    moe_exchange_bytes_per_token: float = 0.0  # per MoE layer and direction (comm.moe_exchange_bytes_per_token)
 
     @property
     def flops(self) -> float:
@@ -360,23 +364,26 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
 
 def prefill_cost(model: ModelSpec, prompt_tokens: int, cached_tokens: int = 0, batch_size: int = 1,
                  weight_dtype: str = "bf16", kv_dtype: str = "bf16", activation_dtype: str = "bf16",
-                 tensor_parallel: int = 1, flash_attention: bool = True) -> PhaseCost:
+                 tensor_parallel: int = 1, flash_attention: bool = True, data_parallel: int = 1,
+                 expert_parallel: int = 1) -> PhaseCost:
     """One step prefilling `prompt_tokens` new tokens for each of `batch_size` sequences, each after
     `cached_tokens` already in the KV cache (a prefix-cache hit or earlier chunks). The LM head runs
-    on the last prompt position of each sequence only."""
+    on the last prompt position of each sequence only. With attention data parallelism the sequences are
+    one rank's, and every rank brings as many (`step_cost_model`)."""
     if prompt_tokens < 1:
         raise ValueError("prompt_tokens must be >= 1")
     return _phase_cost(PREFILL, model, prompt_tokens, cached_tokens, batch_size, weight_dtype, kv_dtype,
-                       activation_dtype, tensor_parallel, flash_attention)
+                       activation_dtype, tensor_parallel, flash_attention, data_parallel, expert_parallel)
 
 
 def decode_cost(model: ModelSpec, context_tokens: int, batch_size: int = 1, weight_dtype: str = "bf16",
                 kv_dtype: str = "bf16", activation_dtype: str = "bf16",
-                tensor_parallel: int = 1) -> PhaseCost:
+                tensor_parallel: int = 1, data_parallel: int = 1, expert_parallel: int = 1) -> PhaseCost:
     """One decode step: `batch_size` sequences each hold `context_tokens` in the KV cache and generate
-    one token, which attends its context plus itself (a one-token prefill that samples)."""
+    one token, which attends its context plus itself (a one-token prefill that samples). With attention
+    data parallelism the sequences are one rank's."""
     return _phase_cost(DECODE, model, 1, context_tokens, batch_size, weight_dtype, kv_dtype,
-                       activation_dtype, tensor_parallel, True)
+                       activation_dtype, tensor_parallel, True, data_parallel, expert_parallel)
 
 
 def attention_traffic(model: ModelSpec, tokens: int, kv_dtype: str = "bf16",
@@ -396,12 +403,13 @@ def attention_traffic(model: ModelSpec, tokens: int, kv_dtype: str = "bf16",
 
 def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: int, batch_size: int,
                 weight_dtype: str, kv_dtype: str, activation_dtype: str, tensor_parallel: int,
-                flash_attention: bool) -> PhaseCost:
+                flash_attention: bool, data_parallel: int = 1, expert_parallel: int = 1) -> PhaseCost:
     if cached_tokens < 0:
         raise ValueError("cached/context tokens must be >= 0")
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel)
+    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
+                                  data_parallel, expert_parallel)
     windows = model_costs.windows
     shape = model_costs.shape(
         tokens=batch_size * new_tokens,
@@ -419,7 +427,9 @@ def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: in
         phase=phase, tokens=batch_size * new_tokens, operators=operators, sequences=batch_size,
         tensor_parallel=tensor_parallel, num_layers=model.num_hidden_layers,
         hidden_state_bytes_per_token=model_costs.hidden_state_bytes_per_token,
-        activation_dtype=activation_dtype,
+        activation_dtype=activation_dtype, data_parallel=data_parallel, expert_parallel=expert_parallel,
+        num_moe_layers=model_costs.num_moe_layers,
+        moe_exchange_bytes_per_token=model_costs.moe_exchange_bytes_per_token,
     )
 
 
