@@ -483,7 +483,7 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
         tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
         weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
         max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
-        gpu_memory_utilization=engine.gpu_memory_utilization), role)
+        gpu_memory_utilization=engine.gpu_memory_utilization, expert_parallel=configuration.expert_parallel), role)
     return PoolOut(
         gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
         pipeline_parallel=configuration.pipeline_parallel, workers=pool.workers, gpus=pool.gpus,
@@ -502,9 +502,12 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
     decode_out = _pool_out(decode, model, model_id, max_model_len, DECODE_POOL)
     transfer = plan.transfer
     offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
+    layout = configuration.layout
     return PlanOut(
         rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
-        pipeline_parallel=configuration.pipeline_parallel, weight_dtype=configuration.weight_dtype,
+        pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
+        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
+        weight_dtype=configuration.weight_dtype,
         kv_dtype=configuration.kv_dtype, compute_dtype=decode.compute_dtype, engine=engine.engine,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
         block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,

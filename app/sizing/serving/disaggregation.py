@@ -278,6 +278,12 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
     for configuration in candidates:
         for role in (PREFILL_POOL, DECODE_POOL):
             outcome = planner.screen(configuration, role)
+            if not isinstance(outcome, Infeasible) and outcome.schedulers > 1:
+                # A worker here is one scheduler; data-parallel ranks and pipeline micro-batches side by side
+                # are sized by the aggregated planner only.
+                reason = (f"{configuration.layout.label}: disaggregated pools are sized for workers of one "
+                          "scheduler (no attention DP, no PP)")
+                outcome = Infeasible(configuration, (reason,))
             if isinstance(outcome, Infeasible):
                 infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
             else:
