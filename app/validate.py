@@ -48,10 +48,10 @@ from app.calibration.service import (
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value
 from app.sizing.calibration.predict import LATENCY_METRICS
-from app.sizing.layout import KIND_DP_EP, KIND_PP, KIND_TP
+from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP
 
 WORST_ROWS = 10
-LAYOUT_LABELS = {KIND_TP: "TP only", KIND_DP_EP: "DP+EP", KIND_PP: "PP > 1"}
+LAYOUT_LABELS = {KIND_TP: "TP only", KIND_DP_EP: "DP+EP", KIND_PP: "PP > 1", KIND_DISAGGREGATED: "prefill/decode"}
 CATEGORY_LABELS = {THROUGHPUT: "throughput rows", LATENCY_LIGHT_LOAD: "latency, batch 1 and light load",
                    LATENCY_LOADED: "latency under load (queueing)"}
 

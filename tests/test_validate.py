@@ -18,6 +18,7 @@ from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.service import ReferenceCatalog, RowsInvalid, observed_rows, rows_from_csv, validate
+from app.sizing.calibration.predict import PoolLayout
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = Path(__file__).parents[1] / "examples" / "calibration-sample.csv"
@@ -215,3 +216,29 @@ def test_layout_columns_sources_and_unstated_statistics(tmp_path: Path) -> None:
     assert validate_command.main([str(path), "--source", "AIC", "--skip-invalid-rows", "--json", str(out)]) == 0
     unstated = {row["row_id"]: row.get("skipped_reason") for row in json.loads(out.read_text())["rows"]}
     assert unstated["a"].startswith("tpot_ms without its statistic")
+
+
+DISAGGREGATED_CSV = """row_id,source_id,model,gpu,num_gpus,deployment,weight_dtype,engine,scenario,isl,osl,concurrency,metric,stat,value,prefill_workers,prefill_tp,prefill_dp,prefill_ep,prefill_batch,decode_workers,decode_tp,decode_dp,decode_ep,decode_batch
+g,AIC,mixtral-8x7b,h100-sxm,4,disaggregated,bf16,trtllm,closed_loop,1000,200,16,ttft_ms,mean,100,1,2,1,1,4,1,2,1,1,16
+h,AIC,mixtral-8x7b,h100-sxm,4,disaggregated,bf16,trtllm,closed_loop,1000,200,16,tpot_ms,mean,10,1,2,1,1,4,1,2,1,1,16
+i,AIC,mixtral-8x7b,h100-sxm,4,disaggregated,bf16,trtllm,closed_loop,1000,200,16,tpot_ms,mean,10,n/a,2,1,1,n/a,n/a,2,1,1,n/a
+"""
+
+
+def test_disaggregated_rows_are_predicted_from_their_pools(tmp_path: Path) -> None:
+    """Rows g and h: one prefill and one decode worker of Mixtral-8x7B at TP2 each (4 GPUs), 16 users:
+    predicted, and reported as their own layout kind. Row i does not state its worker counts: skipped."""
+    path = tmp_path / "disaggregated.csv"
+    path.write_text(DISAGGREGATED_CSV)
+    rows = observed_rows(rows_from_csv(DISAGGREGATED_CSV))
+    assert rows[0].measurement.prefill == PoolLayout(workers=1, tp=2, batch=4)
+    assert rows[0].measurement.decode == PoolLayout(workers=1, tp=2, batch=16)
+    assert rows[2].measurement.prefill is None
+    out = tmp_path / "out.json"
+    assert validate_command.main([str(path), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    by_id = {row["row_id"]: row for row in report["rows"]}
+    assert by_id["g"]["predicted"] > 0 and by_id["h"]["predicted"] > 0
+    assert by_id["i"]["skipped_reason"].startswith("disaggregated run without its prefill and decode pools")
+    kinds = {(item["layout_kind"], item["metric"]): item["rows"] for item in report["summary"]["by_layout"]}
+    assert kinds == {("disaggregated", "ttft_ms"): 1, ("disaggregated", "tpot_ms"): 1}

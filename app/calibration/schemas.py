@@ -89,8 +89,26 @@ class MeasurementRowIn(BaseModel):
     ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(
         None, description="Expert-parallel ranks of the MoE layers; null, 0 or n/a = 1")
     deployment: Literal["aggregated", "disaggregated"] | None = Field(
-        None, description="disaggregated: separate prefill and decode workers (not modelled: skipped); null = "
-                          "aggregated")
+        None, description="disaggregated: separate prefill and decode workers (the prefill_* and decode_* "
+                          "columns); null = aggregated")
+    prefill_workers: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
+        None, description="disaggregated: prefill workers")
+    prefill_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="disaggregated: each prefill worker's tp")
+    prefill_pp: Annotated[int, Field(ge=1, le=1000)] | None = Field(None, description="null = 1")
+    prefill_dp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="attention data-parallel ranks; null = 1")
+    prefill_ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="expert-parallel ranks; null = 1")
+    prefill_moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="GPUs per expert, as stated")
+    prefill_batch: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="running sequences per attention data-parallel rank; null = the engine default")
+    decode_workers: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
+        None, description="disaggregated: decode workers")
+    decode_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="disaggregated: each decode worker's tp")
+    decode_pp: Annotated[int, Field(ge=1, le=1000)] | None = Field(None, description="null = 1")
+    decode_dp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="attention data-parallel ranks; null = 1")
+    decode_ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="expert-parallel ranks; null = 1")
+    decode_moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="GPUs per expert, as stated")
+    decode_batch: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="running sequences per attention data-parallel rank; null = the engine default")
     moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
         None, description="GPUs each expert is split over; when given, tp x dp must equal ep x moe_tp")
     weight_dtype: WeightDtype
@@ -175,7 +193,7 @@ class GroupErrorOut(ErrorStatsOut):
 
 
 class LayoutErrorOut(ErrorStatsOut):
-    layout_kind: Literal["tp", "dp_ep", "pp"] = Field(
+    layout_kind: Literal["tp", "dp_ep", "pp", "disaggregated"] = Field(
         description="tp: tensor parallel only; dp_ep: attention data and/or expert parallel; pp: pipeline stages")
     metric: str
 

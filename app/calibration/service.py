@@ -89,13 +89,14 @@ from app.sizing.calibration.predict import (
     STATIC_BATCH,
     THROUGHPUT_METRICS,
     Measurement,
+    PoolLayout,
     PreparedPrediction,
     Unpredictable,
     needs_simulation,
     prepare,
 )
 from app.sizing.hardware.efficiency import Efficiency
-from app.sizing.layout import KIND_DP_EP, KIND_PP, KIND_TP, LAYOUT_KINDS
+from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP, LAYOUT_KINDS
 from app.sizing.specs import GpuSpec, ModelSpec
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
@@ -105,7 +106,8 @@ LIGHT_LOAD_UTILIZATION = 0.5
 
 MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
 # Layout columns: measured-calibration-2.csv writes "n/a" (or 0) where a degree does not apply, i.e. 1.
-LAYOUT_COLUMNS = ("dp", "ep", "moe_tp")
+LAYOUT_COLUMNS = ("dp", "ep", "moe_tp", *(f"{role}_{degree}" for role in ("prefill", "decode")
+                                           for degree in ("workers", "pp", "dp", "ep", "moe_tp", "batch")))
 NOT_APPLICABLE = ("n/a", "0")
 
 THROUGHPUT = "throughput"
@@ -214,10 +216,20 @@ def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows")
             scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
             engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
             disaggregated=row.deployment == "disaggregated",
+            prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
             compute_dtype=row.compute_dtype,
             kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
             num_requests=row.num_requests, request_rate=row.request_rate),
     ) for row in rows]
+
+
+def _pool(row: MeasurementRowIn, role: str) -> PoolLayout | None:
+    """A disaggregated row's `role` pool, None when its workers or tensor-parallel degree are not stated."""
+    workers, tp = getattr(row, f"{role}_workers"), getattr(row, f"{role}_tp")
+    if row.deployment != "disaggregated" or workers is None or tp is None:
+        return None
+    return PoolLayout(workers=workers, tp=tp, pp=getattr(row, f"{role}_pp") or 1, dp=getattr(row, f"{role}_dp") or 1,
+                      ep=getattr(row, f"{role}_ep") or 1, batch=getattr(row, f"{role}_batch"))
 
 
 def file_sha256(data: bytes) -> str:
@@ -426,8 +438,10 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
 
 
 def layout_kind(measurement: Measurement) -> str:
-    """The layout family a measurement ran (`layout.LAYOUT_KINDS`): pipeline stages, else attention data or
-    expert parallelism, else tensor parallelism only."""
+    """The layout family a measurement ran (`layout.LAYOUT_KINDS`): separate prefill and decode pools, else
+    pipeline stages, else attention data or expert parallelism, else tensor parallelism only."""
+    if measurement.disaggregated:
+        return KIND_DISAGGREGATED
     if (measurement.pp or 1) > 1:
         return KIND_PP
     if (measurement.dp or 1) > 1 or (measurement.ep or 1) > 1:

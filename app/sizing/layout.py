@@ -37,7 +37,8 @@ EXPERT_PARALLEL = "expert_parallel"
 KIND_TP = "tp"  # tensor (and pipeline) parallel only: dp = ep = 1, pp = 1
 KIND_DP_EP = "dp_ep"  # attention data parallelism and/or expert parallelism
 KIND_PP = "pp"  # pipeline stages (pp > 1), whatever else
-LAYOUT_KINDS = (KIND_TP, KIND_DP_EP, KIND_PP)
+KIND_DISAGGREGATED = "disaggregated"  # separate prefill and decode pools, each with its own layout
+LAYOUT_KINDS = (KIND_TP, KIND_DP_EP, KIND_PP, KIND_DISAGGREGATED)
 
 
 @dataclass(frozen=True, slots=True)

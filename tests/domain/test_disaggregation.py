@@ -19,7 +19,9 @@ from app.sizing.serving.disaggregation import (
     NETWORK_TRANSFER_LATENCY_S,
     NVLINK,
     NVLINK_TRANSFER_LATENCY_S,
+    PoolRanks,
     PoolTimes,
+    closed_loop,
     combine,
     decode_role_requests,
     fewest_workers,
@@ -180,3 +182,41 @@ def test_closed_loop_workloads_are_refused() -> None:
                         efficiencies={("h100-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES})
     with pytest.raises(ValueError, match="open-loop"):
         plan_disaggregated(inputs, configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"]))
+
+
+def test_one_user_in_a_closed_loop_through_both_pools() -> None:
+    """One user, 1,000 prompt and 201 output tokens; step time = 5 ms + 50 us per prompt token + 1 ms per
+    decoding sequence; transfer 10 ms.
+
+    - Prefill alone: 5 + 1,000 x 0.05 = 55 ms.
+    - Decode: the first step computes the last prompt token (5.05 ms) and streams the first token, then
+      osl - 1 - 1 = 199 steps of one sequence at 6 ms = 1,194 ms.
+    - Cycle: 55 + 10 + 5.05 + 1,194 = 1,264.05 ms, so prefills arrive at 1 / 1.26405 s (Poisson in the
+      estimate), utilization rho = 55 / 1,264.05 = 0.04351; the M/D/1 mean wait rho x 55 / (2 (1 - rho))
+      = 1.251 ms. Mean TTFT = 55 + 1.251 + 10 + 5.05 = 71.30 ms (the sampled wait varies by a few tenths
+      of a millisecond: 1% tolerance). TPOT = 1,194 / (201 - 1) = 5.97 ms exactly.
+    """
+    def step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
+
+    scheduler = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
+    pool = PoolRanks(step_time, scheduler, ranks=1)
+    combined = closed_loop(1, 1000, 201, pool, pool, transfer_s=0.010)
+    assert combined.ttft_s.mean() == pytest.approx(0.07130, rel=0.01)
+    assert combined.tpot_s.tolist() == pytest.approx([0.00597] * len(combined.tpot_s), abs=1e-12)
+
+
+def test_more_users_than_decode_slots_queue_for_the_first_step() -> None:
+    """Eight users, one decode rank that runs at most two sequences: the other users wait for a slot, so
+    the first step comes later than with eight slots, and TPOT is the same (a batch of two either way
+    runs in steps of 5 + 2 ms at most)."""
+    def step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
+
+    wide = SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=8, max_num_batched_tokens=8192)
+    narrow = dataclasses.replace(wide, max_num_seqs=2)
+    prefill = PoolRanks(step_time, wide, ranks=1)
+    roomy = closed_loop(8, 1000, 101, prefill, PoolRanks(step_time, wide, ranks=1), transfer_s=0.0)
+    tight = closed_loop(8, 1000, 101, prefill, PoolRanks(step_time, narrow, ranks=1), transfer_s=0.0)
+    assert tight.ttft_s.mean() > 2 * roomy.ttft_s.mean()
+    assert np.nanmax(tight.tpot_s) <= 0.007 + 1e-12

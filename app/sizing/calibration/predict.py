@@ -57,6 +57,7 @@ from app.sizing.engines import EngineConfig, resolve_engine
 from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.serving import disaggregation
 from app.sizing.serving.capacity import kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
     FULL,
@@ -117,6 +118,25 @@ class Unpredictable(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class PoolLayout:
+    """One pool of a disaggregated run as the source states it: workers of tp x pp x dp GPUs, and each
+    attention data-parallel rank's running-sequence limit (`batch`, None: the engine default)."""
+
+    workers: int
+    tp: int
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    batch: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "tp", "pp", "dp", "ep", "batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Measurement:
     """How a published number was measured, and which number it is (never the value itself)."""
 
@@ -132,6 +152,8 @@ class Measurement:
     ep: int | None = None  # expert-parallel ranks; None: 1
     moe_tp: int | None = None  # GPUs per expert as the source states it (checked against tp·dp/ep); None: not stated
     disaggregated: bool = False  # separate prefill and decode workers
+    prefill: PoolLayout | None = None  # disaggregated: the prefill pool
+    decode: PoolLayout | None = None  # disaggregated: the decode pool
     compute_dtype: str | None = None  # None: the weights' own where the GPU has that rate
     kv_dtype: str | None = None  # None: the engine default, 16-bit
     isl: int | None = None  # None: lengths from a dataset
@@ -222,8 +244,6 @@ class PreparedPrediction:
 def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> PreparedPrediction:
     """Check the measurement can be predicted and do the efficiency-free work; raises Unpredictable."""
     m = measurement
-    if m.disaggregated:
-        raise Unpredictable("disaggregated prefill and decode workers are not modelled")
     if m.isl is None or m.osl is None:
         raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl)")
     if m.metric in LATENCY_METRICS and m.stat is None:
@@ -240,6 +260,8 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if compute_dtype is not None and not gpu.peak_flops_per_s(compute_dtype):
         raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
     kv_dtype = m.kv_dtype or "bf16"
+    if m.disaggregated:
+        return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype),))
     key = (m.scenario, m.num_gpus, m.pp or 1, m.weight_dtype, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
     dp, ep = m.dp or 1, m.ep or 1
@@ -591,3 +613,77 @@ class Replay:
         return replace(self.unit_run, arrival_s=arrival, first_token_s=first_token, finish_s=finish, ttft_s=ttft,
                        tpot_s=tpot, e2e_s=e2e, sim_time_s=float(finish.max()),
                        makespan_s=float(finish.max() - arrival.min()), trace_time_s=trace)
+
+
+# Disaggregated runs --------------------------------------------------------------------------------
+
+def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype: str) -> _DisaggregatedRun:
+    if m.prefill is None or m.decode is None:
+        raise Unpredictable("disaggregated run without its prefill and decode pools (workers and tp of each)")
+    if m.scenario != CLOSED_LOOP or m.concurrency is None:
+        raise Unpredictable("disaggregated runs are predicted for a closed loop at a stated concurrency only")
+    assert m.isl is not None and m.osl is not None
+    pools = {}
+    for role, pool in (("prefill", m.prefill), ("decode", m.decode)):
+        if pool.pp > 1:
+            raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
+        rank_gpus = pool.tp * pool.dp
+        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, m.weight_dtype, kv_dtype, m.engine, pool.dp, pool.ep)
+        scheduler = layout.scheduler
+        if pool.batch is not None:  # the source's per-rank batch limit
+            seqs = min(scheduler.max_num_seqs, pool.batch)
+            scheduler = replace(scheduler, max_num_seqs=seqs,
+                                max_num_batched_tokens=max(scheduler.max_num_batched_tokens, seqs))
+        try:
+            steps = _step_model(model, gpu, pool.tp, 1, m.weight_dtype, kv_dtype, m.compute_dtype, pool.dp, pool.ep)
+        except ValueError as exc:
+            raise Unpredictable(str(exc)) from None
+        pools[role] = (replace(layout, scheduler=scheduler), steps, pool.workers * pool.dp)
+    deployment_gpus = sum(pool.workers * pool.tp * pool.pp * pool.dp for pool in (m.prefill, m.decode))
+    _, bandwidth, latency = disaggregation.transfer_link(gpu, deployment_gpus)
+    transfer_s = float(disaggregation.transfer_times_s(
+        model, np.array([m.isl]), kv_dtype, decode_tensor_parallel=m.decode.tp, decode_pipeline_parallel=1,
+        bandwidth_bytes_per_s=bandwidth, latency_s=latency)[0])
+    return _DisaggregatedRun(pools["prefill"], pools["decode"], transfer_s, users=m.concurrency, isl=m.isl,
+                             osl=m.osl, num_gpus=deployment_gpus)
+
+
+class _DisaggregatedRun(_Run):
+    """Prefill and decode pools in a closed loop (`disaggregation.closed_loop`), simulated per efficiency."""
+
+    timing_invariant = False
+
+    def __init__(self, prefill: tuple[Layout, StepTimeModel, int], decode: tuple[Layout, StepTimeModel, int],
+                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int) -> None:
+        super().__init__(decode[0], decode[1])
+        self._prefill, self._decode = prefill, decode
+        self._transfer_s, self._users, self._isl, self._osl = transfer_s, users, isl, osl
+        self._num_gpus = num_gpus
+        self._memo: tuple[Efficiency, disaggregation.Combined] | None = None
+
+    def latencies(self, efficiency: Efficiency) -> disaggregation.Combined:
+        memo = self._memo
+        if memo is None or memo[0] != efficiency:
+            pools = [disaggregation.PoolRanks(_retimed(steps, efficiency).step_time_s, layout.scheduler, ranks)
+                     for layout, steps, ranks in (self._prefill, self._decode)]
+            try:
+                combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s)
+            except KvCapacityError as exc:
+                raise Unpredictable(str(exc)) from None
+            memo = (efficiency, combined)
+            self._memo = memo
+        return memo[1]
+
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
+        combined = self.latencies(efficiency)
+        if metric in LATENCY_METRICS:
+            values = combined.ttft_s if metric == TTFT_MS else combined.tpot_s
+            values = values[~np.isnan(values)]
+            return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+        requests_per_s = self._users / float(combined.e2e_s.mean())  # Little's law: users / cycle
+        return {
+            REQUESTS_PER_S: requests_per_s,
+            OUTPUT_TOKENS_PER_S: requests_per_s * self._osl,
+            OUTPUT_TOKENS_PER_S_PER_GPU: requests_per_s * self._osl / self._num_gpus,
+            TOTAL_TOKENS_PER_S: requests_per_s * (self._isl + self._osl),
+        }[metric]

@@ -54,8 +54,15 @@ from app.sizing.serving.plan import (
     cost_per_million_tokens,
     prefill_time_s,
 )
-from app.sizing.serving.simulate import KvCapacityError, SimulationLimitError, SimulationResult, simulate
-from app.sizing.serving.workload import Requests
+from app.sizing.serving.simulate import (
+    KvCapacityError,
+    SchedulerConfig,
+    SimulationLimitError,
+    SimulationResult,
+    StepTimeFn,
+    simulate,
+)
+from app.sizing.serving.workload import Fixed, Requests, Workload, sample_requests
 from app.sizing.specs import GpuSpec, ModelSpec
 
 NVLINK = "nvlink"
@@ -514,3 +521,64 @@ def _meets_all(combined: Combined, slo: Slo) -> np.ndarray:
 def _combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
     p50, p95, p99 = (combined.percentile(metric, q) for q in PERCENTILES_REPORTED)
     return Percentiles(p50, p95, p99, combined.percentile(metric, slo_percentile))
+
+
+# A measured closed loop -----------------------------------------------------------------------------
+
+CLOSED_LOOP_ITERATIONS = 3  # fixed-point passes: the share of users decoding, then the prefill rate
+CLOSED_LOOP_REQUESTS = 400  # requests per pool simulation (at least 4 per simulated decode user)
+
+
+@dataclass(frozen=True, slots=True)
+class PoolRanks:
+    """One pool as the closed-loop estimate sees it: `ranks` identical schedulers side by side (workers x
+    attention data-parallel ranks), each with this step time and these limits."""
+
+    step_time: StepTimeFn
+    scheduler: SchedulerConfig
+    ranks: int
+
+
+def closed_loop(users: int, input_tokens: int, output_tokens: int, prefill: PoolRanks, decode: PoolRanks,
+                transfer_s: float) -> Combined:
+    """Per-request latencies of `users` users, each sending its next request the moment the last one ends,
+    through a disaggregated deployment.
+
+    Every user cycles through prefill, the KV transfer and decode. The decode ranks hold the users that are
+    decoding: `users x share` in all, `share` = mean decode time / mean cycle, evenly spread, simulated as
+    a closed loop of that many per rank. The prefill ranks see the cycle rate users / mean cycle (Little's
+    law), evenly spread, simulated as a Poisson stream. Both means depend on each other, so the two
+    simulations alternate from share = 1 (all users decoding) for CLOSED_LOOP_ITERATIONS passes.
+    """
+    if users < 1 or input_tokens < 1 or output_tokens < 1:
+        raise ValueError("users, input_tokens and output_tokens must be >= 1")
+    lengths = Workload(Fixed(input_tokens), Fixed(output_tokens), requests_per_s=1.0)
+    share = 1.0
+    prefill_mean_s = None
+    for _ in range(CLOSED_LOOP_ITERATIONS):
+        per_rank = max(1, round(users * share / decode.ranks))
+        count = max(CLOSED_LOOP_REQUESTS, 4 * per_rank)
+        decode_requests = decode_role_requests(sample_requests(lengths, count, 0))
+        decode_result = simulate(decode.step_time, decode.scheduler,
+                                 replace(decode_requests, arrival_s=np.full(count, np.nan)),
+                                 closed_loop_users=per_rank)
+        skip = decode_result.warmup_requests
+        decode_mean_s = float(decode_result.e2e_s[skip:].mean())
+        if prefill_mean_s is None:  # first pass: the prompt prefilled alone
+            prefill_mean_s = float(simulate(prefill.step_time, prefill.scheduler,
+                                            prefill_role_requests(sample_requests(lengths, 1, 0)),
+                                            warmup_fraction=0).ttft_s[0])
+        cycle_s = prefill_mean_s + transfer_s + decode_mean_s
+        rate_per_rank = users / cycle_s / prefill.ranks
+        prefill_requests = prefill_role_requests(sample_requests(lengths, CLOSED_LOOP_REQUESTS, 0))
+        prefill_result = simulate(prefill.step_time, prefill.scheduler,
+                                  replace(prefill_requests, arrival_s=prefill_requests.arrival_s / rate_per_rank))
+        prefill_mean_s = float(prefill_result.ttft_s[prefill_result.warmup_requests:].mean())
+        share = decode_mean_s / (prefill_mean_s + transfer_s + decode_mean_s)
+    prefill_ttft = prefill_result.ttft_s[prefill_result.warmup_requests:]
+    decode_first = decode_result.ttft_s[skip:]
+    decode_rest = (decode_result.e2e_s - decode_result.ttft_s)[skip:]
+    n = min(len(prefill_ttft), len(decode_first))
+    return combine(PoolTimes(prefill_ttft_s=prefill_ttft[:n], transfer_s=np.full(n, transfer_s),
+                             decode_first_s=decode_first[:n], decode_rest_s=decode_rest[:n],
+                             output_tokens=np.full(n, output_tokens)))
