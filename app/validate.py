@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from app.calibration.profiles import (
     profile_from_entries,
     read_default_profile_document,
 )
+from app.calibration.rows import read_measurement_files
 from app.calibration.service import (
     LATENCY_LIGHT_LOAD,
     LATENCY_LOADED,
@@ -39,8 +39,6 @@ from app.calibration.service import (
     ObservedRow,
     ReferenceCatalog,
     Report,
-    file_sha256,
-    read_measurement_file,
     row_document,
     summary_document,
     validate,
@@ -66,36 +64,32 @@ def load_profile(name: str) -> tuple[CalibrationProfile, dict[str, Any] | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.validate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("file", type=Path, help="measurements CSV (the measured-calibration.csv schema)")
+    parser.add_argument("files", type=Path, nargs="+", metavar="FILE",
+                        help="measurements CSV (the measured-calibration.csv schema); several are read as one")
     parser.add_argument("--json", type=Path, help="write every row's prediction and the summary here")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="default | builtin | path to a profile JSON")
     parser.add_argument("--markdown", type=Path, help="write the accuracy page here")
     parser.add_argument("--source", action="append", help="only the rows of this source_id (repeatable)")
     parser.add_argument("--stat-when-unstated", choices=("mean", "median"),
                         help="read latencies whose statistic the source does not state as this one (named in "
-                             "the report); without it such rows are skipped")
+                             "the report); without it they are predicted as the mean, and each row says so")
     parser.add_argument("--skip-invalid-rows", action="store_true",
-                        help="leave out rows outside the measurement schema (e.g. capacity rows, rows without a "
-                             "weight dtype) instead of refusing the file")
+                        help="accepted for older commands: rows outside the measurement schema (capacity rows, "
+                             "rows without a weight dtype) are always skipped with the reason, never the file")
     args = parser.parse_args(argv)
 
-    data = args.file.read_bytes()
-    invalid: list[str] | None = [] if args.skip_invalid_rows else None
-    rows = read_measurement_file(args.file, args.source, invalid)
-    if rows is None:
+    read = read_measurement_files(args.files, sources=args.source)
+    if read is None:
         return 2
+    rows, files = read
     rows = with_stat(rows, args.stat_when_unstated)
-    if invalid:
-        print(f"left out {len(invalid)} rows outside the measurement schema: "
-              + "; ".join(f"{count} x {problem}" for problem, count in Counter(invalid).most_common(5)),
-              file=sys.stderr)
     try:
         profile, document = load_profile(args.profile)
     except (OSError, ValueError, KeyError) as exc:
         print(f"cannot read profile {args.profile!r}: {exc}", file=sys.stderr)
         return 2
     report = validate(rows, ReferenceCatalog(), profile)
-    source = {"file": args.file.name, "sha256": file_sha256(data)}
+    source = {"file": files.names, "sha256": files.sha256}
     print(text_report(report, source))
     if args.json:
         args.json.write_text(json.dumps({
@@ -113,20 +107,22 @@ def with_stat(rows: list[ObservedRow], stat: str | None) -> list[ObservedRow]:
     """The rows, latencies without a statistic read as `stat` (unchanged when None)."""
     if stat is not None:
         rows = [replace(row, measurement=replace(row.measurement, stat=stat))
-                if row.measurement.metric in LATENCY_METRICS and row.measurement.stat is None else row
+                if row.measurement is not None and row.measurement.metric in LATENCY_METRICS
+                and row.measurement.stat is None else row
                 for row in rows]
     return rows
 
 
 def _row_json(row: dict[str, Any]) -> dict[str, Any]:
     """A predicted row carries predicted/abs_pct_error, a skipped one its reason (not both)."""
-    keep = ("predicted", "abs_pct_error") if row["skipped_reason"] is None else ("skipped_reason",)
+    keep = ("predicted", "abs_pct_error", "assumption") if row["skipped_reason"] is None else ("skipped_reason",)
     return {key: value for key, value in row.items()
-            if key not in ("predicted", "abs_pct_error", "skipped_reason") or key in keep}
+            if key not in ("predicted", "abs_pct_error", "skipped_reason", "assumption")
+            or (key in keep and value is not None)}
 
 
 def _command(args: argparse.Namespace) -> str:
-    parts = ["python -m app.validate", str(args.file)]
+    parts = ["python -m app.validate", *map(str, args.files)]
     if args.profile != DEFAULT_PROFILE:
         parts += ["--profile", args.profile]
     for source in args.source or []:
@@ -194,34 +190,48 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
                     command: str) -> str:
     summary = report.summary
     provenance = document["provenance"] if document else None
+    validation = provenance.get("cross_validation") if provenance else None
     out = [
         "# Accuracy",
         "",
         f"<!-- Generated by `{command}`; do not edit by hand. -->",
         "",
         ("How far the service's expected numbers are from published measurements of real serving engines, and how "
-         "the efficiencies behind them were fitted. Every number on this page comes from the command above."),
+         "the efficiencies behind them were fitted. Every number on this page comes from the command above and "
+         "the profile's provenance (written by `make calibrate`)."),
         "",
+    ]
+    out += _cross_validation_section(validation)
+    out += _defects_section(provenance)
+    out += [
         "## Data",
         "",
-        _data_text(report, source, command),
+        _data_text(report, source, command) if "--source" in command else
+        (f"`{source['file']}` (sha256 `{source['sha256']}`): {summary.rows_total} published measurements of "
+         "TensorRT-LLM, vLLM, SGLang, LMDeploy, gpt-fast and others: offline and fixed-batch throughput, batch-1 "
+         "latency, latency under a Poisson load, aiconfigurator's end-to-end TTFT/TPOT at fixed concurrency on "
+         "H100/H200/B200/GB200, Argonne's static batches (end-to-end latency and throughput) across A100, H100, "
+         "GH200, MI250, MI300X and Gaudi2, and capacity rows. Sources and how each one measured: "
+         "`measured-calibration-sources.md` and `measured-calibration-2-sources.md` in the reference data."),
+        "",
+        (f"**{summary.rows_predicted} of {summary.rows_total} rows predicted ({summary.predicted_ratio:.1%})**; the "
+        "rest are skipped with the reason (table below), never guessed."),
         "",
         "## Method",
         "",
         ("- Each row is predicted through the same core the API uses: the engine's memory accounting and KV capacity "
          "(/v1/capacity), the step-time model (roofline with efficiencies), and the continuous-batching simulator "
          "(/v1/slo-plan) for offline, closed-loop and Poisson runs; a static batch is one prefill step and osl − 1 "
-         "decode steps. The measured value is never read while predicting."),
-        "- Rows that cannot be predicted honestly are skipped with the reason (below), never guessed.",
+         "decode steps (its end-to-end latency is the whole run). The measured value is never read while "
+         "predicting. A latency whose statistic the source does not state is predicted as the mean, and the row "
+         "says so."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
-         "per-step and per-layer overhead, all-reduce latency) are fitted per GPU family, then per compute "
-         "precision within it, with a global fallback, inside physical bounds, minimizing the mean "
-         "|ln(predicted / measured)|; never per row. Poisson rows are "
-         "validated but not fitted on (their schedule depends on the step time, so each trial would need a "
-         "fresh simulation)."),
-        ("- Leave-one-source-out: for each source, the fit is redone without it and its rows are predicted. That is "
-         "the error to expect on an engine version or harness the fit has never seen; software versions alone move "
-         "published results by 10-30% on the same hardware."),
+         "per-step and per-layer overhead, all-reduce latency) are fitted inside cited physical ranges, pulled "
+         "toward cited priors, minimizing the mean |ln(predicted / measured)|; never per row. Poisson rows are "
+         "validated but not fitted on (their schedule depends on the step time)."),
+        ("- A profile can be one global entry, an entry per GPU family, or an entry per GPU family and compute "
+         "precision. Which one ships is decided by the cross-validated error above, never by the error on the "
+         "data it was fitted to."),
         "",
         f"## Profile `{report.profile}`",
         "",
@@ -230,10 +240,7 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
         out += [
             (f"Fitted on {provenance['fitted_on']} to `{provenance['source_file']}` (sha256 "
              f"`{provenance['source_sha256'][:16]}`…): {provenance['rows_used']} of {provenance['rows_total']} rows "
-             f"used, starting from `{provenance['base_profile']}`. Median absolute error on all "
-             f"{provenance['fit_error']['after']['rows']} predicted rows "
-             f"{_pct(provenance['fit_error']['before']['median_abs_pct_error'])}% before, "
-             f"{_pct(provenance['fit_error']['after']['median_abs_pct_error'])}% after."),
+             f"usable by the fit, starting from `{provenance['base_profile']}`. {provenance['method']}."),
             "",
             ("| GPU family | compute | rows | HBM bandwidth fraction | compute scale | small-M flatness "
              "| per step (ms) | per layer (µs) | all-reduce α (µs) |"),
@@ -245,14 +252,17 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
                        f"{e.compute_scale:.3f} | {parameter_value(e, SMALL_M_FLATNESS):.2f} | "
                        f"{e.per_step_overhead_s * 1e3:.3f} | {e.per_layer_overhead_s * 1e6:.1f} | "
                        f"{e.allreduce_latency_s * 1e6:.1f} |")
-        out += ["", "Bounds: " + ", ".join(f"{name} {low:g}–{high:g}"
-                                          for name, (low, high) in provenance["parameter_bounds"].items()) + ".", ""]
+        out.append("")
+        priors = provenance.get("parameter_priors") or {}
+        if priors:
+            out += ["### Parameter ranges and priors", "", "| parameter | range | prior | source |", "|---|---|---:|---|"]
+            out += [f"| {name} | {low:g}–{high:g} | {priors[name]['prior']:g} | {priors[name]['source']} |"
+                    for name, (low, high) in provenance["parameter_bounds"].items() if name in priors]
+            out.append("")
     else:
         out += [BUILTIN_DESCRIPTION, ""]
     out += [
-        "## Error on the calibration data",
-        "",
-        f"{summary.rows_predicted} of {summary.rows_total} rows predicted ({summary.predicted_ratio:.1%}).",
+        "## Error on the calibration data (in-sample: not a measure of generalization)",
         "",
         "| rows | count | median abs. error | p90 abs. error |",
         "|---|---:|---:|---:|",
@@ -265,26 +275,10 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
                    f"{_pct(stats.p90_abs_pct_error)}% |")
     out += [
         "",
-        ("Light load: a single stream, a static batch of one, or a Poisson load at most half of what the predicted "
-         "engine serves at most."),
+        ("Light load: a single stream, a static batch of one, one closed-loop user, or a Poisson load at most half "
+         "of what the predicted engine serves at most."),
         "",
-    ]
-    held_out = provenance["leave_one_source_out"] if provenance else None
-    if held_out:
-        out += [
-            "## Leave one source out",
-            "",
-            (f"Median absolute error of every source predicted by a fit without it: "
-             f"**{_pct(held_out['median_abs_pct_error'])}%** over {held_out['rows']} rows."),
-            "",
-            "| held-out source | rows | median abs. error |",
-            "|---|---:|---:|",
-        ]
-        out += [f"| {item['source_id']} | {item['rows']} | {_pct(item['median_abs_pct_error'])}% |"
-                for item in held_out["by_source"]]
-        out.append("")
-    out += [
-        "## By layout kind",
+        "### By layout kind",
         "",
         ("TP only: tensor (and no pipeline) parallelism; DP+EP: attention data parallelism and/or expert "
          "parallelism (each rank its own requests and KV, experts split, an all-to-all per MoE layer); PP > 1: "
@@ -297,7 +291,7 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
             f"{_pct(stats.p90_abs_pct_error)}% |" for (kind, metric), stats in summary.by_layout]
     out += [
         "",
-        "## By scenario, metric and GPU family",
+        "### By scenario, metric and GPU family",
         "",
         "| scenario | metric | GPU family | rows | median abs. error | p90 abs. error |",
         "|---|---|---|---:|---:|---:|",
@@ -311,6 +305,75 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
     out += [f"| {outcome.row.row_id} | {outcome.predicted:.4g} | {outcome.row.value:.4g} | "
             f"{outcome.abs_pct_error:.0f}% |" for outcome in report.worst(WORST_ROWS)]
     return "\n".join(out) + "\n"
+
+
+HOLD_OUT_LABELS = {"gpu": "leave one GPU out", "model_family": "leave one model family out",
+                   "engine": "leave one engine out"}
+METRIC_KIND_LABELS = {"throughput": "throughput", "tpot_itl": "TPOT / ITL", "ttft": "TTFT", "e2e": "end-to-end"}
+
+
+def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
+    """The headline: held-out error per hold-out and metric kind, against the targets."""
+    out = ["## Cross-validated error (the yardstick)", ""]
+    if not validation:
+        return out + [("This profile was not cross-validated (`python -m app.calibrate` without "
+                      "`--no-cross-validation` does it)."), ""]
+    targets = validation["targets"]
+    out += [
+        ("Every group below was predicted by a fit that never saw it: leave one GPU out (its datasheet is all the "
+         "fit knows of it), leave one model family out (a family is the publisher of the weights: Llama 2, 3 and 4 "
+         "go together), leave one engine out. A held-out GPU whose family has other GPUs in the data (H100 among "
+         "H200 and GH200) still gets its family's entry, fitted on those siblings; one alone in its family (MI300X, "
+         "L40S, A100) falls back to the global entry. Median absolute error per metric, with the target; the 90th "
+         "percentile in brackets."),
+        "",
+        "| held out | " + " | ".join(f"{METRIC_KIND_LABELS[kind]} (target ≤ {targets[kind]:g}%)"
+                                     for kind in targets) + " | all rows |",
+        "|---|" + "---:|" * (len(targets) + 1),
+    ]
+    for item in validation["hold_outs"]:
+        cells = []
+        for kind in targets:
+            stats = item["by_metric"][kind]
+            median = stats["median_abs_pct_error"]
+            verdict = "" if median is None else (" ✓" if median <= targets[kind] else " ✗")
+            cells.append(f"{_pct(median)}%{verdict} ({_pct(stats['p90_abs_pct_error'])}%, {stats['rows']} rows)")
+        overall = item["overall"]
+        out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | " + " | ".join(cells)
+                   + f" | {_pct(overall['median_abs_pct_error'])}% ({overall['rows']} rows) |")
+    out += [
+        "",
+        (f"Shipped level: **{validation['levels'][validation['chosen_level']]}**, chosen by {validation['chosen_by']}. "
+         "Median held-out error of each level:"),
+        "",
+        "| level | " + " | ".join(HOLD_OUT_LABELS[name] for name in HOLD_OUT_LABELS) + " |",
+        "|---|" + "---:|" * len(HOLD_OUT_LABELS),
+    ]
+    out += [f"| {validation['levels'][level]} | " + " | ".join(f"{_pct(medians.get(name))}%" for name in HOLD_OUT_LABELS)
+            + " |" for level, medians in validation["candidates"].items()]
+    for item in validation["hold_outs"]:
+        label = HOLD_OUT_LABELS[item["held_out"]]
+        out += ["", f"### {label[0].upper()}{label[1:]}", "",
+                "| held out | rows | median abs. error | p90 abs. error |", "|---|---:|---:|---:|"]
+        out += [f"| {group['group']} | {group['rows']} | {_pct(group['median_abs_pct_error'])}% | "
+                f"{_pct(group['p90_abs_pct_error'])}% |" for group in item["by_group"]]
+    return out + [""]
+
+
+def _defects_section(provenance: dict[str, Any] | None) -> list[str]:
+    """Fitted parameters at a bound of their cited range: defects of the model, listed as such."""
+    if not provenance or "parameters_at_bounds" not in provenance:
+        return []
+    found = provenance["parameters_at_bounds"]
+    out = ["## Parameters at a bound (defects of the model)", ""]
+    if not found:
+        return out + ["No fitted parameter sits at a bound of its range.", ""]
+    out += [(f"{len(found)} fitted parameters sit at a bound of their cited range. Each is a defect: the parameter "
+             "absorbs physics the model lacks, and its value is not a measurement of the hardware."), "",
+            "| GPU family | compute | parameter | value | bound |", "|---|---|---|---:|---|"]
+    out += [f"| {item['gpu_family']} | {item['compute_dtype']} | {item['parameter']} | {item['value']:.4g} | "
+            f"{item['bound']} |" for item in found]
+    return out + [""]
 
 
 if __name__ == "__main__":

@@ -16,8 +16,11 @@ import pytest
 
 from app import calibrate as calibrate_command
 from app import validate as validate_command
+from app.calibration import service
 from app.calibration.profiles import builtin_profile, profile_from_entries
-from app.calibration.service import ReferenceCatalog, RowsInvalid, observed_rows, rows_from_csv, validate
+from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
+from app.calibration.service import ReferenceCatalog, validate
+from app.sizing.calibration.fit import FITTED_PARAMETERS, parameters_at_bounds
 from app.sizing.calibration.predict import PoolLayout
 
 DATA = Path(__file__).parent / "data"
@@ -104,9 +107,9 @@ def test_the_markdown_page_is_written_by_the_command(tmp_path: Path) -> None:
 def test_a_malformed_file_is_refused_with_the_offending_cells(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.csv"
     text = SAMPLE.read_text().splitlines()
-    bad.write_text("\n".join([text[0], text[1].replace(",fp8,fp8,fp8,", ",fp8,fp8,fp9,", 1)]) + "\n")
+    bad.write_text("\n".join([text[0], text[1].replace(",h100-sxm,1,1,1,", ",h100-sxm,one,1,1,", 1)]) + "\n")
     assert validate_command.main([str(bad)]) == 2
-    assert "kv_dtype" in capsys.readouterr().err
+    assert "num_gpus" in capsys.readouterr().err
 
 
 def test_csv_rows_need_the_required_columns_and_numbers() -> None:
@@ -139,12 +142,77 @@ def test_unknown_slugs_are_skipped_not_guessed() -> None:
     assert report.summary.skipped_reasons == {"unknown model slug": 1, "unknown GPU slug": 1}
 
 
+HEADER = "row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,batch,metric,stat,value,deployment,dp,ep,moe_tp"
+GOOD = "llama-3.1-8b,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4"
+
+
+def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file() -> None:
+    """A Hugging Face id, a GPU the catalog lacks, a capacity metric, an unstated or unpriced precision
+    and a disaggregated run without its worker counts each skip their row when read; data- and
+    expert-parallel rows are read
+    and handed to the predictor, which says why a layout it cannot run is skipped."""
+    text = "\n".join([
+        HEADER,
+        f"ok,{GOOD},tpot_ms,,12.5,aggregated,1,1,1",
+        "hf,Qwen/Qwen2-7B,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4,tpot_ms,,12.5,,,,",
+        "gpu,llama-3.1-8b,a100-variant-unstated,1,1,fp16,vllm,static_batch,128,128,4,e2e_ms,,900,,,,",
+        "cap,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,capacity,,,,kv_cache_tokens,,150000,,,,",
+        "nodtype,llama-3.1-8b,h100-sxm,1,1,,other,static_batch,128,128,4,e2e_ms,,900,,,,",
+        "fp32,llama-3.1-8b,h100-sxm,1,1,fp32,vllm,static_batch,128,128,4,e2e_ms,,900,,,,",
+        "disagg,deepseek-r1,b200,,,fp4,trtllm,closed_loop,1024,1024,,tpot_ms,,20,disaggregated,n/a,,",
+        f"adp,{GOOD},tpot_ms,,12.5,aggregated,8,1,1",
+        f"ep,{GOOD},tpot_ms,,12.5,aggregated,1,8,1",
+        f"moetp,{GOOD},tpot_ms,,12.5,aggregated,1,1,4",
+    ]) + "\n"
+    rows = read_rows(text, pointer="file.csv")
+    assert {row.row_id: row.skipped_reason for row in rows} == {
+        "ok": None,
+        "hf": "unknown model slug 'Qwen/Qwen2-7B'",
+        "gpu": None,  # a slug: the catalog decides, when the rows are predicted
+        "cap": "scenario not predicted: 'capacity'",
+        "nodtype": "weight_dtype not stated",
+        "fp32": "weight_dtype not predicted: 'fp32'",
+        "disagg": "layout not stated: a disaggregated run without its worker counts",
+        "adp": None,  # layouts are predicted (or refused by prepare, with the reason)
+        "ep": None,
+        "moetp": None,
+    }
+    assert rows[0].measurement is not None and rows[0].measurement.stat is None
+    report = validate(rows, ReferenceCatalog(), builtin_profile())
+    outcomes = {outcome.row.row_id: outcome for outcome in report.outcomes}
+    assert outcomes["gpu"].skipped_reason == "unknown GPU slug 'a100-variant-unstated'"
+    assert outcomes["ok"].predicted is not None
+    assert outcomes["ok"].assumption == "the source does not state the statistic of tpot_ms: predicted as the mean"
+    assert report.summary.skipped_reasons["layout not stated"] == 1  # the disaggregated row
+    # The layout rows reach the predictor, which says why these three cannot run as stated.
+    assert "dp" in outcomes["adp"].skipped_reason or "DP" in outcomes["adp"].skipped_reason
+    assert outcomes["ep"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 8 x moe_tp 1"
+    assert outcomes["moetp"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 1 x moe_tp 4"
+
+
+def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
+    with pytest.raises(RowsInvalid) as raised:
+        read_rows(HEADER + "\nr1,Qwen/Qwen2-7B,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4,tpot_ms,,fast,,,,\n",
+                  pointer="file.csv")
+    assert [pointer for pointer, _ in raised.value.errors] == ["file.csv/2/value"]
+
+
+def test_the_second_measurement_file_is_read_whole() -> None:
+    """All 11,287 rows of measured-calibration-2.csv are read (none refuses the file); a row is skipped
+    up front only for a name outside the vocabulary or a disaggregated run without its worker counts."""
+    rows = read_rows((DATA / "measured-calibration-2.csv").read_text(encoding="utf-8-sig"), pointer="file2")
+    assert len(rows) == 11287
+    kinds = {row.skipped_reason.split(":")[0].split("'")[0].strip() for row in rows if row.skipped_reason}
+    assert kinds == {"unknown model slug", "scenario not predicted", "weight_dtype not stated",
+                     "weight_dtype not predicted", "layout not stated"}
+
+
 def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path: Path) -> None:
     """The fit only improves on the builtin constants for the rows it saw; the written profile carries
     its provenance, and validating with it reproduces the 'after' error the fit reported."""
     output = tmp_path / "sample-profile.json"
     assert calibrate_command.main([str(SAMPLE), "--name", "sample", "--output", str(output),
-                                   "--no-leave-one-out"]) == 0
+                                   "--no-cross-validation"]) == 0
     document = json.loads(output.read_text())
     provenance = document["provenance"]
     assert document["name"] == "sample"
@@ -162,17 +230,48 @@ def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path
     assert report["summary"]["overall"]["median_abs_pct_error"] == pytest.approx(after["median_abs_pct_error"])
 
 
-def test_the_shipped_default_profile_meets_its_accuracy_targets() -> None:
-    """The default profile, as the calibration command wrote it: fitted to the full published data, with
-    leave-one-source-out error at most 30% (the accuracy page's headline), and a valid profile."""
+def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_the_best_level() -> None:
+    """On the sample: every predicted row is predicted once per hold-out by a fit that never saw its
+    GPU (or model family, or engine); the shipped level is the one whose mean of the GPU and model-family
+    held-out medians is lowest, and the shipped profile has that level's entries."""
+    rows = read_rows(SAMPLE.read_text(), pointer="sample")
+    result = service.calibrate(rows, ReferenceCatalog(), name="cv", description="", base=builtin_profile(),
+                               fit_global=True, cross_validation=True, source_file="sample", source_sha256="0" * 64,
+                               max_evaluations=10)
+    validation = result.document["provenance"]["cross_validation"]
+    assert [item["held_out"] for item in validation["hold_outs"]] == ["gpu", "model_family", "engine"]
+    for item in validation["hold_outs"]:
+        assert item["overall"]["rows"] == 33 == sum(group["rows"] for group in item["by_group"])
+        assert sum(stats["rows"] for stats in item["by_metric"].values()) == 33
+    families = {group["group"] for group in validation["hold_outs"][1]["by_group"]}
+    # gpt-j-6b (EleutherAI/gpt-j-6b), llama-2-7b and llama-3.1-8b (meta-llama), mistral-7b-v0.1 (mistralai)
+    assert families == {"EleutherAI", "meta-llama", "mistralai"}
+    scores = {level: (medians["gpu"] + medians["model_family"]) / 2
+              for level, medians in validation["candidates"].items()}
+    assert validation["chosen_level"] == min(scores, key=scores.get)
+    keys = {entry.key for entry in result.profile.entries}
+    assert keys == {"global": {("*", "*")}, "family": {("*", "*"), ("hopper", "*")},
+                    "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8")}}[validation["chosen_level"]]
+
+
+def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defects() -> None:
+    """The default profile, as the calibration command wrote it: fitted to both published files, with
+    the three hold-outs, the level cross-validation chose, and every fitted parameter at a bound listed
+    (recomputed here from the entries: the report hides none)."""
     document = json.loads((Path(validate_command.DEFAULT_PROFILE_PATH)).read_text())
     provenance = document["provenance"]
-    assert provenance["source_file"] == "measured-calibration.csv"
-    assert provenance["rows_total"] == 1263
-    assert provenance["leave_one_source_out"]["median_abs_pct_error"] <= 30
-    assert provenance["fit_error"]["after"]["median_abs_pct_error"] <= 20
+    assert provenance["source_file"] == "measured-calibration.csv + measured-calibration-2.csv"
+    assert provenance["rows_total"] == 1263 + 11287
+    validation = provenance["cross_validation"]
+    assert [item["held_out"] for item in validation["hold_outs"]] == ["gpu", "model_family", "engine"]
+    scores = {level: (medians["gpu"] + medians["model_family"]) / 2
+              for level, medians in validation["candidates"].items()}
+    assert validation["chosen_level"] == min(scores, key=scores.get)
     profile = profile_from_entries("default", document["entries"])
-    assert profile.entry_for("hopper", "fp8").rows > 0
+    listed = [(item["gpu_family"], item["compute_dtype"], item["parameter"], item["value"], item["bound"])
+              for item in provenance["parameters_at_bounds"]]
+    assert listed == parameters_at_bounds(profile)
+    assert set(provenance["parameter_priors"]) == {bound.name for bound in FITTED_PARAMETERS}
 
 
 def test_full_calibration_file_is_the_published_one() -> None:
@@ -193,29 +292,33 @@ f,AIC,mixtral-8x7b,h100-sxm,8,8,1,,,,disaggregated,bf16,trtllm,closed_loop,1000,
 
 
 def test_layout_columns_sources_and_unstated_statistics(tmp_path: Path) -> None:
-    """Row a: DP8 x EP8 (moe_tp 1 = 1 x 8 / 8), statistic unstated: skipped unless read as a mean. Row b: "n/a"
-    and 0 in the layout columns mean 1 (plain TP2). Row c: tp 8 x dp 1 != ep 8 x moe_tp 2, skipped. Row d has
-    no num_gpus (outside the schema: left out with --skip-invalid-rows). Row e belongs to another source. Row
-    f: disaggregated workers, skipped."""
+    """Row a: DP8 x EP8 (moe_tp 1 = 1 x 8 / 8), statistic unstated: predicted as the mean (said in the row) or
+    read as the statistic named. Row b: "n/a" and 0 in the layout columns mean 1 (plain TP2). Row c: tp 8 x
+    dp 1 != ep 8 x moe_tp 2, skipped. Row d: disaggregated without num_gpus, skipped when read; row f:
+    disaggregated without its pools, skipped by the predictor.
+    Row e belongs to another source."""
     path = tmp_path / "layouts.csv"
     path.write_text(LAYOUT_CSV)
-    invalid: list[str] = []
-    rows = observed_rows(rows_from_csv(LAYOUT_CSV, sources={"AIC"}, invalid=invalid))
-    assert [row.row_id for row in rows] == ["a", "b", "c", "f"] and invalid == ["num_gpus: Field required"]
+    rows = read_rows(LAYOUT_CSV, pointer="layouts", sources={"AIC"})
+    assert [row.row_id for row in rows] == ["a", "b", "c", "d", "f"]
     assert (rows[0].measurement.dp, rows[0].measurement.ep, rows[1].measurement.dp, rows[1].measurement.ep) == (
         8, 8, None, None)
     out = tmp_path / "out.json"
-    assert validate_command.main([str(path), "--source", "AIC", "--skip-invalid-rows", "--stat-when-unstated",
-                                  "mean", "--json", str(out)]) == 0
+    assert validate_command.main([str(path), "--source", "AIC", "--stat-when-unstated", "mean", "--json",
+                                  str(out)]) == 0
     report = json.loads(out.read_text())
     reasons = {row["row_id"]: row.get("skipped_reason") for row in report["rows"]}
     assert reasons["a"] is None and reasons["b"] is None
-    assert reasons["c"].startswith("inconsistent layout") and reasons["f"].startswith("disaggregated")
+    assert reasons["c"].startswith("inconsistent layout")
+    assert reasons["d"] == "layout not stated: a disaggregated run without its worker counts"
+    assert reasons["f"].startswith("disaggregated run without its prefill and decode pools")
     kinds = {(item["layout_kind"], item["metric"]): item["rows"] for item in report["summary"]["by_layout"]}
     assert kinds == {("tp", "tpot_ms"): 1, ("dp_ep", "tpot_ms"): 1}
-    assert validate_command.main([str(path), "--source", "AIC", "--skip-invalid-rows", "--json", str(out)]) == 0
-    unstated = {row["row_id"]: row.get("skipped_reason") for row in json.loads(out.read_text())["rows"]}
-    assert unstated["a"].startswith("tpot_ms without its statistic")
+    named = {row["row_id"]: row for row in report["rows"]}["a"]
+    assert validate_command.main([str(path), "--source", "AIC", "--json", str(out)]) == 0
+    unstated = {row["row_id"]: row for row in json.loads(out.read_text())["rows"]}["a"]
+    assert unstated["predicted"] == named["predicted"]
+    assert unstated["assumption"] == "the source does not state the statistic of tpot_ms: predicted as the mean"
 
 
 DISAGGREGATED_CSV = """row_id,source_id,model,gpu,num_gpus,deployment,weight_dtype,engine,scenario,isl,osl,concurrency,metric,stat,value,prefill_workers,prefill_tp,prefill_dp,prefill_ep,prefill_batch,decode_workers,decode_tp,decode_dp,decode_ep,decode_batch
@@ -230,7 +333,7 @@ def test_disaggregated_rows_are_predicted_from_their_pools(tmp_path: Path) -> No
     predicted, and reported as their own layout kind. Row i does not state its worker counts: skipped."""
     path = tmp_path / "disaggregated.csv"
     path.write_text(DISAGGREGATED_CSV)
-    rows = observed_rows(rows_from_csv(DISAGGREGATED_CSV))
+    rows = read_rows(DISAGGREGATED_CSV, pointer="disaggregated")
     assert rows[0].measurement.prefill == PoolLayout(workers=1, tp=2, batch=4)
     assert rows[0].measurement.decode == PoolLayout(workers=1, tp=2, batch=16)
     assert rows[2].measurement.prefill is None

@@ -14,6 +14,7 @@ from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
 from app.calibration import service as calibration
+from app.calibration.rows import RowsInvalid, rows_from_csv
 from app.calibration.schemas import (
     CSV_UPLOAD_DESCRIPTION,
     CalibrationRequest,
@@ -87,10 +88,10 @@ async def _read_upload(request: Request, model: type[Upload], form_fields: tuple
         raise Unprocessable("the form needs a `file` part with the CSV", errors=[("/body/file", "missing CSV file")])
     try:
         text = (await upload.read()).decode("utf-8-sig")
-        rows = calibration.rows_from_csv(text, pointer="/body/file", max_rows=model.max_rows)
+        rows = rows_from_csv(text, pointer="/body/file", max_rows=model.max_rows)
     except UnicodeDecodeError:
         raise Unprocessable("the CSV is not UTF-8 text", errors=[("/body/file", "not UTF-8")]) from None
-    except calibration.RowsInvalid as exc:
+    except RowsInvalid as exc:
         raise Unprocessable(str(exc), errors=exc.errors) from None
     fields = {name: value for name in form_fields if isinstance(value := form.get(name), str) and value != ""}
     return _parse(model, {**fields, "rows": rows})

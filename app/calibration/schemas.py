@@ -125,7 +125,8 @@ class MeasurementRowIn(BaseModel):
     num_requests: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     request_rate: Annotated[float, Field(gt=0, le=1e6)] | None = Field(None, description="poisson: requests/s")
     metric: Metric
-    stat: Stat | None = Field(None, description="For latencies: mean, median/p50, p90, p99")
+    stat: Stat | None = Field(None, description="For latencies: mean, median/p50, p90, p99; null = not stated "
+                                                "(predicted as the mean, and the result says so)")
     value: Annotated[float, Field(gt=0, le=1e12)] = Field(description="The published number (ms for latencies)")
     notes: LongText = ""
 
@@ -172,7 +173,7 @@ GROUP_ERROR_EXAMPLE = {"scenario": "offline", "metric": "output_tokens_per_s", "
 ROW_RESULT_EXAMPLE = {
     "row_id": "TRTLLM_PERF_V017-2", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-8b", "gpu": "h100-sxm",
     "scenario": "offline", "metric": "output_tokens_per_s", "stat": None, "measured": 28836.77,
-    "predicted": 27860.1, "abs_pct_error": 3.39, "skipped_reason": None,
+    "predicted": 27860.1, "abs_pct_error": 3.39, "skipped_reason": None, "assumption": None,
 }
 
 
@@ -216,6 +217,9 @@ class RowResultOut(BaseModel):
     predicted: float | None = Field(description="In the metric's unit (ms for latencies); null when skipped")
     abs_pct_error: float | None
     skipped_reason: str | None = Field(description="Why the row was not predicted (never guessed)")
+    assumption: str | None = Field(
+        None, description="What the prediction assumed that the row does not state (e.g. an unstated latency "
+                          "statistic is predicted as the mean)")
 
 
 SUMMARY_EXAMPLE: dict[str, Any] = {
@@ -279,8 +283,20 @@ PROFILE_ENTRY_EXAMPLE = {
 }
 ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
                      "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
-HELD_OUT_EXAMPLE = {"source_id": "LMDEPLOY_A100", "rows": 55, "median_abs_pct_error": 8.4}
-LEAVE_ONE_OUT_EXAMPLE = {"median_abs_pct_error": 10.9, "rows": 1056, "by_source": [HELD_OUT_EXAMPLE]}
+HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "p90_abs_pct_error": 61.0}
+HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
+                    "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
+                    "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}]}
+CROSS_VALIDATION_EXAMPLE = {
+    "chosen_level": "family", "chosen_by": "the lowest mean of the leave-one-GPU-out and leave-one-model-family-out "
+                                           "median absolute errors, over every held-out row",
+    "levels": {"global": "one global entry", "family": "an entry per GPU family",
+               "family_precision": "an entry per GPU family and compute precision"},
+    "candidates": {"family": {"gpu": 24.1, "model_family": 20.3, "engine": 25.0}},
+    "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
+    "hold_outs": [HOLD_OUT_EXAMPLE]}
+BOUND_EXAMPLE = {"gpu_family": "cdna3", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3,
+                 "bound": "low"}
 FIT_ERROR_EXAMPLE = {"before": {"rows": 1056, "median_abs_pct_error": 36.2, "p90_abs_pct_error": 79.0},
                      "after": {"rows": 1056, "median_abs_pct_error": 8.5, "p90_abs_pct_error": 38.4}}
 PROVENANCE_EXAMPLE: dict[str, Any] = {
@@ -293,7 +309,9 @@ PROVENANCE_EXAMPLE: dict[str, Any] = {
                          "per_step_overhead_s": [0.0, 0.005], "per_layer_overhead_s": [0.0, 5e-05],
                          "allreduce_latency_s": [0.0, 0.0001], "small_m_flatness": [0.0, 1.0]},
     "fit_error": FIT_ERROR_EXAMPLE, "entries_fitted": [ENTRY_FIT_EXAMPLE],
-    "leave_one_source_out": LEAVE_ONE_OUT_EXAMPLE, "calculation_version": "2026.11.29",
+    "parameter_priors": {"allreduce_latency_s": {"prior": 1e-05, "source": "NCCL tuner: 7.8-15.0 us in a node"}},
+    "parameters_at_bounds": [BOUND_EXAMPLE],
+    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.11.29",
 }
 
 
@@ -324,22 +342,57 @@ class EntryFitOut(BaseModel):
     mean_abs_log_error_after: float
 
 
-class HeldOutSourceOut(BaseModel):
-    model_config = _examples(HELD_OUT_EXAMPLE)
-
-    source_id: str
-    rows: int
-    median_abs_pct_error: float | None
+class HeldOutStatsOut(ErrorStatsOut):
+    model_config = _examples(HELD_OUT_STATS_EXAMPLE)
 
 
-class LeaveOneSourceOutOut(BaseModel):
-    """Each source predicted by a fit that never saw it; the median is over all those rows together."""
+class HeldOutGroupOut(HeldOutStatsOut):
+    group: str = Field(description="The GPU slug, model family or engine held out")
 
-    model_config = _examples(LEAVE_ONE_OUT_EXAMPLE)
 
-    median_abs_pct_error: float | None
-    rows: int
-    by_source: list[HeldOutSourceOut]
+class HoldOutOut(BaseModel):
+    """Each group predicted by a fit that never saw it (at the chosen level)."""
+
+    model_config = _examples(HOLD_OUT_EXAMPLE)
+
+    held_out: Literal["gpu", "model_family", "engine"]
+    overall: HeldOutStatsOut
+    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
+    by_group: list[HeldOutGroupOut]
+
+
+class CrossValidationOut(BaseModel):
+    """Leave-one-GPU-out, leave-one-model-family-out and leave-one-engine-out errors; the profile's level
+    (how specific its entries are) is the one with the lowest held-out error."""
+
+    model_config = _examples(CROSS_VALIDATION_EXAMPLE)
+
+    chosen_level: str
+    chosen_by: str
+    levels: dict[str, str]
+    candidates: dict[str, dict[str, float | None]] = Field(
+        description="Median held-out absolute % error of each level, per hold-out")
+    targets: dict[str, float] = Field(description="Target median held-out absolute % error per metric kind")
+    hold_outs: list[HoldOutOut]
+
+
+class ParameterPriorOut(BaseModel):
+    model_config = _examples({"prior": 7.5e-06, "source": "NCCL tuner: one-node ring LL all-reduce 7.8-15.0 us"})
+
+    prior: float
+    source: str
+
+
+class ParameterAtBoundOut(BaseModel):
+    """A fitted parameter at a bound of its physical range: a defect of the model, not a result."""
+
+    model_config = _examples(BOUND_EXAMPLE)
+
+    gpu_family: str
+    compute_dtype: str
+    parameter: str
+    value: float
+    bound: Literal["low", "high"]
 
 
 class FitErrorOut(BaseModel):
@@ -365,7 +418,10 @@ class ProvenanceOut(BaseModel):
     parameter_bounds: dict[str, list[float]]
     fit_error: FitErrorOut
     entries_fitted: list[EntryFitOut]
-    leave_one_source_out: LeaveOneSourceOutOut | None
+    parameter_priors: dict[str, ParameterPriorOut] = Field(default_factory=dict)
+    parameters_at_bounds: list[ParameterAtBoundOut] = Field(default_factory=list)
+    cross_validation: CrossValidationOut | None = Field(
+        None, description="Held-out errors (null when the fit was not cross-validated: API uploads)")
     calculation_version: str
 
 

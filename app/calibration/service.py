@@ -15,25 +15,21 @@ modules.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import math
-import sys
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
+from app.calibration.crossval import cross_validate
 from app.calibration.profiles import (
     BUILTIN_DESCRIPTION,
     BUILTIN_PROFILE,
@@ -47,6 +43,7 @@ from app.calibration.profiles import (
     profile_document,
     store_profile,
 )
+from app.calibration.rows import ObservedRow, RowsInvalid, observed_rows
 from app.calibration.schemas import (
     CalibrationRequest,
     CalibrationResponse,
@@ -70,26 +67,30 @@ from app.catalog.reference import (
     reference_model_rows,
 )
 from app.catalog.tables import ORIGIN_USER
-from app.errors import Conflict, NotFound, Unprocessable, json_pointer
+from app.errors import Conflict, NotFound, Unprocessable
 from app.estimates.schemas import ComputeCurvePoint
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import (
     DEFAULT_EVALUATIONS,
     FITTED_PARAMETERS,
+    MAX_FIT_ROWS_PER_ENTRY,
     MIN_ROWS_PER_ENTRY,
+    PRIOR_WEIGHT,
     CalibrationProfile,
     abs_pct_error,
     fit_profile,
-    leave_one_source_out,
+    parameters_at_bounds,
 )
 from app.sizing.calibration.predict import (
     BATCH1,
+    CLOSED_LOOP,
+    LATENCY_METRICS,
     POISSON,
     PUBLISHED_UNIT_PER_SI,
     STATIC_BATCH,
     THROUGHPUT_METRICS,
+    UNSTATED_STAT,
     Measurement,
-    PoolLayout,
     PreparedPrediction,
     Unpredictable,
     needs_simulation,
@@ -99,137 +100,13 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP, LAYOUT_KINDS
 from app.sizing.specs import GpuSpec, ModelSpec
 
-CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
-REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if field.is_required())
 # An open-loop run counts as light load while it offers at most half of what the engine serves at most.
 LIGHT_LOAD_UTILIZATION = 0.5
-
-MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
-# Layout columns: measured-calibration-2.csv writes "n/a" (or 0) where a degree does not apply, i.e. 1.
-LAYOUT_COLUMNS = ("dp", "ep", "moe_tp", *(f"{role}_{degree}" for role in ("prefill", "decode")
-                                           for degree in ("workers", "pp", "dp", "ep", "moe_tp", "batch")))
-NOT_APPLICABLE = ("n/a", "0")
 
 THROUGHPUT = "throughput"
 LATENCY_LIGHT_LOAD = "latency_light_load"
 LATENCY_LOADED = "latency_loaded"
 CATEGORIES = (THROUGHPUT, LATENCY_LIGHT_LOAD, LATENCY_LOADED)
-
-
-class RowsInvalid(ValueError):
-    """Rows that do not follow the schema: `errors` holds (JSON pointer, message) pairs."""
-
-    def __init__(self, detail: str, errors: list[tuple[str, str]]) -> None:
-        super().__init__(detail)
-        self.errors = errors
-
-
-# Reading rows ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class ObservedRow:
-    """A measurement and its published value, kept apart: predictions only ever see `measurement`."""
-
-    row_id: str
-    source_id: str
-    model: str
-    gpu: str
-    measurement: Measurement
-    value: float
-
-
-def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None,
-                  sources: Collection[str] | None = None,
-                  invalid: list[str] | None = None) -> list[MeasurementRowIn]:
-    """Parse CSV text in the measurement schema. Extra columns are ignored; a missing required column,
-    a bad cell, a malformed file or too many rows raise RowsInvalid (pointers `<pointer>/<line>/<column>`,
-    at most MAX_REPORTED_ERRORS of them). `sources`: only the rows of these source ids are read. `invalid`: when
-    given, a row with bad cells is left out and its first problem appended there instead."""
-    reader = csv.DictReader(io.StringIO(text))
-    rows: list[MeasurementRowIn] = []
-    errors: list[tuple[str, str]] = []
-    try:
-        header = reader.fieldnames or []
-        missing = [column for column in REQUIRED_COLUMNS if column not in header]
-        if missing:
-            expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
-            raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
-        for count, record in enumerate(reader, start=1):
-            line = reader.line_num
-            if max_rows is not None and count > max_rows:
-                raise RowsInvalid(f"more than {max_rows} rows in one upload",
-                                  [(pointer, f"at most {max_rows} rows per upload; split the file")])
-            if sources is not None and record.get("source_id") not in sources:
-                continue
-            if None in record:  # more cells than header columns
-                errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
-                continue
-            cells = {column: value.strip() for column, value in record.items()
-                     if column in CSV_COLUMNS and value is not None and value.strip() != ""
-                     and not (column in LAYOUT_COLUMNS and value.strip().lower() in NOT_APPLICABLE)}
-            try:
-                rows.append(MeasurementRowIn.model_validate(cells, strict=False))
-            except ValidationError as exc:
-                if invalid is not None:
-                    first = exc.errors()[0]
-                    invalid.append(f"{'/'.join(str(part) for part in first['loc'])}: {first['msg']}")
-                    continue
-                errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
-                           for error in exc.errors()]
-    except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
-        raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None
-    if errors:
-        raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
-    if not rows:
-        raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
-    return rows
-
-
-def read_measurement_file(path: Path, sources: Collection[str] | None = None,
-                          invalid: list[str] | None = None) -> list[ObservedRow] | None:
-    """The rows of a measurement CSV file (of `sources` only, when given) for the command-line tools, or
-    None after printing what is wrong with it (to stderr, at most 50 problems). `invalid`: see
-    `rows_from_csv`."""
-    try:
-        return observed_rows(rows_from_csv(path.read_bytes().decode("utf-8-sig"), pointer=str(path),
-                                           sources=sources, invalid=invalid), pointer=str(path))
-    except (RowsInvalid, UnicodeDecodeError) as exc:
-        print(f"{path}: {exc}", file=sys.stderr)
-        for pointer, message in getattr(exc, "errors", [])[:50]:
-            print(f"  {pointer}: {message}", file=sys.stderr)
-        return None
-
-
-def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows") -> list[ObservedRow]:
-    """Domain rows from validated schema rows; duplicate row ids raise RowsInvalid."""
-    seen: dict[str, int] = {}
-    errors = []
-    for index, row in enumerate(rows):
-        if row.row_id in seen:
-            errors.append((f"{pointer}/{index}/row_id", f"row_id {row.row_id!r} repeats row {seen[row.row_id]}"))
-        seen.setdefault(row.row_id, index)
-    if errors:
-        raise RowsInvalid("row ids must be unique", errors)
-    return [ObservedRow(
-        row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, value=row.value,
-        measurement=Measurement(
-            scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
-            engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
-            disaggregated=row.deployment == "disaggregated",
-            prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
-            compute_dtype=row.compute_dtype,
-            kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
-            num_requests=row.num_requests, request_rate=row.request_rate),
-    ) for row in rows]
-
-
-def _pool(row: MeasurementRowIn, role: str) -> PoolLayout | None:
-    """A disaggregated row's `role` pool, None when its workers or tensor-parallel degree are not stated."""
-    workers, tp = getattr(row, f"{role}_workers"), getattr(row, f"{role}_tp")
-    if row.deployment != "disaggregated" or workers is None or tp is None:
-        return None
-    return PoolLayout(workers=workers, tp=tp, pp=getattr(row, f"{role}_pp") or 1, dp=getattr(row, f"{role}_dp") or 1,
-                      ep=getattr(row, f"{role}_ep") or 1, batch=getattr(row, f"{role}_batch"))
 
 
 def file_sha256(data: bytes) -> str:
@@ -308,13 +185,24 @@ class PreparedRow:
 
     def predict(self, efficiency: Efficiency) -> float:
         """The prediction in the metric's published unit (ms for latencies)."""
-        return self.prediction.predict(efficiency) * PUBLISHED_UNIT_PER_SI[self.row.measurement.metric]
+        return self.prediction.predict(efficiency) * PUBLISHED_UNIT_PER_SI[self.row.metric]
+
+    @property
+    def assumption(self) -> str | None:
+        """What the prediction assumes that the row does not state."""
+        m = self.prediction.measurement
+        if m.metric in LATENCY_METRICS and m.stat is None:
+            return f"the source does not state the statistic of {m.metric}: predicted as the {UNSTATED_STAT}"
+        return None
 
 
 def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[list[PreparedRow], dict[str, str]]:
     """Prepared rows, and the reason for every row that cannot be predicted (by row id)."""
     prepared, skipped = [], {}
     for row in rows:
+        if row.measurement is None:
+            skipped[row.row_id] = row.skipped_reason or "not predictable"
+            continue
         model, gpu = catalog.model(row.model), catalog.gpu(row.gpu)
         if model is None:
             skipped[row.row_id] = f"unknown model slug {row.model!r}"
@@ -335,6 +223,7 @@ class RowOutcome:
     predicted: float | None
     skipped_reason: str | None
     category: str | None
+    assumption: str | None = None  # what the prediction assumed that the row does not state
 
     @property
     def abs_pct_error(self) -> float | None:
@@ -386,7 +275,8 @@ def category(prepared: PreparedRow, efficiency: Efficiency) -> str:
     m = prepared.row.measurement
     if m.metric in THROUGHPUT_METRICS:
         return THROUGHPUT
-    if m.scenario == BATCH1 or (m.scenario == STATIC_BATCH and m.batch == 1):
+    if m.scenario == BATCH1 or (m.scenario == STATIC_BATCH and m.batch == 1) or (
+            m.scenario == CLOSED_LOOP and m.concurrency == 1):
         return LATENCY_LIGHT_LOAD
     if m.scenario == POISSON:
         utilization = prepared.prediction.utilization(efficiency)
@@ -410,7 +300,7 @@ def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipp
         if not (math.isfinite(predicted) and predicted > 0):  # never expected; never reported as a number
             outcomes.append(RowOutcome(row, item.family, None, f"no finite prediction ({predicted})", None))
             continue
-        outcomes.append(RowOutcome(row, item.family, predicted, None, category(item, efficiency)))
+        outcomes.append(RowOutcome(row, item.family, predicted, None, category(item, efficiency), item.assumption))
     return Report(profile.name, tuple(outcomes), summarize(outcomes))
 
 
@@ -419,8 +309,9 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
     groups: dict[tuple[str, str, str], list[float]] = {}
     kinds: dict[tuple[str, str], list[float]] = {}
     for outcome in predicted:
-        m = outcome.row.measurement
-        groups.setdefault((m.scenario, m.metric, outcome.family), []).append(outcome.abs_pct_error)
+        m = outcome.row.measurement  # predicted rows always have one
+        groups.setdefault((outcome.row.scenario, outcome.row.metric, outcome.family), []).append(
+            outcome.abs_pct_error)
         kinds.setdefault((layout_kind(m), m.metric), []).append(outcome.abs_pct_error)
     return Summary(
         rows_total=len(outcomes),
@@ -461,11 +352,11 @@ def validate(rows: Sequence[ObservedRow], catalog: SpecCatalog, profile: Calibra
 
 def row_document(outcome: RowOutcome) -> dict[str, Any]:
     """One row of a report as JSON (the API's RowResultOut and the validator's --json rows)."""
-    row, m = outcome.row, outcome.row.measurement
+    row = outcome.row
     return {"row_id": row.row_id, "source_id": row.source_id, "model": row.model, "gpu": row.gpu,
-            "scenario": m.scenario, "metric": m.metric, "stat": m.stat, "measured": row.value,
+            "scenario": row.scenario, "metric": row.metric, "stat": row.stat, "measured": row.value,
             "predicted": outcome.predicted, "abs_pct_error": outcome.abs_pct_error,
-            "skipped_reason": outcome.skipped_reason}
+            "skipped_reason": outcome.skipped_reason, "assumption": outcome.assumption}
 
 
 def summary_document(summary: Summary) -> dict[str, Any]:
@@ -500,14 +391,15 @@ class Calibration:
 
 
 def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, description: str,
-              base: CalibrationProfile, fit_global: bool, leave_one_out: bool, source_file: str,
+              base: CalibrationProfile, fit_global: bool, cross_validation: bool, source_file: str,
               source_sha256: str, now: datetime | None = None, max_evaluations: int = DEFAULT_EVALUATIONS,
               progress: Callable[[str], None] | None = None) -> Calibration:
     """Fit a profile to the rows, starting from `base` (see fit.fit_profile), with its provenance.
 
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
     runs, which would need a fresh simulation for every trial efficiency); every predicted row is
-    reported before and after.
+    reported before and after. With `cross_validation`, the profile's specificity level is the one with
+    the lowest held-out error (crossval.py); without it, the most specific level.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
@@ -535,11 +427,14 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     after = evaluate(rows, prepared, skipped, fit.profile)
     say(f"fit: median error {_pct(before.summary.overall.median_abs_pct_error)} -> "
         f"{_pct(after.summary.overall.median_abs_pct_error)}")
-    held_out = None
-    if leave_one_out:
-        say("leave-one-source-out: one fit per source")
-        held_out = leave_one_source_out(training, prepared, base, fit_global=fit_global,
-                                        max_evaluations=max_evaluations)
+    validation, profile = None, fit.profile
+    if cross_validation:
+        validation = cross_validate(training, prepared, base, fit_global=fit_global,
+                                    max_evaluations=max_evaluations, progress=say)
+        profile = fit.levels[validation["chosen_level"]]
+        after = evaluate(rows, prepared, skipped, profile)
+        say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
+            f"{_pct(after.summary.overall.median_abs_pct_error)}")
     provenance = {
         "source_file": source_file,
         "source_sha256": source_sha256,
@@ -548,11 +443,20 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         "rows_used": len(training),
         "fitted_on": fitted_on,
         "base_profile": base.name,
-        "method": (f"bounded Nelder-Mead search (at most {max_evaluations} evaluations per entry); global entry "
+        "method": (f"bounded Nelder-Mead search (at most {max_evaluations} evaluations per entry, at most "
+                   f"{MAX_FIT_ROWS_PER_ENTRY} rows per entry spread over its rows); global entry "
                    f"{'refitted' if fit_global else 'kept from the base profile'}; then an entry per GPU family and "
-                   f"one per compute precision within it, each with at least {MIN_ROWS_PER_ENTRY} rows"),
-        "objective": "mean |ln(predicted / measured)| over the entry's rows",
+                   f"one per compute precision within it, each with at least {MIN_ROWS_PER_ENTRY} rows; "
+                   + ("the level shipped chosen by cross-validated error" if cross_validation
+                      else "the most specific level shipped")),
+        "objective": (f"mean |ln(predicted / measured)| over the entry's rows + {PRIOR_WEIGHT} x mean over "
+                      "parameters of ((value - prior) / range)^2"),
         "parameter_bounds": {bound.name: [bound.low, bound.high] for bound in FITTED_PARAMETERS},
+        "parameter_priors": {bound.name: {"prior": bound.prior, "source": bound.source}
+                             for bound in FITTED_PARAMETERS},
+        "parameters_at_bounds": [
+            {"gpu_family": family, "compute_dtype": dtype, "parameter": parameter, "value": value, "bound": side}
+            for family, dtype, parameter, value, side in parameters_at_bounds(profile)],
         "fit_error": {"before": _stats_document(before.summary.overall),
                       "after": _stats_document(after.summary.overall)},
         "entries_fitted": [
@@ -560,21 +464,11 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
              "mean_abs_log_error_before": entry.mean_abs_log_error_before,
              "mean_abs_log_error_after": entry.mean_abs_log_error_after}
             for entry in fit.entries],
-        "leave_one_source_out": None if held_out is None else {
-            "median_abs_pct_error": _median([e for source in held_out for e in source.abs_pct_errors]),
-            "rows": sum(source.rows for source in held_out),
-            "by_source": [{"source_id": source.source_id, "rows": source.rows,
-                           "median_abs_pct_error": _median(source.abs_pct_errors)} for source in held_out],
-        },
+        "cross_validation": validation,
         "calculation_version": CALCULATION_VERSION,
     }
-    document = profile_document(fit.profile, description=description, provenance=provenance, created_at=now)
-    return Calibration(fit.profile, document, before, after)
-
-
-def _median(values: Iterable[float]) -> float | None:
-    values = list(values)
-    return float(np.median(values)) if values else None
+    document = profile_document(profile, description=description, provenance=provenance, created_at=now)
+    return Calibration(profile, document, before, after)
 
 
 def _stats_document(stats: ErrorStats) -> dict[str, Any]:
@@ -596,7 +490,7 @@ def check_upload_work(rows: Sequence[ObservedRow], limit: int, offline_command: 
     """422 when the rows would need more distinct simulated runs than one request may run (a Poisson
     run is simulated for each profile it is predicted under)."""
     runs = {(row.model, row.gpu, replace(row.measurement, metric=THROUGHPUT_METRICS[0], stat=None))
-            for row in rows if needs_simulation(row.measurement)}
+            for row in rows if row.measurement is not None and needs_simulation(row.measurement)}
     if len(runs) > limit:
         raise Unprocessable(
             f"the rows need {len(runs)} distinct simulated runs (offline, closed-loop, Poisson); one request "
@@ -634,7 +528,7 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
                            separators=(",", ":")).encode()
     try:
         result = calibrate(rows, DatabaseCatalog(session), name=request.name, description=request.description,
-                           base=base, fit_global=False, leave_one_out=False, source_file="upload",
+                           base=base, fit_global=False, cross_validation=False, source_file="upload",
                            source_sha256=file_sha256(canonical), max_evaluations=UPLOAD_FIT_EVALUATIONS)
     except NothingToFit as exc:
         raise Unprocessable(str(exc), errors=[("/body/rows", str(exc))]) from None

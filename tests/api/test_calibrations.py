@@ -19,7 +19,8 @@ from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from app.calibration import service as calibration
-from app.calibration.profiles import DEFAULT_PROFILE_PATH, load_default_profile
+from app.calibration.profiles import DEFAULT_PROFILE_PATH, load_default_profile, profile_from_entries
+from app.calibration.rows import observed_rows, rows_from_csv
 from app.calibration.schemas import (
     MAX_CALIBRATE_ROWS,
     MAX_CALIBRATE_SIMULATED_RUNS,
@@ -27,7 +28,6 @@ from app.calibration.schemas import (
     MAX_VALIDATE_SIMULATED_RUNS,
     CalibrationRequest,
 )
-from app.calibration.service import rows_from_csv
 from app.calibration.tables import CalibrationProfileRecord
 from tests.api.problems import assert_problem
 
@@ -85,10 +85,12 @@ def test_builtin_is_the_default_until_the_default_profile_is_loaded(client: Test
 def test_the_loaded_default_profile_answers_requests_that_name_none(client: TestClient,
                                                                     default_profile_loaded: None) -> None:
     """Once `default` is stored, a request without `calibration` uses it: an H100 (hopper) at bf16 gets
-    the hopper/bf16 entry of the shipped file, and the overhead of a Llama-3-8B step is that entry's
-    per-step overhead + 32 layers x its per-layer overhead."""
+    the entry of the shipped file that the lookup picks for hopper/bf16 (the most specific one the
+    cross-validated level has), and the overhead of a Llama-3-8B step is that entry's per-step overhead +
+    32 layers x its per-layer overhead."""
     shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
-    entry = next(e for e in shipped["entries"] if (e["family"], e["compute_dtype"]) == ("hopper", "bf16"))
+    key = profile_from_entries("default", shipped["entries"]).entry_for("hopper", "bf16").key
+    entry = next(e for e in shipped["entries"] if (e["family"], e["compute_dtype"]) == key)
     listing = client.get("/v1/calibrations").json()
     assert listing["default_profile"] == "default"
     assert [item["name"] for item in listing["items"]] == ["builtin", "default"]
@@ -97,12 +99,14 @@ def test_the_loaded_default_profile_answers_requests_that_name_none(client: Test
     assert used["bandwidth_fraction_ratio"] == pytest.approx(entry["bandwidth_fraction"])
     assert used["overhead_time_ms"] == pytest.approx(
         (entry["per_step_overhead_s"] + 32 * entry["per_layer_overhead_s"]) * 1e3)
-    assert "hopper/bf16" in used["source"]
+    assert entry["source"] in used["source"]
     assert roofline_efficiency(client, calibration="builtin")["bandwidth_fraction_ratio"] == 0.7
     stored = client.get("/v1/calibrations/default").json()
     assert stored["origin"] == "reference"
     assert stored["provenance"]["source_sha256"] == shipped["provenance"]["source_sha256"]
-    assert stored["provenance"]["leave_one_source_out"]["median_abs_pct_error"] <= 30
+    validation = stored["provenance"]["cross_validation"]
+    assert [item["held_out"] for item in validation["hold_outs"]] == ["gpu", "model_family", "engine"]
+    assert validation["chosen_level"] in validation["levels"]
 
 
 def test_the_default_profile_loads_once(engine: Engine, default_profile_loaded: None) -> None:
@@ -171,9 +175,10 @@ def test_a_calibration_can_start_from_another_profile(client: TestClient, write_
     created = calibrate(client, write_headers, name="on-default", base_profile="default").json()
     assert created["base_profile"] == "default"
     entries = {(e["gpu_family"], e["compute_dtype"]): e for e in created["profile"]["entries"]}
-    assert set(entries) == set(shipped)
-    ampere = entries[("ampere", "fp16")]
-    assert ampere["bandwidth_fraction_ratio"] == shipped[("ampere", "fp16")]["bandwidth_fraction"]
+    # The shipped level has an entry per GPU family; the sample's 20 hopper/fp8 rows add one of their own.
+    assert set(entries) == set(shipped) | {("hopper", "fp8")}
+    ampere = entries[("ampere", "*")]
+    assert ampere["bandwidth_fraction_ratio"] == shipped[("ampere", "*")]["bandwidth_fraction"]
     assert entries[("hopper", "fp8")]["rows"] == 20
 
 
@@ -333,7 +338,7 @@ def test_unknown_profiles_are_404(client: TestClient) -> None:
 def test_a_150_row_sample_of_the_shipped_file_is_within_the_fit_limits() -> None:
     """Every eighth row of measured-calibration.csv (158 rows) is one request's work for /v1/calibrations
     (fitting it takes seconds, measured in app/schemas/calibration.py); checked without running the fit."""
-    rows = calibration.rows_from_csv(MEASURED.read_text(encoding="utf-8"))[::8]
+    rows = rows_from_csv(MEASURED.read_text(encoding="utf-8"))[::8]
     assert len(rows) == 158  # ceil(1,263 / 8)
     request = CalibrationRequest(name="sample", rows=rows)
-    calibration.check_upload_work(calibration.observed_rows(request.rows), request.max_simulated_runs, "-")
+    calibration.check_upload_work(observed_rows(request.rows), request.max_simulated_runs, "-")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from app.calibration.service import rows_from_csv
+from app.calibration.rows import rows_from_csv
 from scripts.export_openapi import OUTPUT
 from tests.conftest import TEST_API_KEY
 

@@ -34,20 +34,33 @@ ANY = "*"  # matches every GPU family or every compute precision
 
 @dataclass(frozen=True, slots=True)
 class ParameterBounds:
+    """A fitted parameter's physical range and prior (the cited value a fit is pulled toward)."""
+
     name: str  # an `Efficiency` field
     low: float
     high: float
+    prior: float
+    source: str  # where the range and the prior come from
 
     def __post_init__(self) -> None:
-        if not self.low < self.high:
-            raise ValueError(f"{self.name}: low must be below high")
+        if not self.low <= self.prior <= self.high or not self.low < self.high:
+            raise ValueError(f"{self.name}: need low <= prior <= high and low < high")
+
+    def at_bound(self, value: float) -> str | None:
+        """'low' or 'high' when the value sits within 1% of the range of a bound (a defect of the model:
+        the parameter absorbs physics the model lacks), else None."""
+        margin = 0.01 * (self.high - self.low)
+        return "low" if value <= self.low + margin else "high" if value >= self.high - margin else None
 
 
-# Sane physical ranges. Bandwidth: decode kernels reach 52-80% of HBM bandwidth (SIZING.md section 5);
-# 0.30-0.95 leaves room on both sides without allowing the absurd. Compute: the published GEMM curve tops
-# out at 0.93 of peak; scaling it by 0.3-1.0 spans a poorly tuned kernel to the published sweep.
-# Overheads: "order 0.1-1 ms per step, plus a few us per layer" (section 5), bounded at 5 ms and 50 us.
-# All-reduce alpha: "roughly 5-10 us" on NVLink (section 6); up to 100 us covers PCIe and slow fabrics.
+# Physical ranges and priors, each from a cited source (the `source` of each bound). Bandwidth: decode
+# weight reads reach 52-80% of HBM bandwidth (SIZING.md section 5), the prior 0.70 is the builtin value
+# bracketed by two batch-1 A100 measurements (efficiency.py); the range adds 10 points of margin on each
+# side. Compute: the published GEMM sweep (scale 1) tops out at 0.93 of peak; peers' fixed "MFU 0.30
+# decode" (SIZING.md section 5) is the floor. Overheads: "order 0.1-1 ms per step, plus a few us per
+# layer" (section 5). All-reduce alpha: NCCL's own tuner puts a one-node ring LL all-reduce at 7.8 us
+# (2 GPUs) to 15.0 us (8), NVLS at 25 us flat (ENGINES.md, NVIDIA/nccl src/graph/tuning.cc); vLLM's
+# custom all-reduce replaces NCCL below it for small messages; 2-30 us spans both.
 # Small matmuls: the published GEMM sweep starts at M = 64 rows (33% of peak) and below its first point
 # the curve is proportional to M, i.e. a matmul of 1 row costs as long as one of 64. That sweep's small-M
 # points are themselves weight-read-bound, which the roofline already charges as memory time, so for
@@ -56,13 +69,32 @@ class ParameterBounds:
 # floor, r = 1 a flat curve below M0 (a 1-row matmul at the first point's fraction).
 SMALL_M_FLATNESS = "small_m_flatness"
 FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
-    ParameterBounds("bandwidth_fraction", 0.30, 0.95),
-    ParameterBounds("compute_scale", 0.30, 1.0),
-    ParameterBounds("per_step_overhead_s", 0.0, 5e-3),
-    ParameterBounds("per_layer_overhead_s", 0.0, 50e-6),
-    ParameterBounds("allreduce_latency_s", 0.0, 100e-6),
-    ParameterBounds(SMALL_M_FLATNESS, 0.0, 1.0),
+    ParameterBounds("bandwidth_fraction", 0.42, 0.90, 0.70,
+                    "SIZING.md section 5: decode weight reads reach 52-80% of HBM bandwidth; prior: the builtin "
+                    "0.70 (two batch-1 A100 measurements, efficiency.py)"),
+    ParameterBounds("compute_scale", 0.30, 1.0, 1.0,
+                    "SIZING.md section 5: the published A100 fp16 GEMM sweep (scale 1, 93% of peak at 16k rows); "
+                    "floor: peers' fixed MFU 0.30"),
+    ParameterBounds("per_step_overhead_s", 0.0, 5e-3, 0.3e-3,
+                    "SIZING.md section 5: per-step overhead of order 0.1-1 ms; prior 0.3 ms (CUDA-graph decode)"),
+    ParameterBounds("per_layer_overhead_s", 0.0, 50e-6, 3e-6,
+                    "SIZING.md section 5: a few us per layer; prior 3 us"),
+    ParameterBounds("allreduce_latency_s", 2e-6, 30e-6, 7.5e-6,
+                    "ENGINES.md, NCCL tuner (src/graph/tuning.cc @5067397c): one-node ring LL all-reduce 7.8-15.0 "
+                    "us, NVLS 25 us; SIZING.md section 6: roughly 5-10 us (prior: the builtin 7.5 us)"),
+    ParameterBounds(SMALL_M_FLATNESS, 0.0, 1.0, 0.0,
+                    "SIZING.md section 5: below the sweep's first point (M = 64) the curve is proportional to M "
+                    "(prior 0); 1 = flat"),
 )
+# Weight of the priors: the objective adds PRIOR_WEIGHT x the mean over parameters of
+# ((value - prior) / range)^2, so a parameter at the far end of its range costs as much as a 2% worse fit
+# (mean |ln| error 0.02): the data moves a parameter only where it pays for itself.
+PRIOR_WEIGHT = 0.02
+
+# A fit uses at most this many rows per entry, spread evenly over the entry's rows in input order: each
+# trial efficiency re-times every row, and cross-validation refits once per GPU, model family and engine
+# (about 20 fits of 15 entries); 80 rows still outnumber the six parameters more than tenfold.
+MAX_FIT_ROWS_PER_ENTRY = 80
 
 # An entry of its own needs at least this many measurements (twice the fitted parameters); groups with
 # fewer use the next less specific entry.
@@ -71,6 +103,10 @@ MIN_ROWS_PER_ENTRY = 2 * len(FITTED_PARAMETERS)
 # Objective evaluations per fitted entry: on the published data Nelder–Mead over five parameters is within
 # 0.1% of its final objective after about 80; a sixth adds a few dozen.
 DEFAULT_EVALUATIONS = 120
+# The specificity levels of a profile, from the general to the specific (fit_profile fits them in this
+# order; each is a candidate profile, and cross-validation chooses among them).
+GLOBAL, FAMILY, FAMILY_PRECISION = "global", "family", "family_precision"
+LEVELS = (GLOBAL, FAMILY, FAMILY_PRECISION)
 
 # Penalty for a prediction that is not a positive finite number (|ln| of a 1000x miss).
 _MISS_PENALTY = math.log(1000.0)
@@ -256,7 +292,8 @@ def fit_efficiency(targets: Sequence[FitTarget], start: Efficiency,
                    max_evaluations: int = DEFAULT_EVALUATIONS,
                    source: str | None = None) -> tuple[Efficiency, float]:
     """The efficiency (starting from `start`, changing only the bounded parameters) that minimizes the
-    mean absolute log error over `targets`; returns it with that error."""
+    mean absolute log error over `targets` plus the priors' penalty (PRIOR_WEIGHT); returns it with
+    that objective."""
     if not targets:
         raise ValueError("nothing to fit: no measurements")
     names = [bound.name for bound in bounds]
@@ -264,8 +301,15 @@ def fit_efficiency(targets: Sequence[FitTarget], start: Efficiency,
     def with_values(values: np.ndarray) -> Efficiency:
         return with_parameters(start, dict(zip(names, values, strict=True)))
 
+    priors = np.array([bound.prior for bound in bounds])
+    spans = np.array([bound.high - bound.low for bound in bounds])
+
+    def objective(values: np.ndarray) -> float:
+        penalty = PRIOR_WEIGHT * float(np.mean(((values - priors) / spans) ** 2))
+        return mean_abs_log_error(targets, with_values(values)) + penalty
+
     result = nelder_mead(
-        lambda values: mean_abs_log_error(targets, with_values(values)),
+        objective,
         [parameter_value(start, name) for name in names],
         [bound.low for bound in bounds], [bound.high for bound in bounds],
         max_evaluations=max_evaluations)
@@ -286,52 +330,69 @@ class EntryFit:
 
 @dataclass(frozen=True, slots=True)
 class ProfileFit:
-    profile: CalibrationProfile
+    profile: CalibrationProfile  # the most specific level
     entries: tuple[EntryFit, ...]
+    levels: dict[str, CalibrationProfile]  # the profile as it stood after each level (LEVELS)
 
 
 def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name: str, fit_global: bool,
-                describe: Callable[[str, str, int], str],
-                max_evaluations: int = DEFAULT_EVALUATIONS) -> ProfileFit:
+                describe: Callable[[str, str, int], str], max_evaluations: int = DEFAULT_EVALUATIONS,
+                max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY) -> ProfileFit:
     """Fit a profile from the general to the specific, each entry starting where the previous level left
     it: the global entry on every target (when `fit_global`); then, for each GPU family with at least
     MIN_ROWS_PER_ENTRY targets, a family entry (family, `*`) on all of them, the fallback for its
     precisions without an entry; then each (family, compute precision) group with at least
     MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit: the same
     rows). Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
-    writes each fitted entry's `source`.
+    writes each fitted entry's `source`. An entry fits at most `max_rows_per_entry` of its rows, spread
+    evenly over them (`spread`). The profile after each level is kept (`levels`).
     """
     if not targets:
         raise ValueError("nothing to fit: no measurements")
     entries = {entry.key: entry for entry in base.entries}
     fits: list[EntryFit] = []
+    levels: dict[str, CalibrationProfile] = {}
 
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
+        rows = spread(rows, max_rows_per_entry)
         start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
         before = mean_abs_log_error(rows, start)
-        fitted, after = fit_efficiency(rows, start, max_evaluations=max_evaluations,
-                                       source=describe(*key, len(rows)))
+        fitted, _ = fit_efficiency(rows, start, max_evaluations=max_evaluations, source=describe(*key, len(rows)))
         entries[key] = ProfileEntry(*key, fitted, len(rows))
-        fits.append(EntryFit(*key, len(rows), before, after))
+        fits.append(EntryFit(*key, len(rows), before, mean_abs_log_error(rows, fitted)))
         return fitted
+
+    def snapshot(level: str) -> None:
+        levels[level] = CalibrationProfile(name, tuple(entries.values()))
 
     if fit_global:
         fit((ANY, ANY), targets)
-    for family, family_rows in sorted(_group_by(targets, lambda t: t.family).items()):
-        if len(family_rows) < MIN_ROWS_PER_ENTRY:
-            continue
-        family_fit = fit((family, ANY), family_rows)
+    snapshot(GLOBAL)
+    by_family = {family: rows for family, rows in sorted(_group_by(targets, lambda t: t.family).items())
+                 if len(rows) >= MIN_ROWS_PER_ENTRY}
+    family_fits = {family: fit((family, ANY), rows) for family, rows in by_family.items()}
+    snapshot(FAMILY)
+    for family, family_rows in by_family.items():
         for dtype, rows in sorted(_group_by(family_rows, lambda t: t.compute_dtype).items()):
             if len(rows) < MIN_ROWS_PER_ENTRY:
                 continue
             if len(rows) < len(family_rows):
                 fit((family, dtype), rows)
             else:  # the family's only precision: the same rows, the same fit
+                family_fit = next(item for item in fits if (item.family, item.compute_dtype) == (family, ANY))
                 entries[(family, dtype)] = ProfileEntry(
-                    family, dtype, replace(family_fit, source=describe(family, dtype, len(rows))), len(rows))
-                fits.append(EntryFit(family, dtype, len(rows), fits[-1].mean_abs_log_error_before,
-                                     fits[-1].mean_abs_log_error_after))
-    return ProfileFit(CalibrationProfile(name, tuple(entries.values())), tuple(fits))
+                    family, dtype, replace(family_fits[family], source=describe(family, dtype, family_fit.rows)),
+                    family_fit.rows)
+                fits.append(replace(family_fit, compute_dtype=dtype))
+    snapshot(FAMILY_PRECISION)
+    return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
+
+
+def spread(rows: Sequence[FitTarget], most: int | None) -> list[FitTarget]:
+    """At most `most` of the rows, evenly spaced in their order (all of them when there are no more)."""
+    if most is None or len(rows) <= most:
+        return list(rows)
+    return [rows[int(i * len(rows) / most)] for i in range(most)]
 
 
 def _group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> dict[str, list[FitTarget]]:
@@ -341,32 +402,52 @@ def _group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> 
     return groups
 
 
+# Cross-validation --------------------------------------------------------------------------------
+
 @dataclass(frozen=True, slots=True)
-class HeldOutSource:
-    source_id: str
-    rows: int
-    abs_pct_errors: tuple[float, ...]  # of this source's targets, predicted by a fit without them
+class HeldOut:
+    """One held-out row and what a fit that never saw its group predicts, at each level."""
 
-    @property
-    def median_abs_pct_error(self) -> float:
-        return float(np.median(self.abs_pct_errors))
+    group: str
+    target: FitTarget
+    predicted: dict[str, float]  # by level
 
 
-def leave_one_source_out(training: Sequence[FitTarget], evaluation: Sequence[FitTarget],
-                         base: CalibrationProfile, *, fit_global: bool,
-                         max_evaluations: int = DEFAULT_EVALUATIONS) -> tuple[HeldOutSource, ...]:
-    """For each source S of `evaluation`: fit on the `training` targets of every other source, then
-    predict S's `evaluation` targets. This is the error to expect on an engine version, harness or lab
-    the fit has never seen."""
+def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitTarget],
+                        base: CalibrationProfile, group: Callable[[FitTarget], str], *, fit_global: bool,
+                        max_evaluations: int = DEFAULT_EVALUATIONS,
+                        max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
+                        progress: Callable[[str], None] | None = None) -> tuple[HeldOut, ...]:
+    """For each group G of `evaluation` (a GPU, a model family, an engine): fit on the `training`
+    targets outside G, then predict G's `evaluation` targets under the profile of every level. This is
+    the error to expect on a GPU, model family or engine the fit has never seen."""
     held_out = []
-    for source in sorted({target.source_id for target in evaluation}):
-        others = [t for t in training if t.source_id != source]
-        profile = base
+    for name in sorted({group(target) for target in evaluation}):
+        others = [t for t in training if group(t) != name]
+        if progress:
+            progress(f"  held out {name}: fit on {len(others)} rows")
+        levels = {level: base for level in LEVELS}
         if others:
-            profile = fit_profile(others, base, name="held-out", fit_global=fit_global,
-                                  describe=lambda family, dtype, rows: "held-out fit",
-                                  max_evaluations=max_evaluations).profile
-        errors = tuple(abs_pct_error(t.predict(profile.efficiency_for(t.family, t.compute_dtype)), t.measured)
-                       for t in evaluation if t.source_id == source)
-        held_out.append(HeldOutSource(source, len(errors), errors))
+            levels = fit_profile(others, base, name="held-out", fit_global=fit_global,
+                                 describe=lambda family, dtype, rows: "held-out fit", max_evaluations=max_evaluations,
+                                 max_rows_per_entry=max_rows_per_entry).levels
+        held_out += [HeldOut(name, t, {level: t.predict(profile.efficiency_for(t.family, t.compute_dtype))
+                                       for level, profile in levels.items()})
+                     for t in evaluation if group(t) == name]
     return tuple(held_out)
+
+
+def parameters_at_bounds(profile: CalibrationProfile,
+                         bounds: Sequence[ParameterBounds] = FITTED_PARAMETERS) -> list[tuple[str, str, str, float, str]]:
+    """(family, compute_dtype, parameter, value, 'low'|'high') for every fitted entry's parameter at a
+    bound: each is a defect of the model (the parameter stands in for missing physics), not a result."""
+    found = []
+    for entry in profile.entries:
+        if entry.rows == 0:
+            continue
+        for bound in bounds:
+            value = parameter_value(entry.efficiency, bound.name)
+            side = bound.at_bound(value)
+            if side:
+                found.append((entry.family, entry.compute_dtype, bound.name, value, side))
+    return found

@@ -13,8 +13,9 @@ queue. Per scenario:
 - `static_batch` on an engine that batches statically (TensorRT-LLM's session benchmark, LMDeploy's
   static benchmark, gpt-fast): one prefill step of all `batch` prompts, then osl − 1 decode steps of the
   whole batch, the context growing by one token a step. Throughput = batch · osl / total time; TTFT =
-  the prefill step; TPOT/ITL statistics over the decode steps (mean = (E2E − TTFT)/(osl − 1)). With more
-  GPUs than one replica needs, the batch is split evenly over the replicas.
+  the prefill step; E2E = the total time (every request of the batch ends with the last step);
+  TPOT/ITL statistics over the decode steps (mean = (E2E − TTFT)/(osl − 1)). With more GPUs than one
+  replica needs, the batch is split evenly over the replicas.
   vLLM and SGLang have no static mode: their "fixed batch" benchmark (benchmark_throughput) submits the
   batch at once to the continuous-batching scheduler, which is the `offline` scenario with
   num_requests = batch.
@@ -41,6 +42,10 @@ each step carries from its state (KV blocks, token budget, who finished), never 
 the numbers a simulation with that step time gives, to 0.1% (long decode-only runs are timed at sample
 steps and interpolated, see SAMPLES_PER_DECODE_RUN; tested against the simulator run directly). Poisson runs depend on the clock
 (arrivals interleave with steps) and are simulated afresh per efficiency.
+
+Longer than 600 lines because every scenario (static, replayed, Poisson, disaggregated pools) answers
+the same `Measurement` through the same runs and replay machinery: splitting them would pass that
+private state between modules.
 """
 
 from __future__ import annotations
@@ -84,14 +89,17 @@ REQUESTS_PER_S = "requests_per_s"
 TTFT_MS = "ttft_ms"
 TPOT_MS = "tpot_ms"
 ITL_MS = "itl_ms"
+E2E_MS = "e2e_ms"  # a request's whole latency, arrival to last token (a static batch: the batch's)
 THROUGHPUT_METRICS = (OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_S_PER_GPU, TOTAL_TOKENS_PER_S, REQUESTS_PER_S)
-LATENCY_METRICS = (TTFT_MS, TPOT_MS, ITL_MS)
+LATENCY_METRICS = (TTFT_MS, TPOT_MS, ITL_MS, E2E_MS)
 METRICS = THROUGHPUT_METRICS + LATENCY_METRICS
 # Predictions are in SI units (seconds); published latencies are in milliseconds.
 PUBLISHED_UNIT_PER_SI = {metric: 1000.0 if metric in LATENCY_METRICS else 1.0 for metric in METRICS}
 
 STAT_PERCENTILES = {"median": 50.0, "p50": 50.0, "p90": 90.0, "p99": 99.0}
 STATS = ("mean", *STAT_PERCENTILES)
+# A latency whose statistic the source does not state is predicted as the mean (and the report says so).
+UNSTATED_STAT = "mean"
 
 ENGINES = ("trtllm", "vllm", "sglang", "lmdeploy", "gpt-fast", "other")
 # Which engine module (app.sizing.engines) models each published engine's memory and scheduler.
@@ -101,9 +109,8 @@ MODELLED_AS = {"trtllm": "trtllm", "vllm": "vllm", "sglang": "sglang", "lmdeploy
 CONTINUOUS_ONLY_ENGINES = ("vllm", "sglang")
 
 MAX_SIMULATED_REQUESTS = 1000  # per replica and run: keeps one prediction in milliseconds
-# Output tokens one simulated run may generate (requests x osl): the largest published benchmark,
-# 1,000 requests of 4,096 tokens, is well inside; a run beyond it would take seconds to minutes.
-MAX_SIMULATED_OUTPUT_TOKENS = 10_000_000
+# No limit on output tokens: the simulator jumps over runs of decode-only steps, so a run costs per event
+# (arrival, admission, finish), not per token; 1,000 requests of 32,768 output tokens take under a second.
 SEED = 0  # Poisson arrivals: fixed, so a prediction is reproducible
 
 
@@ -145,7 +152,7 @@ class Measurement:
     num_gpus: int
     weight_dtype: str
     engine: str
-    stat: str | None = None  # for latencies: mean, median/p50, p90, p99
+    stat: str | None = None  # for latencies: mean, median/p50, p90, p99; None = not stated (the mean)
     tp: int | None = None  # None: the source does not say (the best layout on num_gpus is compared)
     pp: int | None = None  # None: 1
     dp: int | None = None  # attention data-parallel ranks (`layout.Layout`); None: 1
@@ -245,9 +252,11 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     """Check the measurement can be predicted and do the efficiency-free work; raises Unpredictable."""
     m = measurement
     if m.isl is None or m.osl is None:
-        raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl)")
-    if m.metric in LATENCY_METRICS and m.stat is None:
-        raise Unpredictable(f"{m.metric} without its statistic (mean, median, p90, p99)")
+        # A dataset's length distribution would have to come from a sourced description of it (ShareGPT as
+        # vLLM's benchmark samples it); none is verified yet (ENGINES.md section 6), and the rows' own
+        # measured values must never stand in for one.
+        raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl) and no "
+                            "sourced length distribution of its dataset is available")
     if m.metric in (TPOT_MS, ITL_MS) and m.osl < 2:
         raise Unpredictable(f"{m.metric} needs at least 2 output tokens (osl {m.osl})")
     if m.scenario == STATIC_BATCH and m.batch is None:
@@ -306,7 +315,6 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
         scenario, num_requests = OFFLINE, batch
     if scenario == OFFLINE:
         count = min(-(-(num_requests or MAX_SIMULATED_REQUESTS * replicas) // replicas), MAX_SIMULATED_REQUESTS)
-        _check_work(count, osl)
         workload = Workload(Fixed(isl), Fixed(osl), concurrent_users=count)  # all sent at t = 0
         return _ReplayedRun(layout, steps, workload, count, users=count)
     if scenario == CLOSED_LOOP:
@@ -315,20 +323,12 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
             raise Unpredictable(f"{users} users per replica: more than the {MAX_SIMULATED_REQUESTS} requests a "
                                 "prediction simulates")
         count = max(users, min(num_requests or 10 * users, MAX_SIMULATED_REQUESTS))
-        _check_work(count, osl)
         return _ReplayedRun(layout, steps, Workload(Fixed(isl), Fixed(osl), concurrent_users=users), count, users)
     count = min(num_requests or MAX_SIMULATED_REQUESTS, MAX_SIMULATED_REQUESTS)
-    _check_work(count, osl)
     workload = Workload(Fixed(isl), Fixed(osl), requests_per_s=request_rate / replicas)
     saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
                               isl, osl, None, None, None, None, dp, ep)
     return _PoissonRun(layout, steps, workload, count, saturated)
-
-
-def _check_work(requests: int, osl: int) -> None:
-    if requests * osl > MAX_SIMULATED_OUTPUT_TOKENS:
-        raise Unpredictable(f"too large to simulate: {requests} requests x {osl} output tokens exceed "
-                            f"{MAX_SIMULATED_OUTPUT_TOKENS:,} tokens per run")
 
 
 @lru_cache(maxsize=1024)
@@ -437,8 +437,10 @@ class _StaticRun(_Run):
         total = prefill + float(decodes.sum())
         if metric == TTFT_MS:
             return prefill
+        if metric == E2E_MS:  # every request of the batch finishes with the last step
+            return total
         if metric in (TPOT_MS, ITL_MS):
-            return float(decodes.mean()) if stat == "mean" else float(np.percentile(decodes, STAT_PERCENTILES[stat]))
+            return _statistic(decodes, stat)
         per_second = self.batch / total  # requests finishing per second
         return {
             REQUESTS_PER_S: per_second,
@@ -455,9 +457,9 @@ class _SimulatedRun(_Run):
         result = self.result(efficiency)
         replicas = self.layout.replicas
         if metric in LATENCY_METRICS:
-            values = result.ttft_s if metric == TTFT_MS else result.tpot_s  # equal lengths: ITL = TPOT
-            values = values[~np.isnan(values)]
-            return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+            # equal lengths: ITL = TPOT
+            values = {TTFT_MS: result.ttft_s, E2E_MS: result.e2e_s}.get(metric, result.tpot_s)
+            return _statistic(values[~np.isnan(values)], stat)
         # As the published harnesses measure it: everything the run produced over its makespan (first
         # arrival to last finish), which under an overload is the engine's capacity, not the offered rate.
         per_second = replicas / result.makespan_s
@@ -471,6 +473,12 @@ class _SimulatedRun(_Run):
 
     def result(self, efficiency: Efficiency) -> SimulationResult:
         raise NotImplementedError
+
+
+def _statistic(values: np.ndarray, stat: str | None) -> float:
+    """The stated statistic of the values; the mean when the source does not state one."""
+    stat = stat or UNSTATED_STAT
+    return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
 
 
 def _simulate(step_time, scheduler: SchedulerConfig, requests, users: int | None) -> SimulationResult:

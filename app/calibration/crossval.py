@@ -1,0 +1,130 @@
+"""Cross-validation of a calibration: the error to expect on a GPU, a model family or an engine the fit
+has never seen, per metric, and the choice of the shipped profile by that error.
+
+For each way of holding out (`HOLD_OUTS`: a GPU, a model family, an engine) every group is predicted
+by a fit on the other groups' rows (`fit.leave_one_group_out`), at each specificity level of a profile
+(`fit.LEVELS`: one global entry; plus an entry per GPU family; plus one per compute precision within
+it). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
+family-out medians) is the one a calibration ships: never the in-sample error.
+
+A model family is the organization that publishes the model's weights on Hugging Face (the prefix of
+the catalog's `hf_id`: meta-llama, mistralai, Qwen, deepseek-ai, openai, ...): held out, a family
+takes all its generations with it (Llama 2, 3 and 4 together), so nothing of its lineage is seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from app.catalog.reference import reference_model_rows
+from app.sizing.calibration.fit import (
+    DEFAULT_EVALUATIONS,
+    FAMILY,
+    FAMILY_PRECISION,
+    GLOBAL,
+    LEVELS,
+    MAX_FIT_ROWS_PER_ENTRY,
+    CalibrationProfile,
+    HeldOut,
+    abs_pct_error,
+    leave_one_group_out,
+)
+from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS
+
+# Metric kinds the targets are stated for.
+THROUGHPUT, TPOT_ITL, TTFT, E2E = "throughput", "tpot_itl", "ttft", "e2e"
+METRIC_KINDS = (THROUGHPUT, TPOT_ITL, TTFT, E2E)
+# The error targets per metric kind (median absolute % error, each of leave-one-GPU-out and
+# leave-one-model-family-out).
+TARGETS = {THROUGHPUT: 12.0, TPOT_ITL: 10.0, TTFT: 20.0, E2E: 12.0}
+
+GPU, MODEL_FAMILY, ENGINE = "gpu", "model_family", "engine"
+HOLD_OUTS = (GPU, MODEL_FAMILY, ENGINE)
+# The hold-outs the shipped level is chosen by.
+CHOOSING_HOLD_OUTS = (GPU, MODEL_FAMILY)
+LEVEL_DESCRIPTIONS = {GLOBAL: "one global entry", FAMILY: "an entry per GPU family",
+                      FAMILY_PRECISION: "an entry per GPU family and compute precision"}
+
+
+def metric_kind(metric: str) -> str:
+    if metric in THROUGHPUT_METRICS:
+        return THROUGHPUT
+    return {TPOT_MS: TPOT_ITL, ITL_MS: TPOT_ITL, TTFT_MS: TTFT, E2E_MS: E2E}[metric]
+
+
+@cache
+def _model_families() -> dict[str, str]:
+    return {row["slug"]: str(row["hf_id"]).split("/")[0] for row in reference_model_rows() if row.get("hf_id")}
+
+
+def model_family(slug: str) -> str:
+    """The publisher of the model's weights (module docstring); the slug itself outside the catalog."""
+    return _model_families().get(slug, slug)
+
+
+def group_key(hold_out: str) -> Callable[[Any], str]:
+    """The group of a prepared row (`service.PreparedRow`) under a way of holding out."""
+    return {GPU: lambda item: item.row.gpu, MODEL_FAMILY: lambda item: model_family(item.row.model),
+            ENGINE: lambda item: item.row.engine}[hold_out]
+
+
+def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile, *,
+                   fit_global: bool, max_evaluations: int = DEFAULT_EVALUATIONS,
+                   max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The cross-validation document of a calibration (stored in its provenance): per hold-out, per
+    level, the held-out errors overall, per metric kind and per group; and the chosen level."""
+    say = progress or (lambda message: None)
+    results: dict[str, tuple[HeldOut, ...]] = {}
+    for hold_out in HOLD_OUTS:
+        say(f"cross-validation: leave one {hold_out.replace('_', ' ')} out")
+        results[hold_out] = leave_one_group_out(training, evaluation, base, group_key(hold_out),
+                                                fit_global=fit_global, max_evaluations=max_evaluations,
+                                                max_rows_per_entry=max_rows_per_entry, progress=say)
+    candidates = {level: {hold_out: _median(_errors(held, level)) for hold_out, held in results.items()}
+                  for level in LEVELS}
+    chosen = min(LEVELS, key=lambda level: (_choice_score(candidates[level]), LEVELS.index(level)))
+    return {
+        "chosen_level": chosen,
+        "chosen_by": ("the lowest mean of the leave-one-GPU-out and leave-one-model-family-out median absolute "
+                      "errors, over every held-out row"),
+        "levels": {level: LEVEL_DESCRIPTIONS[level] for level in LEVELS},
+        "candidates": candidates,
+        "targets": TARGETS,
+        "hold_outs": [_hold_out_document(hold_out, held, chosen) for hold_out, held in results.items()],
+    }
+
+
+def _choice_score(medians: dict[str, float | None]) -> float:
+    values = [medians[hold_out] for hold_out in CHOOSING_HOLD_OUTS]
+    return float("inf") if any(value is None for value in values) else float(np.mean(values))
+
+
+def _errors(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] = lambda item: True) -> list[float]:
+    return [abs_pct_error(item.predicted[level], item.target.measured) for item in held
+            if keep(item) and np.isfinite(item.predicted[level]) and item.predicted[level] > 0]
+
+
+def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> dict[str, Any]:
+    return {
+        "held_out": hold_out,
+        "overall": _stats(_errors(held, level)),
+        "by_metric": {kind: _stats(_errors(held, level, lambda item, kind=kind:
+                                           metric_kind(item.target.row.metric) == kind))
+                      for kind in METRIC_KINDS},
+        "by_group": [{"group": name, **_stats(_errors(held, level, lambda item, name=name: item.group == name))}
+                     for name in sorted({item.group for item in held})],
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return float(np.median(values)) if values else None
+
+
+def _stats(errors: list[float]) -> dict[str, Any]:
+    return {"rows": len(errors), "median_abs_pct_error": _median(errors),
+            "p90_abs_pct_error": float(np.percentile(errors, 90)) if errors else None}

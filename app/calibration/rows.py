@@ -1,0 +1,275 @@
+"""Reading published measurements: CSV text or API rows -> `ObservedRow`s, each ready to predict or
+skipped with the reason.
+
+The one layer between a measurement file (the schema of measured-calibration.csv, plus the columns of
+measured-calibration-2.csv) and the validation pipeline. What refuses a whole file, and what only
+skips a row:
+
+- A file is refused when it cannot be read as measurements at all: a required column missing, a
+  malformed CSV, a cell that is not what its column holds (a word where a number goes, a value that is
+  not positive), a repeated row id.
+- A row that names something the service does not predict is kept and skipped with the reason: a model
+  or GPU the catalog lacks (a Hugging Face id, `a100-variant-unstated`), a metric, scenario, engine or
+  precision outside the vocabulary (capacity rows, `fp32`), a precision the source leaves unstated, or a
+  layout the model cannot express yet (`layout_skip_reason`). A file is never refused because some of
+  its rows fall outside what can be predicted.
+
+Columns beyond the schema are read only by `layout_skip_reason`; a new column that changes how a row is
+predicted plugs in here (its cell read in `_observed_row`, its meaning carried by `Measurement`).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.calibration.schemas import MeasurementRowIn
+from app.errors import json_pointer
+from app.sizing.calibration.predict import Measurement, PoolLayout
+
+CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
+REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if field.is_required())
+# Columns naming a thing (a catalog entry or a word of the schema's vocabulary): a value outside what
+# the service knows skips the row instead of refusing the file.
+VOCABULARY_COLUMNS = ("model", "gpu", "weight_dtype", "compute_dtype", "kv_dtype", "engine", "scenario", "metric",
+                      "stat")
+MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
+
+
+class RowsInvalid(ValueError):
+    """Rows that do not follow the schema: `errors` holds (JSON pointer, message) pairs."""
+
+    def __init__(self, detail: str, errors: list[tuple[str, str]]) -> None:
+        super().__init__(detail)
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRow:
+    """A published number and how it was measured, kept apart: predictions only ever see `measurement`.
+
+    `measurement` is None when the row names something the service does not predict; `skipped_reason`
+    then says what. The text fields are the row's own words (for reports and grouping).
+    """
+
+    row_id: str
+    source_id: str
+    model: str
+    gpu: str
+    engine: str
+    scenario: str
+    metric: str
+    stat: str | None
+    value: float
+    measurement: Measurement | None
+    skipped_reason: str | None = None
+
+
+# Which layouts the model cannot express yet ------------------------------------------------------
+
+# Layout columns: measured-calibration-2.csv writes "n/a" (or 0) where a degree does not apply, i.e. 1.
+LAYOUT_COLUMNS = ("dp", "ep", "moe_tp", *(f"{role}_{degree}" for role in ("prefill", "decode")
+                                           for degree in ("workers", "pp", "dp", "ep", "moe_tp", "batch")))
+NOT_APPLICABLE = ("n/a", "0")
+
+
+def layout_skip_reason(cells: Mapping[str, str]) -> str | None:
+    """Why a row outside the schema is skipped for its layout rather than refusing the file (None: it is
+    not). The one place that decides it when reading: a disaggregated run whose source does not state its
+    worker counts has no GPU count. Every layout the predictor knows (attention data parallel, expert
+    parallel, pipeline, disaggregated pools) reaches it through `Measurement`."""
+    if cells.get("deployment", "").strip() == "disaggregated":
+        return "layout not stated: a disaggregated run without its worker counts"
+    return None
+
+
+# Reading ----------------------------------------------------------------------------------------
+
+def _records(text: str, pointer: str, max_rows: int | None):
+    """(line, cells) per data row of CSV text: cells of the schema's columns and the layout columns,
+    stripped, empty ones left out."""
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        header = reader.fieldnames or []
+        missing = [column for column in REQUIRED_COLUMNS if column not in header]
+        if missing:
+            expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
+            raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
+        count = 0
+        for count, record in enumerate(reader, start=1):
+            line = reader.line_num
+            if max_rows is not None and count > max_rows:
+                raise RowsInvalid(f"more than {max_rows} rows in one upload",
+                                  [(pointer, f"at most {max_rows} rows per upload; split the file")])
+            if None in record:  # more cells than header columns
+                yield line, None
+                continue
+            yield line, {column: value.strip() for column, value in record.items()
+                         if value is not None and value.strip() != ""}
+        if count == 0:
+            raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
+    except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
+        raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None
+
+
+def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowIn]:
+    """Parse CSV text strictly in the measurement schema (API uploads, whose rows become a request body).
+    Extra columns are ignored; a missing required column, a bad cell, a malformed file or too many rows
+    raise RowsInvalid (pointers `<pointer>/<line>/<column>`, at most MAX_REPORTED_ERRORS of them)."""
+    rows: list[MeasurementRowIn] = []
+    errors: list[tuple[str, str]] = []
+    for line, cells in _records(text, pointer, max_rows):
+        if cells is None:
+            errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
+            continue
+        try:
+            rows.append(MeasurementRowIn.model_validate(_schema_cells(cells), strict=False))
+        except ValidationError as exc:
+            errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
+                       for error in exc.errors()]
+    if errors:
+        raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
+    return rows
+
+
+def read_rows(text: str, *, pointer: str, sources: Collection[str] | None = None) -> list[ObservedRow]:
+    """Every row of a measurement file (the command-line tools; of `sources` only, when given):
+    predictable rows, and rows skipped with the reason (module docstring); RowsInvalid only when the file
+    itself is not measurements."""
+    rows: list[ObservedRow] = []
+    errors: list[tuple[str, str]] = []
+    for line, cells in _records(text, pointer, None):
+        if sources is not None and cells is not None and cells.get("source_id") not in sources:
+            continue
+        if cells is None:
+            errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
+            continue
+        try:
+            rows.append(_observed_row(MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)))
+        except ValidationError as exc:
+            # A layout the model cannot express skips the row whatever its other cells hold (a
+            # disaggregated run has no single num_gpus); only its id and value must be readable.
+            layout_reason = layout_skip_reason(cells)
+            faults = [error for error in exc.errors() if error["loc"][0] not in VOCABULARY_COLUMNS
+                      and (layout_reason is None or error["loc"][0] in ("row_id", "value"))]
+            if faults:
+                errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
+                           for error in faults]
+                continue
+            vocabulary = [error for error in exc.errors() if error["loc"][0] in VOCABULARY_COLUMNS]
+            rows.append(_skipped_row(cells, _vocabulary_reason(vocabulary, cells) if vocabulary else layout_reason))
+    if errors:
+        raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
+    check_unique(rows, pointer)
+    return rows
+
+
+@dataclass(frozen=True, slots=True)
+class SourceFiles:
+    """Which files the rows came from: their names, and the SHA-256 of their bytes in that order."""
+
+    names: str  # "a.csv + b.csv"
+    sha256: str
+
+
+def read_measurement_files(paths: Sequence[Path], sources: Collection[str] | None = None,
+                           ) -> tuple[list[ObservedRow], SourceFiles] | None:
+    """The rows of one or more measurement CSV files (the command-line tools; of `sources` only, when
+    given), in file order, or None after printing what is wrong with them (to stderr, at most 50
+    problems). Row ids are unique across the files."""
+    rows: list[ObservedRow] = []
+    digest = hashlib.sha256()
+    for path in paths:
+        data = path.read_bytes()
+        digest.update(data)
+        try:
+            rows += read_rows(data.decode("utf-8-sig"), pointer=str(path), sources=sources)
+        except (RowsInvalid, UnicodeDecodeError) as exc:
+            _print_problems(str(path), exc)
+            return None
+    try:
+        check_unique(rows, "+".join(str(path) for path in paths))
+    except RowsInvalid as exc:
+        _print_problems(" + ".join(str(path) for path in paths), exc)
+        return None
+    return rows, SourceFiles(" + ".join(path.name for path in paths), digest.hexdigest())
+
+
+def _print_problems(where: str, exc: Exception) -> None:
+    print(f"{where}: {exc}", file=sys.stderr)
+    for pointer, message in getattr(exc, "errors", [])[:50]:
+        print(f"  {pointer}: {message}", file=sys.stderr)
+
+
+def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows") -> list[ObservedRow]:
+    """Domain rows from validated schema rows (API requests); duplicate row ids raise RowsInvalid."""
+    observed = [_observed_row(row) for row in rows]
+    check_unique(observed, pointer)
+    return observed
+
+
+def check_unique(rows: Sequence[ObservedRow], pointer: str) -> None:
+    seen: dict[str, int] = {}
+    errors = []
+    for index, row in enumerate(rows):
+        if row.row_id in seen:
+            errors.append((f"{pointer}/{index}/row_id", f"row_id {row.row_id!r} repeats row {seen[row.row_id]}"))
+        seen.setdefault(row.row_id, index)
+    if errors:
+        raise RowsInvalid("row ids must be unique", errors[:MAX_REPORTED_ERRORS])
+
+
+def _schema_cells(cells: Mapping[str, str]) -> dict[str, str]:
+    return {column: value for column, value in cells.items() if column in CSV_COLUMNS
+            and not (column in LAYOUT_COLUMNS and value.lower() in NOT_APPLICABLE)}
+
+
+def _observed_row(row: MeasurementRowIn) -> ObservedRow:
+    measurement = Measurement(
+        scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
+        engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
+        disaggregated=row.deployment == "disaggregated", prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
+        compute_dtype=row.compute_dtype,
+        kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
+        num_requests=row.num_requests, request_rate=row.request_rate)
+    return ObservedRow(row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, engine=row.engine,
+                       scenario=row.scenario, metric=row.metric, stat=row.stat, value=row.value,
+                       measurement=measurement)
+
+
+def _pool(row: MeasurementRowIn, role: str) -> PoolLayout | None:
+    """A disaggregated row's `role` pool, None when its workers or tensor-parallel degree are not stated."""
+    workers, tp = getattr(row, f"{role}_workers"), getattr(row, f"{role}_tp")
+    if row.deployment != "disaggregated" or workers is None or tp is None:
+        return None
+    return PoolLayout(workers=workers, tp=tp, pp=getattr(row, f"{role}_pp") or 1, dp=getattr(row, f"{role}_dp") or 1,
+                      ep=getattr(row, f"{role}_ep") or 1, batch=getattr(row, f"{role}_batch"))
+
+
+def _skipped_row(cells: Mapping[str, str], reason: str) -> ObservedRow:
+    """A row whose names fall outside the vocabulary: its other cells passed the schema."""
+    return ObservedRow(row_id=cells["row_id"], source_id=cells.get("source_id", "upload"),
+                       model=cells.get("model", ""), gpu=cells.get("gpu", ""), engine=cells.get("engine", ""),
+                       scenario=cells.get("scenario", ""), metric=cells.get("metric", ""), stat=cells.get("stat"),
+                       value=float(cells["value"]), measurement=None, skipped_reason=reason)
+
+
+def _vocabulary_reason(errors: Sequence[Any], cells: Mapping[str, str]) -> str:
+    """The first name the service does not know, in the words the report counts by
+    (`unknown model slug`, `weight_dtype not stated`, `metric not predicted`)."""
+    columns = [str(error["loc"][0]) for error in errors]
+    column = next(name for name in VOCABULARY_COLUMNS if name in columns)
+    value = cells.get(column)
+    if value is None:
+        return f"{column} not stated"
+    if column in ("model", "gpu"):
+        return f"unknown {'model' if column == 'model' else 'GPU'} slug {value!r}"
+    return f"{column} not predicted: {value!r}"
