@@ -685,9 +685,8 @@ class _DisaggregatedRun(_Run):
     def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
         combined = self.latencies(efficiency)
         if metric in LATENCY_METRICS:
-            values = combined.ttft_s if metric == TTFT_MS else combined.tpot_s
-            values = values[~np.isnan(values)]
-            return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+            values = {TTFT_MS: combined.ttft_s, E2E_MS: combined.e2e_s}.get(metric, combined.tpot_s)
+            return _statistic(values[~np.isnan(values)], stat)
         requests_per_s = self._users / float(combined.e2e_s.mean())  # Little's law: users / cycle
         return {
             REQUESTS_PER_S: requests_per_s,
