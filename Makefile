@@ -60,7 +60,7 @@ openapi: $(RUNTIME)
 
 # docs/ACCURACY.md: the error of the shipped default profile on the published measurements.
 accuracy: $(RUNTIME)
-	$(PY) -m app.validate tests/data/measured-calibration.csv --markdown docs/ACCURACY.md
+	$(PY) -m app.validate tests/data/measured-calibration.csv --capacity tests/data/measured-capacity.csv --markdown docs/ACCURACY.md
 
 # Refit the shipped default calibration profile (a few minutes: includes leave-one-source-out).
 calibrate: $(RUNTIME)
