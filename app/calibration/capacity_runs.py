@@ -226,8 +226,9 @@ def capacity_markdown(report: CapacityReport, source: dict[str, str]) -> str:
     lines = [
         "## Capacity: vLLM start-up figures",
         "",
-        (f"Source: `{source['file']}` (sha256 `{source['sha256'][:16]}…`), the llm-d planner's vLLM 0.19.0 runs "
-         "on H100 80GB HBM3. Each run is predicted from its engine version, gpu_memory_utilization, "
+        (f"Source: `{source['file']}` (sha256 `{source['sha256'][:16]}…`): the `capacity` rows of "
+         "measured-calibration-2.csv, verbatim: the llm-d planner's vLLM 0.19.0 runs on H100 80GB HBM3 "
+         "(sources in measured-calibration-2-sources.md). Each run is predicted from its engine version, gpu_memory_utilization, "
          "max_model_len, layout, checkpoint recipe and KV dtype; nothing measured enters a prediction."),
         "",
         f"Runs: {len(report.predictions)}; predicted {len(report.predicted)}; skipped "
