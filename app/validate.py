@@ -12,7 +12,7 @@ the summary; `--markdown` writes the accuracy page (docs/ACCURACY.md is generate
 `python -m app.validate tests/data/measured-calibration.csv --capacity tests/data/measured-capacity.csv
 --markdown docs/ACCURACY.md`). `--capacity` adds the capacity section: vLLM's start-up figures (KV tokens
 and GiB, max concurrency, weights, activation peak) predicted by the capacity core
-(`app.capacity_validation`).
+(`app.calibration.capacity_runs`).
 Predictions use the catalog shipped in app/data (no database needed).
 """
 

@@ -66,7 +66,7 @@ LLAMA_8B_WEIGHTS = 16_060_522_496  # 8,030,261,248 parameters x 2 bytes (bf16)
 # The measured vLLM components (SIZING.md s7), in bytes: round(GiB x 2^30).
 ACTIVATION_8B = 5_111_011_082  # 4.76 x 1,073,741,824 = 5,111,011,082.24
 NON_TORCH_TP1 = 139_586_437  # 0.13 x 1,073,741,824 = 139,586,437.12
-# vLLM defaults from the 0.19 llm-d measurements (engine_rules): non-torch 0.25 / 2.07 GiB, graphs 0.87 GiB.
+# vLLM defaults from the 0.19 llm-d measurements (engines/vllm.py): non-torch 0.25 / 2.07 GiB, graphs 0.87 GiB.
 VLLM_NON_TORCH_TP1 = 268_435_456  # 0.25 x 1,073,741,824
 VLLM_NON_TORCH_TP2 = 2_222_645_576  # 2.07 x 1,073,741,824 = 2,222,645,575.68
 VLLM_CUDA_GRAPHS = 934_155_387  # 0.87 x 1,073,741,824 = 934,155,386.88
