@@ -167,7 +167,8 @@ RECIPES: dict[str, WeightRecipe] = {r.name: r for r in (
     _recipe("meta_fp8", "Meta Llama-3.1-405B-Instruct-FP8 (fbgemm_fp8): MLP FP8 per-channel except the "
             "first and last layers; attention, embedding and LM head bf16",
             "Llama 3 paper section 6.2 (FP8 in the FFN layers only, not self-attention, not the first and "
-            "last layer); quant_method fbgemm_fp8 with modules_to_not_convert (vLLM FBGEMMFp8Config)",
+            "last layer; not checked against the paper's text, ENGINES.md section 4); quant_method fbgemm_fp8 "
+            "with modules_to_not_convert (vLLM FBGEMMFp8Config)",
             dense_mlp="fp8", experts="fp8", edge_mlp_format="bf16"),
     _recipe("awq_int4", "AWQ int4: decoder linear layers int4 with group-128 scales and zeros; LM head and "
             "embedding bf16", "vLLM 0.19.0 quantization/awq.py (lm_head not quantized)",
