@@ -4,6 +4,10 @@ A `Measurement` is a published benchmark result minus its value: how it was run 
 load, layout, precisions, engine) and what it reports (metric and statistic). The value itself never
 enters this module, so a prediction cannot depend on it.
 
+Longer than 600 lines because every scenario (batch 1, static batch, offline, closed loop, Poisson, and
+disaggregated prefill/decode pools) is predicted from the same prepared layouts and cached step models;
+split apart, each part would need the others' caches.
+
 The answer comes from the same core the API uses: the engine's memory accounting and KV capacity
 (`capacity.py`, the /v1/capacity rules), the step-time model (`perf.py`, roofline + efficiencies) for
 every engine step, and the serving simulator (`simulate.py`, the /v1/slo-plan path) for runs with a
