@@ -9,7 +9,10 @@ with the predictions, never used to make them. Rows that cannot be predicted are
 `builtin` (the uncalibrated constants), or the path of a profile JSON written by `python -m app.calibrate`.
 `--json` writes every row (`row_id`, `predicted`, `measured`, `abs_pct_error` or `skipped_reason`) and
 the summary; `--markdown` writes the accuracy page (docs/ACCURACY.md is generated this way:
-`python -m app.validate tests/data/measured-calibration.csv --markdown docs/ACCURACY.md`).
+`python -m app.validate tests/data/measured-calibration.csv --capacity tests/data/measured-capacity.csv
+--markdown docs/ACCURACY.md`). `--capacity` adds the capacity section: vLLM's start-up figures (KV tokens
+and GiB, max concurrency, weights, activation peak) predicted by the capacity core
+(`app.calibration.capacity_runs`).
 Predictions use the catalog shipped in app/data (no database needed).
 """
 
@@ -22,6 +25,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.calibration.capacity_runs import (
+    capacity_markdown,
+    capacity_report,
+    fit_vllm_activation,
+    read_capacity_runs,
+)
 from app.calibration.profiles import (
     BUILTIN_DESCRIPTION,
     BUILTIN_PROFILE,
@@ -39,6 +48,7 @@ from app.calibration.service import (
     ObservedRow,
     ReferenceCatalog,
     Report,
+    file_sha256,
     row_document,
     summary_document,
     validate,
@@ -76,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-invalid-rows", action="store_true",
                         help="accepted for older commands: rows outside the measurement schema (capacity rows, "
                              "rows without a weight dtype) are always skipped with the reason, never the file")
+    parser.add_argument("--capacity", type=Path,
+                        help="capacity runs CSV (vLLM start-up figures, scenario capacity): adds the capacity section")
     args = parser.parse_args(argv)
 
     read = read_measurement_files(args.files, sources=args.source)
@@ -98,8 +110,16 @@ def main(argv: list[str] | None = None) -> int:
             "rows": [_row_json(row_document(outcome)) for outcome in report.outcomes],
             "summary": summary_document(report.summary),
         }, indent=1) + "\n", encoding="utf-8")
+    capacity_section = ""
+    if args.capacity:
+        runs = read_capacity_runs(args.capacity)
+        capacity_source = {"file": args.capacity.name, "sha256": file_sha256(args.capacity.read_bytes())}
+        capacity_section = capacity_markdown(capacity_report(runs, ReferenceCatalog()), capacity_source)
+        print(capacity_section)
+        print(f"activation refit on these runs: {fit_vllm_activation(runs, ReferenceCatalog())}")
     if args.markdown:
-        args.markdown.write_text(markdown_report(report, source, document, command=_command(args)), encoding="utf-8")
+        page = markdown_report(report, source, document, command=_command(args))
+        args.markdown.write_text(page + ("\n" + capacity_section if capacity_section else ""), encoding="utf-8")
     return 0
 
 
@@ -131,6 +151,8 @@ def _command(args: argparse.Namespace) -> str:
         parts += ["--stat-when-unstated", args.stat_when_unstated]
     if args.skip_invalid_rows:
         parts += ["--skip-invalid-rows"]
+    if args.capacity:
+        parts += ["--capacity", str(args.capacity)]
     return " ".join(parts + ["--markdown", str(args.markdown)])
 
 

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from app.sizing.model.recipes import recipe_from_quantization_config
 from app.sizing.specs import LAYER_CHUNKED, LAYER_FULL, LAYER_SLIDING, LAYER_TYPES, ModelSpec
 
 # Integers above 2**53 are not exactly representable as floats, and products of a few of them
@@ -775,8 +776,12 @@ def _quantization_note(r: _Reader) -> None:
         return
     method = quantization.get("quant_method") if isinstance(quantization, dict) else None
     if isinstance(method, str):
-        r.notes.append(f"weights ship quantized (quantization_config quant_method {method!r}); dtype is "
-                       "the unquantized torch_dtype: choose the weight precision when sizing")
+        assert isinstance(quantization, dict)
+        recipe, read = recipe_from_quantization_config(quantization)
+        advice = (f"size it with weight_recipe {recipe!r}" if recipe is not None
+                  else "no shipped weight_recipe matches: choose the weight precision when sizing")
+        r.notes.append(f"weights ship quantized (quantization_config {read}); dtype is the unquantized "
+                       f"torch_dtype; {advice}")
     else:
         r.notes.append("quantization_config present without a quant_method: ignored")
 

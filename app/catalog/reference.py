@@ -58,6 +58,7 @@ def gpu_spec_from_record(record: Any, *, slug: str | None = None) -> GpuSpec:
     return GpuSpec(
         name=record.name,
         memory_bytes=record.memory_bytes,
+        cuda_memory_bytes=getattr(record, "cuda_memory_bytes", None),
         memory_bandwidth_bytes_per_s=float(record.memory_bandwidth_bytes_per_s),
         interconnect_bandwidth_bytes_per_s=float(record.interconnect_bandwidth_bytes_per_s),
         gpus_per_node=record.gpus_per_node,
@@ -113,6 +114,16 @@ GPU_FAMILY = {
     "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi355x": "cdna4",
     "gaudi2": "gaudi", "gaudi3": "gaudi",
     "tpu-v5e": "tpu", "tpu-v5p": "tpu", "tpu-v6e": "tpu",
+}
+# What CUDA reports as total memory (torch.cuda.mem_get_info), where a measurement is published.
+# Other GPUs leave it null and the capacity answer says it used the driver's total instead.
+CUDA_MEMORY = {
+    # vLLM 0.19 start-up logs of the llm-d planner capacity runs on NVIDIA-H100-80GB-HBM3: "79.19 GiB"
+    # (llm-d-incubation/llm-d-planner@d3121e05 accuracy/results/v0.19.0; SIZING.md section 7); the
+    # GiB figure is rounded to 0.01 GiB, so this is good to +-5.4 MB.
+    "h100-sxm": (round(79.19 * 2**30), ("vLLM 0.19 logs on NVIDIA-H100-80GB-HBM3: 79.19 GiB (llm-d planner "
+                                        "capacity runs, llm-d-planner@d3121e05)")),
+    "a100-80gb-sxm": (85_056_798_720, "PyTorch total_memory on A100-SXM4-80GB, as gpus.csv notes it"),
 }
 # One 400 Gb/s NIC per GPU (400e9 / 8 B/s per direction): the HGX/OAM node design, and the
 # GpuSpec default. An assumption where the data gives no NIC figure; stated in each row's notes.
@@ -193,6 +204,8 @@ def _gpu_row(row: dict[str, str]) -> dict[str, Any]:
         f"Derived (not in gpus.csv): family = {family}; gpus_per_node = {topology.gpus_per_node} and "
         f"scale_out_bandwidth_bytes_per_s = {topology.scale_out_bandwidth_bytes_per_s:.6g} ({topology.rule})."
     )
+    cuda_memory, cuda_source = CUDA_MEMORY.get(row["slug"], (None, "not measured"))
+    derived += f" cuda_memory_bytes = {cuda_memory} ({cuda_source})."
     return {
         "slug": row["slug"],
         "name": row["name"],
@@ -200,6 +213,7 @@ def _gpu_row(row: dict[str, str]) -> dict[str, Any]:
         "family": family,
         "form_factor": row["form_factor"],
         "memory_bytes": int(row["memory_bytes"]),
+        "cuda_memory_bytes": cuda_memory,
         "memory_bandwidth_bytes_per_s": _decimal_scaled(row["hbm_bandwidth_tb_s"], TERA),
         "fp32_tflops": _optional_float(row["fp32_tflops"]),
         "tf32_tflops": _optional_float(row["tf32_tflops_dense"]),

@@ -65,6 +65,7 @@ MODEL_OUT_EXAMPLE = {**MODEL_IN_EXAMPLE, "slug": "llama-3-70b", "architecture": 
                      "attention_type": "gqa", **ROW_EXAMPLE}
 GPU_SPEC_EXAMPLE: dict[str, Any] = {
     "name": "NVIDIA H100 SXM5 80GB", "family": "hopper", "memory_bytes": 85520809984,
+    "cuda_memory_bytes": 85029615043,
     "memory_bandwidth_bytes_per_s": 3.35e12, "interconnect_bandwidth_bytes_per_s": 4.5e11,
     "gpus_per_node": 8, "scale_out_bandwidth_bytes_per_s": 5e10, "fp32_tflops": 67.0,
     "tf32_tflops": 494.5, "bf16_tflops": 989.5, "fp16_tflops": 989.5, "fp8_tflops": 1979.0,
@@ -181,6 +182,9 @@ class GpuSpecIn(BaseModel):
     family: Annotated[str, Field(pattern=r"^[a-z0-9-]{0,32}$")] = Field(
         "", description="Generation used to group calibration: ampere, hopper, blackwell, ada, cdna3, ...")
     memory_bytes: Annotated[int, Field(ge=1, le=10**13)] = Field(description="Total as the driver reports it")
+    cuda_memory_bytes: Annotated[int, Field(ge=1, le=10**13)] | None = Field(
+        None, description="Total as CUDA reports it (torch.cuda.mem_get_info), what vLLM and TensorRT-LLM size "
+                          "their KV cache from; null = not measured (memory_bytes is used, and says so)")
     memory_bandwidth_bytes_per_s: BytesPerS
     interconnect_bandwidth_bytes_per_s: BytesPerS = Field(description="Per GPU, per direction, inside a node")
     gpus_per_node: Annotated[int, Field(ge=1, le=100_000)] = Field(8, description="GPUs in one fast-interconnect domain")

@@ -51,6 +51,8 @@ class GpuRecord(CatalogRow, Base):
     family: Mapped[str] = mapped_column(String(32), default="")
     form_factor: Mapped[str] = mapped_column(String(200), default="")
     memory_bytes: Mapped[int] = mapped_column(BigInteger)  # what the driver reports as total
+    # What CUDA reports as total (torch.cuda.mem_get_info), below the driver's total; null = not measured.
+    cuda_memory_bytes: Mapped[int | None] = mapped_column(BigInteger)
     memory_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Double)
     fp32_tflops: Mapped[float | None] = mapped_column(Double)
     tf32_tflops: Mapped[float | None] = mapped_column(Double)

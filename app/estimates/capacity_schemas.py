@@ -24,8 +24,13 @@ from app.estimates.schemas import (
     TensorParallel,
     WeightDtype,
 )
+from app.sizing.model.recipes import FORMATS, GROUPS, RECIPE_NAMES
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
+EngineVersion = Annotated[str, Field(pattern=r"^v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?$", max_length=20)]
+WeightRecipeName = Literal[RECIPE_NAMES]  # type: ignore[valid-type]
+WeightGroup = Literal[GROUPS]  # type: ignore[valid-type]
+WeightFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 BytesPerGpu = Annotated[int, Field(ge=0, le=10**13,
                                    description="Bytes on each GPU; null = the engine's default")]
 Limit = Literal["kv_cache", "max_num_seqs"]
@@ -45,6 +50,12 @@ MEMORY_EXAMPLE: dict[str, Any] = {
     "kv_budget_bytes_per_gpu": 55174425149, "weights_bytes_total": 16060522496,
     "kv_budget_per_gpu": {"gb": 55.174425, "gib": 51.385188},
     "weights_total": {"gb": 16.060522, "gib": 14.957527},
+    "weight_groups_per_gpu": [
+        {"group": "attention", "format": "bf16", "params": 1_342_177_280, "bytes": 2_684_354_560},
+        {"group": "dense_mlp", "format": "bf16", "params": 5_637_144_576, "bytes": 11_274_289_152},
+        {"group": "embedding", "format": "bf16", "params": 525_336_576, "bytes": 1_050_673_152},
+        {"group": "lm_head", "format": "bf16", "params": 525_336_576, "bytes": 1_050_673_152},
+        {"group": "norms_and_biases", "format": "bf16", "params": 266_240, "bytes": 532_480}],
 }
 CONCURRENCY_EXAMPLE: dict[str, Any] = {"sequences": 279, "kv_limited_sequences": 279, "limit": "kv_cache",
                                        "tokens_per_request": 1500}
@@ -70,7 +81,8 @@ SUGGESTION_EXAMPLE: dict[str, Any] = {
                 "(steady state)"),
 }
 ENGINE_EXAMPLE: dict[str, Any] = {
-    "engine": "vllm", "gpu_memory_utilization": 0.9, "utilization_of": "total_memory", "max_num_seqs": 1024,
+    "engine": "vllm", "engine_version": "0.33.0", "total_bytes_per_gpu": 85029615043,
+    "gpu_memory_utilization": 0.9, "utilization_of": "total_memory", "max_num_seqs": 1024,
     "max_num_batched_tokens": 8192, "block_size": 16, "max_model_len": 16384, "kv_allocation": "on_demand",
     "sources": {"gpu_memory_utilization": "given", "max_model_len": "given",
                 "max_num_seqs": "vLLM default on GPUs with >= 70 GiB other than A100",
@@ -78,7 +90,11 @@ ENGINE_EXAMPLE: dict[str, Any] = {
                                              "its CUDA-graph estimate before sizing the KV cache")},
 }
 ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
-    "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16", "activation_dtype": "bf16",
+    "weight_dtype": "bf16",
+    "weight_recipe": ("bf16: every linear matrix of the decoder layers in bf16; embedding, LM head, routers, norms "
+                      "and biases in bf16 (the service's plain weight dtype)"),
+    "kv_dtype": "bf16", "kv_dtype_source": "the model's dtype: the engine's 'auto' KV dtype",
+    "compute_dtype": "bf16", "activation_dtype": "bf16",
     "efficiency": EFFICIENCY_EXAMPLE,
     "formulas": ["per GPU: kv_budget = usable - weights - activation - overhead"],
     "defaults_used": ["weight_dtype = bf16 (the model's published dtype)", "calibration = builtin"],
@@ -108,6 +124,17 @@ class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
     expert_parallel: ExpertParallel = 1
     engine: Engine = Field("vllm", description="Whose memory accounting decides capacity: vllm, sglang, "
                                                "trtllm, or generic (only what you give is subtracted)")
+    engine_version: EngineVersion | None = Field(
+        None, description="major.minor[.patch] of the engine, where its rules changed between versions (vLLM: "
+                          "utilization 0.90 -> 0.92 and CUDA graphs charged from 0.20, KV dtype from a ModelOpt "
+                          "checkpoint from 0.14; SGLang: from 0.5.5); null = the latest version the service's "
+                          "engine reference covers")
+    weight_recipe: WeightRecipeName | None = Field(
+        None, description="A published checkpoint's quantization recipe: each parameter group (attention, dense "
+                          "MLP, experts, router, embedding, LM head) in its own format, e.g. gpt_oss_mxfp4 (MXFP4 "
+                          "experts, bf16 rest), meta_fp8, modelopt_fp8, modelopt_nvfp4 (4.5 bits), deepseek_fp8, "
+                          "awq_int4. Overrides weight_dtype for the weight bytes; null = weight_dtype for every "
+                          "linear layer")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1,
         description="vllm/generic: fraction of TOTAL memory the engine may use (vLLM 0.92, generic 0.9); "
@@ -137,6 +164,18 @@ class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
     output_tokens: ContextTokens = Field(description="Mean generated tokens per request")
 
 
+class WeightGroupOut(BaseModel):
+    """One parameter group in one storage format."""
+
+    model_config = _examples({"group": "experts", "format": "mxfp4", "params": 114_661_785_600,
+                              "bytes": 60_914_073_600})
+
+    group: WeightGroup
+    format: WeightFormat
+    params: int
+    bytes: int = Field(description="params x the format's bits (scales included) / 8, rounded up")
+
+
 class MemoryOut(BaseModel):
     """One GPU's memory by the engine's accounting (the most loaded GPU of the layout):
     kv_budget = usable − weights − activation − overhead."""
@@ -155,6 +194,8 @@ class MemoryOut(BaseModel):
     weights_bytes_total: int = Field(description="The whole model's weights, stored once")
     kv_budget_per_gpu: HumanSize
     weights_total: HumanSize
+    weight_groups_per_gpu: list[WeightGroupOut] = Field(
+        description="weights_bytes_per_gpu by parameter group and format (the most loaded GPU)")
 
 
 class ConcurrencyOut(BaseModel):
@@ -220,6 +261,9 @@ class EngineOut(BaseModel):
     model_config = _examples(ENGINE_EXAMPLE)
 
     engine: Engine
+    engine_version: str = Field(description="The version whose rules were applied (empty for generic)")
+    total_bytes_per_gpu: int = Field(description="The memory the engine sizes from: what CUDA reports for vllm "
+                                                 "and trtllm where the catalog has it, else the driver's total")
     gpu_memory_utilization: float
     utilization_of: Literal["total_memory", "free_memory_after_weights_and_activations"]
     max_num_seqs: int | None = Field(description="null = no limit")
@@ -234,7 +278,10 @@ class CapacityAssumptions(BaseModel):
 
     model_config = _examples(ASSUMPTIONS_EXAMPLE)
     weight_dtype: str
+    weight_recipe: str = Field(description="The recipe the weight bytes follow (a plain dtype's name when "
+                                           "none was asked for), its formats and its source")
     kv_dtype: str
+    kv_dtype_source: str = Field(description="given, or the engine and checkpoint rule that picked it")
     compute_dtype: str
     activation_dtype: str
     efficiency: EfficiencyOut

@@ -22,6 +22,7 @@ from app.estimates.capacity_schemas import (
     MemoryOut,
     OperatingPointOut,
     SuggestionOut,
+    WeightGroupOut,
 )
 from app.estimates.inputs import (
     ResolvedPrecisions,
@@ -54,7 +55,7 @@ from app.estimates.schemas import (
     RooflineResponse,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing.engines import EngineConfig
+from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     COMPUTE,
@@ -74,9 +75,10 @@ from app.sizing.model.kv import (
     mha_equivalent_bytes_per_sequence,
 )
 from app.sizing.model.params import ceil_div
+from app.sizing.model.recipes import RECIPES, uniform_recipe
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving import capacity as capacity_core
-from app.sizing.specs import GpuSpec, ModelSpec, bits_per_value
+from app.sizing.specs import KV_DTYPES, GpuSpec, ModelSpec, bits_per_value
 
 # /v1/kv-cache
 
@@ -447,16 +449,29 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
             errors=[("/body/max_model_len",
                      f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
-    precisions = resolve_precisions(model, gpu, gpu_label, request)
-    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
+    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
+    if recipe is not None and request.weight_dtype not in (None, recipe.dtype):
+        raise Unprocessable(
+            f"weight_dtype {request.weight_dtype} contradicts weight_recipe {recipe.name} ({recipe.dtype})",
+            errors=[("/body/weight_dtype", f"leave it null or set {recipe.dtype} with weight_recipe {recipe.name}")])
     engine = EngineConfig(
-        engine=request.engine, gpu_memory_utilization=request.gpu_memory_utilization,
+        engine=request.engine, engine_version=request.engine_version,
+        gpu_memory_utilization=request.gpu_memory_utilization,
         reserved_bytes_per_gpu=request.reserved_bytes_per_gpu,
         activation_bytes_per_gpu=request.activation_bytes_per_gpu,
         non_torch_bytes_per_gpu=request.non_torch_bytes_per_gpu,
         cuda_graph_bytes_per_gpu=request.cuda_graph_bytes_per_gpu, max_num_seqs=request.max_num_seqs,
         max_num_batched_tokens=request.max_num_batched_tokens, block_size=request.block_size,
         max_model_len=request.max_model_len)
+    kv_dtype, kv_source = request.kv_dtype, "given"
+    if kv_dtype is None:
+        version, _ = resolve_version(engine)
+        kv_dtype, kv_source = ENGINES[request.engine].kv_dtype(version, recipe, model.dtype)
+        if kv_dtype not in KV_DTYPES:
+            kv_dtype, kv_source = "bf16", f"{kv_source}; served in bf16"
+    precisions = resolve_precisions(model, gpu, gpu_label, request.model_copy(update={
+        "weight_dtype": recipe.dtype if recipe is not None else request.weight_dtype, "kv_dtype": kv_dtype}))
+    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     try:
         result = capacity_core.capacity(
             model, gpu, tensor_parallel=request.tensor_parallel, pipeline_parallel=request.pipeline_parallel,
@@ -464,11 +479,14 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             compute_dtype=precisions.compute_dtype, engine=engine, input_tokens=request.input_tokens,
             output_tokens=request.output_tokens, efficiency=efficiency,
             activation_dtype=precisions.activation_dtype, data_parallel=layout.data_parallel,
-            expert_parallel=layout.expert_parallel)
+            expert_parallel=layout.expert_parallel, weight_recipe=recipe)
     except ValueError as exc:
         raise core_problem(exc) from None
     resolved = result.engine
     defaults = [*precisions.defaults_used]
+    if request.kv_dtype is None:
+        defaults.append(f"kv_dtype = {kv_dtype} ({kv_source})")
+    weights_recipe = recipe if recipe is not None else uniform_recipe(precisions.weight_dtype)
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")
     defaults += [f"{name} = {getattr(resolved, name)} ({source})" for name, source in resolved.sources
@@ -493,7 +511,9 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             reserved_bytes_per_gpu=memory.reserved_bytes_per_gpu,
             kv_budget_bytes_per_gpu=memory.kv_budget_bytes_per_gpu, weights_bytes_total=result.weights_bytes_total,
             kv_budget_per_gpu=human_size(memory.kv_budget_bytes_per_gpu),
-            weights_total=human_size(result.weights_bytes_total)),
+            weights_total=human_size(result.weights_bytes_total),
+            weight_groups_per_gpu=[WeightGroupOut(group=g.group, format=g.format, params=g.params, bytes=g.bytes)
+                                   for g in result.weight_groups_per_gpu]),
         kv_bytes_per_token_per_gpu=result.kv_bytes_per_token_per_gpu, kv_tokens=result.kv_tokens,
         kv_blocks=result.kv_blocks,
         max_concurrency=MaxConcurrencyOut(**{
@@ -503,13 +523,17 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
         max_context_tokens=result.max_context_tokens,
         operating_point=None if result.operating_point is None else _operating_point_out(result.operating_point),
         engine=EngineOut(
-            engine=resolved.engine, gpu_memory_utilization=resolved.gpu_memory_utilization,
+            engine=resolved.engine, engine_version=resolved.engine_version,
+            total_bytes_per_gpu=resolved.total_bytes_per_gpu,
+            gpu_memory_utilization=resolved.gpu_memory_utilization,
             utilization_of=resolved.utilization_of, max_num_seqs=resolved.max_num_seqs,
             max_num_batched_tokens=resolved.max_num_batched_tokens, block_size=resolved.block_size,
             max_model_len=resolved.max_model_len, kv_allocation=resolved.kv_allocation,
             sources=dict(resolved.sources)),
         assumptions=CapacityAssumptions(
-            weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+            weight_dtype=precisions.weight_dtype,
+            weight_recipe=f"{weights_recipe.name}: {weights_recipe.description} ({weights_recipe.source})",
+            kv_dtype=precisions.kv_dtype, kv_dtype_source=kv_source,
             compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
             efficiency=efficiency_out(efficiency, profile), formulas=list(CAPACITY_FORMULAS),
             defaults_used=defaults),

@@ -4,4 +4,4 @@
 CALCULATION_VERSION = "2026.11.29"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.01"
+ENGINE_RULES_VERSION = "2026.12.01.1"  # vLLM rules by version, CUDA-visible memory, KV dtype by checkpoint

@@ -23,7 +23,7 @@ BITS_PER_VALUE: dict[str, float] = {
 }
 
 WEIGHT_DTYPES = ("bf16", "fp16", "fp8", "int8", "int4", "fp4")
-KV_DTYPES = ("bf16", "fp16", "fp8", "int8")
+KV_DTYPES = ("bf16", "fp16", "fp8", "int8", "fp32")  # fp32: models served in fp32 ("auto")
 COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 
 LAYER_FULL = "full_attention"
@@ -60,12 +60,17 @@ class GpuSpec:
     fp4_flops_per_s: float | None = None
     tdp_w: float | None = None
     price_per_hour_usd: float | None = None
+    # What CUDA reports as total (torch.cuda.mem_get_info()[1]), below the driver's total by what the
+    # driver reserves; None = not measured. vLLM and TensorRT-LLM size their KV cache from it.
+    cuda_memory_bytes: int | None = None
     slug: str = ""
     family: str = ""  # vendor generation used to group calibration (e.g. "hopper", "ampere")
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise ValueError("memory_bytes must be positive")
+        if self.cuda_memory_bytes is not None and not 0 < self.cuda_memory_bytes <= self.memory_bytes:
+            raise ValueError("cuda_memory_bytes must be in 1..memory_bytes")
         if self.memory_bandwidth_bytes_per_s <= 0:
             raise ValueError("memory_bandwidth_bytes_per_s must be positive")
         if self.interconnect_bandwidth_bytes_per_s <= 0:

@@ -64,44 +64,51 @@ def test_inline_specs_give_the_same_answer(client: TestClient) -> None:
 
 
 def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
-    """vLLM, Llama-3.1-8B on H100, utilization 0.9, max-model-len 16k, measured KV 51.38 GiB:
-    0.9 x 85,520,809,984 = 76,968,728,985 − 16,060,522,496 (weights) − 5,111,011,082 (activation
-    4.76 GiB) − 139,586,437 (non-torch 0.13 GiB) − 483,183,821 (CUDA graphs 0.45 GiB) = 55,174,425,149 B
-    = 51.385 GiB."""
-    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm",
-                         "gpu_memory_utilization": 0.9, "max_model_len": 16384, **WORKLOAD})
+    """vLLM, Llama-3.1-8B on H100, utilization 0.9, max-model-len 16k, measured KV 51.38 GiB (SIZING.md s7),
+    with that log's activation (4.76 GiB) and non-torch (0.13 GiB) given, on a version that sizes the KV
+    cache before capturing CUDA graphs, from what CUDA reports (79.19 GiB = 85,029,615,043 B):
+    0.9 x 85,029,615,043 = 76,526,653,538 − 16,060,522,496 (weights) − 5,111,011,082 − 139,586,437
+    = 55,215,533,523 B = 51.42 GiB."""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm", "engine_version": "0.19.0",
+                         "gpu_memory_utilization": 0.9, "max_model_len": 16384,
+                         "activation_bytes_per_gpu": 5_111_011_082, "non_torch_bytes_per_gpu": 139_586_437,
+                         **WORKLOAD})
     memory = data["memory"]
-    assert memory["usable_bytes_per_gpu"] == 76_968_728_985
-    assert memory["activation_bytes_per_gpu"] == 5_111_011_082
-    assert memory["overhead_bytes_per_gpu"] == 139_586_437 + 483_183_821
-    assert memory["kv_budget_bytes_per_gpu"] == 55_174_425_149
-    assert memory["kv_budget_per_gpu"]["gib"] == pytest.approx(51.38, rel=0.01)
-    # 55,174,425,149 // (16 x 131,072) = 26,309 blocks; 16,384 tokens = 1,024 blocks per request -> 25.
-    assert (data["kv_tokens"], data["kv_blocks"]) == (420_944, 26_309)
+    assert memory["total_bytes_per_gpu"] == 85_029_615_043
+    assert memory["usable_bytes_per_gpu"] == 76_526_653_538
+    assert memory["overhead_bytes_per_gpu"] == 139_586_437
+    assert memory["cuda_graph_bytes_per_gpu"] == 0
+    assert memory["kv_budget_bytes_per_gpu"] == 55_215_533_523
+    assert memory["kv_budget_per_gpu"]["gib"] == pytest.approx(51.38, rel=0.001)
+    # 55,215,533,523 // (16 x 131,072) = 26,328 blocks; 16,384 tokens = 1,024 blocks per request -> 25.
+    assert (data["kv_tokens"], data["kv_blocks"]) == (421_248, 26_328)
     assert data["max_concurrency"]["worst_case"]["sequences"] == 25
     assert data["max_context_tokens"] == 16_384
     engine = data["engine"]
     assert (engine["max_num_seqs"], engine["max_num_batched_tokens"]) == (1024, 8192)
-    assert engine["block_size"] == 16
+    assert (engine["block_size"], engine["engine_version"]) == (16, "0.19.0")
     assert engine["sources"]["gpu_memory_utilization"] == "given"
-    assert "4.76 GiB" in engine["sources"]["activation_bytes_per_gpu"]
+    assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
+    assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
     assert data["calculation_version"] == "2026.11.29"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
+    assert assumptions["weight_recipe"].startswith("bf16: every linear matrix")
+    assert assumptions["kv_dtype_source"].startswith("the model's dtype")
     assert any(line.startswith("max_num_seqs = 1024") for line in assumptions["defaults_used"])
 
 
 def test_405b_on_one_h100_is_an_answer_not_an_error(client: TestClient) -> None:
     """Llama-3.1-405B bf16: 405,853,388,800 params x 2 = 811,706,777,600 B (811.7 GB) against one GPU of
-    85,520,809,984 B (85.5 GB)."""
+    85,029,615,043 B (85.0 GB) as CUDA reports it."""
     data = post(client, {"model": "llama-3.1-405b", "gpu": "h100-sxm", **WORKLOAD})
     assert data["fits"] is False
     assert data["memory"]["weights_bytes_total"] == 811_706_777_600
     assert data["memory"]["weights_total"]["gb"] == pytest.approx(811.706778)
     (reason,) = data["reasons"]
-    assert reason.startswith("weights need 811.7 GB (bf16); 1 x 85.5 GB (TP1, PP1)")
+    assert reason.startswith("weights need 811.7 GB (bf16); 1 x 85.0 GB (TP1, PP1)")
     assert data["operating_point"] is None
     assert data["kv_tokens"] == 0
     suggestion = data["suggestion"]
@@ -125,14 +132,14 @@ def test_sglang_fraction_on_h200(client: TestClient) -> None:
 
 
 def test_trtllm_rule(client: TestClient) -> None:
-    """TensorRT-LLM: 0.9 x (85,520,809,984 − 16,060,522,496 − 5,111,011,082 − 139,586,437) =
-    0.9 x 64,209,689,969 = 57,788,720,972 B; blocks of 32 x 131,072: 13,777; 47 blocks per 1,500-token
-    request -> 293 admitted."""
+    """TensorRT-LLM, from what CUDA reports: 0.9 x (85,029,615,043 − 16,060,522,496 − 5,111,011,082
+    − 139,586,437) = 0.9 x 63,718,495,028 = 57,346,645,525 B (.2 dropped); blocks of 32 x 131,072 =
+    4,194,304 B: 13,672 (13,673 would need 57,348,718,592); 47 blocks per 1,500-token request -> 290."""
     data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "trtllm", **WORKLOAD})
     assert data["engine"]["utilization_of"] == "free_memory_after_weights_and_activations"
-    assert data["memory"]["kv_budget_bytes_per_gpu"] == 57_788_720_972
-    assert data["kv_blocks"] == 13_777
-    assert data["max_concurrency"]["admission"]["sequences"] == 293
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 57_346_645_525
+    assert data["kv_blocks"] == 13_672
+    assert data["max_concurrency"]["admission"]["sequences"] == 290
 
 
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
@@ -149,11 +156,13 @@ def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
 
 
 def test_mixtral_moe_at_tp2(client: TestClient) -> None:
-    """Mixtral-8x7B on 2 x H100 (vLLM defaults): 78,679,145,185 usable − 46,704,107,520 weights −
-    5,367,227,132 activation − 644,245,094 non-torch (2 GPUs) − 483,183,821 graphs = 25,480,381,618 B."""
+    """Mixtral-8x7B on 2 x H100 (vLLM defaults, tests/domain/test_capacity.py): 0.92 x 85,029,615,043 =
+    78,227,245,839 usable − 46,704,107,520 weights − 1,249,350,936 activation − 2,222,645,576 non-torch
+    (2 GPUs) − 934,155,387 graphs = 27,116,986,420 B; // 1,048,576 B per block = 25,860."""
     data = post(client, {"model": "mixtral-8x7b", "gpu": "h100-sxm", "tensor_parallel": 2, **WORKLOAD})
-    assert data["memory"]["kv_budget_bytes_per_gpu"] == 25_480_381_618
-    assert data["kv_blocks"] == 24_299
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 27_116_986_420
+    assert data["kv_blocks"] == 25_860
+    assert "fitted on vLLM 0.19" in data["engine"]["sources"]["activation_bytes_per_gpu"]
 
 
 def test_mla_latent_is_not_divided_at_tp8(client: TestClient) -> None:
@@ -288,3 +297,40 @@ def test_deepseek_v3_dp8_ep8_keeps_each_ranks_own_kv(client: TestClient) -> None
 def test_an_invalid_expert_layout_is_a_422(client: TestClient, change: dict[str, Any], pointer: str) -> None:
     body = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", **WORKLOAD, **change}
     assert_problem(client.post("/v1/capacity", json=body), 422, pointer)
+
+
+def test_gpt_oss_recipe_counts_each_group_in_its_format(client: TestClient) -> None:
+    """gpt-oss-120b as published (tests/domain/test_recipes.py): MXFP4 experts 60,914,073,600 B, bf16
+    attention 1,911,029,760 B, router 26,542,080 B, embedding and head 1,158,266,880 B each, norms and
+    biases 789,120 B: 65,168,968,320 B."""
+    data = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_recipe": "gpt_oss_mxfp4", **WORKLOAD})
+    memory = data["memory"]
+    assert memory["weights_bytes_total"] == memory["weights_bytes_per_gpu"] == 65_168_968_320
+    groups = {g["group"]: (g["format"], g["bytes"]) for g in memory["weight_groups_per_gpu"]}
+    assert groups["experts"] == ("mxfp4", 60_914_073_600)
+    assert groups["attention"] == ("bf16", 1_911_029_760)
+    assert data["assumptions"]["weight_dtype"] == "fp4"
+    assert data["assumptions"]["weight_recipe"].startswith("gpt_oss_mxfp4: OpenAI gpt-oss")
+
+
+def test_trtllm_with_a_modelopt_fp8_checkpoint_defaults_to_fp8_kv(client: TestClient) -> None:
+    """TensorRT-LLM keeps a ModelOpt checkpoint's kv_cache_quant_algo FP8: 1 byte per value, so Llama-3.1-8B
+    caches 2 x 8 x 128 x 1 x 32 = 65,536 B per token; vLLM 0.13 ignores it (bf16, 131,072 B), 0.14 reads it."""
+    body = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "weight_recipe": "modelopt_fp8", **WORKLOAD}
+    trtllm = post(client, {**body, "engine": "trtllm"})
+    assert (trtllm["assumptions"]["kv_dtype"], trtllm["kv_bytes_per_token_per_gpu"]) == ("fp8", 65_536)
+    assert "TensorRT-LLM" in trtllm["assumptions"]["kv_dtype_source"]
+    assert post(client, {**body, "engine_version": "0.13.0"})["assumptions"]["kv_dtype"] == "bf16"
+    assert post(client, {**body, "engine_version": "0.14.0"})["assumptions"]["kv_dtype"] == "fp8"
+    assert post(client, {**body, "kv_dtype": "bf16", "engine": "trtllm"})["assumptions"]["kv_dtype_source"] == "given"
+
+
+@pytest.mark.parametrize(("change", "pointer"), [
+    ({"weight_recipe": "gpt_oss_mxfp4", "weight_dtype": "bf16"}, "/body/weight_dtype"),
+    ({"weight_recipe": "mxfp4-everything"}, "/body/weight_recipe"),
+    ({"engine_version": "latest"}, "/body/engine_version"),
+])
+def test_recipe_and_version_errors_name_the_field(client: TestClient, change: dict[str, Any], pointer: str) -> None:
+    response = client.post("/v1/capacity", json={"model": "gpt-oss-120b", "gpu": "h100-sxm", **WORKLOAD, **change})
+    assert response.status_code == 422
+    assert pointer in [error["pointer"] for error in response.json()["errors"]]

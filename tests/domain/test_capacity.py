@@ -50,6 +50,9 @@ H100 = GpuSpec(name="NVIDIA H100 SXM5 80GB", slug="h100-sxm", memory_bytes=85_52
                bf16_flops_per_s=989.5e12, fp16_flops_per_s=989.5e12, fp8_flops_per_s=1979e12)
 H200 = dataclasses.replace(H100, name="NVIDIA H200 SXM 141GB", slug="h200-sxm", memory_bytes=150_754_820_096,
                            memory_bandwidth_bytes_per_s=4.8e12)
+# The same H100 with the total CUDA reports, 79.19 GiB = round(79.19 x 2^30) = 85,029,615,043 B (vLLM's
+# start-up log on NVIDIA-H100-80GB-HBM3), which vLLM and TensorRT-LLM size from.
+H100_CUDA = dataclasses.replace(H100, cuda_memory_bytes=85_029_615_043)
 A100_80GB = GpuSpec(name="NVIDIA A100 80GB SXM4", slug="a100-80gb-sxm", memory_bytes=85_899_345_920,
                     memory_bandwidth_bytes_per_s=2.039e12, interconnect_bandwidth_bytes_per_s=300e9,
                     bf16_flops_per_s=312e12, fp16_flops_per_s=312e12)
@@ -63,8 +66,13 @@ LLAMA_8B_WEIGHTS = 16_060_522_496  # 8,030,261,248 parameters x 2 bytes (bf16)
 # The measured vLLM components (SIZING.md s7), in bytes: round(GiB x 2^30).
 ACTIVATION_8B = 5_111_011_082  # 4.76 x 1,073,741,824 = 5,111,011,082.24
 NON_TORCH_TP1 = 139_586_437  # 0.13 x 1,073,741,824 = 139,586,437.12
-NON_TORCH_TP2 = 644_245_094  # 0.6 x 1,073,741,824 = 644,245,094.4
-CUDA_GRAPHS = 483_183_821  # 0.45 x 1,073,741,824 = 483,183,820.8
+# vLLM defaults from the 0.19 llm-d measurements (engines/vllm.py): non-torch 0.25 / 2.07 GiB, graphs 0.87 GiB.
+VLLM_NON_TORCH_TP1 = 268_435_456  # 0.25 x 1,073,741,824
+VLLM_NON_TORCH_TP2 = 2_222_645_576  # 2.07 x 1,073,741,824 = 2,222,645,575.68
+VLLM_CUDA_GRAPHS = 934_155_387  # 0.87 x 1,073,741,824 = 934,155,386.88
+# The published example's own components, given explicitly to a version that does not charge graphs.
+MEASURED_EXAMPLE = EngineConfig(engine="vllm", engine_version="0.19.0", gpu_memory_utilization=0.9,
+                                activation_bytes_per_gpu=ACTIVATION_8B, non_torch_bytes_per_gpu=NON_TORCH_TP1)
 
 
 def run(model, gpu=H100, *, tp=1, pp=1, weight_dtype="bf16", kv_dtype="bf16", compute_dtype=None,
@@ -128,29 +136,28 @@ def test_seed_worked_example_with_the_seeds_80_gb_gpus_gives_about_310() -> None
 
 
 def test_vllm_measurement_llama_3_1_8b_on_h100() -> None:
-    """Published vLLM start-up on H100, Llama-3.1-8B, utilization 0.9, max-model-len 16k: KV 51.38 GiB.
-
-    0.9 x 85,520,809,984 = 76,968,728,985 (.6 dropped)
+    """Published vLLM start-up on H100, Llama-3.1-8B, utilization 0.9, max-model-len 16k: KV 51.38 GiB
+    = 0.9 x 79.19 − 14.99 − 4.76 − 0.13 (SIZING.md s7). With its components given, the rule reproduces it
+    from what CUDA reports, and without the CUDA graphs, which that log frees after sizing the KV cache:
+    0.9 x 85,029,615,043 = 76,526,653,538 (.7 dropped)
       − weights 16,060,522,496 (8,030,261,248 params x 2 B; vLLM logs 14.99 GiB, we have 14.96)
-      − activation peak 5,111,011,082 (4.76 GiB: the anchor of the activation estimate)
-      − non-torch 139,586,437 (0.13 GiB)   − CUDA graphs 483,183,821 (0.45 GiB)
-      = 55,174,425,149 B = 51.385 GiB, 0.01% from the measured 51.38.
-    Blocks of 16 x 131,072 B = 2,097,152 B: 55,174,425,149 // 2,097,152 = 26,309 (26,309 · 2,097,152 =
-    55,173,971,968), i.e. 420,944 tokens; 16,384 tokens per request take 1,024 blocks: 26,309 // 1,024 =
+      − activation peak 5,111,011,082 (4.76 GiB)   − non-torch 139,586,437 (0.13 GiB)
+      = 55,215,533,523 B = 51.424 GiB, 0.08% from the measured 51.38 (the weights' 0.03 GiB).
+    Blocks of 16 x 131,072 B = 2,097,152 B: 55,215,533,523 // 2,097,152 = 26,328 (26,328 · 2,097,152 =
+    55,213,817,856), i.e. 421,248 tokens; 16,384 tokens per request take 1,024 blocks: 26,328 // 1,024 =
     25 requests in the worst case (vLLM would log 25.69x).
     """
-    result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="vllm", gpu_memory_utilization=0.9,
-                                                   max_model_len=16_384))
+    result = run(LLAMA_3_1_8B, H100_CUDA, engine=dataclasses.replace(MEASURED_EXAMPLE, max_model_len=16_384))
     memory = result.memory
-    assert memory.usable_bytes_per_gpu == 76_968_728_985
+    assert memory.total_bytes_per_gpu == 85_029_615_043
+    assert memory.usable_bytes_per_gpu == 76_526_653_538
     assert memory.weights_bytes_per_gpu == LLAMA_8B_WEIGHTS
     assert memory.activation_bytes_per_gpu == ACTIVATION_8B
     assert memory.non_torch_bytes_per_gpu == NON_TORCH_TP1
-    assert memory.cuda_graph_bytes_per_gpu == CUDA_GRAPHS
-    assert memory.overhead_bytes_per_gpu == NON_TORCH_TP1 + CUDA_GRAPHS
-    assert memory.kv_budget_bytes_per_gpu == 55_174_425_149
-    assert memory.kv_budget_bytes_per_gpu / GIB == pytest.approx(51.38, rel=0.01)
-    assert (result.kv_tokens, result.kv_blocks) == (420_944, 26_309)
+    assert memory.cuda_graph_bytes_per_gpu == 0
+    assert memory.kv_budget_bytes_per_gpu == 55_215_533_523
+    assert memory.kv_budget_bytes_per_gpu / GIB == pytest.approx(51.38, rel=0.001)
+    assert (result.kv_tokens, result.kv_blocks) == (421_248, 26_328)
     assert result.max_concurrency.worst_case.sequences == 25
     assert dict(result.engine.sources)["gpu_memory_utilization"] == "given"
 
@@ -202,23 +209,47 @@ def test_suggestion_keeps_the_precision_when_more_gpus_suffice() -> None:
 # Engine rules ---------------------------------------------------------------------------------------
 
 def test_vllm_defaults_follow_the_gpu() -> None:
-    """vLLM: 0.92 of total memory (v0.11+), block 16; max_num_seqs / max_num_batched_tokens 1024 / 8192
-    on GPUs of >= 70 GiB other than A100, else 256 / 2048. One GPU: non-torch 0.13 GiB."""
-    on_h100 = resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1)
-    assert (on_h100.gpu_memory_utilization, on_h100.block_size) == (0.92, 16)
+    """vLLM at the default version (0.33): 0.92 of what CUDA reports, block 16; max_num_seqs /
+    max_num_batched_tokens 1024 / 8192 on GPUs of >= 70 GiB other than A100, else 256 / 2048; non-torch
+    0.25 GiB on one GPU; CUDA graphs 0.87 GiB, charged from v0.20.
+    Activation (V1) = 192,255,256 + max(forward, sampler):
+      H100: sampler 1024 x 128,256 x (2 + 12.213) = 131,334,144 x 14.213 = 1,866,652,188.672 -> 1,866,652,189,
+            forward 8192 x 61,440 x 2 = 1,006,632,960 -> 2,058,907,445;
+      A100: sampler 256 x 128,256 x 14.213 = 466,663,047.168, forward 2048 x 61,440 x 2 = 251,658,240
+            -> 192,255,256 + 466,663,047 = 658,918,303.
+    KV on H100: 0.92 x 85,029,615,043 = 78,227,245,839 (.56 dropped) − 16,060,522,496 − 2,058,907,445
+    − 268,435,456 − 934,155,387 = 58,905,225,055.
+    """
+    on_h100 = resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100_CUDA, 1)
+    assert (on_h100.engine_version, on_h100.gpu_memory_utilization, on_h100.block_size) == ("0.33.0", 0.92, 16)
     assert (on_h100.max_num_seqs, on_h100.max_num_batched_tokens) == (1024, 8192)
-    assert on_h100.non_torch_bytes_per_gpu == NON_TORCH_TP1
+    assert on_h100.non_torch_bytes_per_gpu == VLLM_NON_TORCH_TP1
+    assert on_h100.cuda_graph_bytes_per_gpu == VLLM_CUDA_GRAPHS
+    assert on_h100.activation_bytes_per_gpu == 2_058_907_445
     assert on_h100.max_model_len == 131_072
     on_a100 = resolve_engine(EngineConfig(), LLAMA_3_1_8B, A100_80GB, 1)
     assert (on_a100.max_num_seqs, on_a100.max_num_batched_tokens) == (256, 2048)
-    # 2048 batched tokens: a quarter of the 8192-token activation peak, 5,111,011,082 // 4.
-    assert on_a100.activation_bytes_per_gpu == 5_111_011_082 // 4
-    budget = memory_budget(LLAMA_3_1_8B, H100, on_h100, tensor_parallel=1, pipeline_parallel=1,
+    assert on_a100.activation_bytes_per_gpu == 658_918_303
+    budget = memory_budget(LLAMA_3_1_8B, H100_CUDA, on_h100, tensor_parallel=1, pipeline_parallel=1,
                            weight_dtype="bf16")
-    # 0.92 x 85,520,809,984 = 78,679,145,185 (.28 dropped)
-    assert budget.usable_bytes_per_gpu == 78_679_145_185
-    assert budget.kv_budget_bytes_per_gpu == (78_679_145_185 - LLAMA_8B_WEIGHTS - ACTIVATION_8B
-                                              - NON_TORCH_TP1 - CUDA_GRAPHS)
+    assert budget.usable_bytes_per_gpu == 78_227_245_839
+    assert budget.kv_budget_bytes_per_gpu == 58_905_225_055
+
+
+def test_vllm_version_decides_utilization_and_cuda_graphs() -> None:
+    """0.19: utilization 0.90 and the graphs captured after the KV cache (not subtracted); 0.20: 0.92 and
+    subtracted (ENGINES.md 1.1). A GPU without a measured CUDA total falls back to the driver's, and says so."""
+    old = resolve_engine(EngineConfig(engine_version="0.19.0"), LLAMA_3_1_8B, H100_CUDA, 1)
+    assert (old.gpu_memory_utilization, old.cuda_graph_bytes_per_gpu) == (0.90, 0)
+    new = resolve_engine(EngineConfig(engine_version="0.20.0"), LLAMA_3_1_8B, H100_CUDA, 1)
+    assert (new.gpu_memory_utilization, new.cuda_graph_bytes_per_gpu) == (0.92, VLLM_CUDA_GRAPHS)
+    assert dict(new.sources)["engine_version"] == "given"
+    assert new.total_bytes_per_gpu == 85_029_615_043
+    fallback = resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1)
+    assert fallback.total_bytes_per_gpu == 85_520_809_984
+    assert "not measured" in dict(fallback.sources)["total_bytes_per_gpu"]
+    with pytest.raises(ValueError):
+        EngineConfig(engine_version="latest")
 
 
 def test_sglang_mem_fraction_static_reproduces_its_rule() -> None:
@@ -289,10 +320,12 @@ def test_every_component_can_be_given() -> None:
                           non_torch_bytes_per_gpu=1_000_000_000, cuda_graph_bytes_per_gpu=2_000_000_000,
                           reserved_bytes_per_gpu=500_000_000, block_size=32, max_num_seqs=7,
                           max_num_batched_tokens=4096, max_model_len=4096)
-    result = run(LLAMA_3_1_8B, engine=config)
+    result = run(LLAMA_3_1_8B, engine=dataclasses.replace(config, engine_version="0.20.0"))
     assert result.memory.kv_budget_bytes_per_gpu == 45_856_125_491
     assert result.memory.overhead_bytes_per_gpu == 3_500_000_000
-    assert dict(result.engine.sources) == {name: "given" for name in dict(result.engine.sources)}
+    sources = dict(result.engine.sources)
+    assert sources.pop("total_bytes_per_gpu").startswith("the driver's total")  # a property of the GPU
+    assert sources == {name: "given" for name in sources}
     engine = result.engine
     assert (engine.block_size, engine.max_num_seqs, engine.max_model_len) == (32, 7, 4096)
 
@@ -338,21 +371,22 @@ def test_mixtral_moe_on_two_h100() -> None:
     3·4096·14,336/2 = 704,643,072 -> 725,614,592 per layer; router 32,768 + norms 8,192 stay bf16; 32
     layers = 23,219,666,944 + 1,310,720; vocabulary shards 2 · 16,000 · 4096 = 131,072,000; final norm
     4,096: 23,352,053,760 params x 2 = 46,704,107,520 B.
-    activation: 8,192 + (2·16 + 2·4)·128 + 2·(3·7,168 + 4,096) + 8 = 64,520 values ->
-    5,111,011,082 · 64,520 // 61,440 = 5,367,227,132 B; non-torch at 2 GPUs 644,245,094; graphs 483,183,821.
-    KV budget = 78,679,145,185 − 46,704,107,520 − 5,367,227,132 − 644,245,094 − 483,183,821
-    = 25,480,381,618 B; per token 2·4·128·2·32 = 65,536 B, blocks of 1,048,576 B: 24,299 blocks
-    (24,300 would need 25,480,396,800) = 388,784 tokens.
+    activation (vLLM V1): 8,192 + (2·16 + 2·4)·128 + 2·(3·7,168 + 4,096) + 8 = 64,520 values per token;
+    forward 8192 x 64,520 x 2 = 1,057,095,680 beats the sampler's 1024 x 32,000 x 14.213 = 465,731,584:
+    192,255,256 + 1,057,095,680 = 1,249,350,936 B. Non-torch at 2 GPUs 2,222,645,576; graphs 934,155,387.
+    KV budget = 0.92 x 85,520,809,984 = 78,679,145,185 − 46,704,107,520 − 1,249,350,936 − 2,222,645,576
+    − 934,155,387 = 27,568,885,766 B; per token 2·4·128·2·32 = 65,536 B, blocks of 1,048,576 B: 26,291
+    blocks (26,292 would need 27,569,160,192) = 420,656 tokens.
     """
     assert not run(MIXTRAL_8X7B).fits
     result = run(MIXTRAL_8X7B, tp=2)
     assert result.fits
     assert result.memory.weights_bytes_per_gpu == 46_704_107_520
-    assert result.memory.activation_bytes_per_gpu == 5_367_227_132
-    assert result.memory.non_torch_bytes_per_gpu == NON_TORCH_TP2
-    assert result.memory.kv_budget_bytes_per_gpu == 25_480_381_618
+    assert result.memory.activation_bytes_per_gpu == 1_249_350_936
+    assert result.memory.non_torch_bytes_per_gpu == VLLM_NON_TORCH_TP2
+    assert result.memory.kv_budget_bytes_per_gpu == 27_568_885_766
     assert result.kv_bytes_per_token_per_gpu == 65_536
-    assert (result.kv_tokens, result.kv_blocks) == (388_784, 24_299)
+    assert (result.kv_tokens, result.kv_blocks) == (420_656, 26_291)
 
 
 def test_mla_kv_is_not_divided_by_tensor_parallel() -> None:
@@ -414,11 +448,11 @@ def test_window_layers_hold_only_their_window() -> None:
 
 
 def test_max_num_seqs_binds() -> None:
-    """vLLM with max_num_seqs 64: the measured-example budget admits 279 requests of 1,500 tokens
-    (26,309 blocks // 94) and sustains more, but the scheduler caps both at 64."""
-    result = run(LLAMA_3_1_8B, engine=EngineConfig(gpu_memory_utilization=0.9, max_num_seqs=64))
+    """vLLM with max_num_seqs 64: the measured-example budget admits 280 requests of 1,500 tokens
+    (26,328 blocks // 94) and sustains more, but the scheduler caps both at 64."""
+    result = run(LLAMA_3_1_8B, H100_CUDA, engine=dataclasses.replace(MEASURED_EXAMPLE, max_num_seqs=64))
     admission = result.max_concurrency.admission
-    assert (admission.sequences, admission.kv_limited_sequences) == (64, 279)
+    assert (admission.sequences, admission.kv_limited_sequences) == (64, 280)
     assert admission.limit == LIMIT_MAX_NUM_SEQS
     assert result.max_concurrency.steady_state.limit == LIMIT_MAX_NUM_SEQS
     assert result.operating_point is not None and result.operating_point.batch_size == 64

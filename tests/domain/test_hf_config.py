@@ -114,6 +114,7 @@ def test_deepseek_v3():
     notes = " | ".join(result.notes)
     assert "num_key_value_heads 128 does not size the KV cache" in notes
     assert "'fp8'" in notes
+    assert "weight_recipe 'deepseek_fp8'" in notes  # weight_block_size [128, 128]
 
 
 def test_gemma_2_9b():
@@ -146,7 +147,8 @@ def test_gpt_oss_120b():
         "layer_types": (S, F) * 18, "sliding_window": 128,
     }
     assert defaulted(result) == ['dtype = "bf16"']
-    assert any("'mxfp4'" in note for note in result.notes)
+    (note,) = [note for note in result.notes if "'mxfp4'" in note]
+    assert "weight_recipe 'gpt_oss_mxfp4'" in note and "model.layers.*.self_attn" in note
 
 
 def test_falcon_7b_with_the_lying_num_kv_heads():

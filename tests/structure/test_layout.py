@@ -62,9 +62,10 @@ PROTOCOL_MEMBERS = sorted(
 
 def test_the_protocol_has_the_members_the_callers_use() -> None:
     assert PROTOCOL_MEMBERS == sorted([
-        "defaults", "derived_max_num_seqs", "disaggregation_notes", "disaggregation_router",
-        "disaggregation_words", "kv_allocation", "launch_notes", "launch_words", "layout_problems",
-        "mixes_prefill_into_decode", "name", "speculative_flags", "start_refusals", "utilization_of"])
+        "default_version", "defaults", "derived_max_num_seqs", "disaggregation_notes", "disaggregation_router",
+        "disaggregation_words", "kv_allocation", "kv_dtype", "launch_notes", "launch_words", "layout_problems",
+        "mixes_prefill_into_decode", "name", "published_checkpoints", "sizes_from_cuda_total",
+        "speculative_flags", "start_refusals", "utilization_of"])
 
 
 @pytest.mark.parametrize("name", sorted(engines.ENGINES))
@@ -75,7 +76,8 @@ def test_every_engine_implements_the_whole_protocol(name: str) -> None:
     for member in PROTOCOL_MEMBERS:
         assert hasattr(engine, member), f"{name} lacks {member}"
         if member in hints:  # a data attribute: its value has the declared type
-            assert isinstance(getattr(engine, member), hints[member]), f"{name}.{member}"
+            declared = typing.get_origin(hints[member]) or hints[member]  # tuple[...] -> tuple
+            assert isinstance(getattr(engine, member), declared), f"{name}.{member}"
         else:  # a method: same parameters as the protocol's
             expected = list(inspect.signature(getattr(Engine, member)).parameters)[1:]
             assert list(inspect.signature(getattr(engine, member)).parameters) == expected, f"{name}.{member}"

@@ -4,6 +4,10 @@ A `Measurement` is a published benchmark result minus its value: how it was run 
 load, layout, precisions, engine) and what it reports (metric and statistic). The value itself never
 enters this module, so a prediction cannot depend on it.
 
+Longer than 600 lines because every scenario (batch 1, static batch, offline, closed loop, Poisson, and
+disaggregated prefill/decode pools) is predicted from the same prepared layouts and cached step models;
+split apart, each part would need the others' caches.
+
 The answer comes from the same core the API uses: the engine's memory accounting and KV capacity
 (`capacity.py`, the /v1/capacity rules), the step-time model (`perf.py`, roofline + efficiencies) for
 every engine step, and the serving simulator (`simulate.py`, the /v1/slo-plan path) for runs with a
@@ -162,7 +166,7 @@ class Measurement:
     prefill: PoolLayout | None = None  # disaggregated: the prefill pool
     decode: PoolLayout | None = None  # disaggregated: the decode pool
     compute_dtype: str | None = None  # None: the weights' own where the GPU has that rate
-    kv_dtype: str | None = None  # None: the engine default, 16-bit
+    kv_dtype: str | None = None  # None: the engine's default (`engines.published_run_kv_dtype`)
     isl: int | None = None  # None: lengths from a dataset
     osl: int | None = None
     batch: int | None = None
@@ -268,7 +272,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     compute_dtype = m.compute_dtype
     if compute_dtype is not None and not gpu.peak_flops_per_s(compute_dtype):
         raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
-    kv_dtype = m.kv_dtype or "bf16"
+    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_dtype)
     if m.disaggregated:
         return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype),))
     key = (m.scenario, m.num_gpus, m.pp or 1, m.weight_dtype, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
-from app.sizing.engines.base import Engine, ResolvedEngine
+from app.sizing.engines.base import Engine, ResolvedEngine, parse_version
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
-from app.sizing.specs import GpuSpec, ModelSpec
+from app.sizing.model.recipes import RECIPES
+from app.sizing.specs import KV_DTYPES, GpuSpec, ModelSpec
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE,
                                                                  generic.ENGINE)}
@@ -22,6 +23,7 @@ class EngineConfig:
     """What the caller set; None = the engine's default (filled in by `engines.resolve_engine`)."""
 
     engine: str = "vllm"
+    engine_version: str | None = None  # None: the engine's `default_version`
     gpu_memory_utilization: float | None = None
     reserved_bytes_per_gpu: int | None = None
     activation_bytes_per_gpu: int | None = None
@@ -35,6 +37,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; expected one of {list(ENGINES)}")
+        if self.engine_version is not None:
+            parse_version(self.engine_version)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         for name in ("reserved_bytes_per_gpu", "activation_bytes_per_gpu", "non_torch_bytes_per_gpu",
@@ -58,25 +62,60 @@ def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
     return problems
 
 
+def resolve_version(config: EngineConfig) -> tuple[str, str]:
+    """The engine version whose rules apply, and where it came from."""
+    if config.engine_version is not None:
+        return config.engine_version, "given"
+    default = ENGINES[config.engine].default_version
+    return default, (f"the latest {config.engine} release the engine reference covers" if default else "none")
+
+
+def published_run_kv_dtype(engine: str, weight_dtype: str) -> str:
+    """The KV dtype of a published run that does not state it: the engine's default for the checkpoint its
+    published runs of that weight dtype serve (TensorRT-LLM's fp8/fp4 runs: ModelOpt exports, which cache
+    in fp8), at its default version; 16-bit otherwise."""
+    rules = ENGINES[engine]
+    checkpoint = dict(rules.published_checkpoints).get(weight_dtype)
+    dtype, _ = rules.kv_dtype(rules.default_version, RECIPES[checkpoint] if checkpoint else None, "bf16")
+    return dtype if dtype in KV_DTYPES else "bf16"
+
+
+def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:
+    """What the engine sizes from: the total CUDA reports for engines that read torch.cuda.mem_get_info
+    (ENGINES.md 1.1, 1.3), else the driver's total (SGLang's default fraction is of nvidia-smi's, 1.2)."""
+    if not engine.sizes_from_cuda_total:
+        return gpu.memory_bytes, "the driver's total (nvidia-smi)"
+    if gpu.cuda_memory_bytes is not None:
+        return gpu.cuda_memory_bytes, "the memory CUDA reports (torch.cuda.mem_get_info), from the catalog"
+    return gpu.memory_bytes, ("the driver's total: what CUDA reports is not measured for this GPU, and is lower "
+                              "by what the driver reserves (0.46 GiB on H100)")
+
+
 def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                   pipeline_parallel: int = 1) -> ResolvedEngine:
+                   pipeline_parallel: int = 1, model_dtype_bytes: int = 2) -> ResolvedEngine:
     """Fill in every default of `config` for this model, GPU and parallel layout, naming each source
-    ("given" for what the caller set)."""
+    ("given" for what the caller set). `model_dtype_bytes`: the unquantized parts' dtype (2; 4 for a model
+    served in fp32), which sizes vLLM's logits."""
     if tensor_parallel < 1 or pipeline_parallel < 1:
         raise ValueError("tensor_parallel and pipeline_parallel must be >= 1")
     if config.max_model_len is not None and config.max_model_len > model.max_position_embeddings:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
                          f"{model.max_position_embeddings} positions")
     rules = ENGINES[config.engine]
-    settings = rules.defaults(config, model, gpu, tensor_parallel, pipeline_parallel)
+    version, version_source = resolve_version(config)
+    settings = rules.defaults(config, model, gpu, tensor_parallel, pipeline_parallel, version, model_dtype_bytes)
     settings["max_model_len"] = (model.max_position_embeddings, "the model's max_position_embeddings")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, (default, source) in settings.items():
         given = getattr(config, name)
         values[name], sources[name] = (default, source) if given is None else (given, "given")
+    total, sources["total_bytes_per_gpu"] = total_memory(rules, gpu)
+    sources["engine_version"] = version_source
     return ResolvedEngine(
         engine=config.engine,
+        engine_version=version,
+        total_bytes_per_gpu=total,
         gpu_memory_utilization=float(values["gpu_memory_utilization"]),
         utilization_of=rules.utilization_of,
         reserved_bytes_per_gpu=int(values["reserved_bytes_per_gpu"]),

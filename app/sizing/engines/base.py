@@ -8,10 +8,12 @@ never test an engine's name.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from app.sizing.layout import Layout, LayoutProblem
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -41,6 +43,40 @@ SIXTEEN_BIT = ("bf16", "fp16")
 Default = tuple[int | float | None, str]  # (value, where it comes from)
 
 
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """'0.19.0', 'v0.19', '0.19.0 (vllm/vllm-openai:v0.19.0, V1 engine)' -> (0, 19, 0)."""
+    match = _VERSION.match(text.strip())
+    if match is None:
+        raise ValueError(f"engine version {text!r} is not major.minor[.patch]")
+    return int(match[1]), int(match[2]), int(match[3] or 0)
+
+
+def model_dtype_kv(model_dtype: str) -> tuple[str, str]:
+    """`--kv-cache-dtype auto` without a checkpoint KV scheme: the model's 16-bit (or fp32) dtype."""
+    if model_dtype in ("bf16", "fp16", "fp32"):
+        return model_dtype, "the model's dtype: the engine's 'auto' KV dtype"
+    return "bf16", (f"the model's weights are {model_dtype}, but activations and the KV cache stay 16-bit "
+                    "unless KV quantization is asked for")
+
+
+def checkpoint_kv(engine: str, version: str, recipe: WeightRecipe | None, model_dtype: str,
+                  since: tuple[int, int, int] | None) -> tuple[str, str]:
+    """The KV dtype of an engine whose 'auto' adopts a ModelOpt checkpoint's `kv_cache_quant_algo` from
+    version `since` (None: never), and the rule it followed."""
+    declared = recipe.checkpoint_kv_dtype if recipe is not None else None
+    if recipe is None or declared is None:
+        return model_dtype_kv(model_dtype)
+    checkpoint = f"the {recipe.name} checkpoint declares an {declared} KV cache (kv_cache_quant_algo)"
+    if recipe.producer == "modelopt" and since is not None and parse_version(version) >= since:
+        first = ".".join(map(str, since))
+        return declared, f"{checkpoint}; {engine} {first}+ resolves 'auto' from a ModelOpt config"
+    dtype, _ = model_dtype_kv(model_dtype)
+    return dtype, f"{checkpoint}, but {engine} {version} 'auto' ignores it: the model's dtype"
+
+
 def non_torch_default(gpus: int) -> Default:
     """Memory outside PyTorch's allocator (CUDA context, cuBLAS workspaces, NCCL buffers), measured."""
     if gpus > 1:
@@ -54,6 +90,8 @@ class ResolvedEngine:
     """Every setting the accounting uses, with where each value came from (`sources`)."""
 
     engine: str
+    engine_version: str  # the version whose rules were applied ("" for the generic engine)
+    total_bytes_per_gpu: int  # the memory the engine sizes from (what CUDA reports, for vLLM and TRT-LLM)
     gpu_memory_utilization: float
     utilization_of: str  # OF_TOTAL or OF_FREE
     reserved_bytes_per_gpu: int
@@ -112,13 +150,24 @@ class Engine(Protocol):
     """One serving engine's rules. Implemented once per engine module; listed in `engines.ENGINES`."""
 
     name: str  # the request value: "vllm", "sglang", "trtllm", "generic"
+    default_version: str  # what a request without engine_version gets ("" where versions do not matter)
+    # True: sizes from the total CUDA reports (torch.cuda.mem_get_info), False: from the driver's total.
+    sizes_from_cuda_total: bool
+    # The checkpoint recipe its published runs of a quantized weight dtype serve (measured runs that do
+    # not state their checkpoint), by weight dtype.
+    published_checkpoints: tuple[tuple[str, str], ...]
     utilization_of: str  # OF_TOTAL or OF_FREE: what its memory fraction is a fraction of
     kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
     speculative_flags: bool  # True when `launch_words` spells out speculative decoding
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int) -> dict[str, Default]:
-        """The engine's default for every setting of `EngineConfig` but `max_model_len`, with its source."""
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
+        """The engine's default for every setting of `EngineConfig` but `max_model_len`, with its source, at
+        `version`; `model_dtype_bytes` is the unquantized parts' dtype (4 for a model served in fp32)."""
+        ...
+
+    def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
+        """The KV dtype `--kv-cache-dtype auto` (or its equivalent) picks for this checkpoint, and why."""
         ...
 
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec
+from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec, model_dtype_kv
 from app.sizing.layout import Layout, LayoutProblem
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -20,12 +21,15 @@ GENERIC_MAX_NUM_BATCHED_TOKENS = 8192
 
 class Generic:
     name = "generic"
+    default_version = ""
+    sizes_from_cuda_total = False
+    published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
         only_given = (0, "generic engine: only what is given is subtracted")
         return {
             "gpu_memory_utilization": (GENERIC_GPU_MEMORY_UTILIZATION, "generic default: 0.9 of total memory"),
@@ -37,6 +41,9 @@ class Generic:
             "cuda_graph_bytes_per_gpu": only_given,
             "reserved_bytes_per_gpu": (0, "generic default: no reserve"),
         }
+
+    def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
+        return model_dtype_kv(model_dtype)
 
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return None  # no limit: a step's token budget is then the only cap on running sequences

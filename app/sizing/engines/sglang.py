@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.sizing.engines.base import MIB, OF_TOTAL, ON_DEMAND, Default, LaunchSpec, online_fp8
+from app.sizing.engines.base import MIB, OF_TOTAL, ON_DEMAND, Default, LaunchSpec, checkpoint_kv, online_fp8
 from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
     from app.sizing.engines import EngineConfig
 
+SGLANG_KV_FROM_CHECKPOINT = (0, 5, 5)
 SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
 _FRACTION_SOURCE = "SGLang 0.5 default mem_fraction_static for this GPU size and TP x PP"
 _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
@@ -66,12 +68,15 @@ def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
 
 class Sglang:
     name = "sglang"
+    default_version = "0.5.10"  # the latest SGLang release the engine reference (ENGINES.md 1.2) covers
+    sizes_from_cuda_total = False  # its default fraction is of nvidia-smi's total
+    published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
@@ -86,6 +91,11 @@ class Sglang:
             "cuda_graph_bytes_per_gpu": outside,
             "reserved_bytes_per_gpu": (0, "none"),
         }
+
+    def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
+        """'auto' becomes fp8_e4m3 for a ModelOpt kv_cache_quant_algo FP8 from 0.5.5 (SGL 0.5.10
+        model_runner.py configure_kv_cache_dtype; absent in 0.5.2)."""
+        return checkpoint_kv("SGLang", version, recipe, model_dtype, since=SGLANG_KV_FROM_CHECKPOINT)
 
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return sglang_max_running_requests(kv_tokens, max_model_len)

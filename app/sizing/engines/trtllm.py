@@ -16,10 +16,12 @@ from app.sizing.engines.base import (
     RESERVE_AT_ADMISSION,
     Default,
     LaunchSpec,
+    model_dtype_kv,
     non_torch_default,
 )
 from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -36,12 +38,16 @@ _FRACTION_SOURCE = ("TensorRT-LLM default free_gpu_memory_fraction 0.9 of the me
 
 class Trtllm:
     name = "trtllm"
+    default_version = "1.0.0"
+    sizes_from_cuda_total = True  # total from torch.cuda.mem_get_info (TRT@0004396 _util.py)
+    # NVIDIA's published fp8/fp4 TensorRT-LLM runs serve its ModelOpt checkpoints (perf-overview.md).
+    published_checkpoints = (("fp8", "modelopt_fp8"), ("fp4", "modelopt_nvfp4"))
     utilization_of = OF_FREE
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
         batched = config.max_num_batched_tokens or TRTLLM_MAX_NUM_TOKENS
         return {
             "gpu_memory_utilization": (TRTLLM_FREE_GPU_MEMORY_FRACTION, _FRACTION_SOURCE),
@@ -54,6 +60,14 @@ class Trtllm:
             "cuda_graph_bytes_per_gpu": (0, "captured after the KV cache, inside the 10% left free"),
             "reserved_bytes_per_gpu": (0, "none"),
         }
+
+    def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
+        """kv_cache_config.dtype 'auto' keeps the checkpoint's kv_cache_quant_algo (TRT@0004396
+        llm_args.py): a ModelOpt FP8/NVFP4 export with FP8 KV caches in fp8."""
+        if recipe is None or recipe.checkpoint_kv_dtype is None:
+            return model_dtype_kv(model_dtype)
+        return recipe.checkpoint_kv_dtype, (f"the {recipe.name} checkpoint declares an {recipe.checkpoint_kv_dtype} "
+                                            "KV cache; TensorRT-LLM's kv_cache_config.dtype 'auto' keeps it")
 
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return None  # max_batch_size is a fixed default, never derived

@@ -1,14 +1,23 @@
 """vLLM: memory accounting, scheduler defaults, start-up checks and `vllm serve` flags (ENGINES.md, vLLM).
 
-usable = gpu_memory_utilization (0.92 since v0.11, 0.90 before) × TOTAL memory; the KV cache gets what is
-left after the weights, the activation peak of a dummy forward of `max_num_batched_tokens` tokens,
-non-torch memory (CUDA context, NCCL, cuBLAS workspaces) and the CUDA-graph estimate that vLLM >= 0.11
-subtracts before sizing the KV cache. Blocks are allocated on demand as tokens arrive.
+usable = gpu_memory_utilization × the total CUDA reports (`torch.cuda.mem_get_info`, below nvidia-smi's);
+the KV cache gets what is left after the weights, the profile run's activation peak, non-torch memory
+(CUDA context, NCCL, cuBLAS workspaces) and, from v0.20, the CUDA-graph estimate. Blocks are allocated on
+demand as tokens arrive. Rules that changed between versions (ENGINES.md 1.1):
+- `gpu_memory_utilization` default 0.90 before v0.20, 0.92 from v0.20 (config/cache.py);
+- CUDA graphs: captured after the KV cache is sized through 0.19 (opt-in estimate in 0.18-0.19 through
+  VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default 0), subtracted before it from 0.20 (default 1);
+- KV dtype 'auto' resolved from a ModelOpt checkpoint's kv_cache_quant_algo from 0.14 (utils/torch_utils.py);
+- the V1 engine (0.8+) profile run: a dummy forward of `max_num_batched_tokens` tokens, then a sampler
+  dummy run over `max_num_seqs` rows of logits (gpu_model_runner.py profile_run); the peak is the larger,
+  which at default settings is the sampler's on every measured run (`activation_peak_bytes`). Before V1
+  the 4.76 GiB measurement scaled by batched tokens (`model.activations`) stands in.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
@@ -17,46 +26,114 @@ from app.sizing.engines.base import (
     ON_DEMAND,
     Default,
     LaunchSpec,
-    non_torch_default,
+    checkpoint_kv,
     online_fp8,
+    parse_version,
 )
 from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
-from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
+from app.sizing.model import activations
+from app.sizing.model.activations import activation_values_per_token
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
     from app.sizing.engines import EngineConfig
 
-VLLM_GPU_MEMORY_UTILIZATION = 0.92
 VLLM_BLOCK_SIZE = 16
-VLLM_CUDA_GRAPH_BYTES = round(0.45 * GIB)  # the measured example's estimate; vLLM >= 0.11 subtracts it
-_CUDA_GRAPH_SOURCE = ("0.45 GiB measured (Llama-3.1-8B, H100); vLLM >= 0.11 subtracts its CUDA-graph "
-                      "estimate before sizing the KV cache")
+DEFAULT_VERSION = "0.33.0"  # the latest vLLM release the engine reference (ENGINES.md 1.1) covers
+UTILIZATION_092_FROM = (0, 20, 0)
+CUDA_GRAPHS_CHARGED_FROM = (0, 20, 0)
+KV_FROM_CHECKPOINT_FROM = (0, 14, 0)
+V1_FROM = (0, 8, 0)
+
+# Measured on vLLM 0.19.0, H100 80GB HBM3: the llm-d planner capacity runs (measured-calibration-2.csv,
+# LLMD_CAPACITY_V019) of models NOT in the catalog, so the catalog runs the capacity validation checks
+# did not set these. Non-torch: TP1 runs 0.26, 0.25, 0.46, 0.25, 0.24 GiB (median 0.25); TP2/TP4 runs
+# 2.21, 2.07, 2.07 GiB (median 2.07: NCCL and custom all-reduce buffers).
+NON_TORCH_SINGLE_GPU = round(0.25 * GIB)
+NON_TORCH_MULTI_GPU = round(2.07 * GIB)
+_NON_TORCH_SOURCE = ("measured, vLLM 0.19 on H100 (llm-d planner runs of models outside the catalog): median "
+                     "0.25 GiB on one GPU, 2.07 GiB with 2+ GPUs")
+# CUDA-graph memory captured in all 21 of those runs (0.64-1.85 GiB): median 0.87 GiB. vLLM 0.19 does not
+# subtract it, so no capacity row checks it; from 0.20 vLLM subtracts its estimate.
+CUDA_GRAPH_BYTES = round(0.87 * GIB)
+_CUDA_GRAPH_SOURCE = ("median CUDA-graph memory of the vLLM 0.19 llm-d runs on H100 (0.87 GiB; range "
+                      "0.64-1.85); subtracted before the KV cache from v0.20")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerFit:
+    """activation = base + max(forward, sampler): sampler = max_num_seqs x vocab x (model dtype bytes +
+    float32 bytes per logit), forward = max_num_batched_tokens x live values per token x model dtype bytes.
+
+    `float32_bytes_per_logit` counts the float32 copies the sampler makes of each logit (logits, softmax
+    probabilities, sorted copies for top-k/top-p): physical, but fitted rather than read off the code.
+    """
+
+    base_bytes: int
+    float32_bytes_per_logit: float
+
+
+# Least squares on the single-GPU runs of catalog models in the vLLM 0.19 llm-d data (gemma-2-27b bf16,
+# llama-3.1-8b fp32, qwen2.5-7b bf16, qwen3-8b bf16: one point per model and dtype); the multi-GPU runs
+# are held out. `python -m app.validate ... --capacity tests/data/measured-capacity.csv` refits and prints
+# it (app.calibration.capacity_runs); a test checks the two agree. 12.2 bytes: about three float32 copies.
+ACTIVATION_FIT = SamplerFit(base_bytes=192_255_256, float32_bytes_per_logit=12.213)
+_ACTIVATION_SOURCE = ("fitted on vLLM 0.19 H100 runs (single-GPU runs of catalog models; multi-GPU held out): "
+                      "0.179 GiB + max(forward of max_num_batched_tokens, sampler over max_num_seqs x vocab logits)")
+
+
+def activation_peak_bytes(model: ModelSpec, *, max_num_batched_tokens: int, max_num_seqs: int,
+                          values_per_token: int, model_dtype_bytes: int, fit: SamplerFit = ACTIVATION_FIT) -> int:
+    """vLLM V1's profile-run peak (see `SamplerFit`). The sampler's logits cover the whole vocabulary on
+    every TP rank (gathered), so the peak does not shrink with TP (measured: Qwen2.5-7B 2.21 GiB at TP1,
+    TP2 and TP4)."""
+    forward = max_num_batched_tokens * values_per_token * model_dtype_bytes
+    sampler = max_num_seqs * model.vocab_size * (model_dtype_bytes + fit.float32_bytes_per_logit)
+    return fit.base_bytes + round(max(forward, sampler))
 
 
 class Vllm:
     name = "vllm"
+    default_version = DEFAULT_VERSION
+    sizes_from_cuda_total = True
+    published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = True
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
         large_gpu = gpu.memory_bytes >= 70 * GIB and "a100" not in f"{gpu.name} {gpu.slug}".lower()
         which = "on GPUs with >= 70 GiB other than A100" if large_gpu else "on GPUs under 70 GiB or A100"
         batched = config.max_num_batched_tokens or (8192 if large_gpu else 2048)
+        seqs = config.max_num_seqs or (1024 if large_gpu else 256)
+        at = parse_version(version)
+        if at >= V1_FROM:
+            activation: Default = (activation_peak_bytes(
+                model, max_num_batched_tokens=batched, max_num_seqs=seqs, model_dtype_bytes=model_dtype_bytes,
+                values_per_token=activation_values_per_token(model, tensor_parallel)), _ACTIVATION_SOURCE)
+        else:
+            activation = (activations.activation_peak_bytes(model, batched, tensor_parallel),
+                          activations.ACTIVATION_SOURCE)
+        utilization: Default = ((0.92, "vLLM default 0.92 from v0.20 (config/cache.py)") if at >= UTILIZATION_092_FROM
+                                else (0.90, "vLLM default 0.90 before v0.20"))
+        graphs: Default = ((CUDA_GRAPH_BYTES, _CUDA_GRAPH_SOURCE) if at >= CUDA_GRAPHS_CHARGED_FROM else
+                           (0, f"vLLM {version} captures CUDA graphs after sizing the KV cache (charged from v0.20)"))
         return {
-            "gpu_memory_utilization": (VLLM_GPU_MEMORY_UTILIZATION,
-                                       "vLLM default 0.92 (v0.11 and later; 0.90 before)"),
-            "max_num_seqs": (1024 if large_gpu else 256, f"vLLM default {which}"),
+            "gpu_memory_utilization": utilization,
+            "max_num_seqs": (seqs, f"vLLM default {which}"),
             "max_num_batched_tokens": (batched, f"vLLM server default {which}"),
             "block_size": (VLLM_BLOCK_SIZE, "vLLM default block of 16 tokens"),
-            "activation_bytes_per_gpu": (activation_peak_bytes(model, batched, tensor_parallel),
-                                         ACTIVATION_SOURCE),
-            "non_torch_bytes_per_gpu": non_torch_default(tensor_parallel * pipeline_parallel),
-            "cuda_graph_bytes_per_gpu": (VLLM_CUDA_GRAPH_BYTES, _CUDA_GRAPH_SOURCE),
+            "activation_bytes_per_gpu": activation,
+            "non_torch_bytes_per_gpu": ((NON_TORCH_MULTI_GPU if tensor_parallel * pipeline_parallel > 1
+                                         else NON_TORCH_SINGLE_GPU), _NON_TORCH_SOURCE),
+            "cuda_graph_bytes_per_gpu": graphs,
             "reserved_bytes_per_gpu": (0, "none"),
         }
+
+    def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
+        return checkpoint_kv("vLLM", version, recipe, model_dtype, since=KV_FROM_CHECKPOINT_FROM)
 
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return None  # vLLM's max_num_seqs is a fixed default, never derived

@@ -78,6 +78,7 @@ from app.sizing.model.flops import (
     step_cost_model,
 )
 from app.sizing.model.params import pipeline_stages
+from app.sizing.model.recipes import WeightRecipe, resolve_recipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 # A sparse linear form: ((feature, seconds per unit), ...). `StepTimeModel.operator_terms` holds each
@@ -324,14 +325,15 @@ class StepTimeModel:
 
 
 def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
-                          pipeline_parallel: int = 1, weight_dtype: str, kv_dtype: str,
+                          pipeline_parallel: int = 1, weight_dtype: str | WeightRecipe, kv_dtype: str,
                           compute_dtype: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                           activation_dtype: str = "bf16", data_parallel: int = 1,
                           expert_parallel: int = 1) -> StepTimeModel:
     """Step times of one GPU of one attention data-parallel rank (`data_parallel` ranks of
-    `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens, `comm.py`)."""
+    `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens, `comm.py`).
+    `weight_dtype`: a plain dtype or a checkpoint's recipe (each operator reads its group's format)."""
     pipeline_stages(model.num_hidden_layers, pipeline_parallel)  # validates 1 <= pp <= layers
-    compute_dtype = compute_dtype or default_compute_dtype(gpu, weight_dtype)
+    compute_dtype = compute_dtype or default_compute_dtype(gpu, resolve_recipe(weight_dtype).dtype)
     model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
                                   data_parallel, expert_parallel)
     peaks = operator_peaks(model_costs.operator_names, gpu, compute_dtype, activation_dtype)

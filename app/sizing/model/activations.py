@@ -8,15 +8,17 @@ from app.sizing.specs import ModelSpec
 
 GIB = 1 << 30
 
-# Measured on H100 80 GB, vLLM, Llama-3.1-8B bf16, TP1, max_num_batched_tokens 8192 (SIZING.md s7):
-# weights 14.99 GiB, activation peak 4.76 GiB, non-torch 0.13 GiB, CUDA graphs 0.45 GiB.
+# Measured on H100 80 GB, vLLM (version not stated), Llama-3.1-8B bf16, TP1, max-model-len 16k, taken as
+# 8192 batched tokens (SIZING.md s7): weights 14.99 GiB, activation peak 4.76 GiB, non-torch 0.13 GiB.
+# One point: it serves TensorRT-LLM's warm-up forward and vLLM before its V1 engine; vLLM V1's own peak is
+# fitted on the vLLM 0.19 capacity runs (`engines.vllm.activation_peak_bytes`).
 ACTIVATION_ANCHOR_BYTES = round(4.76 * GIB)  # 5,111,011,082
 ACTIVATION_ANCHOR_TOKENS = 8192
 # `activation_values_per_token` of Llama-3.1-8B at TP1: 2·4096 + (2·32 + 2·8)·128 + 3·14336.
 ACTIVATION_ANCHOR_VALUES = 61_440
 
-ACTIVATION_SOURCE = ("estimate: 4.76 GiB measured (vLLM, Llama-3.1-8B, 8192 batched tokens, TP1, H100) "
-                     "scaled by batched tokens and per-token activation width")
+ACTIVATION_SOURCE = ("estimate: 4.76 GiB measured (vLLM before V1, Llama-3.1-8B, TP1, H100) scaled by batched "
+                     "tokens and per-token activation width")
 
 
 def activation_values_per_token(model: ModelSpec, tensor_parallel: int = 1) -> int:

@@ -43,6 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from app.sizing.hardware.comm import moe_exchange_bytes_per_token
+from app.sizing.model import recipes as groups
 from app.sizing.model.kv import kv_bytes_per_token_per_layer
 from app.sizing.model.params import (
     attention_params,
@@ -52,7 +53,7 @@ from app.sizing.model.params import (
     param_counts,
     shared_expert_width,
 )
-from app.sizing.model.weights import HIGH_PRECISION_BITS
+from app.sizing.model.recipes import FORMATS, WeightRecipe, resolve_recipe
 from app.sizing.specs import WEIGHT_DTYPES, ModelSpec, bits_per_value
 
 PREFILL = "prefill"
@@ -260,7 +261,7 @@ class StepCostModel:
 
 
 @lru_cache(maxsize=256)
-def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16", kv_dtype: str = "bf16",
                     activation_dtype: str = "bf16", tensor_parallel: int = 1, data_parallel: int = 1,
                     expert_parallel: int = 1) -> StepCostModel:
     """The per-operator linear forms of a model at these precisions and layout (computed once), on one GPU
@@ -271,8 +272,10 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
     ranks and are spread over tp·dp GPUs: this GPU owns 1/ep of them, each split over moe_tp = tp·dp/ep,
     so per own token it multiplies k·dp/ep expert shares of width F_e/moe_tp (with dp = ep = 1: k experts
     at F_e/tp, plain TP), and reads the distinct experts that dp·T tokens touch, divided by ep.
+    `weight_dtype` is a plain dtype (the decoder's linear matrices in it, the rest bf16) or a checkpoint's
+    recipe: each operator then reads its weights in its parameter group's format.
     """
-    if weight_dtype not in WEIGHT_DTYPES:
+    if isinstance(weight_dtype, str) and weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"unknown weight dtype {weight_dtype!r}; expected one of {list(WEIGHT_DTYPES)}")
     if min(tensor_parallel, data_parallel, expert_parallel) < 1:
         raise ValueError("tensor_parallel, data_parallel and expert_parallel must be >= 1")
@@ -281,8 +284,12 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
     tp = tensor_parallel
     moe_tp = tp * data_parallel // expert_parallel
     moe_share = data_parallel / expert_parallel  # expert work per own token, relative to plain TP's split
-    weight_b = bits_per_value(weight_dtype) / 8
-    high_b = HIGH_PRECISION_BITS / 8
+    recipe = resolve_recipe(weight_dtype)
+
+    def weight_b(group: str, layer: int | None = None) -> float:
+        """Bytes per weight of a parameter group (scales included)."""
+        return float(FORMATS[recipe.format_of(group, layer, model.num_hidden_layers)].bits) / 8
+
     act_b = bits_per_value(activation_dtype) / 8
     kv_value_b = bits_per_value(kv_dtype) / 8
     h = model.hidden_size
@@ -300,7 +307,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
     shared = model.n_shared_experts * mlp_params(model, shared_width)
 
     # Embedding: the rows of this step's tokens, from this rank's vocabulary shard.
-    cost[EMBEDDING][_WEIGHT, TOKENS] = h * high_b / tp
+    cost[EMBEDDING][_WEIGHT, TOKENS] = h * weight_b(groups.EMBEDDING) / tp
     cost[EMBEDDING][_ACTIVATION, TOKENS] = h * act_b
     for index, kind in enumerate(model.resolved_layer_types):
         layer = layer_params_by_kind(model, index in moe_layers)
@@ -309,7 +316,8 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
         kv_width = kv_token / kv_value_b  # K and V values (MLA: the latent) one token adds on this GPU
 
         cost[QKV][_FLOPS, TOKENS] += 2 * attention.qkv_matrices
-        cost[QKV][_WEIGHT, STEP] += attention.qkv_matrices * weight_b + attention.qkv_bias * high_b
+        cost[QKV][_WEIGHT, STEP] += (attention.qkv_matrices * weight_b(groups.ATTENTION)
+                                     + attention.qkv_bias * weight_b(groups.NORMS_AND_BIASES))
         cost[QKV][_ACTIVATION, TOKENS] += (h + heads * qk_dim + kv_width) * act_b
 
         cost[ATTENTION][_FLOPS, attended] += 2 * heads * (qk_dim + v_dim)
@@ -319,29 +327,30 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
         cost[ATTENTION][_ACTIVATION, SCORE_ENTRIES] += 2 * heads * act_b  # naive: scores out and back
 
         cost[OUT][_FLOPS, TOKENS] += 2 * attention.out
-        cost[OUT][_WEIGHT, STEP] += attention.out * weight_b
+        cost[OUT][_WEIGHT, STEP] += attention.out * weight_b(groups.ATTENTION)
         cost[OUT][_ACTIVATION, TOKENS] += (heads * v_dim + h) * act_b
 
         if layer.mlp_dense:
             mlp = mlp_params(model, dense_width)
             cost[MLP][_FLOPS, TOKENS] += 2 * mlp
-            cost[MLP][_WEIGHT, STEP] += mlp * weight_b
+            cost[MLP][_WEIGHT, STEP] += mlp * weight_b(groups.DENSE_MLP, index)
             cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * act_b  # intermediate out and back
         if layer.routed_experts:
             k = layer.experts_per_token
             cost[MOE][_FLOPS, TOKENS] += 2 * (k * moe_share * expert + shared)
-            cost[MOE][_WEIGHT, STEP] += shared * weight_b
-            cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b / expert_parallel
+            cost[MOE][_WEIGHT, STEP] += shared * weight_b(groups.SHARED_EXPERTS)
+            cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b(groups.EXPERTS) / expert_parallel
             moe_width = k * moe_share * expert_width + model.n_shared_experts * shared_width
             cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * moe_width) * act_b
             cost[ROUTER][_FLOPS, TOKENS] += 2 * layer.router
-            cost[ROUTER][_WEIGHT, STEP] += layer.router * high_b
+            cost[ROUTER][_WEIGHT, STEP] += layer.router * weight_b(groups.ROUTER)
             cost[ROUTER][_ACTIVATION, TOKENS] += layer.routed_experts * act_b  # router logits
-    cost[NORM][_WEIGHT, STEP] = param_counts(model).norms * high_b  # layer norms + the final norm
+    cost[NORM][_WEIGHT, STEP] = param_counts(model).norms * weight_b(groups.NORMS_AND_BIASES)  # + final norm
 
     vocabulary_shard = ceil_div(model.vocab_size, tp)  # LM head rows on this rank, as weights.py splits
     cost[LM_HEAD][_FLOPS, SAMPLED] = 2 * vocabulary_shard * h
-    cost[LM_HEAD][_WEIGHT, SAMPLED_STEP] = vocabulary_shard * h * high_b  # tied or not, the table is read
+    head = groups.EMBEDDING if model.tie_word_embeddings else groups.LM_HEAD  # tied or not, the table is read
+    cost[LM_HEAD][_WEIGHT, SAMPLED_STEP] = vocabulary_shard * h * weight_b(head)
     cost[LM_HEAD][_ACTIVATION, SAMPLED] = (h + vocabulary_shard) * act_b  # hidden state in, logits out
 
     names = tuple(name for name in OPERATORS if cost[name].any())
@@ -363,7 +372,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str = "bf16", kv_dtype: str 
 
 
 def prefill_cost(model: ModelSpec, prompt_tokens: int, cached_tokens: int = 0, batch_size: int = 1,
-                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", activation_dtype: str = "bf16",
+                 weight_dtype: str | WeightRecipe = "bf16", kv_dtype: str = "bf16", activation_dtype: str = "bf16",
                  tensor_parallel: int = 1, flash_attention: bool = True, data_parallel: int = 1,
                  expert_parallel: int = 1) -> PhaseCost:
     """One step prefilling `prompt_tokens` new tokens for each of `batch_size` sequences, each after
@@ -376,7 +385,7 @@ def prefill_cost(model: ModelSpec, prompt_tokens: int, cached_tokens: int = 0, b
                        activation_dtype, tensor_parallel, flash_attention, data_parallel, expert_parallel)
 
 
-def decode_cost(model: ModelSpec, context_tokens: int, batch_size: int = 1, weight_dtype: str = "bf16",
+def decode_cost(model: ModelSpec, context_tokens: int, batch_size: int = 1, weight_dtype: str | WeightRecipe = "bf16",
                 kv_dtype: str = "bf16", activation_dtype: str = "bf16",
                 tensor_parallel: int = 1, data_parallel: int = 1, expert_parallel: int = 1) -> PhaseCost:
     """One decode step: `batch_size` sequences each hold `context_tokens` in the KV cache and generate
@@ -402,7 +411,7 @@ def attention_traffic(model: ModelSpec, tokens: int, kv_dtype: str = "bf16",
 # Internals ----------------------------------------------------------------------------------------
 
 def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: int, batch_size: int,
-                weight_dtype: str, kv_dtype: str, activation_dtype: str, tensor_parallel: int,
+                weight_dtype: str | WeightRecipe, kv_dtype: str, activation_dtype: str, tensor_parallel: int,
                 flash_attention: bool, data_parallel: int = 1, expert_parallel: int = 1) -> PhaseCost:
     if cached_tokens < 0:
         raise ValueError("cached/context tokens must be >= 0")

@@ -1,12 +1,13 @@
 """Weight bytes, for the whole model and for the most loaded GPU of a parallel layout (SIZING.md §2).
 
-Bytes = parameters x bits / 8, rounded up to whole bytes; the bits of int4 (4.125) and fp4 (4.25)
-already carry their group-scale overhead (`specs.BITS_PER_VALUE`).
+Weights are counted by parameter group (attention, dense MLP, experts, shared experts, router,
+embedding, LM head, norms and biases), each in the format its recipe gives it (`recipes.py`).
+Bytes = parameters x bits / 8, rounded up to whole bytes per group; the bits carry each format's
+scale overhead (int4 4.125, MXFP4 4.25, NVFP4 4.5).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -20,53 +21,73 @@ from app.sizing.model.params import (
     pipeline_stages,
     shared_expert_width,
 )
-from app.sizing.specs import WEIGHT_DTYPES, ModelSpec, bits_per_value
+from app.sizing.model.recipes import (
+    ATTENTION,
+    DENSE_MLP,
+    EMBEDDING,
+    EXPERTS,
+    FORMATS,
+    GROUPS,
+    LM_HEAD,
+    NORMS_AND_BIASES,
+    RECIPES,
+    ROUTER,
+    SHARED_EXPERTS,
+    WeightRecipe,
+    resolve_recipe,
+)
+from app.sizing.specs import WEIGHT_DTYPES, ModelSpec
 
 WEIGHT_QUANTIZATION_SCOPE = (
-    "The weight dtype applies to the decoder layers' linear matrices: attention projections, dense MLP, "
+    "A plain weight dtype applies to the decoder layers' linear matrices: attention projections, dense MLP, "
     "routed and shared experts. The embedding, the LM head, norms, MoE routers and bias vectors stay "
     "16-bit (bf16), as the engines' fp8/int8/int4/fp4 recipes keep them. int4 counts 4.125 bits and fp4 "
-    "4.25 bits per weight, group scales included."
+    "(MXFP4) 4.25 bits per weight, group scales included. A named weight recipe gives each parameter "
+    "group its own format instead (e.g. gpt-oss: MXFP4 experts, bf16 attention)."
 )
-
-HIGH_PRECISION_BITS = 16  # what the unquantized parts (embedding, head, norms, router, biases) keep
 
 
 @dataclass(frozen=True, slots=True)
-class _Params:
-    """Parameters split by the precision they are stored in."""
+class GroupWeights:
+    """One parameter group, in one storage format, on one GPU (or the whole model)."""
 
-    quantized: int  # stored in the requested weight dtype
-    high_precision: int  # stored in bf16
-
-    def __add__(self, other: _Params) -> _Params:
-        return _Params(self.quantized + other.quantized, self.high_precision + other.high_precision)
-
-    def __mul__(self, count: int) -> _Params:
-        return _Params(self.quantized * count, self.high_precision * count)
-
-    def bytes(self, weight_bits: float) -> int:
-        quantized_bits = Fraction(weight_bits) * self.quantized  # exact: 4.125 and 4.25 are binary fractions
-        return ceil_div(quantized_bits.numerator, quantized_bits.denominator * 8) + (
-            self.high_precision * HIGH_PRECISION_BITS // 8
-        )
+    group: str
+    format: str
+    params: int
+    bytes: int
 
 
-def weight_bytes(model: ModelSpec, weight_dtype: str) -> int:
+def weight_bytes(model: ModelSpec, weights: str | WeightRecipe) -> int:
     """All weights of the model, stored once."""
-    return weight_bytes_per_gpu(model, weight_dtype)
+    return weight_bytes_per_gpu(model, weights)
 
 
-def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str, layout: Layout) -> int:
+def weight_bytes_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
+                         pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1) -> int:
+    """Weight bytes on the most loaded GPU: the sum of `weight_groups_per_gpu`."""
+    return sum(group.bytes for group in weight_groups_per_gpu(model, weights, tensor_parallel,
+                                                              pipeline_parallel, expert_parallel, data_parallel))
+
+
+def weight_groups_for_layout(model: ModelSpec, weights: str | WeightRecipe,
+                             layout: Layout) -> tuple[GroupWeights, ...]:
+    """Each parameter group on the most loaded GPU of a parallel layout (`weight_groups_per_gpu`)."""
+    return weight_groups_per_gpu(model, weights, layout.tensor_parallel, layout.pipeline_parallel,
+                                 layout.expert_parallel, layout.data_parallel)
+
+
+def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str | WeightRecipe, layout: Layout) -> int:
     """Weight bytes on the most loaded GPU of a parallel layout (`weight_bytes_per_gpu`)."""
     return weight_bytes_per_gpu(model, weight_dtype, layout.tensor_parallel, layout.pipeline_parallel,
                                 layout.expert_parallel, layout.data_parallel)
 
 
 @lru_cache(maxsize=4096)
-def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: int = 1,
-                         pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1) -> int:
-    """Weight bytes on the most loaded GPU.
+def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
+                          pipeline_parallel: int = 1, expert_parallel: int = 1,
+                          data_parallel: int = 1) -> tuple[GroupWeights, ...]:
+    """Each parameter group's params and bytes on the most loaded GPU (the largest pipeline stage), in
+    `recipes.GROUPS` order; a group split over two formats (Meta FP8's edge MLPs) appears once per format.
 
     - Tensor parallelism splits attention by heads (KV heads replicate when tp > Hkv, MLA
       down-projections replicate), the dense MLP, shared experts, embedding and LM head (vocabulary
@@ -79,11 +100,13 @@ def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: i
       --enable-expert-parallel is ep = dp·tp, whole experts per GPU).
     - Pipeline stages hold the layers of `params.pipeline_stages`; the first adds the embedding, the
       last the LM head and final norm (with tied embeddings and pp > 1 the last stage keeps its own
-      copy of the table, as vLLM does). The answer is the largest stage.
+      copy of the table, as vLLM does). The answer is the stage with the most bytes.
+    Bytes of a group = its params x the format's bits / 8, rounded up to whole bytes.
     """
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"unknown weight dtype {weight_dtype!r}; expected one of {list(WEIGHT_DTYPES)}")
-    bits = bits_per_value(weight_dtype)
+    if isinstance(weights, str) and weights not in RECIPES and weights not in WEIGHT_DTYPES:
+        raise ValueError(f"unknown weight dtype {weights!r}; expected one of {list(WEIGHT_DTYPES)} "
+                         f"or a recipe {list(RECIPES)}")
+    recipe = resolve_recipe(weights)
     _check_expert_parallel(model, expert_parallel)
     if data_parallel < 1:
         raise ValueError("data_parallel must be >= 1")
@@ -93,44 +116,56 @@ def weight_bytes_per_gpu(model: ModelSpec, weight_dtype: str, tensor_parallel: i
                  else dense_layer)
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
     stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel)
-    moe_counts = _moe_layers_per_stage(model, pipeline_parallel)
-    largest = 0
-    for index, (stage, moe_count) in enumerate(zip(stages, moe_counts, strict=True)):
-        params = dense_layer * (len(stage) - moe_count) + moe_layer * moe_count
+    moe_layers = model.moe_layer_indices
+    best: tuple[GroupWeights, ...] = ()
+    for index, stage in enumerate(stages):
+        params: dict[tuple[str, str], int] = {}
+        for layer in stage:
+            for group, count in (moe_layer if layer in moe_layers else dense_layer):
+                _add(params, recipe.format_of(group, layer, model.num_hidden_layers), group, count)
         if index == 0:
-            params += _Params(0, vocabulary_shard)
+            _add(params, recipe.format_of(EMBEDDING), EMBEDDING, vocabulary_shard)
         if index == len(stages) - 1:
             has_own_head = not model.tie_word_embeddings or pipeline_parallel > 1
-            params += _Params(0, (vocabulary_shard if has_own_head else 0) + model.hidden_size)
-        largest = max(largest, params.bytes(bits))
-    return largest
+            _add(params, recipe.format_of(LM_HEAD), LM_HEAD, vocabulary_shard if has_own_head else 0)
+            _add(params, recipe.format_of(NORMS_AND_BIASES), NORMS_AND_BIASES, model.hidden_size)
+        groups = tuple(
+            GroupWeights(group, fmt, count, _bytes(count, FORMATS[fmt].bits))
+            for (group, fmt), count in sorted(params.items(), key=lambda item: GROUPS.index(item[0][0]))
+        )
+        if sum(g.bytes for g in groups) > sum(g.bytes for g in best):
+            best = groups
+    return best
 
 
+def _add(params: dict[tuple[str, str], int], fmt: str, group: str, count: int) -> None:
+    if count:
+        params[(group, fmt)] = params.get((group, fmt), 0) + count
+
+
+def _bytes(params: int, bits: Fraction) -> int:
+    total_bits = bits * params  # exact: every format's bits are a binary fraction
+    return ceil_div(total_bits.numerator, total_bits.denominator * 8)
+
+
+@lru_cache(maxsize=1024)
 def _layer_shard(model: ModelSpec, is_moe: bool, tensor_parallel: int, expert_parallel: int,
-                 ranks_per_expert: int) -> _Params:
-    """One decoder layer's parameters on one GPU."""
+                 ranks_per_expert: int) -> tuple[tuple[str, int], ...]:
+    """One decoder layer's parameters on one GPU, by group."""
     layer = layer_params_by_kind(model, is_moe)
     attention = attention_params(model, tensor_parallel)
+    shard = {ATTENTION: attention.qkv_matrices + attention.out,
+             NORMS_AND_BIASES: attention.qkv_bias + layer.norms}
     # Feed-forward blocks split their intermediate columns, so a rank holds ceil(F/tp) of them.
     if is_moe:
-        feed_forward = (
-            ceil_div(layer.routed_experts, expert_parallel)
-            * mlp_params(model, ceil_div(model.expert_intermediate_size, ranks_per_expert))
-            + model.n_shared_experts * mlp_params(model, ceil_div(shared_expert_width(model), tensor_parallel))
-        )
+        shard[EXPERTS] = (ceil_div(layer.routed_experts, expert_parallel)
+                          * mlp_params(model, ceil_div(model.expert_intermediate_size, ranks_per_expert)))
+        shard[SHARED_EXPERTS] = model.n_shared_experts * mlp_params(
+            model, ceil_div(shared_expert_width(model), tensor_parallel))
+        shard[ROUTER] = layer.router
     else:
-        feed_forward = mlp_params(model, ceil_div(model.dense_intermediate_size, tensor_parallel))
-    quantized = attention.qkv_matrices + attention.out + feed_forward
-    return _Params(quantized, attention.qkv_bias + layer.router + layer.norms)
-
-
-@lru_cache(maxsize=256)
-def _moe_layers_per_stage(model: ModelSpec, pipeline_parallel: int) -> tuple[int, ...]:
-    moe_indices = sorted(model.moe_layer_indices)
-    return tuple(
-        bisect_left(moe_indices, stage.stop) - bisect_left(moe_indices, stage.start)
-        for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel)
-    )
+        shard[DENSE_MLP] = mlp_params(model, ceil_div(model.dense_intermediate_size, tensor_parallel))
+    return tuple(shard.items())
 
 
 def _check_expert_parallel(model: ModelSpec, expert_parallel: int) -> None:

@@ -6,7 +6,9 @@ under `app.sizing.engines`). Per GPU, every engine leaves the KV cache
     kv_budget = usable − weights − activation − overhead        (overhead = non-torch + CUDA graphs + reserve)
 
 and differs in what `usable` is (a fraction of total memory, or for TensorRT-LLM of the memory free after
-everything else) and which parts it subtracts by default.
+everything else) and which parts it subtracts by default. "Total" is what the engine sizes from
+(`ResolvedEngine.total_bytes_per_gpu`: the total CUDA reports for vLLM and TensorRT-LLM, below nvidia-smi's).
+Weights are counted by parameter group in the checkpoint's recipe when one is given (`model.recipes`).
 
 KV capacity is counted in blocks, as paged engines allocate it: one block holds `block_size` tokens in
 every layer. Models whose layers all attend the full context (and MLA models, whose one latent per token
@@ -45,7 +47,8 @@ from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
 from app.sizing.model.kv import kv_bytes_per_token_per_layer, kv_cache_bytes_for_batch, kv_cache_size
 from app.sizing.model.params import ceil_div, pipeline_stages
-from app.sizing.model.weights import weight_bytes, weight_bytes_per_gpu
+from app.sizing.model.recipes import EMBEDDING, WeightRecipe, resolve_recipe
+from app.sizing.model.weights import GroupWeights, weight_bytes, weight_bytes_per_gpu, weight_groups_per_gpu
 from app.sizing.specs import KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec, bits_per_value
 
 LIMIT_KV_CACHE = "kv_cache"
@@ -82,12 +85,13 @@ class MemoryBudget:
 
 
 def memory_budget(model: ModelSpec, gpu: GpuSpec, engine: ResolvedEngine, *, tensor_parallel: int,
-                  pipeline_parallel: int, weight_dtype: str, data_parallel: int = 1,
+                  pipeline_parallel: int, weight_dtype: str | WeightRecipe, data_parallel: int = 1,
                   expert_parallel: int = 1) -> MemoryBudget:
     """The per-GPU memory budget of `engine` (see the module docstring for each engine's rule), with
     weights placed by the layout (`weights.weight_bytes_per_gpu`: attention replicated on every
-    data-parallel rank, routed experts split by expert parallelism)."""
-    total = gpu.memory_bytes
+    data-parallel rank, routed experts split by expert parallelism); `weight_dtype` is a plain dtype or
+    the checkpoint's recipe."""
+    total = engine.total_bytes_per_gpu
     weights = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel, expert_parallel,
                                    data_parallel)
     activation = engine.activation_bytes_per_gpu
@@ -295,7 +299,7 @@ class OperatingPoint:
 
 def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurrency_view: str,
                     input_tokens: int, output_tokens: int, tensor_parallel: int, pipeline_parallel: int,
-                    weight_dtype: str, kv_dtype: str, compute_dtype: str, efficiency: Efficiency,
+                    weight_dtype: str | WeightRecipe, kv_dtype: str, compute_dtype: str, efficiency: Efficiency,
                     max_num_batched_tokens: int, activation_dtype: str = "bf16", data_parallel: int = 1,
                     expert_parallel: int = 1) -> OperatingPoint:
     """Decode step, prefill and the steady-state rates at `batch_size` running requests (see
@@ -377,6 +381,8 @@ class CapacityResult:
     engine: ResolvedEngine
     compute_dtype: str
     weights_bytes_total: int  # the whole model's weights, stored once
+    weight_groups_per_gpu: tuple[GroupWeights, ...]  # the most loaded GPU's weights by parameter group
+    weight_groups_total: tuple[GroupWeights, ...]  # the whole model's
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,13 +398,18 @@ class _Accounting:
     reasons: tuple[str, ...]
 
 
+def model_dtype_bytes(weights: str | WeightRecipe) -> int:
+    """Bytes per value of the unquantized parts (embedding, LM head): what a model's logits come in."""
+    return 4 if resolve_recipe(weights).format_of(EMBEDDING) == "fp32" else 2
+
+
 def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
-             pipeline_parallel: int, weight_dtype: str, kv_dtype: str, input_tokens: int,
+             pipeline_parallel: int, weight_dtype: str | WeightRecipe, kv_dtype: str, input_tokens: int,
              output_tokens: int, data_parallel: int = 1, expert_parallel: int = 1) -> _Accounting:
     """Memory and concurrency of a replica. With attention data parallelism each of the dp ranks is an
     engine of its own (its KV cache, its scheduler and max_num_seqs): one rank's figures, times dp."""
     tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
-    engine = resolve_engine(config, model, gpu, tp, pp)
+    engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype))
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=expert_parallel)
     budget, block = memory.kv_budget_bytes_per_gpu, engine.block_size
@@ -430,12 +441,12 @@ def _gb(value: float) -> str:
     return f"{value / 1e9:.1f} GB"
 
 
-def _reasons(model: ModelSpec, engine: ResolvedEngine, memory: MemoryBudget, weight_dtype: str,
+def _reasons(model: ModelSpec, engine: ResolvedEngine, memory: MemoryBudget, weight_dtype: str | WeightRecipe,
              tp: int, pp: int, request_tokens: int, kv_tokens: int, admission: int,
              max_context: int) -> tuple[str, ...]:
     gpus = f"{tp * pp} x {_gb(memory.total_bytes_per_gpu)} (TP{tp}, PP{pp})"
     if memory.kv_budget_bytes_per_gpu <= 0:
-        weights = f"weights need {_gb(weight_bytes(model, weight_dtype))} ({weight_dtype})"
+        weights = f"weights need {_gb(weight_bytes(model, weight_dtype))} ({resolve_recipe(weight_dtype).name})"
         placed = f"{gpus} puts {_gb(memory.weights_bytes_per_gpu)} on each GPU"
         usable = f"the {_gb(memory.usable_bytes_per_gpu)} {engine.engine} uses of it"
         if memory.weights_bytes_per_gpu >= memory.usable_bytes_per_gpu:
@@ -465,29 +476,33 @@ def _layouts(model: ModelSpec, gpu: GpuSpec) -> list[tuple[int, int]]:
 
 
 def _suggest(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
-             pipeline_parallel: int, weight_dtype: str, kv_dtype: str, input_tokens: int,
+             pipeline_parallel: int, weight_dtype: str | WeightRecipe, kv_dtype: str, input_tokens: int,
              output_tokens: int) -> Suggestion | None:
-    """Smallest layout in one node at the requested precision, else cheaper precisions (fp8, int4),
-    each at its smallest layout. None when nothing fits (e.g. a request longer than max_model_len)."""
-    bits = bits_per_value(weight_dtype)
-    dtypes = [weight_dtype] + [d for d in CHEAPER_WEIGHT_DTYPES if bits_per_value(d) < bits]
-    for dtype in dtypes:
+    """Smallest layout in one node with the requested weights (dtype or recipe), else cheaper plain
+    precisions (fp8, int4), each at its smallest layout. None when nothing fits (e.g. a request longer
+    than max_model_len)."""
+    requested = resolve_recipe(weight_dtype)
+    bits = bits_per_value(requested.dtype) if requested.dtype in WEIGHT_DTYPES else 32
+    candidates: list[str | WeightRecipe] = [weight_dtype]
+    candidates += [d for d in CHEAPER_WEIGHT_DTYPES if bits_per_value(d) < bits]
+    for index, stored in enumerate(candidates):
+        recipe = resolve_recipe(stored)
         for tp, pp in _layouts(model, gpu):
-            if (tp, pp, dtype) == (tensor_parallel, pipeline_parallel, weight_dtype):
+            if (tp, pp, stored) == (tensor_parallel, pipeline_parallel, weight_dtype):
                 continue
-            if weight_bytes_per_gpu(model, dtype, tp, pp) >= gpu.memory_bytes:
+            if weight_bytes_per_gpu(model, stored, tp, pp) >= gpu.memory_bytes:
                 continue  # cannot fit under any engine: skip the full accounting
             accounting = _account(model, gpu, config, tensor_parallel=tp, pipeline_parallel=pp,
-                                  weight_dtype=dtype, kv_dtype=kv_dtype, input_tokens=input_tokens,
+                                  weight_dtype=stored, kv_dtype=kv_dtype, input_tokens=input_tokens,
                                   output_tokens=output_tokens)
             if accounting.reasons:
                 continue
             running = accounting.max_concurrency.view(accounting.engine.running_view)
             change = f"TP{tp} x PP{pp} on {tp * pp} GPUs"
-            if dtype != weight_dtype:
-                change += f" with {dtype} weights"
+            if index:
+                change += f" with {recipe.name} weights"
             return Suggestion(
-                tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=dtype, num_gpus=tp * pp,
+                tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=recipe.dtype, num_gpus=tp * pp,
                 kv_tokens=accounting.kv_tokens, sequences=running.sequences,
                 summary=f"{change} fits: {accounting.kv_tokens} KV tokens, {running.sequences} concurrent "
                         f"requests ({accounting.engine.running_view.replace('_', ' ')})",
@@ -498,9 +513,12 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
 def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_parallel: int,
              weight_dtype: str, kv_dtype: str, compute_dtype: str | None, engine: EngineConfig,
              input_tokens: int, output_tokens: int, efficiency: Efficiency,
-             activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1) -> CapacityResult:
+             activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1,
+             weight_recipe: WeightRecipe | None = None) -> CapacityResult:
     """How many concurrent requests of `input_tokens` + `output_tokens` fit, and how fast they go.
 
+    `weight_recipe`, when given, decides the weight bytes and the step-time model's weight reads (each
+    parameter group in its own format); `weight_dtype` then only the default compute precision.
     Impossible configurations are answers (fits False, reasons, a suggestion), not errors; only
     inconsistent input (TP not dividing the heads, PP above the layers, unknown dtypes, a compute
     precision the GPU lacks, max_model_len beyond the model) raises ValueError.
@@ -521,8 +539,9 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
     compute_dtype = compute_dtype or default_compute_dtype(gpu, weight_dtype)
     if not gpu.peak_flops_per_s(compute_dtype):
         raise ValueError(f"{gpu.name or gpu.slug} has no {compute_dtype} tensor rate")
+    stored: str | WeightRecipe = weight_recipe if weight_recipe is not None else weight_dtype
     shape = {"tensor_parallel": tensor_parallel, "pipeline_parallel": pipeline_parallel,
-             "weight_dtype": weight_dtype, "kv_dtype": kv_dtype, "input_tokens": input_tokens,
+             "weight_dtype": stored, "kv_dtype": kv_dtype, "input_tokens": input_tokens,
              "output_tokens": output_tokens}
     accounting = _account(model, gpu, engine, **shape, data_parallel=data_parallel,
                           expert_parallel=expert_parallel)
@@ -533,7 +552,7 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
         point = operating_point(
             model, gpu, batch_size=accounting.max_concurrency.view(view).sequences, concurrency_view=view,
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
-            pipeline_parallel=pipeline_parallel, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+            pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype,
             compute_dtype=compute_dtype, efficiency=efficiency, activation_dtype=activation_dtype,
             max_num_batched_tokens=accounting.engine.max_num_batched_tokens, data_parallel=data_parallel,
             expert_parallel=expert_parallel)
@@ -551,5 +570,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
         operating_point=point,
         engine=accounting.engine,
         compute_dtype=compute_dtype,
-        weights_bytes_total=weight_bytes(model, weight_dtype),
+        weights_bytes_total=weight_bytes(model, stored),
+        weight_groups_per_gpu=weight_groups_per_gpu(model, stored, tensor_parallel, pipeline_parallel,
+                                                     expert_parallel, data_parallel),
+        weight_groups_total=weight_groups_per_gpu(model, stored),
     )
