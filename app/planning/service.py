@@ -40,7 +40,7 @@ from app.planning.schemas import (
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import CalibrationProfile
 from app.sizing.engines import ENGINES, layout_problems
-from app.sizing.engines.base import LaunchSpec
+from app.sizing.engines.base import LaunchSpec, ResolvedEngine
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
@@ -390,24 +390,11 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
     configuration, engine, predicted = plan.configuration, plan.engine, plan.predicted
     gpu = configuration.gpu
     speculative = request.speculative
-    launch = launch_command(LaunchSpec(
-        engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
-        tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
-        weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
-        gpu_memory_utilization=engine.gpu_memory_utilization,
-        draft_tokens=None if speculative is None else speculative.draft_tokens, draft_model_id=draft_id,
-        data_parallel=configuration.data_parallel, expert_parallel=configuration.expert_parallel))
-    layout = configuration.layout
+    launch = _launch(configuration, engine, model, model_id, max_model_len,
+                     None if speculative is None else speculative.draft_tokens, draft_id)
     return PlanOut(
-        rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
-        pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
-        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
-        weight_dtype=configuration.weight_dtype,
-        kv_dtype=configuration.kv_dtype, compute_dtype=plan.compute_dtype, engine=engine.engine,
-        max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-        block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,
-        max_model_len=max_model_len, kv_tokens_per_replica=plan.kv_tokens_per_replica,
+        rank=rank, **_replica_fields(configuration, engine, plan.compute_dtype, max_model_len,
+                                     plan.kv_tokens_per_replica),
         load_per_replica=LoadPerReplicaOut(
             unit=plan.load_kind, offered=plan.offered_load_per_replica, max_verified=plan.max_load_per_replica,
             failing=plan.failing_load_per_replica, analytic_ceiling=plan.ceiling_load_per_replica),
@@ -424,12 +411,45 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
             goodput_ratio=predicted.goodput_ratio, requests_per_s=predicted.requests_per_s,
             output_tokens_per_s=predicted.output_tokens_per_s, preemptions=predicted.preemptions),
         meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
-        launch=LaunchOut(command=launch.command, notes=list(launch.notes)),
+        launch=launch,
         assumptions=PlanAssumptionsOut(
             efficiency=efficiency_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)]),
             tokens_per_pass=plan.tokens_per_pass,
             engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
     )
+
+
+def _replica_fields(configuration: plan_core.Configuration, engine: ResolvedEngine, compute_dtype: str,
+                    max_model_len: int, kv_tokens: int) -> dict[str, Any]:
+    """The plan fields that describe one replica (or one decode worker): hardware, layout, precisions and
+    the engine's settings."""
+    layout = configuration.layout
+    gpu = configuration.gpu
+    return {
+        "gpu": gpu.slug, "gpu_name": gpu.name, "tensor_parallel": configuration.tensor_parallel,
+        "pipeline_parallel": configuration.pipeline_parallel, "data_parallel": layout.data_parallel,
+        "expert_parallel": layout.expert_parallel, "moe_tensor_parallel": layout.moe_tensor_parallel,
+        "layout": layout.label, "weight_dtype": configuration.weight_dtype, "kv_dtype": configuration.kv_dtype,
+        "compute_dtype": compute_dtype, "engine": engine.engine, "max_num_seqs": engine.max_num_seqs,
+        "max_num_batched_tokens": engine.max_num_batched_tokens, "block_size": engine.block_size,
+        "gpu_memory_utilization_ratio": engine.gpu_memory_utilization, "max_model_len": max_model_len,
+        "kv_tokens_per_replica": kv_tokens,
+    }
+
+
+def _launch(configuration: plan_core.Configuration, engine: ResolvedEngine, model: ModelSpec, model_id: str,
+            max_model_len: int, draft_tokens: int | None = None, draft_model_id: str | None = None,
+            role: str | None = None) -> LaunchOut:
+    """The engine's command for a replica, or for a disaggregated deployment's `role` worker."""
+    launch = launch_command(LaunchSpec(
+        engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
+        tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
+        weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
+        gpu_memory_utilization=engine.gpu_memory_utilization, draft_tokens=draft_tokens,
+        draft_model_id=draft_model_id, data_parallel=configuration.data_parallel,
+        expert_parallel=configuration.expert_parallel), role)
+    return LaunchOut(command=launch.command, notes=list(launch.notes))
 
 
 # Disaggregated plans ------------------------------------------------------------------------------
@@ -478,18 +498,13 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
 
 def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str) -> PoolOut:
     configuration, engine = pool.configuration, pool.engine
-    launch = launch_command(LaunchSpec(
-        engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
-        tensor_parallel=configuration.tensor_parallel, pipeline_parallel=configuration.pipeline_parallel,
-        weight_dtype=configuration.weight_dtype, kv_dtype=configuration.kv_dtype, max_num_seqs=engine.max_num_seqs,
-        max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
-        gpu_memory_utilization=engine.gpu_memory_utilization, expert_parallel=configuration.expert_parallel), role)
+    launch = _launch(configuration, engine, model, model_id, max_model_len, role=role)
     return PoolOut(
         gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
         pipeline_parallel=configuration.pipeline_parallel, workers=pool.workers, gpus=pool.gpus,
         load_per_worker_requests_per_s=pool.load_per_worker, kv_tokens_per_worker=pool.kv_tokens_per_worker,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-        cost_per_hour_usd=pool.cost_per_hour_usd, launch=LaunchOut(command=launch.command, notes=list(launch.notes)))
+        cost_per_hour_usd=pool.cost_per_hour_usd, launch=launch)
 
 
 def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, model_id: str,
@@ -502,16 +517,9 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
     decode_out = _pool_out(decode, model, model_id, max_model_len, DECODE_POOL)
     transfer = plan.transfer
     offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
-    layout = configuration.layout
     return PlanOut(
-        rank=rank, gpu=gpu.slug, gpu_name=gpu.name, tensor_parallel=configuration.tensor_parallel,
-        pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
-        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
-        weight_dtype=configuration.weight_dtype,
-        kv_dtype=configuration.kv_dtype, compute_dtype=decode.compute_dtype, engine=engine.engine,
-        max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
-        block_size=engine.block_size, gpu_memory_utilization_ratio=engine.gpu_memory_utilization,
-        max_model_len=max_model_len, kv_tokens_per_replica=decode.kv_tokens_per_worker,
+        rank=rank, **_replica_fields(configuration, engine, decode.compute_dtype, max_model_len,
+                                     decode.kv_tokens_per_worker),
         load_per_replica=LoadPerReplicaOut(
             unit="requests_per_s", offered=offered, max_verified=decode.load_per_worker, failing=None,
             analytic_ceiling=decode.load_per_worker),
