@@ -66,6 +66,20 @@ def make_session_factory(engine: Engine, info: dict[str, Any] | None = None) -> 
     return sessionmaker(bind=engine, expire_on_commit=False, info=info or {})
 
 
+# A session whose info holds this must not touch the database: code that caches database reads
+# raises NeedsDatabase instead of reading (see app.web.computed_answer).
+MEMORY_ONLY = "memory_only"
+
+
+class NeedsDatabase(Exception):
+    """A memory-only session was asked for something not in memory (or no longer fresh there)."""
+
+
+def memory_only_session(session_factory: sessionmaker[Session]) -> Session:
+    """An unbound session sharing the factory's info (its caches): any query would raise."""
+    return Session(info={**session_factory.kw.get("info", {}), MEMORY_ONLY: True})
+
+
 @cache
 def migration_heads() -> frozenset[str]:
     """The Alembic head revision(s) this code expects."""

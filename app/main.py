@@ -33,7 +33,7 @@ from app.calibration import api as calibration_api
 from app.catalog import api as catalog_api
 from app.catalog.service import SpecCache
 from app.charts import api as charts_api
-from app.db import RequestDeadline, make_engine, make_session_factory
+from app.db import RequestDeadline, make_engine, make_session_factory, memory_only_session
 from app.docs import install_docs
 from app.errors import current_request_id, install_error_handlers, problem_response
 from app.estimates import api as estimates_api
@@ -278,7 +278,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     engine = make_engine(settings.database_url)
     app.state.settings = settings
     app.state.engine = engine
-    app.state.session_factory = make_session_factory(engine, info={"spec_cache": SpecCache()})
+    app.state.spec_cache = spec_cache = SpecCache(max_age_s=settings.catalog_max_age_s)
+    app.state.session_factory = make_session_factory(engine, info={"spec_cache": spec_cache})
+    spec_cache.watch_writes(app.state.session_factory)
+    # Never queries (unbound), so one serves every request on the event loop (app.web.computed_answer).
+    app.state.memory_only_session = memory_only_session(app.state.session_factory)
     app.state.metrics = Metrics()
     install_error_handlers(app)
     install_docs(app)

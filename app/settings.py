@@ -94,6 +94,13 @@ class Settings(BaseSettings):
         description="Seconds a request may run (waiting for its turn included) before it is answered "
                     "with a 503 problem",
     )
+    # Sizing requests answer from specs cached in memory; the catalog revision is read again at most
+    # this often, so another replica's catalog write shows within this bound (this replica's at once).
+    catalog_max_age_s: float = Field(
+        0.25, ge=0, le=60, allow_inf_nan=False,
+        description="Seconds a process answers from its cached catalog before checking the catalog revision "
+                    "again (how soon another replica's write is seen; its own are seen at once)",
+    )
     # Endpoints are sync: each request needs one of the 40 worker threads several times, and keeps
     # its pooled database connection (15) between them. Past 40 + 15 requests at once, every thread
     # can be waiting for a connection held by a request that is waiting for a thread: a deadlock

@@ -8,16 +8,18 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from app.common import NO_NUL_PATTERN, SLUG_PATTERN
-from app.db import get_session
+from app.db import NeedsDatabase, get_session
 from app.errors import Forbidden, PreconditionFailed, Unauthorized
 from app.settings import ApiKey
 
@@ -55,6 +57,33 @@ class Preconditions:
         if self.if_none_match is not None and current_etag is not None and (
                 "*" in self.if_none_match or current_etag in self.if_none_match):
             raise PreconditionFailed("The row already exists (If-None-Match)")
+
+
+# Computed answers ------------------------------------------------------------------------
+
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+async def computed_answer(request: Request, compute: Callable[[Session, BodyT], BaseModel], body: BodyT) -> Response:
+    """A sizing answer (a pure computation over catalog specs) as JSON, serialized once.
+
+    It runs on the event loop with a memory-only session when the specs it needs are cached and
+    fresh (no database round trip, no worker thread); otherwise (the cache due for its revision check,
+    or a slug not cached yet) again in a worker thread with a database session. Either way it reads
+    only, so running it twice changes nothing.
+    """
+    state = request.app.state
+    try:
+        answer = compute(state.memory_only_session, body)
+    except NeedsDatabase:
+        answer = await run_in_threadpool(_compute_with_session, state.session_factory, compute, body)
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+def _compute_with_session(factory: sessionmaker[Session], compute: Callable[[Session, BodyT], BaseModel],
+                          body: BodyT) -> BaseModel:
+    with factory() as session:
+        return compute(session, body)
 
 
 # The session is committed when the endpoint returns, before the response is sent, so a failed

@@ -85,8 +85,11 @@ def reset_catalog(engine: Engine) -> None:
 
 
 @pytest.fixture
-def fresh_catalog(engine: Engine) -> None:
+def fresh_catalog(app: FastAPI, engine: Engine) -> None:
     reset_catalog(engine)
+    # Written outside the application, as another replica would: tell it, rather than wait for its
+    # next revision check (CATALOG_MAX_AGE_S).
+    app.state.spec_cache.invalidate()
 
 
 @pytest.fixture

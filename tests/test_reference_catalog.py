@@ -24,6 +24,7 @@ from app.catalog.reference import (
 from app.catalog.repository import catalog_revision
 from app.catalog.schemas import GpuIn
 from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
+from app.db import MEMORY_ONLY, NeedsDatabase, make_session_factory
 from app.errors import NotFound
 
 SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
@@ -305,18 +306,94 @@ def test_get_specs_and_unknown_slugs(db_session: Session) -> None:
     assert [spec.slug for spec in specs] == sorted(README_GPU_SLUGS)
 
 
-def test_spec_cache_serves_repeats_and_is_dropped_by_a_write_through_another_replica(
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _reprice(session: Session, slug: str, price: float) -> None:
+    record = _gpu(session, slug)
+    body = catalog_service.GPUS.out.model_validate(record, from_attributes=True)
+    columns = {**body.model_dump(include=set(GpuIn.model_fields)), "price_per_hour_usd": price}
+    catalog_service.put(session, catalog_service.GPUS, slug, columns, web.Preconditions(), written_by="key-1")
+
+
+def test_spec_cache_serves_repeats_and_sees_another_replicas_write_within_its_bound(
         engine: Engine, fresh_catalog: None) -> None:
-    replica_a = catalog_service.SpecCache()
+    """Replica A checks the catalog revision at most every max_age_s (0.25 s here): another replica's
+    write is not seen before that (answers come from memory), and is seen once it has passed."""
+    clock = FakeClock()
+    replica_a = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
     with Session(engine, info={"spec_cache": replica_a}) as session:
         first = catalog_service.get_gpu_spec(session, "h100-sxm")
         assert catalog_service.get_gpu_spec(session, "h100-sxm") is first  # served from the cache
     # Another replica (its own cache) replaces the row and commits.
     with Session(engine, info={"spec_cache": catalog_service.SpecCache()}) as session, session.begin():
-        record = _gpu(session, "h100-sxm")
-        body = catalog_service.GPUS.out.model_validate(record, from_attributes=True)
-        columns = {**body.model_dump(include=set(GpuIn.model_fields)), "price_per_hour_usd": 1.23}
-        catalog_service.put(session, catalog_service.GPUS, "h100-sxm", columns, web.Preconditions(),
-                            written_by="key-1")
+        _reprice(session, "h100-sxm", 1.23)
+    clock.now += 0.2  # within the bound: A answers from memory, without reading the revision
     with Session(engine, info={"spec_cache": replica_a}) as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm") is first
+    clock.now += 0.06  # 0.26 s since A's last check: past the bound
+    with Session(engine, info={"spec_cache": replica_a}) as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23
+
+
+def test_spec_cache_sees_its_own_replicas_write_at_once(engine: Engine, fresh_catalog: None) -> None:
+    """A write through a session of the replica's own factory invalidates its cache when it commits:
+    the next lookup reads the revision again, however recent the last check (the clock never moves)."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    factory = make_session_factory(engine, info={"spec_cache": cache})
+    cache.watch_writes(factory)
+    with factory() as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd != 1.23
+    with factory() as session, session.begin():
+        _reprice(session, "h100-sxm", 1.23)
+    with factory() as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23
+
+
+def test_a_rolled_back_write_leaves_the_cache_trusted(engine: Engine, fresh_catalog: None) -> None:
+    """Only a committed write invalidates: a rolled-back one leaves the cache answering from memory."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    factory = make_session_factory(engine, info={"spec_cache": cache})
+    cache.watch_writes(factory)
+    with factory() as session:
+        first = catalog_service.get_gpu_spec(session, "h100-sxm")
+    with factory() as session:
+        _reprice(session, "h100-sxm", 1.23)
+        session.rollback()
+    with Session(engine, info={"spec_cache": cache, MEMORY_ONLY: True}) as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm") is first  # no database needed
+
+
+def test_a_memory_only_lookup_needs_the_database_when_stale_or_missing(engine: Engine, fresh_catalog: None) -> None:
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    memory_only = Session(info={"spec_cache": cache, MEMORY_ONLY: True})
+    with pytest.raises(NeedsDatabase):  # never checked
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with Session(engine, info={"spec_cache": cache}) as session:
+        first = catalog_service.get_gpu_spec(session, "h100-sxm")
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is first
+    with pytest.raises(NeedsDatabase):  # fresh, but not cached yet
+        catalog_service.get_gpu_spec(memory_only, "h200-sxm")
+    clock.now += 0.25
+    with pytest.raises(NeedsDatabase):  # cached, but due for its revision check
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+
+
+def test_consistent_reads_check_the_revision_in_their_own_transaction(engine: Engine, fresh_catalog: None) -> None:
+    """A session flagged CONSISTENT_READS (quotes) never answers from a revision it did not read itself."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    with Session(engine, info={"spec_cache": cache}) as session:
+        catalog_service.get_gpu_spec(session, "h100-sxm")
+    with Session(engine) as session, session.begin():
+        _reprice(session, "h100-sxm", 1.23)
+    with Session(engine, info={"spec_cache": cache, catalog_service.CONSISTENT_READS: True}) as session:
         assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23

@@ -17,7 +17,6 @@ source-out error, parameter bounds) as JSON documents, plus the fields a list pa
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +27,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.calibration.tables import CalibrationProfileRecord
+from app.catalog import repository as catalog_repository
+from app.catalog import service as catalog_service
 from app.catalog.tables import ORIGIN_REFERENCE
 from app.errors import Conflict, NotFound
 from app.sizing.calibration.fit import CalibrationProfile, ProfileEntry, single_entry_profile
@@ -93,41 +94,26 @@ def builtin_profile() -> CalibrationProfile:
 
 # Resolution -----------------------------------------------------------------------------------
 
-class _ProfileCache:
-    """Parsed profiles by (name, updated_at): rows are parsed once, and a rewrite changes the key."""
+def _parsed(session: Session, name: str) -> CalibrationProfile | None:
+    """The stored profile `name` parsed, None when there is none; cached with the catalog's specs (every
+    profile write bumps the catalog revision), so a request reads no profile row."""
+    def build() -> CalibrationProfile | None:
+        record = session.get(CalibrationProfileRecord, name)
+        return None if record is None else profile_from_entries(record.name, record.entries)
 
-    def __init__(self, max_entries: int = 256) -> None:
-        self._lock = threading.Lock()
-        self._profiles: dict[tuple[str, str], CalibrationProfile] = {}
-        self._max_entries = max_entries
-
-    def get(self, record: CalibrationProfileRecord) -> CalibrationProfile:
-        key = (record.name, record.updated_at.isoformat())
-        with self._lock:
-            profile = self._profiles.get(key)
-        if profile is None:
-            profile = profile_from_entries(record.name, record.entries)
-            with self._lock:
-                if len(self._profiles) >= self._max_entries:
-                    self._profiles.clear()
-                self._profiles[key] = profile
-        return profile
-
-
-_cache = _ProfileCache()
+    return catalog_service.cached(session, ("calibration-profile", name), build)
 
 
 def get_profile(session: Session, name: str | None = None) -> CalibrationProfile:
     """The named profile (None = the default: `default` once loaded, else `builtin`); 404 if unknown."""
     if name is None:
-        record = session.get(CalibrationProfileRecord, DEFAULT_PROFILE)
-        return builtin_profile() if record is None else _cache.get(record)
+        return _parsed(session, DEFAULT_PROFILE) or builtin_profile()
     if name == BUILTIN_PROFILE:
         return builtin_profile()
-    record = session.get(CalibrationProfileRecord, name)
-    if record is None:
+    profile = _parsed(session, name)
+    if profile is None:
         raise NotFound(f"calibration profile {name!r} does not exist")
-    return _cache.get(record)
+    return profile
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -217,6 +203,7 @@ def store_profile(session: Session, document: dict[str, Any], *, origin: str, wr
         session.flush()
     except IntegrityError:
         raise Conflict(f"a calibration profile named {name!r} was created at the same time") from None
+    catalog_repository.bump_catalog_revision(session)
     return record
 
 
@@ -243,6 +230,7 @@ def load_default_profile(session: Session, *, now: datetime | None = None,
         session.add(CalibrationProfileRecord(name=DEFAULT_PROFILE, origin=ORIGIN_REFERENCE, updated_at=now,
                                              **columns))
         session.flush()
+        catalog_repository.bump_catalog_revision(session)
         return "inserted"
     if all(_same(getattr(record, column), value) for column, value in columns.items()):
         return "unchanged"
@@ -251,6 +239,7 @@ def load_default_profile(session: Session, *, now: datetime | None = None,
     record.origin = ORIGIN_REFERENCE
     record.updated_at = now
     session.flush()
+    catalog_repository.bump_catalog_revision(session)
     return "updated"
 
 

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from app.catalog.tables import CatalogRevision, CatalogTombstone, GpuRecord, ModelRecord
 
 CATALOG_REVISION_ID = 1  # the counter's only row, inserted by the first migration
+WROTE_CATALOG = "catalog_written"  # in a session's info once it bumped the revision
 
 R = TypeVar("R", GpuRecord, ModelRecord)
 
@@ -51,7 +52,9 @@ def catalog_revision(session: Session) -> int:
 
 
 def bump_catalog_revision(session: Session) -> None:
-    """Call in the same transaction as every catalog write (invalidates every replica's cache)."""
+    """Call in the same transaction as every write to what sizing reads (catalog rows, calibration
+    profiles): invalidates every replica's spec cache, this replica's as soon as the session commits."""
+    session.info[WROTE_CATALOG] = True
     session.execute(
         update(CatalogRevision)
         .where(CatalogRevision.id == CATALOG_REVISION_ID)

@@ -7,16 +7,18 @@ slug raises `NotFound` (a 404 problem).
 from __future__ import annotations
 
 import difflib
+import math
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
-from sqlalchemy import ColumnElement
+from sqlalchemy import ColumnElement, event
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.catalog import repository
@@ -39,35 +41,84 @@ from app.catalog.schemas import (
     split_read_only,
 )
 from app.catalog.tables import ORIGIN_USER, GpuRecord, ModelRecord
+from app.db import MEMORY_ONLY, NeedsDatabase
 from app.errors import Conflict, NotFound, PreconditionFailed, Unprocessable, json_pointer
 from app.sizing.specs import GpuSpec, ModelSpec
 from app.web import Preconditions, etag_of
 
 # Spec cache ------------------------------------------------------------------------------
 
-class SpecCache:
-    """Domain specs built from catalog rows, valid for one catalog revision.
+# A session flagged with this reads the catalog revision in its own transaction on every lookup, so
+# the specs it gets are those of the rows it reads (quotes snapshot both).
+CONSISTENT_READS = "catalog_reads_in_transaction"
+_MISSING = object()
 
-    Each lookup reads the one-row revision counter (bumped in the same transaction as every
-    catalog write, by any replica) and drops everything when it moved.
+
+class SpecCache:
+    """Domain specs and other reference reads (calibration profiles) built from the database, valid for
+    one catalog revision (bumped in the transaction of every write to them, by any replica).
+
+    Coherence, with the bound stated: the revision is read at most once every `max_age_s`; in between,
+    lookups are answered from memory. So a write by another replica (another process on the same
+    database) is seen within `max_age_s` of its commit; a write by this replica at once (its session
+    marks the cache stale when it commits, before the response is sent: `watch_writes`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s = max_age_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._revision: int | None = None
+        self._checked_at = -math.inf
+        self._generation = 0  # bumped by every invalidation: a check that overlapped one is not trusted
         self._specs: dict[tuple[str, str], Any] = {}
 
-    def get(self, revision: int, key: tuple[str, str]) -> Any | None:
+    def invalidate(self) -> None:
+        """Read the revision again on the next lookup (after a write of this replica's)."""
+        with self._lock:
+            self._generation += 1
+            self._checked_at = -math.inf
+
+    def revision(self, session: Session) -> int:
+        """The catalog revision to answer from: the cached one while recently checked, else read now."""
+        if not session.info.get(CONSISTENT_READS):
+            with self._lock:
+                if self.clock() - self._checked_at < self.max_age_s and self._revision is not None:
+                    return self._revision
+                generation = self._generation
+        else:
+            generation = None
+        if session.info.get(MEMORY_ONLY):
+            raise NeedsDatabase
+        revision = repository.catalog_revision(session)
         with self._lock:
             if revision != self._revision:
                 self._specs.clear()
                 self._revision = revision
-            return self._specs.get(key)
+            if generation == self._generation:
+                self._checked_at = self.clock()
+        return revision
+
+    def get(self, revision: int, key: tuple[str, str]) -> Any:
+        with self._lock:
+            return self._specs.get(key, _MISSING) if revision == self._revision else _MISSING
 
     def put(self, revision: int, key: tuple[str, str], spec: Any) -> None:
         with self._lock:
             if revision == self._revision:
                 self._specs[key] = spec
+
+    def watch_writes(self, session_factory: sessionmaker[Session]) -> None:
+        """Invalidate when a session of `session_factory` that wrote the catalog commits."""
+        def committed(session: Session) -> None:
+            if session.info.pop(repository.WROTE_CATALOG, False):
+                self.invalidate()
+
+        def rolled_back(session: Session) -> None:
+            session.info.pop(repository.WROTE_CATALOG, None)
+
+        event.listen(session_factory, "after_commit", committed)
+        event.listen(session_factory, "after_rollback", rolled_back)
 
 
 def _spec_cache(session: Session) -> SpecCache:
@@ -75,28 +126,32 @@ def _spec_cache(session: Session) -> SpecCache:
     return session.info.setdefault("spec_cache", SpecCache())
 
 
-def _cached(session: Session, key: tuple[str, str], build: Any) -> Any:
+def cached(session: Session, key: tuple[str, str], build: Callable[[], Any]) -> Any:
+    """The cached value of `key` at the catalog revision `session` sees, built once per revision.
+    `build` may return None (remembered too) or raise (nothing is remembered)."""
     cache = _spec_cache(session)
-    revision = repository.catalog_revision(session)
-    spec = cache.get(revision, key)
-    if spec is None:
-        spec = build()
-        cache.put(revision, key, spec)
-    return spec
+    revision = cache.revision(session)
+    value = cache.get(revision, key)
+    if value is _MISSING:
+        if session.info.get(MEMORY_ONLY):
+            raise NeedsDatabase
+        value = build()
+        cache.put(revision, key, value)
+    return value
 
 
 def get_model_spec(session: Session, slug: str, pointer: str = "/body/model") -> ModelSpec:
     def build() -> ModelSpec:
         return model_spec_from_record(_record_or_404(session, MODELS, slug, pointer))
 
-    return _cached(session, ("model", slug), build)
+    return cached(session, ("model", slug), build)
 
 
 def get_gpu_spec(session: Session, slug: str, pointer: str = "/body/gpu") -> GpuSpec:
     def build() -> GpuSpec:
         return gpu_spec_from_record(_record_or_404(session, GPUS, slug, pointer))
 
-    return _cached(session, ("gpu", slug), build)
+    return cached(session, ("gpu", slug), build)
 
 
 def list_gpu_specs(session: Session) -> list[GpuSpec]:
@@ -104,7 +159,7 @@ def list_gpu_specs(session: Session) -> list[GpuSpec]:
     def build() -> tuple[GpuSpec, ...]:
         return tuple(gpu_spec_from_record(record) for record in repository.all_rows(session, GpuRecord))
 
-    return list(_cached(session, ("gpus", "*"), build))
+    return list(cached(session, ("gpus", "*"), build))
 
 
 # Catalog reads and writes ----------------------------------------------------------------

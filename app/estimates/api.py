@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from starlette.responses import Response
 
 from app.errors import problem_responses
 from app.estimates import service as estimates
@@ -15,7 +16,7 @@ from app.estimates.schemas import (
     RooflineRequest,
     RooflineResponse,
 )
-from app.web import SessionDep, SizingRead
+from app.web import SizingRead, computed_answer
 
 # /v1/kv-cache: how much KV cache a model keeps for a batch of sequences.
 kv_cache_router = APIRouter(prefix="/v1/kv-cache", tags=["sizing"], dependencies=[SizingRead])
@@ -23,12 +24,12 @@ kv_cache_router = APIRouter(prefix="/v1/kv-cache", tags=["sizing"], dependencies
 
 @kv_cache_router.post("", response_model=KvCacheResponse, summary="KV-cache size",
                       responses=problem_responses(404, 413, 422, 503))
-def kv_cache(session: SessionDep, body: KvCacheRequest) -> KvCacheResponse:
+async def kv_cache(request: Request, body: KvCacheRequest) -> Response:
     """KV-cache bytes per sequence, for the batch, and on the most loaded GPU under TP/PP, from the
     architecture: GQA/MQA KV heads (replicated when tp exceeds them), MLA's latent (replicated on every
     rank), sliding/chunked windows (with the curve of bytes against context) and paged block rounding.
     Also what plain multi-head attention would have cached."""
-    return estimates.kv_cache(session, body)
+    return await computed_answer(request, estimates.kv_cache, body)
 
 
 # /v1/roofline: one prefill or decode step against the GPU's roofline; /v1/roofline/batch-sweep:
@@ -38,21 +39,21 @@ roofline_router = APIRouter(prefix="/v1/roofline", tags=["sizing"], dependencies
 
 @roofline_router.post("", response_model=RooflineResponse, summary="Roofline of one prefill or decode step",
                       responses=problem_responses(404, 413, 422, 503))
-def roofline(session: SessionDep, body: RooflineRequest) -> RooflineResponse:
+async def roofline(request: Request, body: RooflineRequest) -> Response:
     """FLOPs and HBM bytes of one step on one GPU of the tensor-parallel group, per operator; the
     arithmetic intensity against the ridge point; the ideal time (every FLOP at peak, every byte at
     full bandwidth) and the expected time under the calibration profile's efficiencies; and the
     attention's memory traffic with and without FlashAttention."""
-    return estimates.roofline_step(session, body)
+    return await computed_answer(request, estimates.roofline_step, body)
 
 
 @roofline_router.post("/batch-sweep", response_model=BatchSweepResponse, summary="Decode throughput against batch size",
                       responses=problem_responses(404, 413, 422, 503))
-def batch_sweep(session: SessionDep, body: BatchSweepRequest) -> BatchSweepResponse:
+async def batch_sweep(request: Request, body: BatchSweepRequest) -> Response:
     """Decode step time, aggregate and per-user tokens/s and the bound at each batch size (default
     1, 2, 4, ..., 1024), and the knee: the smallest batch whose ideal step is compute-bound, or null
     when every added sequence brings more KV reads than FLOPs (long contexts)."""
-    return estimates.batch_sweep(session, body)
+    return await computed_answer(request, estimates.batch_sweep, body)
 
 
 # /v1/capacity: how many concurrent requests fit on a deployment, and how fast they go.
@@ -61,7 +62,7 @@ capacity_router = APIRouter(prefix="/v1/capacity", tags=["sizing"], dependencies
 
 @capacity_router.post("", response_model=CapacityResponse, summary="Concurrent requests that fit, and their speed",
                       responses=problem_responses(404, 413, 422, 503))
-def capacity(session: SessionDep, body: CapacityRequest) -> CapacityResponse:
+async def capacity(request: Request, body: CapacityRequest) -> Response:
     """The serving engine's memory accounting per GPU (vLLM, SGLang, TensorRT-LLM or a generic budget:
     weights, activation peak, non-torch memory, CUDA graphs, reserve, KV budget), the KV capacity in
     tokens and blocks, concurrency three ways (worst case at max_model_len, admission at input + output,
@@ -71,4 +72,4 @@ def capacity(session: SessionDep, body: CapacityRequest) -> CapacityResponse:
 
     A configuration that cannot serve is a 200 with `fits: false`, the reasons, and the smallest
     layout inside one node or cheaper weight precision that would."""
-    return estimates.plan_capacity(session, body)
+    return await computed_answer(request, estimates.plan_capacity, body)

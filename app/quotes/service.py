@@ -109,8 +109,10 @@ def plan_with_snapshot(session: Session, request: SloPlanRequest,
 
     Every catalog write bumps the revision in its own transaction, so an unchanged revision
     before and after means no write landed in between. The profile is the one the plan itself
-    resolved (profiles are never rewritten, except the default by the reference loader).
+    resolved (profiles are never rewritten, except the default by the reference loader). Its spec
+    lookups read the revision in this transaction too (never a cached one).
     """
+    session.info[catalog_service.CONSISTENT_READS] = True
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         attempt = sources or planning.DatabaseSources(session)
         revision = repository.catalog_revision(session)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
@@ -29,6 +30,7 @@ from app.calibration.schemas import (
     CalibrationRequest,
 )
 from app.calibration.tables import CalibrationProfileRecord
+from app.catalog.repository import bump_catalog_revision
 from tests.api.problems import assert_problem
 
 SAMPLE = Path(__file__).parents[2] / "examples" / "calibration-sample.csv"
@@ -38,11 +40,13 @@ SAMPLE_ROWS = [row.model_dump(mode="json") for row in rows_from_csv(SAMPLE_TEXT)
 
 
 @pytest.fixture(autouse=True)
-def no_profiles(engine: Engine) -> Iterator[None]:
-    """Every test starts and ends without stored profiles (other tests expect the builtin default)."""
+def no_profiles(app: FastAPI) -> Iterator[None]:
+    """Every test starts and ends without stored profiles (other tests expect the builtin default).
+    Written through the application's own sessions, so its cache sees the change at once."""
     def clear() -> None:
-        with Session(engine) as session, session.begin():
+        with app.state.session_factory() as session, session.begin():
             session.execute(delete(CalibrationProfileRecord))
+            bump_catalog_revision(session)  # as every write to what sizing reads
 
     clear()
     yield
@@ -50,8 +54,8 @@ def no_profiles(engine: Engine) -> Iterator[None]:
 
 
 @pytest.fixture
-def default_profile_loaded(engine: Engine) -> None:
-    with Session(engine) as session, session.begin():
+def default_profile_loaded(app: FastAPI) -> None:
+    with app.state.session_factory() as session, session.begin():
         assert load_default_profile(session) == "inserted"
 
 

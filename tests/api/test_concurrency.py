@@ -248,7 +248,10 @@ def proxied_client(settings: Settings, app: FastAPI) -> Iterator[tuple[TestClien
     url = make_url(settings.database_url)
     proxy = TcpProxy(url.host or "127.0.0.1", url.port or 5432)
     proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
-    application = create_app(settings.model_copy(update={"database_url": proxied, "log_level": "critical"}))
+    # CATALOG_MAX_AGE_S 0: every sizing request reads the catalog revision, so it needs the database
+    # (with the default, one within 0.25 s of the last check would answer from memory through an outage).
+    application = create_app(settings.model_copy(update={"database_url": proxied, "log_level": "critical",
+                                                         "catalog_max_age_s": 0.0}))
     try:
         with TestClient(application, raise_server_exceptions=False) as client:
             yield client, proxy

@@ -324,6 +324,9 @@ class StepTimeModel:
                                      kv_read=[decode + read for decode, _, read in windows])
 
 
+# Immutable and a pure function of its arguments, so one model serves every request and plan candidate
+# that asks for the same deployment (building one costs about as much as a whole /v1/capacity answer).
+@lru_cache(maxsize=512)
 def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int = 1,
                           pipeline_parallel: int = 1, weight_dtype: str | WeightRecipe, kv_dtype: str,
                           compute_dtype: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,

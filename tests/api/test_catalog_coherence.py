@@ -1,0 +1,87 @@
+"""Two replicas (two applications) on one database: sizing answers come from each one's cached catalog,
+which sees its own writes at once and the other's within CATALOG_MAX_AGE_S (0.25 s by default)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from tests.conftest import TEST_API_KEY
+
+WRITE = {"Authorization": f"Bearer {TEST_API_KEY}"}
+BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at", "architecture", "attention_type")
+KV = {"model": "llama-3-8b", "context_tokens": 1000, "batch_size": 1}
+# Llama-3-8B, bf16: 2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes = 4,096 bytes per token per layer;
+# 32 layers x 1,000 tokens -> 131,072,000 bytes per sequence; with 16 layers, 65,536,000.
+BYTES_32_LAYERS = 131_072_000
+BYTES_16_LAYERS = 65_536_000
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def replicas(app: FastAPI, settings: Settings, fresh_catalog: None) -> Iterator[tuple[TestClient, TestClient, FakeClock]]:
+    """Replica A (the suite's application) and replica B (a second application on the same database),
+    B's cache on a clock the test moves."""
+    other = create_app(settings)
+    clock = FakeClock()
+    other.state.spec_cache.clock = clock
+    try:
+        with TestClient(app) as a, TestClient(other) as b:
+            yield a, b, clock
+    finally:
+        other.state.engine.dispose()
+
+
+def _kv_bytes(client: TestClient) -> int:
+    response = client.post("/v1/kv-cache", json=KV)
+    assert response.status_code == 200, response.text
+    return int(response.json()["bytes_per_sequence"])
+
+
+def _halve_layers(client: TestClient) -> None:
+    row: dict[str, Any] = client.get("/v1/models/llama-3-8b").json()
+    body = {key: value for key, value in row.items() if key not in BOOKKEEPING}
+    response = client.put("/v1/models/llama-3-8b", json={**body, "num_hidden_layers": 16}, headers=WRITE)
+    assert response.status_code == 200, response.text
+
+
+def test_a_replica_sees_its_own_write_at_once_and_anothers_within_the_bound(
+        replicas: tuple[TestClient, TestClient, FakeClock]) -> None:
+    a, b, clock = replicas
+    assert _kv_bytes(a) == BYTES_32_LAYERS
+    assert _kv_bytes(b) == BYTES_32_LAYERS  # B has checked the revision and cached the spec
+    _halve_layers(a)
+    assert _kv_bytes(a) == BYTES_16_LAYERS  # A's own write: at once
+    clock.now += 0.2
+    assert _kv_bytes(b) == BYTES_32_LAYERS  # within B's bound: from memory
+    clock.now += 0.06
+    assert _kv_bytes(b) == BYTES_16_LAYERS  # 0.26 s after B's last check: seen
+
+
+def test_a_new_slug_written_elsewhere_is_found_at_once(replicas: tuple[TestClient, TestClient, FakeClock]) -> None:
+    """A slug a replica has not cached is read from the database, whatever the bound."""
+    a, b, _ = replicas
+    row: dict[str, Any] = a.get("/v1/models/llama-3-8b").json()
+    body = {key: value for key, value in row.items() if key not in BOOKKEEPING}
+    assert b.post("/v1/kv-cache", json={**KV, "model": "my-llama"}).status_code == 404
+    assert a.put("/v1/models/my-llama", json=body, headers=WRITE).status_code == 201
+    assert _kv_bytes_of(b, "my-llama") == BYTES_32_LAYERS
+
+
+def _kv_bytes_of(client: TestClient, model: str) -> int:
+    response = client.post("/v1/kv-cache", json={**KV, "model": model})
+    assert response.status_code == 200, response.text
+    return int(response.json()["bytes_per_sequence"])
