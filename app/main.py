@@ -39,6 +39,7 @@ from app.errors import current_request_id, install_error_handlers, problem_respo
 from app.estimates import api as estimates_api
 from app.ops import api as ops_api
 from app.planning import api as planning_api
+from app.planning.pool import PlanPool
 from app.quotes import api as quotes_api
 from app.settings import Settings
 
@@ -245,6 +246,7 @@ def operation_id(route: APIRoute) -> str:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
+    app.state.plan_pool.shutdown()
     app.state.engine.dispose()
 
 
@@ -283,6 +285,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     spec_cache.watch_writes(app.state.session_factory)
     # Never queries (unbound), so one serves every request on the event loop (app.web.computed_answer).
     app.state.memory_only_session = memory_only_session(app.state.session_factory)
+    app.state.plan_pool = PlanPool(settings.plan_workers)
     app.state.metrics = Metrics()
     install_error_handlers(app)
     install_docs(app)

@@ -12,6 +12,7 @@ is what logs and stored resources record.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated
 
@@ -100,6 +101,12 @@ class Settings(BaseSettings):
         0.25, ge=0, le=60, allow_inf_nan=False,
         description="Seconds a process answers from its cached catalog before checking the catalog revision "
                     "again (how soon another replica's write is seen; its own are seen at once)",
+    )
+    # Plan searches run in worker processes, this many at a time per serving process (more wait); the
+    # default leaves half the cores to the serving processes themselves.
+    plan_workers: int = Field(
+        default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)), ge=1, le=64,
+        description="Worker processes for /v1/slo-plan searches, per serving process",
     )
     # Endpoints are sync: each request needs one of the 40 worker threads several times, and keeps
     # its pooled database connection (15) between them. Past 40 + 15 requests at once, every thread

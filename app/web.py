@@ -77,6 +77,11 @@ async def computed_answer(request: Request, compute: Callable[[Session, BodyT], 
         answer = compute(state.memory_only_session, body)
     except NeedsDatabase:
         answer = await run_in_threadpool(_compute_with_session, state.session_factory, compute, body)
+    return json_response(answer)
+
+
+def json_response(answer: BaseModel) -> Response:
+    """The answer as JSON, serialized once (FastAPI would validate a returned model again first)."""
     return Response(answer.model_dump_json(), media_type="application/json")
 
 

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticUndefined
 from starlette.responses import Response
@@ -230,15 +230,16 @@ def batch_sweep_chart_post(session: SessionDep, body: BatchSweepRequest) -> Resp
 
 @router.get("/v1/slo-plan/chart", response_class=Response, responses=SVG_RESPONSES,
             summary="Plan frontier chart (SVG), from query parameters", description=SLO_PLAN_DESCRIPTION)
-def slo_plan_chart_get(session: SessionDep,
+def slo_plan_chart_get(request: Request, session: SessionDep,
                        query: Annotated[SloPlanQuery, Query()]) -> Response:  # type: ignore[valid-type]
     with SLO_PLAN_QUERY.query_pointers():
-        return svg(charts.slo_plan_chart(session, SLO_PLAN_QUERY.request(query), query.metric))
+        return svg(charts.slo_plan_chart(session, SLO_PLAN_QUERY.request(query), query.metric,
+                                         run=request.app.state.plan_pool.run))
 
 
 @router.post("/v1/slo-plan/chart", response_class=Response, responses=SVG_RESPONSES,
              summary="Plan frontier chart (SVG), from the /v1/slo-plan body",
              description=SLO_PLAN_DESCRIPTION)
-def slo_plan_chart_post(session: SessionDep, body: SloPlanRequest,
+def slo_plan_chart_post(request: Request, session: SessionDep, body: SloPlanRequest,
                         metric: PlanMetricQuery = "tpot") -> Response:
-    return svg(charts.slo_plan_chart(session, body, metric))
+    return svg(charts.slo_plan_chart(session, body, metric, run=request.app.state.plan_pool.run))

@@ -30,6 +30,7 @@ from app.estimates import service as estimates
 from app.estimates.schemas import BatchSweepRequest, BatchSweepResponse, RooflineRequest, RooflineResponse
 from app.planning import service as planning
 from app.planning.schemas import PlanOut, SloPlanRequest, SloPlanResponse
+from app.sizing.serving import plan as plan_core
 
 SVG_MEDIA_TYPE = "image/svg+xml"
 WIDTH_PX, HEIGHT_PX = 800, 500
@@ -83,8 +84,9 @@ def batch_sweep_chart(session: Session, request: BatchSweepRequest) -> bytes:
     return draw_batch_sweep(estimates.batch_sweep(session, request))
 
 
-def slo_plan_chart(session: Session, request: SloPlanRequest, metric: PlanMetric) -> bytes:
-    return draw_slo_plan(planning.plan_slo(session, request), metric)
+def slo_plan_chart(session: Session, request: SloPlanRequest, metric: PlanMetric,
+                   run: planning.PlanRunner = plan_core.plan) -> bytes:
+    return draw_slo_plan(planning.plan_slo(session, request, run), metric)
 
 
 def both_phases(request: RooflineRequest) -> tuple[RooflineRequest, RooflineRequest]:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
 
 from app.errors import problem_responses
 from app.planning import service as planning
 from app.planning.schemas import SloPlanRequest, SloPlanResponse
-from app.web import SessionDep, SizingRead
+from app.web import SizingRead, json_response
 
 router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"], dependencies=[SizingRead])
 
 
 @router.post("", response_model=SloPlanResponse, summary="Cheapest deployment meeting a latency SLO",
              responses=problem_responses(404, 413, 422, 503))
-def slo_plan(session: SessionDep, body: SloPlanRequest) -> SloPlanResponse:
+async def slo_plan(request: Request, body: SloPlanRequest) -> Response:
     """Searches GPUs, tensor/pipeline parallelism, precisions and engine batch limits for the cheapest
     fleet whose simulated p-th percentile TTFT, TPOT (and E2E, and goodput) meet the SLO at the peak
     load. Configurations are screened by analytic bounds (memory, TPOT and TTFT floors, a throughput
@@ -22,4 +24,10 @@ def slo_plan(session: SessionDep, body: SloPlanRequest) -> SloPlanResponse:
     scheduler: the same request always gives the same answer. Returns the plans cheapest first, each
     with its predicted percentiles, binding constraint and launch command; the cost-latency frontier;
     and every configuration that cannot work, with its reasons (`feasible: false` when none can)."""
-    return planning.plan_slo(session, body)
+    state = request.app.state
+
+    def answer() -> SloPlanResponse:  # in a worker thread; the search itself in the plan pool
+        with state.session_factory() as session:
+            return planning.plan_slo(session, body, run=state.plan_pool.run)
+
+    return json_response(await run_in_threadpool(answer))

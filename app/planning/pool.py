@@ -1,0 +1,52 @@
+"""The planner's worker processes: a search is up to a second of CPU, so it runs outside the serving
+process, a bounded number at a time, and never holds the event loop (nor the interpreter lock) that
+every other request of the process needs.
+
+`PlanPool.run` has the signature of `app.sizing.serving.plan.plan`: the inputs and candidates are
+pickled to a worker, the result back. The workers start on first use (spawned: a fresh interpreter,
+not a fork of a threaded server) and a search beyond `workers` waits for one to be free.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from app.sizing.serving import plan as plan_core
+
+
+class PlanPool:
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self._lock = threading.Lock()
+        self._executor: ProcessPoolExecutor | None = None
+
+    def run(self, inputs: plan_core.PlanInputs, candidates: Sequence[plan_core.Configuration]) -> plan_core.PlanResult:
+        """`plan_core.plan(inputs, candidates)` in a worker process (blocks the calling thread)."""
+        executor = self._started()
+        try:
+            return executor.submit(plan_core.plan, inputs, list(candidates)).result()
+        except BrokenProcessPool:
+            self._discard(executor)  # a worker died (killed, out of memory): the next search starts anew
+            raise
+
+    def _started(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+            return self._executor
+
+    def _discard(self, executor: ProcessPoolExecutor) -> None:
+        with self._lock:
+            if self._executor is executor:
+                self._executor = None
+        executor.shutdown(wait=False, cancel_futures=True)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
