@@ -109,6 +109,21 @@ def test_uniform_decode_agrees_with_the_roofline(model: ModelSpec, gpu: GpuSpec,
     assert steps.ideal_step_time_s(batch, batch * context, 0, 0) == pytest.approx(result.ideal_time_s, rel=1e-9)
 
 
+@settings(max_examples=40, deadline=None)
+@given(models, st.sampled_from(GPUS), st.integers(1, 256), st.lists(st.integers(0, 20_000), min_size=1, max_size=12),
+       st.sampled_from([1, 8]))
+def test_a_run_of_decode_steps_agrees_with_the_roofline(model: ModelSpec, gpu: GpuSpec, batch: int,
+                                                         contexts: list[int], tp: int) -> None:
+    """The simulator's runs between arrivals: one batch size (a number), the contexts an array. Each
+    step is `batch` sequences of equal context, as the roofline of decode_cost has it."""
+    steps = step_model(model, gpu, tp)
+    times = steps.step_time_s(batch, np.array([batch * context for context in contexts], dtype=float), 0, 0)
+    assert times.shape == (len(contexts),)
+    for time, context in zip(times, contexts, strict=True):
+        cost = decode_cost(model, context, batch, tensor_parallel=tp)
+        assert time == pytest.approx(roofline(cost, gpu, default_compute_dtype(gpu, "bf16")).expected_time_s, rel=1e-9)
+
+
 @settings(max_examples=80, deadline=None)
 @given(models, st.integers(1, 4), st.integers(1, 3000), st.integers(0, 3000), st.sampled_from([1, 4]))
 def test_uniform_prefill_agrees_with_the_roofline(model: ModelSpec, sequences: int, chunk: int, cached: int,

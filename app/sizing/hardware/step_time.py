@@ -139,6 +139,22 @@ class _Forms:
     distinct_experts_list: memoryview | None
 
 
+# Batch sizes whose decode forms a model keeps (then it starts over): a simulation meets a few hundred.
+_DECODE_FORMS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class _DecodeForm:
+    """Decode-only steps of one batch size: constant + sum of slopes x d_w + per context-dependent
+    operator max(compute + its slopes x d, memory + its slopes x d), d_w the positions attended in
+    window w (min with `caps[w]`, the batch size times the window; None: a global layer)."""
+
+    constant: float
+    slopes: tuple[float, ...]
+    operators: tuple[tuple[float, tuple[float, ...], float, tuple[float, ...]], ...]
+    caps: tuple[float | None, ...]
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class StepTimeModel:
     """Step times of one deployment; build it with `build_step_time_model`."""
@@ -155,9 +171,12 @@ class StepTimeModel:
     expert_parallel: int = 1
     moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
+    # Decode-only steps of one batch size, as a function of the context alone (see `_decode_form`).
+    _decode_forms: dict[float, _DecodeForm] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_forms", _prepare(self))
+        object.__setattr__(self, "_decode_forms", {})
 
     def step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                     prefill_context_tokens: ArrayLike,
@@ -181,6 +200,14 @@ class StepTimeModel:
                   prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None,
                   expected: bool) -> float | np.ndarray:
         numbers = _NUMBERS
+        if (expected and prefill_seqs is None and type(decode_seqs) in numbers and type(prefill_tokens) in numbers
+                and type(prefill_context_tokens) in numbers and prefill_tokens == 0 and prefill_context_tokens == 0
+                and 0 < decode_seqs <= _TABLE_ROWS and decode_seqs == int(decode_seqs)):
+            # Decode-only steps of one batch size (the simulator's runs between arrivals): context alone varies.
+            if type(decode_context_tokens) in numbers:
+                return self._decode_step(decode_seqs, decode_context_tokens)
+            if isinstance(decode_context_tokens, np.ndarray) and decode_context_tokens.ndim == 1:
+                return self._decode_steps(decode_seqs, decode_context_tokens)
         if (type(decode_seqs) in numbers and type(decode_context_tokens) in numbers and type(prefill_tokens) in numbers
                 and type(prefill_context_tokens) in numbers and (prefill_seqs is None or type(prefill_seqs) in numbers)):
             return self._scalar_step(float(decode_seqs), float(decode_context_tokens), float(prefill_tokens),
@@ -204,13 +231,8 @@ class StepTimeModel:
             raise ValueError(_PREFILL_SEQS_ERROR)
         forms = self._forms
         tokens, sampled = seqs + new, seqs + prefilling
-        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
-        features = [tokens, sampled, tokens > 0, sampled > 0]
-        for decode, attended, read in self._window_parts(seqs, context, new, positions, prefilling):
-            features += (decode + attended, decode + read)
-        if forms.experts is not None:
-            features.append(forms.distinct_experts_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                            else float(_distinct_experts(forms.experts, tokens)))
+        parts = self._window_parts(seqs, context, new, positions, prefilling)
+        features = self._features(tokens, sampled, [(decode + attended, decode + read) for decode, attended, read in parts])
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -218,13 +240,7 @@ class StepTimeModel:
             for feature, seconds in forms.ideal_memory:
                 memory += seconds * features[feature]
             return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
-        sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
-        slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
-                     forms.slowdown_list[sampled_row] if sampled_row == sampled
-                     else _slowdown(self.efficiency, sampled))
-        features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
-        for feature, by_rows in forms.slowed:
-            features.append(features[feature] * slowdowns[by_rows])
+        self._slow(features, tokens, sampled)
         total = 0.0
         for feature, seconds in forms.linear:
             total += seconds * features[feature]
@@ -235,6 +251,111 @@ class StepTimeModel:
             for feature, seconds in memory_terms:
                 memory += seconds * features[feature]
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
+        return total
+
+    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float]]) -> list[float]:
+        """The evaluation features of one step, before the slowed ones: row counts, "any", per window the
+        positions attended and KV tokens read, distinct experts."""
+        forms = self._forms
+        features = [tokens, sampled, tokens > 0, sampled > 0]
+        for attended, read in windows:
+            features += (attended, read)
+        if forms.experts is not None:
+            tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+            features.append(forms.distinct_experts_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
+                            else float(_distinct_experts(forms.experts, tokens)))
+        return features
+
+    def _slow(self, features: list[float], tokens: float, sampled: float) -> None:
+        """Append the slowed features (see `_Forms`)."""
+        forms = self._forms
+        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1
+        sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
+        slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
+                     forms.slowdown_list[sampled_row] if sampled_row == sampled
+                     else _slowdown(self.efficiency, sampled))
+        features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
+        for feature, by_rows in forms.slowed:
+            features.append(features[feature] * slowdowns[by_rows])
+
+    def _decode_form(self, seqs: float) -> _DecodeForm:
+        """Decode-only steps of `seqs` sequences as a function of their context c alone.
+
+        Every feature is then affine in the windows' positions d_w = c + seqs (min(c + seqs, seqs·w) in a
+        window of w): the row counts, experts and slowdowns depend on seqs only, and a slowed window
+        feature is d_w times a slowdown of seqs. So each linear form is a constant plus a coefficient per
+        window, read off the features at d = 0 and at each unit d, and the operators whose forms do not
+        depend on d add max(compute, memory) to the constant once.
+        """
+        form = self._decode_forms.get(seqs)
+        if form is not None:
+            return form
+        forms, windows = self._forms, self.cost_model.windows
+
+        def features_at(positions: list[float]) -> list[float]:
+            features = self._features(seqs, seqs, [(d, d) for d in positions])
+            self._slow(features, seqs, seqs)
+            return features
+
+        base = features_at([0.0] * len(windows))
+        units = [[unit - at_zero for unit, at_zero in zip(
+            features_at([1.0 if w == v else 0.0 for v in range(len(windows))]), base, strict=True)]
+            for w in range(len(windows))]
+
+        def affine(terms: _Terms) -> tuple[float, tuple[float, ...]]:
+            return (sum(seconds * base[feature] for feature, seconds in terms),
+                    tuple(sum(seconds * unit[feature] for feature, seconds in terms) for unit in units))
+
+        constant, per_window = affine(forms.linear)
+        dependent = []
+        for compute_terms, memory_terms in forms.operators:
+            (compute, compute_slopes), (memory, memory_slopes) = affine(compute_terms), affine(memory_terms)
+            if any(compute_slopes) or any(memory_slopes):
+                dependent.append((compute, compute_slopes, memory, memory_slopes))
+            else:
+                constant += memory if memory > compute else compute  # noqa: FURB136
+        form = _DecodeForm(constant, per_window, tuple(dependent),
+                           tuple(None if window is None else seqs * window for window in windows))
+        if len(self._decode_forms) >= _DECODE_FORMS:
+            self._decode_forms.clear()
+        self._decode_forms[seqs] = form
+        return form
+
+    def _decode_step(self, seqs: float, context: float) -> float:
+        """One decode-only step (`_decode_form`), in plain float arithmetic."""
+        if context < 0:
+            raise ValueError("step sizes must be >= 0")
+        form = self._decode_form(seqs)
+        attended = context + seqs
+        positions = [attended if cap is None or attended < cap else cap for cap in form.caps]
+        total = form.constant
+        for slope, d in zip(form.slopes, positions, strict=True):
+            total += slope * d
+        for compute, compute_slopes, memory, memory_slopes in form.operators:
+            for slope, d in zip(compute_slopes, positions, strict=True):
+                compute += slope * d
+            for slope, d in zip(memory_slopes, positions, strict=True):
+                memory += slope * d
+            total += memory if memory > compute else compute  # noqa: FURB136
+        return total
+
+    def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
+        """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""
+        if np.count_nonzero(contexts < 0):
+            raise ValueError("step sizes must be >= 0")
+        form = self._decode_form(seqs)
+        attended = contexts + seqs
+        positions = [attended if cap is None else np.minimum(attended, cap) for cap in form.caps]
+        total = np.full(len(contexts), form.constant)
+        for slope, d in zip(form.slopes, positions, strict=True):
+            total += slope * d
+        for compute, compute_slopes, memory, memory_slopes in form.operators:
+            compute_part, memory_part = np.full(len(contexts), compute), np.full(len(contexts), memory)
+            for slope, d in zip(compute_slopes, positions, strict=True):
+                compute_part += slope * d
+            for slope, d in zip(memory_slopes, positions, strict=True):
+                memory_part += slope * d
+            total += np.maximum(compute_part, memory_part, out=compute_part)
         return total
 
     def _array_steps(self, values: tuple[ArrayLike, ...], expected: bool) -> np.ndarray:

@@ -433,8 +433,6 @@ class _Scheduler:
         self.last_step_s = 0.0
         self.trace_time = [0.0]
         self.trace_tokens = [0]
-        self.zeros = np.zeros(_MAX_WINDOW_STEPS)
-        self.ones = np.ones(_MAX_WINDOW_STEPS)
 
     # The loop -------------------------------------------------------------------------------
 
@@ -668,9 +666,8 @@ class _Scheduler:
                     break
         else:
             contexts = np.arange(context, context + decodes * steps, decodes, dtype=np.float64)
-            zeros = self.zeros[:steps]
-            dts = np.asarray(step_time(self.ones[:steps] * decodes, contexts, zeros, zeros),
-                             dtype=np.float64)
+            # The batch size and the (absent) prompt as numbers: the step time's decode-only fast path.
+            dts = np.asarray(step_time(decodes, contexts, 0, 0), dtype=np.float64)
             if dts.shape != (steps,):  # a step time that ignores its inputs may return one number
                 dts = np.full(steps, float(dts))
             ends = np.cumsum(dts)
