@@ -71,17 +71,19 @@ def _capacity(model: str, gpu: str, tensor_parallel: int) -> object:
                     input_tokens=1000, output_tokens=500, efficiency=DEFAULT_EFFICIENCY)
 
 
-# /v1/slo-plan: the example (Llama-3.1-70B, 1k in / 500 out, 5 req/s, p95 TTFT 1 s and TPOT 50 ms)
-# planned over the whole catalog at its default TP degrees, and one simulation of 2,000 requests.
+# /v1/slo-plan: the example of the API's docs (1k in / 500 out, 5 req/s, p95 TTFT 1 s and TPOT 50 ms)
+# planned over the whole catalog at its default TP degrees for a dense 70B, an MoE and a windowed model
+# (target: median <= 100 ms each), and one simulation of 2,000 requests.
 SLO_PLAN_WORKLOAD = Workload(Fixed(1000), Fixed(500), requests_per_s=5.0)
-SLO_PLAN_INPUTS = PlanInputs(
-    model=MODELS["llama-3.1-70b"], workload=SLO_PLAN_WORKLOAD, slo=Slo(ttft_s=1.0, tpot_s=0.050, percentile=95),
-    efficiencies={(slug, dtype): DEFAULT_EFFICIENCY for slug in GPUS for dtype in COMPUTE_DTYPES})
+PLAN_MODELS = ("llama-3.1-70b", "mixtral-8x7b", "gemma-2-27b")
 
 
-def _slo_plan_catalog() -> object:
-    candidates = configurations(MODELS["llama-3.1-70b"], list(GPUS.values()), None, [1], ["bf16"], ["bf16"])
-    return plan(SLO_PLAN_INPUTS, candidates)
+def _slo_plan_catalog(model: str) -> Callable[[], object]:
+    inputs = PlanInputs(
+        model=MODELS[model], workload=SLO_PLAN_WORKLOAD, slo=Slo(ttft_s=1.0, tpot_s=0.050, percentile=95),
+        efficiencies={(slug, dtype): DEFAULT_EFFICIENCY for slug in GPUS for dtype in COMPUTE_DTYPES})
+    candidates = configurations(MODELS[model], list(GPUS.values()), None, [1], ["bf16"], ["bf16"])
+    return lambda: plan(inputs, candidates)
 
 
 def _simulation_2000() -> Callable[[], object]:
@@ -121,8 +123,8 @@ CASES: list[Case] = [
          lambda: _capacity("llama-3-70b", "h100-sxm", 4)),
     Case("/v1/capacity", "capacity(llama-3.1-405b, 1 x h100-sxm: no fit, suggestion search)",
          lambda: _capacity("llama-3.1-405b", "h100-sxm", 1)),
-    Case("/v1/slo-plan", "plan(llama-3.1-70b, 5 req/s, p95 TTFT 1 s / TPOT 50 ms, whole catalog)",
-         _slo_plan_catalog, repeats=5),
+    *(Case("/v1/slo-plan", f"plan({model}, 5 req/s, p95 TTFT 1 s / TPOT 50 ms, whole catalog)",
+           _slo_plan_catalog(model), repeats=5) for model in PLAN_MODELS),
     Case("/v1/slo-plan", "simulate(llama-3.1-70b, h100-sxm TP4, 2,000 requests at 5 req/s)",
          _simulation_2000(), repeats=20),
 ]
