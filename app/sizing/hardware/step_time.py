@@ -38,7 +38,12 @@ never re-typed):
   bandwidth) need no max: one linear form for all of them.
 A step's time is then the linear part plus, per operator, the larger of two linear forms: a handful of
 float operations per operator for a single step (no numpy), one matrix product and a few elementwise
-operations for an array of steps, whatever the operator count.
+operations for an array of steps, whatever the operator count. Decode-only steps of one batch size (the
+simulator's runs between arrivals) go further: every feature is then affine in the context, so the
+operators that do not depend on it fold into one constant per batch size (`_DecodeForm`).
+
+Longer than 600 lines because the three evaluation paths (one step, arrays of steps, decode-only runs)
+read the same prepared forms and must agree to float rounding: one module keeps them side by side.
 """
 
 from __future__ import annotations
