@@ -143,7 +143,8 @@ def requires(scope: str) -> Any:
 def open_unless_closed(scope: str) -> Any:
     """A dependency for catalog and sizing reads: no key needed unless OPEN_READS is false, in which
     case the key needs `scope`."""
-    def read_access(request: Request, credentials: BearerCredentials) -> None:
+    # async: no I/O, so no hand-off to a worker thread on every read
+    async def read_access(request: Request, credentials: BearerCredentials) -> None:
         if not request.app.state.settings.open_reads:
             authenticate(request, credentials, scope)
 

@@ -86,7 +86,7 @@ def batch_sweep_chart(session: Session, request: BatchSweepRequest) -> bytes:
 
 def slo_plan_chart(session: Session, request: SloPlanRequest, metric: PlanMetric,
                    run: planning.PlanRunner = plan_core.plan) -> bytes:
-    return draw_slo_plan(planning.plan_slo(session, request, run), metric)
+    return draw_slo_plan(planning.plan_slo(session, request, run=run), metric)
 
 
 def both_phases(request: RooflineRequest) -> tuple[RooflineRequest, RooflineRequest]:
