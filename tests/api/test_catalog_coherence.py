@@ -10,12 +10,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from app.catalog.schemas import ModelIn
 from app.main import create_app
 from app.settings import Settings
 from tests.conftest import TEST_API_KEY
 
 WRITE = {"Authorization": f"Bearer {TEST_API_KEY}"}
-BOOKKEEPING = ("slug", "origin", "version", "created_at", "updated_at", "architecture", "attention_type")
 KV = {"model": "llama-3-8b", "context_tokens": 1000, "batch_size": 1}
 # Llama-3-8B, bf16: 2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes = 4,096 bytes per token per layer;
 # 32 layers x 1,000 tokens -> 131,072,000 bytes per sequence; with 16 layers, 65,536,000.
@@ -51,9 +51,14 @@ def _kv_bytes(client: TestClient) -> int:
     return int(response.json()["bytes_per_sequence"])
 
 
+def _writable(client: TestClient, slug: str) -> dict[str, Any]:
+    """The model's GET representation as a PUT body."""
+    row: dict[str, Any] = client.get(f"/v1/models/{slug}").json()
+    return {name: row[name] for name in ModelIn.model_fields if name in row}
+
+
 def _halve_layers(client: TestClient) -> None:
-    row: dict[str, Any] = client.get("/v1/models/llama-3-8b").json()
-    body = {key: value for key, value in row.items() if key not in BOOKKEEPING}
+    body = _writable(client, "llama-3-8b")
     response = client.put("/v1/models/llama-3-8b", json={**body, "num_hidden_layers": 16}, headers=WRITE)
     assert response.status_code == 200, response.text
 
@@ -74,8 +79,7 @@ def test_a_replica_sees_its_own_write_at_once_and_anothers_within_the_bound(
 def test_a_new_slug_written_elsewhere_is_found_at_once(replicas: tuple[TestClient, TestClient, FakeClock]) -> None:
     """A slug a replica has not cached is read from the database, whatever the bound."""
     a, b, _ = replicas
-    row: dict[str, Any] = a.get("/v1/models/llama-3-8b").json()
-    body = {key: value for key, value in row.items() if key not in BOOKKEEPING}
+    body = _writable(a, "llama-3-8b")
     assert b.post("/v1/kv-cache", json={**KV, "model": "my-llama"}).status_code == 404
     assert a.put("/v1/models/my-llama", json=body, headers=WRITE).status_code == 201
     assert _kv_bytes_of(b, "my-llama") == BYTES_32_LAYERS
