@@ -32,6 +32,7 @@ decode operating point is evaluated there with the step-time model (`hardware/st
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, replace
 from fractions import Fraction
@@ -317,21 +318,19 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     rank_batch = batch_size / data_parallel
     micro_batch = rank_batch / pipeline_parallel
     # The prompt in chunks of at most max_num_batched_tokens; chunk k (n_k tokens after a prefix p_k)
-    # attends n_k·(p_k + (n_k+1)/2) positions (causal). Row 0 is the decode step, rows 1.. the chunks, so
-    # one vectorized call times them all. A chunk's time is piecewise linear in k, so beyond
+    # attends n_k·(p_k + (n_k+1)/2) positions (causal). A chunk's time is piecewise linear in k, so beyond
     # MAX_PREFILL_CHUNKS_TIMED chunks an evenly spaced sample stands for all of them (its mean x count).
+    # A handful of steps: timed one call each (the model's float path beats array set-up at this size).
     count = ceil_div(input_tokens, max_num_batched_tokens)
     index = np.unique(np.linspace(0, count - 1, min(count, MAX_PREFILL_CHUNKS_TIMED)).round())
-    starts = index * max_num_batched_tokens
-    chunks = np.minimum(max_num_batched_tokens, input_tokens - starts)
-    zeros = np.zeros_like(chunks)
-    rows = (np.concatenate(([micro_batch], zeros)), np.concatenate(([micro_batch * mean_context], zeros)),
-            np.concatenate(([0.0], chunks)), np.concatenate(([0.0], chunks * (starts + (chunks + 1) / 2))),
-            np.concatenate(([0.0], np.ones_like(chunks))))
-    ideal = np.asarray(steps.ideal_step_time_s(*rows))
-    expected = np.asarray(steps.step_time_s(*rows))
-    decode_ideal, decode_expected = float(ideal[0]), float(expected[0])
-    prefill_ideal, prefill_expected = (float(times[1:].mean() * count) for times in (ideal, expected))
+    starts = (index * max_num_batched_tokens).tolist()
+    chunk_rows = [(0.0, 0.0, float(chunk), chunk * (start + (chunk + 1) / 2), 1.0)
+                  for start, chunk in ((start, min(max_num_batched_tokens, input_tokens - start)) for start in starts)]
+    decode_row = (micro_batch, micro_batch * mean_context, 0.0, 0.0)
+    decode_ideal, decode_expected = float(steps.ideal_step_time_s(*decode_row)), float(steps.step_time_s(*decode_row))
+    prefill_ideal, prefill_expected = (
+        math.fsum(float(time(*row)) for row in chunk_rows) / len(chunk_rows) * count
+        for time in (steps.ideal_step_time_s, steps.step_time_s))
 
     def tpot(decode: float, prefill: float) -> float:
         return decode + rank_batch * prefill / (pipeline_parallel * output_tokens)
