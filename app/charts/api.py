@@ -234,7 +234,7 @@ def slo_plan_chart_get(request: Request, session: SessionDep,
                        query: Annotated[SloPlanQuery, Query()]) -> Response:  # type: ignore[valid-type]
     with SLO_PLAN_QUERY.query_pointers():
         return svg(charts.slo_plan_chart(session, SLO_PLAN_QUERY.request(query), query.metric,
-                                         run=request.app.state.plan_pool.run))
+                                         offload=request.app.state.plan_pool.call))
 
 
 @router.post("/v1/slo-plan/chart", response_class=Response, responses=SVG_RESPONSES,
@@ -242,4 +242,4 @@ def slo_plan_chart_get(request: Request, session: SessionDep,
              description=SLO_PLAN_DESCRIPTION)
 def slo_plan_chart_post(request: Request, session: SessionDep, body: SloPlanRequest,
                         metric: PlanMetricQuery = "tpot") -> Response:
-    return svg(charts.slo_plan_chart(session, body, metric, run=request.app.state.plan_pool.run))
+    return svg(charts.slo_plan_chart(session, body, metric, offload=request.app.state.plan_pool.call))

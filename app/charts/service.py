@@ -30,7 +30,6 @@ from app.estimates import service as estimates
 from app.estimates.schemas import BatchSweepRequest, BatchSweepResponse, RooflineRequest, RooflineResponse
 from app.planning import service as planning
 from app.planning.schemas import PlanOut, SloPlanRequest, SloPlanResponse
-from app.sizing.serving import plan as plan_core
 
 SVG_MEDIA_TYPE = "image/svg+xml"
 WIDTH_PX, HEIGHT_PX = 800, 500
@@ -85,8 +84,8 @@ def batch_sweep_chart(session: Session, request: BatchSweepRequest) -> bytes:
 
 
 def slo_plan_chart(session: Session, request: SloPlanRequest, metric: PlanMetric,
-                   run: planning.PlanRunner = plan_core.plan) -> bytes:
-    return draw_slo_plan(planning.plan_slo(session, request, run=run), metric)
+                   offload: planning.Offload = planning.in_this_thread) -> bytes:
+    return draw_slo_plan(planning.plan_slo(session, request, offload=offload), metric)
 
 
 def both_phases(request: RooflineRequest) -> tuple[RooflineRequest, RooflineRequest]:

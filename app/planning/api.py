@@ -28,6 +28,6 @@ async def slo_plan(request: Request, body: SloPlanRequest) -> Response:
 
     def answer() -> SloPlanResponse:  # in a worker thread; the search itself in the plan pool
         with state.session_factory() as session:
-            return planning.plan_slo(session, body, run=state.plan_pool.run)
+            return planning.plan_slo(session, body, offload=state.plan_pool.call)
 
     return json_response(await run_in_threadpool(answer))

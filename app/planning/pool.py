@@ -2,20 +2,22 @@
 process, a bounded number at a time, and never holds the event loop (nor the interpreter lock) that
 every other request of the process needs.
 
-`PlanPool.run` has the signature of `app.sizing.serving.plan.plan`: the inputs and candidates are
-pickled to a worker, the result back. The workers start on first use (spawned: a fresh interpreter,
-not a fork of a threaded server) and a search beyond `workers` waits for one to be free.
+`PlanPool.call(search, *arguments)` runs a search (`plan_core.plan`, `plan_disaggregated`) in a worker:
+the function and its arguments are pickled to it, the result back. The workers start on first use
+(spawned: a fresh interpreter, not a fork of a threaded server) and a search beyond `workers` waits for
+one to be free. Each worker keeps the core's caches (step-time models) from search to search.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
 
-from app.sizing.serving import plan as plan_core
+ResultT = TypeVar("ResultT")
 
 
 class PlanPool:
@@ -24,11 +26,11 @@ class PlanPool:
         self._lock = threading.Lock()
         self._executor: ProcessPoolExecutor | None = None
 
-    def run(self, inputs: plan_core.PlanInputs, candidates: Sequence[plan_core.Configuration]) -> plan_core.PlanResult:
-        """`plan_core.plan(inputs, candidates)` in a worker process (blocks the calling thread)."""
+    def call(self, search: Callable[..., ResultT], *arguments: Any) -> ResultT:
+        """`search(*arguments)` in a worker process (blocks the calling thread until it is done)."""
         executor = self._started()
         try:
-            return executor.submit(plan_core.plan, inputs, list(candidates)).result()
+            return executor.submit(search, *arguments).result()
         except BrokenProcessPool:
             self._discard(executor)  # a worker died (killed, out of memory): the next search starts anew
             raise

@@ -128,14 +128,20 @@ def at_pointer(pointer: str, lookup: Callable[[str], T], slug: str) -> T:
                        or [(pointer, exc.detail)]) from None
 
 
-PlanRunner = Callable[[plan_core.PlanInputs, Sequence[plan_core.Configuration]], plan_core.PlanResult]
+# Runs a search, `offload(search, *arguments)`: in this thread (`in_this_thread`), or in a worker process
+# (`app.planning.pool.PlanPool.call`).
+Offload = Callable[..., Any]
+
+
+def in_this_thread(search: Callable[..., T], *arguments: Any) -> T:
+    return search(*arguments)
 
 
 def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | None = None, *,
-             run: PlanRunner = plan_core.plan) -> SloPlanResponse:
+             offload: Offload = in_this_thread) -> SloPlanResponse:
     """The cheapest deployments meeting the request's SLO (see `app.sizing.serving.plan`), over the
-    catalog and profiles of `sources` (default: the database of `session`). The search runs through
-    `run`: in this thread by default, in a worker process with `app.planning.pool.PlanPool.run`."""
+    catalog and profiles of `sources` (default: the database of `session`). The searches (aggregated,
+    disaggregated) run through `offload`."""
     sources = sources or DatabaseSources(session)
     if request.model_spec is not None:
         model = model_spec_from_schema(request.model_spec, pointer="/body/model_spec")
@@ -219,8 +225,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
                                 errors=[("/body/candidates/deployment", "needs workload.requests_per_s")])
         notes.append("disaggregated plans are sized for an open-loop load (requests_per_s): aggregated plans only")
         deployment = AGGREGATED
-    aggregated = run(inputs, configurations) if deployment != DISAGGREGATED else None
-    disaggregated = (disaggregation.plan_disaggregated(inputs, configurations)
+    aggregated = offload(plan_core.plan, inputs, configurations) if deployment != DISAGGREGATED else None
+    disaggregated = (offload(disaggregation.plan_disaggregated, inputs, configurations)
                      if deployment != AGGREGATED else None)
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))

@@ -67,7 +67,8 @@ def create_quote(request: Request, writer: QuoteWriter, body: SloPlanRequest,
     The stored quote never changes, even when the catalog does."""
     deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
     stored, created = quotes.create_quote(request.app.state.session_factory, body, idempotency_key, writer.name,
-                                          may_commit=deadline.claim_commit if deadline else lambda: True)
+                                          may_commit=deadline.claim_commit if deadline else lambda: True,
+                                          offload=request.app.state.plan_pool.call)
     if created:
         return json_with_etag(request, stored, status_code=201,
                               headers={"Location": f"/v1/quotes/{stored.id}"})
@@ -90,19 +91,19 @@ def get_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> R
 @router.post("/{quote_id}/reprice", response_model=RepriceOut, dependencies=[QuoteReader],
              summary="Plan a quote again on today's catalog",
              responses=problem_responses(401, 403, 404, 409, 422, 503))
-def reprice_quote(session: SessionDep, quote_id: QuoteIdPath) -> RepriceOut:
+def reprice_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> RepriceOut:
     """Run the stored request against today's catalog and list the differences: catalog rows changed,
     added or deleted since (a deleted candidate GPU is left out; a deleted model is planned from the
     architecture stored in the quote), and changed outcomes (feasibility, the cheapest plan's GPU,
     layout, replicas and $/hour). Stores nothing."""
-    return quotes.reprice(session, quote_id)
+    return quotes.reprice(session, quote_id, offload=request.app.state.plan_pool.call)
 
 
 @router.post("/{quote_id}/reproduce", response_model=ReproduceOut, dependencies=[QuoteReader],
              summary="Plan a quote again from its own snapshot",
              responses=problem_responses(401, 403, 404, 409, 422, 503))
-def reproduce_quote(session: SessionDep, quote_id: QuoteIdPath) -> ReproduceOut:
+def reproduce_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> ReproduceOut:
     """Run the stored request on the quote's snapshot alone (its catalog rows, calibration profile and
     inline GPUs), never on today's catalog or profiles, and say whether the answer is byte for byte the
     stored one. Stores nothing. Quotes made before quotes kept their calibration profile are a 409."""
-    return quotes.reproduce(session, quote_id)
+    return quotes.reproduce(session, quote_id, offload=request.app.state.plan_pool.call)

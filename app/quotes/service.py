@@ -103,8 +103,8 @@ def catalog_snapshot(session: Session, request: SloPlanRequest, profile: dict[st
     }
 
 
-def plan_with_snapshot(session: Session, request: SloPlanRequest,
-                       sources: planning.DatabaseSources | None = None) -> tuple[SloPlanResponse, dict[str, Any]]:
+def plan_with_snapshot(session: Session, request: SloPlanRequest, sources: planning.DatabaseSources | None = None,
+                       offload: planning.Offload = planning.in_this_thread) -> tuple[SloPlanResponse, dict[str, Any]]:
     """The plan and the snapshot of what it read, both from one catalog revision.
 
     Every catalog write bumps the revision in its own transaction, so an unchanged revision
@@ -116,7 +116,7 @@ def plan_with_snapshot(session: Session, request: SloPlanRequest,
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         attempt = sources or planning.DatabaseSources(session)
         revision = repository.catalog_revision(session)
-        result = planning.plan_slo(session, request, attempt)
+        result = planning.plan_slo(session, request, attempt, offload=offload)
         snapshot = catalog_snapshot(session, request, attempt.profile_documents[request.calibration])
         if repository.catalog_revision(session) == revision:
             return result, snapshot
@@ -147,7 +147,8 @@ def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
 
 
 def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idempotency_key: str | None,
-                 created_by: str, may_commit: Callable[[], bool] = lambda: True) -> tuple[StoredQuote, bool]:
+                 created_by: str, may_commit: Callable[[], bool] = lambda: True,
+                 offload: planning.Offload = planning.in_this_thread) -> tuple[StoredQuote, bool]:
     """Plan, snapshot and store a quote on behalf of the key named `created_by`; returns it and whether it was created just now (False:
     a retry with the same key and request, answered with the stored quote). `may_commit` is asked
     right before the write: False (the request ran past its deadline and its client was already told
@@ -157,7 +158,7 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idemp
     if idempotency_key is not None and (earlier := _by_key(session_factory, idempotency_key)) is not None:
         return _replay(earlier, digest), False  # a retry: no need to plan again
     with session_factory() as session:  # read-only; closed (its transaction ended) before the write
-        result, snapshot = plan_with_snapshot(session, request)
+        result, snapshot = plan_with_snapshot(session, request, offload=offload)
     result_document = result.model_dump(mode="json")
     cheapest = cheapest_plan(result_document)
     record = QuoteRecord(
@@ -397,14 +398,14 @@ def _version_differences(record: QuoteRecord) -> Iterator[QuoteDifference]:
         )
 
 
-def reprice(session: Session, quote_id: str) -> RepriceOut:
+def reprice(session: Session, quote_id: str, offload: planning.Offload = planning.in_this_thread) -> RepriceOut:
     """Plan the stored request again against today's catalog and profiles and list what changed; stores
     nothing."""
     record = _record_or_404(session, quote_id)
     stored = record.catalog_snapshot
     todays = _todays_request(session, _stored_request(record), stored)
     sources = _RepriceSources(session, stored.get("calibration_profile"))
-    result, snapshot = plan_with_snapshot(session, todays, sources)
+    result, snapshot = plan_with_snapshot(session, todays, sources, offload)
     differences = [
         *_row_differences("model", stored["models"], snapshot["models"]),
         *_row_differences("gpu", stored["gpus"], snapshot["gpus"]),
@@ -446,13 +447,14 @@ class SnapshotSources:
         return profile_from_entries(document["name"], document["entries"])
 
 
-def reproduce(session: Session, quote_id: str) -> ReproduceOut:
+def reproduce(session: Session, quote_id: str, offload: planning.Offload = planning.in_this_thread) -> ReproduceOut:
     """Plan the stored request from the quote's snapshot alone; stores nothing."""
     record = _record_or_404(session, quote_id)
     if "calibration_profile" not in record.catalog_snapshot:
         raise Conflict("This quote was made before quotes kept their calibration profile; it cannot be "
                        "reproduced from itself (reprice it instead)")
-    result = planning.plan_slo(session, _stored_request(record), SnapshotSources(record.catalog_snapshot))
+    result = planning.plan_slo(session, _stored_request(record), SnapshotSources(record.catalog_snapshot),
+                               offload=offload)
     identical = canonical_json(result.model_dump(mode="json")) == canonical_json(record.result)
     return ReproduceOut(quote_id=record.id, identical=identical, stored_calculation_version=record.calculation_version,
                         calculation_version=CALCULATION_VERSION, result=result)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -15,7 +17,6 @@ from app.planning import api as planning_api
 from app.planning import service as planning
 from app.planning.pool import PlanPool
 from app.planning.schemas import SloPlanRequest
-from app.sizing.serving import plan as plan_core
 
 PLAN = {
     "model": "llama-3.1-8b",
@@ -29,33 +30,35 @@ PLAN = {
 class RecordingPool(PlanPool):
     def __init__(self, workers: int) -> None:
         super().__init__(workers)
-        self.searches: list[int] = []
+        self.searches: list[str] = []
 
-    def run(self, inputs: plan_core.PlanInputs,
-            candidates: Sequence[plan_core.Configuration]) -> plan_core.PlanResult:
-        self.searches.append(len(candidates))
-        return super().run(inputs, candidates)
+    def call(self, search: Callable[..., Any], *arguments: Any) -> Any:
+        self.searches.append(search.__name__)
+        return super().call(search, *arguments)
 
 
 def test_the_endpoint_only_awaits() -> None:
     assert asyncio.iscoroutinefunction(planning_api.slo_plan)
 
 
-def test_a_search_runs_in_the_bounded_process_pool_and_answers_as_in_process(app: FastAPI, client: TestClient) -> None:
-    """The answer computed in a worker process is the one computed in this process, byte for byte."""
+@pytest.mark.parametrize("deployment", ["aggregated", "both"])
+def test_a_search_runs_in_the_bounded_process_pool_and_answers_as_in_process(
+        app: FastAPI, client: TestClient, deployment: str) -> None:
+    """The answer computed in worker processes is the one computed in this process, field for field;
+    with deployment "both", the aggregated and the disaggregated searches each run in the pool."""
+    body = {**PLAN, "candidates": {**PLAN["candidates"], "deployment": deployment}}
     pool = RecordingPool(workers=2)
     original, app.state.plan_pool = app.state.plan_pool, pool
     try:
-        response = client.post("/v1/slo-plan", json=PLAN)
+        response = client.post("/v1/slo-plan", json=body)
         assert response.status_code == 200, response.text
-        assert len(pool.searches) == 1 and pool.searches[0] > 0
-        executor = pool._started()
-        assert executor._max_workers == 2  # bounded: a third search waits for a worker
+        assert pool.searches == (["plan"] if deployment == "aggregated" else ["plan", "plan_disaggregated"])
+        assert pool._started()._max_workers == 2  # bounded: a third search at once waits for a worker
     finally:
         app.state.plan_pool = original
         pool.shutdown()
     with app.state.session_factory() as session:
-        in_process = planning.plan_slo(session, SloPlanRequest.model_validate(PLAN))
+        in_process = planning.plan_slo(session, SloPlanRequest.model_validate(body))
     assert response.json() == json.loads(in_process.model_dump_json())
 
 

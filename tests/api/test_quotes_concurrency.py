@@ -82,8 +82,8 @@ def _after_each_plan(monkeypatch: pytest.MonkeyPatch, hook: Callable[[], None]) 
     plans: list[int] = []
     real = quotes.plan_with_snapshot
 
-    def plan_then_hook(session: Session, request: Any) -> Any:
-        answer = real(session, request)
+    def plan_then_hook(session: Session, request: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = real(session, request, *args, **kwargs)
         plans.append(1)
         hook()
         return answer
@@ -149,8 +149,8 @@ def test_a_catalog_write_during_the_plan_is_never_half_seen(app: FastAPI, engine
     calls: list[int] = []
     real_plan = planning.plan_slo
 
-    def plan_then_write(session: Session, request: Any, *sources: Any) -> Any:
-        answer = real_plan(session, request, *sources)
+    def plan_then_write(session: Session, request: Any, *sources: Any, **options: Any) -> Any:
+        answer = real_plan(session, request, *sources, **options)
         calls.append(1)
         if len(calls) == 1:
             with Session(engine) as writer, writer.begin():
