@@ -351,16 +351,18 @@ class StepTimeModel:
         form = self._decode_form(seqs)
         attended = contexts + seqs
         positions = [attended if cap is None else np.minimum(attended, cap) for cap in form.caps]
-        total = np.full(len(contexts), form.constant)
-        for slope, d in zip(form.slopes, positions, strict=True):
-            total += slope * d
+
+        def affine(constant: float, slopes: tuple[float, ...]) -> np.ndarray:
+            part = np.full(len(contexts), constant)
+            for slope, d in zip(slopes, positions, strict=True):
+                if slope:
+                    part += slope * d
+            return part
+
+        total = affine(form.constant, form.slopes)
         for compute, compute_slopes, memory, memory_slopes in form.operators:
-            compute_part, memory_part = np.full(len(contexts), compute), np.full(len(contexts), memory)
-            for slope, d in zip(compute_slopes, positions, strict=True):
-                compute_part += slope * d
-            for slope, d in zip(memory_slopes, positions, strict=True):
-                memory_part += slope * d
-            total += np.maximum(compute_part, memory_part, out=compute_part)
+            compute_part = affine(compute, compute_slopes)
+            total += np.maximum(compute_part, affine(memory, memory_slopes), out=compute_part)
         return total
 
     def _array_steps(self, values: tuple[ArrayLike, ...], expected: bool) -> np.ndarray:
