@@ -320,6 +320,9 @@ class Row:
 
     @property
     def ratio(self) -> float | None:
+        """Requests/s against the baseline's, for rows loaded alike (same connections, nothing else running)."""
+        if self.endpoint.connections != CONNECTIONS or self.endpoint.background is not None:
+            return None
         if self.result is None or not self.baseline_requests_per_s:
             return None
         return self.result.requests_per_s / self.baseline_requests_per_s
@@ -400,7 +403,7 @@ def format_table(rows: list[Row]) -> str:
     for row in rows:
         result, measured = row.result, row.measured
         cells.append((row.run, row.endpoint.name, str(row.endpoint.connections),
-                      f"{result.requests_per_s:.0f}" if result else "-",
+                      _rate(result.requests_per_s) if result else "-",
                       f"{row.ratio:.2f}" if row.ratio is not None else "-",
                       f"{result.p50_ms:.1f}" if result else "-", f"{result.p99_ms:.1f}" if result else "-",
                       str(result.errors) if result else "-",
@@ -412,6 +415,10 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join("  ".join(cell.rjust(width) if column in numeric else cell.ljust(width)
                                for column, (cell, width) in enumerate(zip(line, widths, strict=True))).rstrip()
                      for line in cells)
+
+
+def _rate(requests_per_s: float) -> str:
+    return f"{requests_per_s:.0f}" if requests_per_s >= 10 else f"{requests_per_s:.2f}"
 
 
 def run_load_tests(seconds: float = DURATION_S) -> str:
