@@ -8,6 +8,8 @@ against vectorized ones.
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -122,6 +124,46 @@ def test_a_run_of_decode_steps_agrees_with_the_roofline(model: ModelSpec, gpu: G
     for time, context in zip(times, contexts, strict=True):
         cost = decode_cost(model, context, batch, tensor_parallel=tp)
         assert time == pytest.approx(roofline(cost, gpu, default_compute_dtype(gpu, "bf16")).expected_time_s, rel=1e-9)
+
+
+def test_a_memory_bound_decode_run_is_timed_in_closed_form() -> None:
+    """Llama-3-8B decoding one sequence: every operator is memory-bound at batch 1 (a GEMV reads each
+    weight once for 2 FLOPs) and attention is global, so 100 steps from 1,000 cached tokens have no kink
+    and the closed form applies: with no budget reached, all 100 run, taking the sum of the per-step
+    rooflines; with half that sum as the budget, the run stops at the first step reaching it."""
+    model_steps = step_model(LLAMA_3_8B)
+    times = [roofline(decode_cost(LLAMA_3_8B, 1000 + k, 1), H100_SXM, "bf16").expected_time_s for k in range(100)]
+    ends = list(itertools.accumulate(times))
+    ran = model_steps.decode_run(1, 1000, 100, math.inf)
+    assert ran is not None
+    assert ran[0] == 100 and ran[1] == pytest.approx(ends[-1], rel=1e-12) and ran[2] == pytest.approx(times[-1])
+    half = model_steps.decode_run(1, 1000, 100, ends[-1] / 2)
+    assert half is not None
+    assert half[0] == next(k + 1 for k, end in enumerate(ends) if end >= ends[-1] / 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(models, st.integers(1, 128), st.integers(0, 8000), st.integers(1, 300), st.floats(0.0, 3.0))
+def test_a_decode_run_in_closed_form_is_the_sum_of_its_steps(model: ModelSpec, batch: int, context: int,
+                                                               steps: int, budget_fraction: float) -> None:
+    """`decode_run`: `steps` decode steps of `batch` sequences at `context` cached tokens each, growing
+    by one token per sequence a step; each step is the roofline of decode_cost at its context. The run
+    stops after the first step whose end reaches the budget (here a fraction of the whole run's time,
+    beyond it when > 1). None (a kink inside the run: time it step by step) is allowed."""
+    model_steps = step_model(model)
+    times = [roofline(decode_cost(model, context + k, batch), H100_SXM, "bf16").expected_time_s
+             for k in range(steps)]
+    ends = list(itertools.accumulate(times))
+    budget = ends[-1] * budget_fraction
+    ran = model_steps.decode_run(batch, batch * context, steps, budget)
+    if ran is None:
+        return
+    run, elapsed, last = ran
+    expected_run = next((k + 1 for k, end in enumerate(ends) if end >= budget), steps)
+    # (a step whose end is within rounding of the budget may fall on either side of it)
+    assert run == expected_run or abs(ends[min(run, expected_run) - 1] - budget) <= 1e-9 * budget
+    assert elapsed == pytest.approx(ends[run - 1], rel=1e-9)
+    assert last == pytest.approx(times[run - 1], rel=1e-9)
 
 
 @settings(max_examples=80, deadline=None)

@@ -40,7 +40,8 @@ A step's time is then the linear part plus, per operator, the larger of two line
 float operations per operator for a single step (no numpy), one matrix product and a few elementwise
 operations for an array of steps, whatever the operator count. Decode-only steps of one batch size (the
 simulator's runs between arrivals) go further: every feature is then affine in the context, so the
-operators that do not depend on it fold into one constant per batch size (`_DecodeForm`).
+operators that do not depend on it fold into one constant per batch size (`_DecodeForm`), and a run of
+them between two kinks sums as an arithmetic series (`decode_run`).
 
 Longer than 600 lines because the three evaluation paths (one step, arrays of steps, decode-only runs)
 read the same prepared forms and must agree to float rounding: one module keeps them side by side.
@@ -182,6 +183,12 @@ class StepTimeModel:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_forms", _prepare(self))
         object.__setattr__(self, "_decode_forms", {})
+
+    def __call__(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
+                 prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None = None) -> float | np.ndarray:
+        """`step_time_s`: the model is a step-time function (and offers `decode_run` beside it)."""
+        return self.step_time_s(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                                prefill_seqs)
 
     def step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                     prefill_context_tokens: ArrayLike,
@@ -328,21 +335,65 @@ class StepTimeModel:
 
     def _decode_step(self, seqs: float, context: float) -> float:
         """One decode-only step (`_decode_form`), in plain float arithmetic."""
+        return self._decode_point(self._decode_form(seqs), seqs, context)[0]
+
+    def _decode_point(self, form: _DecodeForm, seqs: float, context: float) -> tuple[float, tuple[bool, ...]]:
+        """A decode-only step's time, and which side of each kink it is on: per window whether the
+        positions attended are below its cap, per context-dependent operator whether memory binds."""
         if context < 0:
             raise ValueError("step sizes must be >= 0")
-        form = self._decode_form(seqs)
         attended = context + seqs
-        positions = [attended if cap is None or attended < cap else cap for cap in form.caps]
+        below = tuple(cap is None or attended < cap for cap in form.caps)
+        positions = [attended if under else cap for under, cap in zip(below, form.caps, strict=True)]
         total = form.constant
         for slope, d in zip(form.slopes, positions, strict=True):
             total += slope * d
+        sides = list(below)
         for compute, compute_slopes, memory, memory_slopes in form.operators:
             for slope, d in zip(compute_slopes, positions, strict=True):
                 compute += slope * d
             for slope, d in zip(memory_slopes, positions, strict=True):
                 memory += slope * d
+            sides.append(memory > compute)
             total += memory if memory > compute else compute  # noqa: FURB136
-        return total
+        return total, tuple(sides)
+
+    def decode_run(self, seqs: int, context: float, steps: int, budget_s: float) -> tuple[int, float, float] | None:
+        """Up to `steps` decode-only steps of `seqs` sequences, their contexts summing to `context` and
+        growing by `seqs` a step, stopped after the first step whose end reaches `budget_s` seconds:
+        (steps run, their seconds, the last one's seconds). None when this shortcut does not apply
+        (then time the steps one by one).
+
+        Between two kinks (a window's cap reached, an operator turning from compute- to memory-bound)
+        the step time is affine in the step index k, so the steps sum as an arithmetic series and the
+        step reaching the budget solves a quadratic. Each kink side is affine in k within a window
+        regime and the positions grow with k, so a run whose first and last steps are on the same side
+        of every kink has none inside.
+        """
+        if not (0 < seqs <= _TABLE_ROWS and seqs == int(seqs) and steps >= 1):
+            return None
+        form = self._decode_form(seqs)
+        first, first_sides = self._decode_point(form, seqs, context)
+        last, last_sides = self._decode_point(form, seqs, context + seqs * (steps - 1))
+        if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
+            return None
+        slope = (last - first) / (steps - 1) if steps > 1 else 0.0
+
+        def elapsed(run: int) -> float:
+            return run * first + slope * run * (run - 1) / 2
+
+        if elapsed(steps) < budget_s:
+            return steps, elapsed(steps), last
+        # The smallest run with elapsed(run) >= budget: the root of slope/2 r² + (first - slope/2) r = budget,
+        # then a step either way for rounding.
+        a, b = slope / 2, first - slope / 2
+        root = budget_s / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
+        run = min(max(1, math.ceil(root)), steps)
+        while run > 1 and elapsed(run - 1) >= budget_s:
+            run -= 1
+        while run < steps and elapsed(run) < budget_s:
+            run += 1
+        return run, elapsed(run), first + slope * (run - 1)
 
     def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
         """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""

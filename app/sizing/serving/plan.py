@@ -646,7 +646,7 @@ class _Planner:
             model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
             kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
             data_parallel=dp, expert_parallel=ep)
-        step_time: StepTimeFn = target.step_time_s
+        step_time: StepTimeFn = target  # callable, and times runs of decode steps in closed form
         if inputs.speculative is not None:
             step_time = SpeculativeStepTime(target, inputs.speculative, draft_steps)
 

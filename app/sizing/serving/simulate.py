@@ -33,7 +33,8 @@ Speed: the scheduler keeps aggregate state (decoding count, sum of their context
 steps, decoders per KV-block phase), so a step costs O(1) plus O(log n) per event. Between events
 (an arrival, a finish, a KV block shortage) the decode steps have a known composition — batch B
 with contexts growing by B per step — so a run of them is timed with one vectorized `step_time`
-call and a cumulative sum (jump ahead).
+call and a cumulative sum (jump ahead), or in closed form when the step-time function offers
+`decode_run` (the step-time model does: between kinks its decode steps sum as an arithmetic series).
 
 Measurement: the first `warmup_fraction` of requests (in arrival order, 10% by default) are left
 out of percentiles and goodput; rates are measured over the window from the first measured
@@ -383,6 +384,8 @@ class _Scheduler:
     def __init__(self, step_time: StepTimeFn, config: SchedulerConfig, requests: Requests,
                  closed_loop_users: int | None) -> None:
         self.step_time = step_time
+        # A step-time model may time a run of decode steps in closed form (StepTimeModel.decode_run).
+        self.decode_run = getattr(step_time, "decode_run", None)
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
         self.token_budget = config.max_num_batched_tokens
@@ -654,7 +657,11 @@ class _Scheduler:
                 return
 
         context, step_time = self.decode_context, self.step_time
-        if steps < _VECTOR_MIN_STEPS:
+        ran = None if self.decode_run is None else self.decode_run(decodes, context, steps, next_arrival - t)
+        if ran is not None:
+            run, elapsed, dt = ran
+            t += elapsed
+        elif steps < _VECTOR_MIN_STEPS:
             run = 0
             while run < steps:
                 dt = float(step_time(decodes, context + decodes * run, 0, 0))
