@@ -374,7 +374,8 @@ class StepTimeModel:
             return None
         form = self._decode_form(seqs)
         first, first_sides = self._decode_point(form, seqs, context)
-        last, last_sides = self._decode_point(form, seqs, context + seqs * (steps - 1))
+        last, last_sides = (first, first_sides) if steps == 1 else self._decode_point(form, seqs,
+                                                                                      context + seqs * (steps - 1))
         if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
             return None
         slope = (last - first) / (steps - 1) if steps > 1 else 0.0
