@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+from app.calibration.profiles import profile_from_entries, read_default_profile_document
 from app.catalog.reference import (
     gpu_spec_from_record,
     model_spec_from_record,
@@ -79,10 +80,15 @@ SLO_PLAN_WORKLOAD = Workload(Fixed(1000), Fixed(500), requests_per_s=5.0)
 PLAN_MODELS = ("llama-3.1-70b", "mixtral-8x7b", "gemma-2-27b")
 
 
+# The plans use the shipped calibration profile, as the service does for a request that names none.
+SHIPPED_PROFILE = profile_from_entries("default", read_default_profile_document()["entries"])
+
+
 def _slo_plan_catalog(model: str) -> Callable[[], object]:
     inputs = PlanInputs(
         model=MODELS[model], workload=SLO_PLAN_WORKLOAD, slo=Slo(ttft_s=1.0, tpot_s=0.050, percentile=95),
-        efficiencies={(slug, dtype): DEFAULT_EFFICIENCY for slug in GPUS for dtype in COMPUTE_DTYPES})
+        efficiencies={(slug, dtype): SHIPPED_PROFILE.efficiency_for(gpu.family, dtype)
+                      for slug, gpu in GPUS.items() for dtype in COMPUTE_DTYPES})
     candidates = configurations(MODELS[model], list(GPUS.values()), None, [1], ["bf16"], ["bf16"])
     return lambda: plan(inputs, candidates)
 
@@ -97,7 +103,7 @@ def _simulation_2000() -> Callable[[], object]:
 
     def run() -> object:
         steps = build_step_time_model(model, gpu, tensor_parallel=4, weight_dtype="bf16",
-                                      kv_dtype="bf16", efficiency=DEFAULT_EFFICIENCY).step_time_s
+                                      kv_dtype="bf16", efficiency=DEFAULT_EFFICIENCY)  # as the planner passes it
         return simulate(steps, config, workload=SLO_PLAN_WORKLOAD, num_requests=2000, seed=0)
 
     return run
