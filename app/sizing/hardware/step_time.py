@@ -159,6 +159,16 @@ class _DecodeForm:
     slopes: tuple[float, ...]
     operators: tuple[tuple[float, tuple[float, ...], float, tuple[float, ...]], ...]
     caps: tuple[float | None, ...]
+    # One global window (no caps): the operators with their single slopes unpacked.
+    global_only: bool = field(init=False)
+    global_operators: tuple[tuple[float, float, float, float], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        global_only = self.caps == (None,)
+        object.__setattr__(self, "global_only", global_only)
+        object.__setattr__(self, "global_operators", tuple(
+            (compute, compute_slopes[0], memory, memory_slopes[0])
+            for compute, compute_slopes, memory, memory_slopes in self.operators) if global_only else ())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -337,26 +347,41 @@ class StepTimeModel:
         """One decode-only step (`_decode_form`), in plain float arithmetic."""
         return self._decode_point(self._decode_form(seqs), seqs, context)[0]
 
-    def _decode_point(self, form: _DecodeForm, seqs: float, context: float) -> tuple[float, tuple[bool, ...]]:
-        """A decode-only step's time, and which side of each kink it is on: per window whether the
-        positions attended are below its cap, per context-dependent operator whether memory binds."""
+    def _decode_point(self, form: _DecodeForm, seqs: float, context: float) -> tuple[float, int]:
+        """A decode-only step's time, and which side of each kink it is on, as bits: per window whether
+        the positions attended reach its cap, per context-dependent operator whether memory binds."""
         if context < 0:
             raise ValueError("step sizes must be >= 0")
         attended = context + seqs
-        below = tuple(cap is None or attended < cap for cap in form.caps)
-        positions = [attended if under else cap for under, cap in zip(below, form.caps, strict=True)]
+        sides = 0
+        if form.global_only:  # one global attention: the common case, in the fewest operations
+            total = form.constant + form.slopes[0] * attended
+            for compute, compute_slope, memory, memory_slope in form.global_operators:
+                compute += compute_slope * attended
+                memory += memory_slope * attended
+                if memory > compute:
+                    total += memory
+                    sides = sides * 2 + 1
+                else:
+                    total += compute
+                    sides *= 2
+            return total, sides
+        positions = []
+        for cap in form.caps:
+            capped = cap is not None and attended >= cap
+            sides = sides * 2 + capped
+            positions.append(cap if capped else attended)
         total = form.constant
         for slope, d in zip(form.slopes, positions, strict=True):
             total += slope * d
-        sides = list(below)
         for compute, compute_slopes, memory, memory_slopes in form.operators:
             for slope, d in zip(compute_slopes, positions, strict=True):
                 compute += slope * d
             for slope, d in zip(memory_slopes, positions, strict=True):
                 memory += slope * d
-            sides.append(memory > compute)
+            sides = sides * 2 + (memory > compute)
             total += memory if memory > compute else compute  # noqa: FURB136
-        return total, tuple(sides)
+        return total, sides
 
     def decode_run(self, seqs: int, context: float, steps: int, budget_s: float) -> tuple[int, float, float] | None:
         """Up to `steps` decode-only steps of `seqs` sequences, their contexts summing to `context` and
