@@ -159,16 +159,17 @@ class _DecodeForm:
     slopes: tuple[float, ...]
     operators: tuple[tuple[float, tuple[float, ...], float, tuple[float, ...]], ...]
     caps: tuple[float | None, ...]
-    # One global window (no caps): the operators with their single slopes unpacked.
-    global_only: bool = field(init=False)
-    global_operators: tuple[tuple[float, float, float, float], ...] = field(init=False)
+    # Below the smallest cap every window attends the same positions: the slopes summed over windows.
+    first_cap: float = field(init=False)
+    open_slope: float = field(init=False)
+    open_operators: tuple[tuple[float, float, float, float], ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        global_only = self.caps == (None,)
-        object.__setattr__(self, "global_only", global_only)
-        object.__setattr__(self, "global_operators", tuple(
-            (compute, compute_slopes[0], memory, memory_slopes[0])
-            for compute, compute_slopes, memory, memory_slopes in self.operators) if global_only else ())
+        object.__setattr__(self, "first_cap", min((cap for cap in self.caps if cap is not None), default=math.inf))
+        object.__setattr__(self, "open_slope", math.fsum(self.slopes))
+        object.__setattr__(self, "open_operators", tuple(
+            (compute, math.fsum(compute_slopes), memory, math.fsum(memory_slopes))
+            for compute, compute_slopes, memory, memory_slopes in self.operators))
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -354,9 +355,9 @@ class StepTimeModel:
             raise ValueError("step sizes must be >= 0")
         attended = context + seqs
         sides = 0
-        if form.global_only:  # one global attention: the common case, in the fewest operations
-            total = form.constant + form.slopes[0] * attended
-            for compute, compute_slope, memory, memory_slope in form.global_operators:
+        if attended < form.first_cap:  # no window full yet (the common case): one position count for all
+            total = form.constant + form.open_slope * attended
+            for compute, compute_slope, memory, memory_slope in form.open_operators:
                 compute += compute_slope * attended
                 memory += memory_slope * attended
                 if memory > compute:
