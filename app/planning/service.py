@@ -237,11 +237,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
              if isinstance(plan, plan_core.Plan) else
              _disaggregated_out(rank, plan, model, model_id, profiles, request, max_model_len, inputs)
              for rank, plan in enumerate(ranked, start=1)]
-    priced = [i for i, plan in enumerate(ranked) if plan.cost_per_hour_usd is not None]
-    on_frontier = priced or list(range(len(ranked)))
-    axis = [(ranked[i].cost_per_hour_usd if priced else ranked[i].gpus, ranked[i].e2e_at_slo_percentile_s)
-            for i in on_frontier]
-    pareto = [on_frontier[i] for i in plan_core.pareto_frontier(axis)]  # type: ignore[arg-type]
+    pareto = plan_core.plan_frontier(ranked)
     infeasible = [*(aggregated.infeasible if aggregated else ()), *(disaggregated.infeasible if disaggregated else ())]
     stats = aggregated.stats if aggregated is not None else None
     simulations = (stats.simulations if stats else 0) + (disaggregated.simulations if disaggregated else 0)

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -322,7 +323,6 @@ class SearchStats:
 class PlanResult:
     feasible: bool
     plans: tuple[Plan, ...]  # priced cheapest first, then unpriced by GPU count
-    pareto: tuple[int, ...]  # indices into plans: the cost vs E2E frontier, cheapest first
     infeasible: tuple[Infeasible, ...]
     stats: SearchStats
     max_model_len: int
@@ -463,6 +463,29 @@ def pareto_frontier(points: Sequence[tuple[float, float]]) -> tuple[int, ...]:
             frontier.append(index)
             best_latency = points[index][1]
     return tuple(frontier)
+
+
+class CostedPlan(Protocol):
+    """What the frontier reads of a plan, aggregated or disaggregated."""
+
+    @property
+    def cost_per_hour_usd(self) -> float | None: ...
+
+    @property
+    def gpus(self) -> int: ...
+
+    @property
+    def e2e_at_slo_percentile_s(self) -> float: ...
+
+
+def plan_frontier(plans: Sequence[CostedPlan]) -> tuple[int, ...]:
+    """Indices of the plans on the cost vs E2E frontier (at the SLO percentile), cheapest first: over the
+    priced plans by $/hour, or by GPU count when none is priced."""
+    priced = [i for i, p in enumerate(plans) if p.cost_per_hour_usd is not None]
+    on_frontier = priced or list(range(len(plans)))
+    axis = [(plans[i].cost_per_hour_usd if priced else plans[i].gpus, plans[i].e2e_at_slo_percentile_s)
+            for i in on_frontier]
+    return tuple(on_frontier[i] for i in pareto_frontier(axis))
 
 
 # Workload statistics -----------------------------------------------------------------------------
@@ -978,11 +1001,6 @@ def plan(inputs: PlanInputs, candidates: Sequence[Configuration]) -> PlanResult:
     bounded_out = len(waiting)
 
     plans = tuple(sorted(found, key=_rank_key))
-    priced = [i for i, p in enumerate(plans) if p.cost_per_hour_usd is not None]
-    on_frontier = priced or list(range(len(plans)))
-    axis = [(plans[i].cost_per_hour_usd if priced else plans[i].gpus, plans[i].e2e_at_slo_percentile_s)
-            for i in on_frontier]
-    pareto = tuple(on_frontier[i] for i in pareto_frontier(axis))  # type: ignore[arg-type]
     notes = []
     if any(p.cost_per_hour_usd is None for p in plans):
         notes.append("some GPUs have no price (in the catalog or the request): their plans are ranked by GPU "
@@ -992,7 +1010,7 @@ def plan(inputs: PlanInputs, candidates: Sequence[Configuration]) -> PlanResult:
         infeasible_in_simulation=failed, simulations=planner.simulations,
         simulated_requests=planner.simulated_requests, requests_per_run=inputs.simulated_requests,
         seed=inputs.seed)
-    return PlanResult(feasible=bool(plans), plans=plans, pareto=pareto, infeasible=tuple(infeasible),
+    return PlanResult(feasible=bool(plans), plans=plans, infeasible=tuple(infeasible),
                       stats=stats, max_model_len=planner.max_model_len, notes=tuple(notes))
 
 
