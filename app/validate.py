@@ -363,6 +363,26 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
         overall = item["overall"]
         out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | " + " | ".join(cells)
                    + f" | {_pct(overall['median_abs_pct_error'])}% ({overall['rows']} rows) |")
+    if any(item.get("by_layout") for item in validation["hold_outs"]):
+        out += [
+            "",
+            ("By the layout the measured run used (TP only; DP+EP: attention data and/or expert parallelism; "
+             "PP > 1: pipeline stages; disaggregated prefill and decode pools), each row held out as above:"),
+            "",
+            "| held out | layout | " + " | ".join(f"{METRIC_KIND_LABELS[kind]} (target ≤ {targets[kind]:g}%)"
+                                                 for kind in targets) + " |",
+            "|---|---|" + "---:|" * len(targets),
+        ]
+        for item in validation["hold_outs"]:
+            for layout in item.get("by_layout", ()):
+                cells = []
+                for kind in targets:
+                    stats = layout["by_metric"][kind]
+                    median = stats["median_abs_pct_error"]
+                    verdict = "" if median is None else (" ✓" if median <= targets[kind] else " ✗")
+                    cells.append("–" if not stats["rows"] else f"{_pct(median)}%{verdict} ({stats['rows']} rows)")
+                out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | {LAYOUT_LABELS[layout['layout_kind']]} | "
+                           + " | ".join(cells) + " |")
     out += [
         "",
         (f"Shipped level: **{validation['levels'][validation['chosen_level']]}**, chosen by {validation['chosen_by']}. "

@@ -11,17 +11,19 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
+from app.calibration.crossval import _hold_out_document
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
-from app.sizing.calibration.fit import FITTED_PARAMETERS, parameters_at_bounds
-from app.sizing.calibration.predict import PoolLayout
+from app.sizing.calibration.fit import FITTED_PARAMETERS, HeldOut, parameters_at_bounds
+from app.sizing.calibration.predict import Measurement, PoolLayout
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = Path(__file__).parents[1] / "examples" / "calibration-sample.csv"
@@ -345,3 +347,26 @@ def test_disaggregated_rows_are_predicted_from_their_pools(tmp_path: Path) -> No
     assert by_id["i"]["skipped_reason"].startswith("disaggregated run without its prefill and decode pools")
     kinds = {(item["layout_kind"], item["metric"]): item["rows"] for item in report["summary"]["by_layout"]}
     assert kinds == {("disaggregated", "ttft_ms"): 1, ("disaggregated", "tpot_ms"): 1}
+
+
+def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:
+    """Four held-out rows, errors worked by hand from predicted / measured:
+    TP only, TPOT: 11 vs 10 ms -> 10%; TP only, TPOT: 8 vs 10 -> 20% (median of the two: 15%);
+    DP+EP, TPOT: 30 vs 20 -> 50%; PP 4, throughput: 900 vs 1000 tok/s -> 10%.
+    No disaggregated row, so no disaggregated line; a kind's metric without rows has rows 0 and no median."""
+    def held(metric: str, measured: float, predicted: float, **layout: int) -> HeldOut:
+        measurement = Measurement(scenario="closed_loop", metric=metric, num_gpus=8, weight_dtype="bf16",
+                                  engine="trtllm", **layout)
+        target = SimpleNamespace(measured=measured, row=SimpleNamespace(metric=metric, measurement=measurement))
+        return HeldOut(group="h100-sxm", target=target, predicted={"family": predicted})
+
+    rows = [held("tpot_ms", 10, 11, tp=8), held("tpot_ms", 10, 8, tp=8), held("tpot_ms", 20, 30, tp=1, dp=8, ep=8),
+            held("output_tokens_per_s", 1000, 900, tp=2, pp=4)]
+    document = _hold_out_document("gpu", rows, "family")
+    by_layout = {item["layout_kind"]: item["by_metric"] for item in document["by_layout"]}
+    assert list(by_layout) == ["tp", "dp_ep", "pp"]
+    assert by_layout["tp"]["tpot_itl"]["rows"] == 2
+    assert by_layout["tp"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(15.0)
+    assert by_layout["dp_ep"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(50.0)
+    assert by_layout["pp"]["throughput"]["median_abs_pct_error"] == pytest.approx(10.0)
+    assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}

@@ -34,6 +34,7 @@ from app.sizing.calibration.fit import (
     leave_one_group_out,
 )
 from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS
+from app.sizing.layout import LAYOUT_KINDS
 
 # Metric kinds the targets are stated for.
 THROUGHPUT, TPOT_ITL, TTFT, E2E = "throughput", "tpot_itl", "ttft", "e2e"
@@ -118,7 +119,18 @@ def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> di
                       for kind in METRIC_KINDS},
         "by_group": [{"group": name, **_stats(_errors(held, level, lambda item, name=name: item.group == name))}
                      for name in sorted({item.group for item in held})],
+        "by_layout": [{"layout_kind": kind,
+                       "by_metric": {metric: _stats(_errors(held, level, lambda item, kind=kind, metric=metric:
+                                                            _layout_kind(item) == kind
+                                                            and metric_kind(item.target.row.metric) == metric))
+                                     for metric in METRIC_KINDS}}
+                      for kind in LAYOUT_KINDS if any(_layout_kind(item) == kind for item in held)],
     }
+
+
+def _layout_kind(item: HeldOut) -> str:
+    """The layout family of a held-out row's run (TP only, attention DP / EP, pipeline, disaggregated)."""
+    return item.target.row.measurement.layout_kind
 
 
 def _median(values: list[float]) -> float | None:

@@ -286,7 +286,8 @@ ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317
 HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "p90_abs_pct_error": 61.0}
 HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
-                    "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}]}
+                    "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
+                    "by_layout": [{"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}}]}
 CROSS_VALIDATION_EXAMPLE = {
     "chosen_level": "family", "chosen_by": "the lowest mean of the leave-one-GPU-out and leave-one-model-family-out "
                                            "median absolute errors, over every held-out row",
@@ -350,6 +351,13 @@ class HeldOutGroupOut(HeldOutStatsOut):
     group: str = Field(description="The GPU slug, model family or engine held out")
 
 
+class HeldOutLayoutOut(BaseModel):
+    layout_kind: Literal["tp", "dp_ep", "pp", "disaggregated"] = Field(
+        description="tp: tensor parallel only; dp_ep: attention data and/or expert parallelism; pp: pipeline "
+                    "stages; disaggregated: separate prefill and decode pools")
+    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
+
+
 class HoldOutOut(BaseModel):
     """Each group predicted by a fit that never saw it (at the chosen level)."""
 
@@ -359,6 +367,10 @@ class HoldOutOut(BaseModel):
     overall: HeldOutStatsOut
     by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
     by_group: list[HeldOutGroupOut]
+    by_layout: list[HeldOutLayoutOut] = Field(
+        default_factory=list,
+        description="By the layout the measured run used, per metric kind (empty in profiles fitted before this "
+                    "breakdown existed)")
 
 
 class CrossValidationOut(BaseModel):

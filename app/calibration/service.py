@@ -90,14 +90,13 @@ from app.sizing.calibration.predict import (
     STATIC_BATCH,
     THROUGHPUT_METRICS,
     UNSTATED_STAT,
-    Measurement,
     PreparedPrediction,
     Unpredictable,
     needs_simulation,
     prepare,
 )
 from app.sizing.hardware.efficiency import Efficiency
-from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP, LAYOUT_KINDS
+from app.sizing.layout import LAYOUT_KINDS
 from app.sizing.specs import GpuSpec, ModelSpec
 
 # An open-loop run counts as light load while it offers at most half of what the engine serves at most.
@@ -312,7 +311,7 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
         m = outcome.row.measurement  # predicted rows always have one
         groups.setdefault((outcome.row.scenario, outcome.row.metric, outcome.family), []).append(
             outcome.abs_pct_error)
-        kinds.setdefault((layout_kind(m), m.metric), []).append(outcome.abs_pct_error)
+        kinds.setdefault((m.layout_kind, m.metric), []).append(outcome.abs_pct_error)
     return Summary(
         rows_total=len(outcomes),
         rows_predicted=len(predicted),
@@ -326,18 +325,6 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
         skipped_reasons=dict(Counter(_reason_kind(outcome.skipped_reason) for outcome in outcomes
                                      if outcome.skipped_reason is not None).most_common()),
     )
-
-
-def layout_kind(measurement: Measurement) -> str:
-    """The layout family a measurement ran (`layout.LAYOUT_KINDS`): separate prefill and decode pools, else
-    pipeline stages, else attention data or expert parallelism, else tensor parallelism only."""
-    if measurement.disaggregated:
-        return KIND_DISAGGREGATED
-    if (measurement.pp or 1) > 1:
-        return KIND_PP
-    if (measurement.dp or 1) > 1 or (measurement.ep or 1) > 1:
-        return KIND_DP_EP
-    return KIND_TP
 
 
 def _reason_kind(reason: str) -> str:

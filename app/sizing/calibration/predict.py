@@ -193,6 +193,18 @@ class Measurement:
         if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
             raise ValueError("request_rate must be a positive number")
 
+    @property
+    def layout_kind(self) -> str:
+        """The layout family the run used (`layout.LAYOUT_KINDS`): separate prefill and decode pools, else
+        pipeline stages, else attention data or expert parallelism, else tensor parallelism only."""
+        if self.disaggregated:
+            return layouts.KIND_DISAGGREGATED
+        if (self.pp or 1) > 1:
+            return layouts.KIND_PP
+        if (self.dp or 1) > 1 or (self.ep or 1) > 1:
+            return layouts.KIND_DP_EP
+        return layouts.KIND_TP
+
 
 # Preparing a prediction --------------------------------------------------------------------------
 
