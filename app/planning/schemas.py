@@ -209,7 +209,12 @@ class CandidatesIn(BaseModel):
     tensor_parallel: list[TensorParallel] | None = Field(
         None, min_length=1, max_length=16,
         description="Degrees to try; null = every divisor of the attention heads up to the GPU's node size")
-    pipeline_parallel: list[PipelineParallel] = Field([1], min_length=1, max_length=8)
+    pipeline_parallel: list[PipelineParallel] | None = Field(
+        None, min_length=1, max_length=8,
+        description="Pipeline stages to combine with every layout; null = one stage, plus, on a GPU one node of "
+                    "which cannot hold the model's weights (they reach 90% of its memory at the largest "
+                    "tensor-parallel degree), a full node's TP with the fewest stages across nodes that hold "
+                    "them and twice as many")
     data_parallel: list[DataParallel] | None = Field(
         None, min_length=1, max_length=8,
         description="Attention data-parallel degrees to combine with tensor_parallel; null (with expert_parallel "

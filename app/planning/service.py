@@ -178,6 +178,9 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         if model.is_moe and candidates.data_parallel is None and candidates.expert_parallel is None:
             defaults.append("layouts of an MoE model: also attention DP + EP (TP1 DPg EPg) and TP + EP (TPg EPg) at "
                             "each of those GPU counts g > 1 that the engine accepts")
+    if candidates.pipeline_parallel is None:
+        defaults.append("pipeline_parallel = 1, and where one node of a GPU cannot hold the weights, a full node's "
+                        "TP in the fewest stages across nodes that hold them (and twice as many)")
     for knob in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(candidates, knob) is None:
             defaults.append(f"{knob} = the {candidates.engine} default")
@@ -299,7 +302,7 @@ def _check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn) -> None:
         if problems:
             raise Unprocessable("; ".join(p.rule for p in problems),
                                 errors=[(f"/body/candidates/tensor_parallel/{index}", p.rule) for p in problems])
-    for index, pp in enumerate(candidates.pipeline_parallel):
+    for index, pp in enumerate(candidates.pipeline_parallel or []):
         problems = layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)
         if problems:
             raise Unprocessable("; ".join(p.rule for p in problems),

@@ -97,7 +97,7 @@ def test_create_stores_request_snapshot_and_result(client: TestClient, write_hea
     request = quote["request"]
     assert request["model"] == "llama-3.1-8b" and request["model_spec"] is None
     assert request["candidates"]["gpus"] == ["h100-sxm"]
-    assert request["candidates"]["pipeline_parallel"] == [1]  # default
+    assert request["candidates"]["pipeline_parallel"] is None  # default: the planner adds stages only where needed
     assert request["candidates"]["engine"] == "vllm"  # default
     assert request["ha_policy"] == {"extra_replicas": 0, "max_utilization_ratio": 1.0}  # defaults
     assert request["seed"] == 0 and request["speculative"] is None
@@ -262,7 +262,7 @@ def test_the_same_request_spelled_differently_is_the_same_body(client: TestClien
     """Defaults written out, keys reordered: the validated request is the same, so is its hash."""
     first = _create(client, write_headers, key="order-43")
     spelled_out = {"simulated_requests": 500, "seed": 0, "speculative": None, "calibration": None,
-                   **PLAN, "candidates": {**PLAN["candidates"], "pipeline_parallel": [1], "engine": "vllm"}}
+                   **PLAN, "candidates": {**PLAN["candidates"], "pipeline_parallel": None, "engine": "vllm"}}
     retry = _create(client, write_headers, spelled_out, key="order-43")
     assert retry.status_code == 200 and retry.json()["id"] == first.json()["id"]
 

@@ -340,3 +340,27 @@ def test_an_inline_gpu_takes_no_price_override(client):
                                             "gpu_specs": [inline_h100(client)],
                                             "gpu_price_per_hour_usd": {"h100-negotiated": 1.0}}}
     assert problem_pointers(post(client, body)) == ["/body/candidates/gpu_price_per_hour_usd/h100-negotiated"]
+
+
+def test_a_model_one_node_cannot_hold_is_planned_in_pipeline_stages_across_nodes(client):
+    """Llama-3.1-405B in bf16 is about 811.7 GB of weights: 101.5 GB per GPU at TP8, above 90% of an H100's
+    85.5 GB, so one 8-GPU node cannot hold it and every single-node layout is infeasible. The default search
+    adds TP8 x PP2 (16 GPUs on 2 nodes, 50.7 GB of weights each) and TP8 x PP4; the cheapest plan is TP8 x PP2,
+    launched with vLLM's --pipeline-parallel-size, and the defaults say why stages were searched."""
+    body = {"model": "llama-3.1-405b",
+            "workload": {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 1},
+            "slo": {"ttft_ms": 3000, "tpot_ms": 100, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "weight_dtypes": ["bf16"]}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["feasible"] is True
+    best = result["plans"][0]
+    assert (best["tensor_parallel"], best["pipeline_parallel"], best["gpus"] // best["replicas"]) == (8, 2, 16)
+    assert "--tensor-parallel-size 8 --pipeline-parallel-size 2" in best["launch"]["command"]
+    assert {item["pipeline_parallel"] for item in result["infeasible"]} == {1}
+    assert any(text.startswith("pipeline_parallel = 1, and where one node") for text in
+               result["assumptions"]["defaults_used"])
+    # Asked for one stage only, the same request has no plan.
+    only_one = post(client, {**body, "candidates": {**body["candidates"], "pipeline_parallel": [1]}}).json()
+    assert only_one["feasible"] is False

@@ -19,6 +19,7 @@ from app.sizing.serving.plan import (
     Slo,
     configurations,
     cost_per_million_tokens,
+    cross_node_pipelines,
     default_tensor_parallel,
     nodes_needed,
     pareto_frontier,
@@ -29,7 +30,8 @@ from app.sizing.serving.plan import (
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
 from app.sizing.serving.workload import Fixed, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
-from tests.domain.models_for_tests import FALCON_7B, GEMMA_2_9B, LLAMA_3_8B, LLAMA_3_70B
+from tests.domain.models_for_tests import FALCON_7B, GEMMA_2_9B, LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from tests.domain.test_roofline import H100_SXM
 
 # H100 SXM as the reference catalog has it (driver-reported memory, dense peaks, NVLink per direction).
 H100 = GpuSpec(name="NVIDIA H100 SXM5 80GB", slug="h100-sxm", memory_bytes=85_520_809_984,
@@ -368,3 +370,26 @@ def test_layouts_in_each_engines_own_flags():
     assert "--tp_size 8 --pp_size 1 --ep_size 8 " in trtllm.command
     assert any("enable_attention_dp: true" in note for note in trtllm.notes)
     assert "--data-parallel-size" not in launch().command  # plain TP4 is unchanged
+
+
+def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cannot_hold_the_weights():
+    """Llama-3.1-405B holds about 405e9 weights (its model card). An H100 reports 85,520,809,984 B; 90% of it
+    (the share an engine budgets at all) is 76.97e9 B. The largest TP inside a node is 8 (128 heads, 8 KV
+    heads, MLP width 53,248 all divide by 8).
+    - bf16 at TP8: about 405e9 x 2 B / 8 = 101e9 B per GPU >= 76.97e9: one node cannot hold it. At PP2 half
+      the layers per GPU: about 50.6e9 B < 76.97e9, so the fewest stages are 2, and twice as many, 4.
+    - fp8 at TP8: about 405e9 x 1 B / 8 = 50.6e9 B < 76.97e9: one node holds it, no pipeline.
+    - bf16 on an H200 (150,754,820,096 B, 90% = 135.7e9 B): 101e9 B fits, no pipeline.
+    - Llama-3-70B bf16 at TP8 on H100: 70.6e9 x 2 / 8 = 17.6e9 B: no pipeline."""
+    h200 = dataclasses.replace(H100_SXM, slug="h200-sxm", memory_bytes=150_754_820_096)
+    assert cross_node_pipelines(LLAMA_3_1_405B, H100_SXM, "bf16", None) == ((8, 2), (8, 4))
+    assert cross_node_pipelines(LLAMA_3_1_405B, H100_SXM, "fp8", None) == ()
+    assert cross_node_pipelines(LLAMA_3_1_405B, h200, "bf16", None) == ()
+    assert cross_node_pipelines(LLAMA_3_70B, H100_SXM, "bf16", None) == ()
+    # Only the default search adds them, after the single-stage layouts; listed degrees are taken as given.
+    default = configurations(LLAMA_3_1_405B, [H100_SXM], None, None, ["bf16"], ["bf16"])
+    assert [(c.tensor_parallel, c.pipeline_parallel) for c in default[-2:]] == [(8, 2), (8, 4)]
+    assert {c.pipeline_parallel for c in default[:-2]} == {1}
+    assert len(default) == search_space_size(LLAMA_3_1_405B, [H100_SXM], None, None, ["bf16"], ["bf16"])
+    assert {c.pipeline_parallel for c in configurations(LLAMA_3_1_405B, [H100_SXM], None, [1], ["bf16"],
+                                                         ["bf16"])} == {1}

@@ -82,6 +82,12 @@ OPEN_LOOP = "requests_per_s"
 CLOSED_LOOP = "concurrent_users"
 
 MAX_CONFIGURATIONS = 512  # GPUs x TP x PP x weight dtypes x KV dtypes x knob values, per request
+# The default search's pipelines across nodes (`cross_node_pipelines`): stage counts tried, and the share of a
+# GPU's memory its weights may take before one node cannot hold the model: vLLM's default
+# gpu_memory_utilization, 0.90 (ENGINES.md section 1.1), is all the memory an engine budgets at all, so weights
+# at or above it leave no KV cache.
+PIPELINE_STAGES = (2, 4, 8)
+PIPELINE_WEIGHT_SHARE = 0.90
 DEFAULT_SIMULATED_REQUESTS = 2000
 PLANS_KEPT = 3  # plans returned per price class; also what a configuration's bound must beat
 PLANS_PER_GPU = 2  # the cheapest few per GPU type, for a meaningful frontier
@@ -373,26 +379,56 @@ def _layouts(model: ModelSpec, gpu: GpuSpec, tensor_parallel: Sequence[int] | No
             for dp in (data_parallel or (1,)) for ep in (expert_parallel or (1,)) if (tp * dp) % ep == 0]
 
 
+def cross_node_pipelines(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tensor_parallel: Sequence[int] | None,
+                         engine: str | None = None) -> tuple[tuple[int, int], ...]:
+    """(tp, pp) layouts the default search adds for a model one node of this GPU cannot hold: tensor
+    parallelism beyond one node's NVLink domain would run over the much slower scale-out network (SIZING.md
+    section 6), so such a model is split into pipeline stages across nodes, each stage a full node's TP (the
+    largest searched degree). "Cannot hold": its weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of
+    the GPU's memory. Then the fewest stages (of `PIPELINE_STAGES`) whose weights per GPU fall below that
+    share, and twice as many (more room for the KV cache) where the layout is valid; () when the node holds
+    the model."""
+    degrees = tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu)
+    if not degrees:
+        return ()
+    tp = max(degrees)
+    room = PIPELINE_WEIGHT_SHARE * gpu.memory_bytes
+    if weight_bytes_per_gpu(model, weight_dtype, tp) < room:
+        return ()
+    valid = [pp for pp in PIPELINE_STAGES
+             if not layout_problems(model, Layout(tp, pp), engine, gpu.gpus_per_node)]
+    fitting = [pp for pp in valid if weight_bytes_per_gpu(model, weight_dtype, tp, pp) < room]
+    if not fitting:
+        return ()
+    return tuple((tp, pp) for pp in valid if pp in (fitting[0], 2 * fitting[0]))
+
+
 def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
-                      pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
+                      pipeline_parallel: Sequence[int] | None, weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                       max_num_seqs: Sequence[int | None] = (None,),
                       max_num_batched_tokens: Sequence[int | None] = (None,), *,
                       data_parallel: Sequence[int] | None = None, expert_parallel: Sequence[int] | None = None,
                       engine: str | None = None) -> int:
     """How many configurations `configurations` would list (counted, not listed)."""
     per_gpu = sum(len(_layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)) for gpu in gpus)
-    return (per_gpu * len(pipeline_parallel) * len(weight_dtypes) * len(kv_dtypes) * len(max_num_seqs)
+    stages = len(pipeline_parallel or (1,))
+    pipelines = 0 if pipeline_parallel is not None else sum(
+        len(cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine))
+        for gpu in gpus for weight_dtype in weight_dtypes)
+    return ((per_gpu * stages * len(weight_dtypes) + pipelines) * len(kv_dtypes) * len(max_num_seqs)
             * len(max_num_batched_tokens))
 
 
 def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
-                   pipeline_parallel: Sequence[int], weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
+                   pipeline_parallel: Sequence[int] | None, weight_dtypes: Sequence[str], kv_dtypes: Sequence[str],
                    max_num_seqs: Sequence[int | None] = (None,),
                    max_num_batched_tokens: Sequence[int | None] = (None,), *,
                    data_parallel: Sequence[int] | None = None, expert_parallel: Sequence[int] | None = None,
                    engine: str | None = None) -> list[Configuration]:
     """Every combination, GPU by GPU. Layouts: the given tensor-, data- and expert-parallel degrees combined;
-    with none given, `default_tensor_parallel` and, for MoE models, `expert_layouts` (for `engine`).
+    with none given, `default_tensor_parallel` and, for MoE models, `expert_layouts` (for `engine`). Pipeline
+    stages: the given degrees with every layout; with none given, one stage, plus `cross_node_pipelines` for
+    a model one node cannot hold (those layouts last, GPU by GPU).
 
     Raises SearchSpaceTooLarge beyond MAX_CONFIGURATIONS, before listing anything.
     """
@@ -404,16 +440,27 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
             f"{size} configurations (GPUs x layouts x pipeline_parallel x weight dtypes x KV dtypes x "
             f"max_num_seqs x max_num_batched_tokens) exceed the limit of {MAX_CONFIGURATIONS}; narrow the "
             "candidates")
-    return [
+    found = [
         Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched, dp, ep)
         for gpu in gpus
         for tp, dp, ep in _layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)
-        for pp in pipeline_parallel
+        for pp in (pipeline_parallel or (1,))
         for weight_dtype in weight_dtypes
         for kv_dtype in kv_dtypes
         for seqs in max_num_seqs
         for batched in max_num_batched_tokens
     ]
+    if pipeline_parallel is None:
+        found += [
+            Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched)
+            for gpu in gpus
+            for weight_dtype in weight_dtypes
+            for tp, pp in cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine)
+            for kv_dtype in kv_dtypes
+            for seqs in max_num_seqs
+            for batched in max_num_batched_tokens
+        ]
+    return found
 
 
 # Fleet arithmetic --------------------------------------------------------------------------------
