@@ -352,6 +352,8 @@ class HeldOutGroupOut(HeldOutStatsOut):
 
 
 class HeldOutLayoutOut(BaseModel):
+    model_config = _examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
+
     layout_kind: Literal["tp", "dp_ep", "pp", "disaggregated"] = Field(
         description="tp: tensor parallel only; dp_ep: attention data and/or expert parallelism; pp: pipeline "
                     "stages; disaggregated: separate prefill and decode pools")
