@@ -182,7 +182,7 @@ def test_deepseek_v3_mla_attention_and_kv() -> None:
     tokens: the new one attends 10,000: 278,528 x 10,000 x 61 = 169,902,080,000.
     KV caches the latent: (512 + 64) x 2 B = 1,152 B per layer, 70,272 B per token (SIZING.md), read
     10,000 + written 1 in both forms. Under TP8 heads split (16 per rank) but the latent is replicated:
-    FLOPs / 8, KV unchanged."""
+    FLOPs / 8, KV unchanged; under attention DP a rank keeps all 128 heads."""
     prefill = prefill_cost(DEEPSEEK_V3, 10_000).operator(ATTENTION)
     assert prefill.flops == 249_880_985_600_000
     attention = decode_cost(DEEPSEEK_V3, 9999).operator(ATTENTION)
@@ -191,6 +191,9 @@ def test_deepseek_v3_mla_attention_and_kv() -> None:
     sharded = decode_cost(DEEPSEEK_V3, 9999, tensor_parallel=8).operator(ATTENTION)
     assert sharded.flops == 169_902_080_000 / 8
     assert sharded.kv_bytes == 70_272 * 10_001
+    # Attention DP8 (tp 1 per rank): each rank runs all 128 heads of its own sequences.
+    rank = decode_cost(DEEPSEEK_V3, 9999, tensor_parallel=1, data_parallel=8, expert_parallel=8).operator(ATTENTION)
+    assert rank.flops == 169_902_080_000
     # The absorbed up-projections (W_UK on q_nope, W_UV on the latent output) are kv_b_proj's weights
     # once per token, 512 x 128 x (128 + 128) = 8,388,608 per layer: the QKV matmul FLOPs of a decode
     # token and of a one-token prompt are the same.
