@@ -10,6 +10,7 @@ these costs must agree with (the same sharding, the same bytes per GPU).
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +29,9 @@ from app.sizing.model.flops import (
     attention_traffic,
     decode_cost,
     expected_distinct_experts,
+    expected_expert_load_factor,
+    expected_max_standard_normal,
+    expected_rows_per_expert,
     kv_tokens_read,
     prefill_cost,
     step_cost_model,
@@ -165,17 +169,43 @@ def test_moe_weight_traffic_grows_with_the_batch() -> None:
 
 
 def test_deepseek_v3_mla_attention_and_kv() -> None:
-    """MLA: q·k over d_nope + d_rope = 192, weighted sum over d_v = 128: 2 x 128 x (192 + 128) = 81,920
-    FLOPs per attended position per layer (4·H·d with d=192 would say 98,304). 9,999 cached tokens:
-    81,920 x 10,000 x 61 = 49,971,200,000. KV caches the latent: (512 + 64) x 2 B = 1,152 B per layer,
-    70,272 B per token (SIZING.md), read 10,000 + written 1. Under TP8 heads split (16 per rank) but the
-    latent is replicated: FLOPs / 8, KV unchanged."""
+    """DeepSeek-V3 config (app/data/models.json): 128 heads, kv_lora_rank 512, qk_rope 64, qk_nope 128,
+    v_head 128, 61 layers.
+
+    Prefill runs MLA expanded: q·k over d_nope + d_rope = 192, weighted sum over d_v = 128:
+    2 x 128 x (192 + 128) = 81,920 FLOPs per attended position per layer (4·H·d with d=192 would say
+    98,304). A 10,000-token prompt attends 10,000 x 10,001 / 2 = 50,005,000 positions per layer:
+    81,920 x 50,005,000 x 61 = 249,880,985,600,000.
+    Decode runs the absorbed form in the latent (DeepSeek-V2 section 2.1.3; SIZING.md section 4):
+    q·k over kv_lora_rank + d_rope = 576, weighted sum over kv_lora_rank = 512:
+    2 x 128 x (576 + 512) = 278,528 FLOPs per position per layer, 278,528 / 81,920 = 3.4x. 9,999 cached
+    tokens: the new one attends 10,000: 278,528 x 10,000 x 61 = 169,902,080,000.
+    KV caches the latent: (512 + 64) x 2 B = 1,152 B per layer, 70,272 B per token (SIZING.md), read
+    10,000 + written 1 in both forms. Under TP8 heads split (16 per rank) but the latent is replicated:
+    FLOPs / 8, KV unchanged; under attention DP a rank keeps all 128 heads."""
+    prefill = prefill_cost(DEEPSEEK_V3, 10_000).operator(ATTENTION)
+    assert prefill.flops == 249_880_985_600_000
     attention = decode_cost(DEEPSEEK_V3, 9999).operator(ATTENTION)
-    assert attention.flops == 49_971_200_000
+    assert attention.flops == 169_902_080_000
     assert attention.kv_bytes == 70_272 * 10_001
     sharded = decode_cost(DEEPSEEK_V3, 9999, tensor_parallel=8).operator(ATTENTION)
-    assert sharded.flops == 49_971_200_000 / 8
+    assert sharded.flops == 169_902_080_000 / 8
     assert sharded.kv_bytes == 70_272 * 10_001
+    # Attention DP8 (tp 1 per rank): each rank runs all 128 heads of its own sequences.
+    rank = decode_cost(DEEPSEEK_V3, 9999, tensor_parallel=1, data_parallel=8, expert_parallel=8).operator(ATTENTION)
+    assert rank.flops == 169_902_080_000
+    # The absorbed up-projections (W_UK on q_nope, W_UV on the latent output) are kv_b_proj's weights
+    # once per token, 512 x 128 x (128 + 128) = 8,388,608 per layer: the QKV matmul FLOPs of a decode
+    # token and of a one-token prompt are the same.
+    assert decode_cost(DEEPSEEK_V3, 0).operator(QKV).flops == prefill_cost(DEEPSEEK_V3, 1).operator(QKV).flops
+
+
+def test_non_mla_decode_attention_is_not_absorbed() -> None:
+    """Llama-3-8B: 4 x 32 x 128 = 16,384 FLOPs per position per layer in either phase. A decode token
+    after 4 cached tokens attends 5; a 5-token prompt attends 1+2+3+4+5 = 15: 16,384 x 32 layers x
+    5 = 2,621,440 and x 15 = 7,864,320."""
+    assert decode_cost(LLAMA_3_8B, 4).operator(ATTENTION).flops == 2_621_440
+    assert prefill_cost(LLAMA_3_8B, 5).operator(ATTENTION).flops == 7_864_320
 
 
 def test_gqa_and_mqa_do_not_reduce_attention_flops() -> None:
@@ -288,9 +318,20 @@ def test_chunked_prefill_costs_add_up_to_the_whole_prompt(model: ModelSpec, firs
 @settings(max_examples=60, deadline=None)
 @given(random_models(), st.integers(0, 500), st.integers(1, 16))
 def test_decode_is_a_one_token_prefill(model: ModelSpec, context: int, batch: int) -> None:
+    """Except MLA's attention FLOPs: decode runs the absorbed form, per head and position
+    2·(kv_lora_rank + d_rope) + 2·kv_lora_rank instead of 2·(d_nope + d_rope) + 2·d_v."""
     decode = decode_cost(model, context, batch)
     prefill = prefill_cost(model, 1, context, batch)
-    assert decode.operators == prefill.operators
+    if not model.is_mla:
+        assert decode.operators == prefill.operators
+        return
+    assert [op for op in decode.operators if op.name != ATTENTION] == [
+        op for op in prefill.operators if op.name != ATTENTION]
+    absorbed = 2 * model.kv_lora_rank + model.qk_rope_head_dim  # type: ignore[operator]
+    expanded = model.qk_nope_head_dim + model.qk_rope_head_dim + model.v_head_dim  # type: ignore[operator]
+    assert decode.operator(ATTENTION).flops == pytest.approx(
+        prefill.operator(ATTENTION).flops * absorbed / expanded, rel=1e-12)
+    assert decode.operator(ATTENTION).bytes == prefill.operator(ATTENTION).bytes
 
 
 @settings(max_examples=60, deadline=None)
@@ -325,3 +366,66 @@ def test_invalid_steps_are_rejected() -> None:
         expected_distinct_experts(8, 9, 1)
     with pytest.raises(KeyError):
         decode_cost(LLAMA_3_8B, 10).operator(MOE)
+
+
+# Kernel shapes: rows per touched expert, expert-parallel load --------------------------------------
+
+def test_rows_per_touched_expert_mixtral() -> None:
+    """Mixtral (E = 8, k = 2). T = 1: the token touches its 2 experts, 1 row each: 1 x 2 / 2 = 1.
+    T = 64: 128 copies over 8·(1 − 0.75^64) experts; 0.75^64 = e^(64 x −0.2876821) = e^−18.41165 =
+    1.0095e-8, so 8 x (1 − 1.0095e-8) = 7.99999992 experts and 128 / 7.99999992 = 16.0000002 rows (T·k/E
+    = 16 at large T), not the 64 of the whole step. No tokens: no rows."""
+    assert expected_rows_per_expert(8, 2, 1) == pytest.approx(1.0, rel=1e-12)
+    assert expected_rows_per_expert(8, 2, 64) == pytest.approx(16.0000002, rel=1e-8)
+    assert expected_rows_per_expert(8, 2, 0) == 0.0
+    # With attention DP the exchange brings every rank's tokens: 8 ranks of 8 tokens are the 64 above.
+    dp8 = step_cost_model(MIXTRAL_8X7B, tensor_parallel=1, data_parallel=8, expert_parallel=8)
+    assert dp8.rows_per_expert(8) == pytest.approx(16.0000002, rel=1e-8)
+
+
+def test_expected_max_of_standard_normals_matches_the_tables() -> None:
+    """E[max of n standard normals]: 0 for n = 1; 1/√π = 0.5641896 for n = 2 (exact: E|Z1 − Z2|/2 =
+    √2·√(2/π)/2); 1.02938 for 4 and 1.42360 for 8 (Tippett 1925, Biometrika 17; Harter 1961)."""
+    assert expected_max_standard_normal(1) == pytest.approx(0.0, abs=1e-9)
+    assert expected_max_standard_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-8)
+    assert expected_max_standard_normal(4) == pytest.approx(1.02938, rel=1e-5)
+    assert expected_max_standard_normal(8) == pytest.approx(1.42360, rel=1e-5)
+
+
+def test_expert_load_factor_by_hand() -> None:
+    """DeepSeek-V3 (E = 256, k = 8), 2 EP ranks, 32 tokens from all DP ranks: 256 copies, 128 per rank on
+    average; max/mean = 1 + (1/√π) / √128 = 1 + 0.5641896 / 11.3137085 = 1.0498678.
+    Capped where a rank takes all it can: Mixtral (E = 8, k = 2) on 8 EP ranks holds 1 expert per rank,
+    so a token puts at most 1 of its 2 copies on one rank: max/mean <= 8 x 1 / 2 = 4; half a token
+    (a mean micro-batch) would otherwise give 1 + 1.42360 / √(0.5 x 2 / 8) = 5.03.
+    Large T tends to 1: 100,000 tokens x 8 / 8 ranks: 1 + 1.42360 / √100,000 = 1.0045018."""
+    assert expected_expert_load_factor(256, 8, 32, 2) == pytest.approx(1.0498678, rel=1e-7)
+    assert expected_expert_load_factor(8, 2, 0.5, 8) == 4.0
+    assert expected_expert_load_factor(256, 8, 100_000, 8) == pytest.approx(1.0045018, rel=1e-6)
+    assert expected_expert_load_factor(256, 8, 0, 8) == 1.0
+
+
+@pytest.mark.parametrize(("tp", "dp"), [(8, 1), (1, 8), (2, 4)])
+def test_one_expert_parallel_rank_has_no_imbalance(tp: int, dp: int) -> None:
+    """EP = 1 (plain TP, or attention DP with tensor-split experts): factor exactly 1, routed tokens = tokens,
+    and the routed FLOPs are k experts' per token as before: DeepSeek-V3 TP8 batch 64, 58 MoE layers of 8
+    routed experts of 3 x 7168 x 2048 / 8 = 5,505,024 weights each per rank: 2 x 8 x 58 x 64 = 59,392, and
+    5,505,024 x 59,392 = 330,301,440,000 − 5,505,024 x 608 (3,347,054,592) = 326,954,385,408 routed FLOPs per GPU (plus 1 shared expert of the same size on MOE's token rows)."""
+    assert expected_expert_load_factor(256, 8, 5, 1) == 1.0
+    costs = step_cost_model(DEEPSEEK_V3, tensor_parallel=tp, data_parallel=dp)
+    assert costs.routed_tokens(64) == 64
+    cost = decode_cost(DEEPSEEK_V3, 100, 64, tensor_parallel=tp, data_parallel=dp)
+    assert cost.expert_load_factor == 1.0
+    if tp == 8:
+        assert cost.routed_expert_flops == 326_954_385_408
+        assert cost.operator(MOE).flops == 326_954_385_408 * 9 / 8
+
+
+def test_the_most_loaded_ep_rank_multiplies_more_rows() -> None:
+    """DeepSeek-V3 DP2 + EP2 (tp 1): 16 sequences per rank decode, the exchange carries 32 tokens, the load
+    factor is 1.0498678 (above). This GPU owns 128 whole experts; per own token it multiplies k·dp/ep = 8
+    expert copies of 3 x 7168 x 2048 = 44,040,192 weights, 58 layers: 2 x 8 x 44,040,192 x 58 = 40,869,298,176
+    FLOPs per token, x 16 tokens = 653,908,770,816, x 1.0498678 = 686.5178e9 routed FLOPs."""
+    cost = decode_cost(DEEPSEEK_V3, 100, 16, tensor_parallel=1, data_parallel=2, expert_parallel=2)
+    assert cost.expert_load_factor == pytest.approx(1.0498678, rel=1e-7)
+    assert cost.routed_expert_flops == pytest.approx(40_869_298_176 * 16 * 1.0498678, rel=1e-7)

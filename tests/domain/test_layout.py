@@ -242,12 +242,17 @@ def test_each_rank_reads_only_its_own_experts_touched_by_every_rank():
 
 def test_the_roofline_pays_the_exchange_of_a_dp_ep_decode_step():
     """DeepSeek-V3 DP8 + EP8 on H200, 64 sequences per rank at 1,000 cached tokens: tp 1 has no all-reduce;
-    the exchange is 58 MoE layers x 2 x (alpha + 6,422,528 B / 450e9 B/s), alpha the efficiency's per-call
-    latency. TP8 pays its all-reduces instead, and no exchange."""
+    the exchange is 58 MoE layers x 2 x (alpha + bytes / 450e9 B/s), alpha the efficiency's per-call
+    latency, bytes the most loaded EP rank's: the mean 64 x 100,352 = 6,422,528 B times the load factor.
+    The 8 ranks' 512 tokens send 512 x 8 = 4,096 expert copies, 512 per EP rank on average; the most
+    loaded one expects 1 + E[max of 8 standard normals] / sqrt(512) = 1 + 1.42360 / 22.62742 = 1.062914
+    times that (1.42360: Tippett's/Harter's table; `flops.expected_expert_load_factor`).
+    TP8 pays its all-reduces instead, and no exchange."""
     alpha = DEFAULT_EFFICIENCY.allreduce_latency_s
     dep8 = decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=1, data_parallel=8, expert_parallel=8)
     result = roofline(dep8, H200, "fp8", DEFAULT_EFFICIENCY)
-    assert result.comm_time_s == pytest.approx(116 * (alpha + 6_422_528 / 450e9), rel=1e-12)
+    assert dep8.expert_load_factor == pytest.approx(1.062914, rel=1e-6)
+    assert result.comm_time_s == pytest.approx(116 * (alpha + 6_422_528 * 1.062914 / 450e9), rel=1e-6)
     tp8 = roofline(decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=8), H200, "fp8",
                    DEFAULT_EFFICIENCY)
     # 2 all-reduces x 61 layers of 64 x 7168 x 2 B = 917,504 B: alpha + 2 x 7/8 x 917,504 / 450e9 each.

@@ -23,7 +23,9 @@ from app.sizing.hardware.roofline import default_compute_dtype, roofline
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.model.flops import (
     DECODE,
+    MOE,
     PREFILL,
+    ROUTED_TOKENS,
     OperatorCost,
     PhaseCost,
     attended_positions,
@@ -42,6 +44,7 @@ from tests.domain.models_for_tests import (
     MIXTRAL_8X7B,
     random_models,
 )
+from tests.domain.test_layout import H200
 from tests.domain.test_roofline import A100_80GB_SXM, GPUS, H100_SXM
 
 models = st.sampled_from(ALL_MODELS) | random_models()
@@ -59,27 +62,36 @@ efficiencies = st.sampled_from([DEFAULT_EFFICIENCY, RISING_CURVE])
 
 def step_model(model: ModelSpec, gpu: GpuSpec = H100_SXM, tp: int = 1, pp: int = 1,
                weight_dtype: str = "bf16", kv_dtype: str = "bf16",
-               efficiency: Efficiency = DEFAULT_EFFICIENCY) -> StepTimeModel:
+               efficiency: Efficiency = DEFAULT_EFFICIENCY, dp: int = 1, ep: int = 1) -> StepTimeModel:
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp,
-                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency)
+                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, efficiency=efficiency,
+                                 data_parallel=dp, expert_parallel=ep)
 
 
 def per_operator_times(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, efficiency: Efficiency,
-                       tokens: float, sampled: float, attended: list[float],
-                       kv_read: list[float]) -> tuple[float, float]:
+                       tokens: float, sampled: float, attended: list[float], kv_read: list[float],
+                       decode_attended: list[float] | None = None, dp: int = 1, ep: int = 1) -> tuple[float, float]:
     """(expected, ideal) seconds of a step of this shape, timed by `roofline()` operator by operator from
     the cost model's linear forms (every operator's FLOPs and bytes at the shape, its own peak and
-    achieved fractions, the all-reduces, the overheads), plus the pipeline's stage-boundary sends."""
+    achieved fractions, the all-reduces and MoE exchange, the overheads), plus the pipeline's
+    stage-boundary sends. `attended`: the prompt tokens' positions, `decode_attended` the decoding tokens'."""
     if tokens == 0:
         return 0.0, 0.0
-    costs = step_cost_model(model, weight_dtype, "bf16", "bf16", tp)
-    flops, weight, kv, activation = costs.evaluate(costs.shape(tokens, sampled, attended, kv_read))
+    costs = step_cost_model(model, weight_dtype, "bf16", "bf16", tp, dp, ep)
+    shape = costs.shape(tokens, sampled, attended, kv_read, decode_attended=decode_attended)
+    flops, weight, kv, activation = costs.evaluate(shape)
+    names = costs.operator_names
+    routed = float(costs.flops[names.index(MOE), ROUTED_TOKENS] * shape[ROUTED_TOKENS]) if MOE in names else 0.0
     step = PhaseCost(
         phase=DECODE if tokens == sampled else PREFILL, tokens=tokens,  # type: ignore[arg-type]
         operators=tuple(OperatorCost(name, *map(float, values))
-                        for name, *values in zip(costs.operator_names, flops, weight, kv, activation, strict=True)),
+                        for name, *values in zip(names, flops, weight, kv, activation, strict=True)),
         sequences=sampled, tensor_parallel=tp, num_layers=costs.num_layers,  # type: ignore[arg-type]
-        hidden_state_bytes_per_token=costs.hidden_state_bytes_per_token, activation_dtype="bf16")
+        hidden_state_bytes_per_token=costs.hidden_state_bytes_per_token, activation_dtype="bf16",
+        data_parallel=dp, expert_parallel=ep, num_moe_layers=costs.num_moe_layers,
+        moe_exchange_bytes_per_token=costs.moe_exchange_bytes_per_token, routed_expert_flops=routed,
+        rows_per_expert=float(costs.rows_per_expert(tokens)) if costs.num_experts else 0.0,
+        expert_load_factor=float(shape[ROUTED_TOKENS]) / tokens if costs.num_experts else 1.0)
     result = roofline(step, gpu, default_compute_dtype(gpu, weight_dtype), efficiency)
     hops = (pipeline_hops_time_s(tokens, pp, costs.hidden_state_bytes_per_token, link_bandwidth(gpu, tp * pp),
                                  efficiency.allreduce_latency_s) if pp > 1 else 0.0)
@@ -320,11 +332,12 @@ def test_scalar_and_vector_calls_agree_with_the_per_operator_roofline(
         if not prompts:
             chunk = cached = 0
         tokens, sampled = seqs + prompts * chunk, seqs + prompts
-        attended = [seqs * attended_positions(context, 1, w) + prompts * attended_positions(cached, chunk, w)
-                    for w in windows]
+        attended = [prompts * attended_positions(cached, chunk, w) for w in windows]
+        decode_attended = [seqs * attended_positions(context, 1, w) for w in windows]
         kv_read = [seqs * kv_tokens_read(context, 1, w) + prompts * kv_tokens_read(cached, chunk, w)
                    for w in windows]
-        times = per_operator_times(model, gpu, tp, pp, weight_dtype, efficiency, tokens, sampled, attended, kv_read)
+        times = per_operator_times(model, gpu, tp, pp, weight_dtype, efficiency, tokens, sampled, attended, kv_read,
+                                   decode_attended)
         expected.append(times[0])
         ideal.append(times[1])
         rows.append((seqs, seqs * context, prompts * chunk, prompts * attended_positions(cached, chunk, None))
@@ -348,11 +361,12 @@ def test_fractional_step_sizes_agree_with_the_per_operator_roofline(model: Model
     the roofline operator by operator (both without a window, so the model's sums are the shape)."""
     steps = step_model(model, tp=8)
     assert steps.cost_model.windows == (None,)
-    decode = per_operator_times(model, H100_SXM, 8, 1, "bf16", DEFAULT_EFFICIENCY, 2.5, 2.5, [2502.5], [2502.5])
+    decode = per_operator_times(model, H100_SXM, 8, 1, "bf16", DEFAULT_EFFICIENCY, 2.5, 2.5, [0.0], [2502.5],
+                                [2502.5])
     # The prompt: 1,000.5 tokens of one sequence with no prefix attend 1,000.5 x 1,001.5 / 2 positions.
     positions = 1000.5 * 1001.5 / 2
     mixed = per_operator_times(model, H100_SXM, 8, 1, "bf16", DEFAULT_EFFICIENCY, 1003.0, 3.5,
-                               [2502.5 + positions], [2502.5 + 1000.5])
+                               [positions], [2502.5 + 1000.5], [2502.5])
     for (expected, ideal), args in ((decode, (2.5, 2500.0, 0.0, 0.0)), (mixed, (2.5, 2500.0, 1000.5, positions))):
         assert steps.step_time_s(*args) == pytest.approx(expected, rel=1e-9)
         assert steps.ideal_step_time_s(*args) == pytest.approx(ideal, rel=1e-9)
@@ -382,3 +396,75 @@ def test_long_runs_and_grids_of_steps_equal_scalar_calls() -> None:
     grid = steps.step_time_s(np.array([[1.0], [64.0]]), np.array([[100.0, 10_000.0, 100_000.0]]), 0, 0)
     assert grid.shape == (2, 3)
     assert grid[1, 2] == pytest.approx(steps.step_time_s(64, 100_000, 0, 0), rel=1e-12)
+
+
+# Kernel shapes: routed experts at their own rows, MLA absorbed decode, expert-parallel load -------
+
+# A curve proportional to the rows below 1,024 (0.5 x M / 1,024), no overheads, full bandwidth: what the
+# routed experts' GEMMs achieve is read straight off their rows.
+PROPORTIONAL_CURVE = Efficiency(
+    bandwidth_fraction=1.0, compute_curve=((1024, 0.5),), attention_fraction=0.5, per_step_overhead_s=0.0,
+    per_layer_overhead_s=0.0, allreduce_latency_s=0.0, source="test profile: fraction 0.5 x M / 1024 below 1024 rows",
+)
+
+
+@pytest.mark.parametrize(("batch", "rows", "seconds"), [
+    # T = 1: 1 row per touched expert (= T), 22,548,578,304 / 989.5e12 = 2.27878507e-5 s at peak, at
+    # fraction 0.5 / 1,024 x 2,048 = 0.04666952 s.
+    (1, 1.0, 0.0466695183),
+    # T = 64: 16.0000002 rows per touched expert (test_flops), fraction 0.5 x 16 / 1,024 = 1/128 (not the
+    # step's 64 rows' 1/32): 64 x 22,548,578,304 = 1,443,109,011,456 FLOPs / 989.5e12 = 1.45842245e-3 s,
+    # x 128 = 0.186678074 s (x 32 = 0.0467 s with the step's rows).
+    (64, 16.0000002, 0.186678074),
+])
+def test_routed_experts_run_at_the_rows_each_expert_multiplies(batch: int, rows: float, seconds: float) -> None:
+    """Mixtral-8x7B bf16 decode on one H100 (989.5e12 FLOP/s bf16), no cached context. Routed FLOPs per
+    token: 2 experts x 2 x 3 x 4096 x 14336 (176,160,768) x 32 layers = 22,548,578,304. Compute-bound at
+    these fractions: the experts' weights are at most 8 x 176,160,768 x 2 B x 32 = 90.2 GB, 26.9 ms at
+    3.35e12 B/s. The step-time model times the same step as the roofline."""
+    cost = decode_cost(MIXTRAL_8X7B, 0, batch)
+    assert cost.rows_per_expert == pytest.approx(rows, rel=1e-8)
+    result = roofline(cost, H100_SXM, "bf16", PROPORTIONAL_CURVE)
+    moe = next(op for op in result.operators if op.name == "moe")
+    assert moe.expected_time_s == pytest.approx(seconds, rel=1e-7)
+    steps = step_model(MIXTRAL_8X7B, efficiency=PROPORTIONAL_CURVE)
+    assert steps.step_time_s(batch, 0, 0, 0) == pytest.approx(result.expected_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize(("tp", "dp", "ep"), [(1, 8, 8), (2, 4, 8), (1, 4, 2), (8, 1, 1)])
+def test_moe_mla_paths_agree_under_expert_parallelism(tp: int, dp: int, ep: int) -> None:
+    """DeepSeek-V3 (MoE + MLA: routed experts at their rows, absorbed decode attention, the most loaded EP
+    rank's load) fp8 on H200: one decode step (the decode-form path), a run of them over an array of
+    contexts, the general array path, a scalar step forced through the general path (`prefill_seqs`), and
+    `decode_run`'s closed form all time what `roofline(decode_cost(...))` times; mixed steps (also beyond
+    the tabulated 16,384 rows) what the roofline of the cost model times operator by operator."""
+    steps = step_model(DEEPSEEK_V3, H200, tp, weight_dtype="fp8", efficiency=RISING_CURVE, dp=dp, ep=ep)
+    contexts = [0, 999, 2048, 30_000]
+    for batch in (1, 7, 64, 300):
+        rooflines = [roofline(decode_cost(DEEPSEEK_V3, context, batch, "fp8", "bf16", tensor_parallel=tp,
+                                          data_parallel=dp, expert_parallel=ep), H200, "fp8", RISING_CURVE)
+                     for context in contexts]
+        expected = [result.expected_time_s for result in rooflines]
+        totals = np.array([batch * context for context in contexts], dtype=float)
+        assert [steps.step_time_s(batch, total, 0, 0) for total in totals] == pytest.approx(expected, rel=1e-9)
+        assert steps.step_time_s(batch, totals, 0, 0) == pytest.approx(expected, rel=1e-9)
+        assert steps.step_time_s(np.full(4, float(batch)), totals, 0, 0) == pytest.approx(expected, rel=1e-9)
+        assert [steps.step_time_s(batch, total, 0, 0, prefill_seqs=0) for total in totals] == pytest.approx(
+            expected, rel=1e-9)
+        assert [steps.ideal_step_time_s(batch, total, 0, 0) for total in totals] == pytest.approx(
+            [result.ideal_time_s for result in rooflines], rel=1e-9)
+        ran = steps.decode_run(batch, batch * 999, 2, math.inf)
+        one_more = roofline(decode_cost(DEEPSEEK_V3, 1000, batch, "fp8", "bf16", tensor_parallel=tp,
+                                        data_parallel=dp, expert_parallel=ep), H200, "fp8", RISING_CURVE)
+        if ran is not None:
+            assert ran[1] == pytest.approx(expected[1] + one_more.expected_time_s, rel=1e-9)
+    for seqs, context, chunk, cached in ((5, 700, 900, 0), (64, 2048, 20_000, 100), (0, 0, 3, 5)):
+        decode_attended = [seqs * attended_positions(context, 1, None)]
+        attended = [attended_positions(cached, chunk, None)]
+        kv_read = [seqs * kv_tokens_read(context, 1, None) + kv_tokens_read(cached, chunk, None)]
+        time, ideal = per_operator_times(DEEPSEEK_V3, H200, tp, 1, "fp8", RISING_CURVE, seqs + chunk, seqs + 1,
+                                         attended, kv_read, decode_attended, dp, ep)
+        args = (seqs, seqs * context, chunk, attended[0])
+        assert steps.step_time_s(*args) == pytest.approx(time, rel=1e-9)
+        assert steps.step_time_s(*(np.full(2, float(value)) for value in args)) == pytest.approx([time] * 2, rel=1e-9)
+        assert steps.ideal_step_time_s(*args) == pytest.approx(ideal, rel=1e-9)

@@ -108,7 +108,9 @@ def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token:
     """Dispatch and combine of one step over all MoE layers: 2 · layers · (alpha + tokens · bytes / bandwidth).
 
     The link is NVLink when the tp·dp GPUs of the exchange sit in one node, the scale-out network when they
-    span nodes (`link_bandwidth`). 0 for an empty step or no exchange.
+    span nodes (`link_bandwidth`). 0 for an empty step or no exchange. Under expert parallelism the step
+    waits for the most loaded rank: callers pass its tokens, the rank's own times
+    `flops.expected_expert_load_factor`.
     """
     if link_bandwidth_bytes_per_s <= 0:
         raise ValueError("link_bandwidth_bytes_per_s must be positive")

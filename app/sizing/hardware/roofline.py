@@ -7,8 +7,11 @@ SIZING.md section 5. Arithmetic intensity = FLOPs / bytes; ridge point = peak FL
 - Expected time = sum over operators of max(FLOPs / (peak · compute fraction), bytes / (bandwidth ·
   bandwidth fraction)) + tensor-parallel all-reduces (2 per layer) + the per-step and per-layer
   overheads. A matmul's compute fraction follows the rows M it multiplies (the step's tokens; the
-  sampled positions for the LM head), so a step never gets faster by adding work to it; attention
-  runs at its own fixed fraction. Each operator term is >= its share of the ideal and the extras are
+  sampled positions for the LM head; for the routed experts the rows each touched expert multiplies,
+  so the MoE operator's compute is its shared experts' at the tokens' fraction plus its routed experts'
+  at theirs), so a step never gets faster by adding work to it; attention runs at its own fixed
+  fraction. Under expert parallelism the routed-expert work and the all-to-all are the most loaded
+  rank's (`flops.expected_expert_load_factor`). Each operator term is >= its share of the ideal and the extras are
   >= 0, so expected >= ideal always (asserted).
 
 Peaks: quantized linear layers run at `compute_dtype`'s rate; operators whose operands stay 16-bit
@@ -34,6 +37,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.model.flops import (
     HIGH_PRECISION_OPERATORS,
     MATMUL_ROWS,
+    MOE,
     SAMPLED,
     TOKENS,
     PhaseCost,
@@ -173,11 +177,17 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     compute = flops / peaks
     memory = bytes_ / gpu.memory_bandwidth_bytes_per_s
     fractions = np.array(compute_fractions(names, cost.tokens, cost.sequences, efficiency))
+    if cost.routed_expert_flops:  # the MoE operator: shared experts at the tokens' fraction, routed at theirs
+        moe = names.index(MOE)
+        routed = cost.routed_expert_flops / peaks[moe]
+        slowed = (max(compute[moe] - routed, 0.0) / fractions[moe]
+                  + routed / efficiency.compute_fraction(cost.rows_per_expert))
+        fractions[moe] = compute[moe] / slowed
     expected = expected_time_s(compute, memory, fractions, efficiency.bandwidth_fraction)
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel),
                                  efficiency.allreduce_latency_s)
-    comm += moe_exchange_time_s(cost.tokens, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
+    comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
                                 link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel),
                                 efficiency.allreduce_latency_s)
     overhead = efficiency.overhead_time_s(cost.tokens, cost.num_layers)

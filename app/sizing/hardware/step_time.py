@@ -27,13 +27,16 @@ Everything that does not depend on the step is prepared once per model and effic
 sources (`flops.py` coefficients, `efficiency.py` fractions, `comm.py` costs, evaluated at build time,
 never re-typed):
 - each operator's ideal compute and memory seconds as a sparse linear form over a few step features
-  (tokens, sampled positions, "any token", "any sampled", distinct experts, per window the attended
-  positions and KV tokens read), memory already divided by the achieved bandwidth fraction;
-- a matmul's compute slowdown (1 / achieved fraction, a function of the rows M it multiplies) and the
-  distinct experts M tokens touch, tabulated at every integer M up to `_TABLE_ROWS` with
-  `Efficiency.compute_fraction` and `flops.expected_distinct_experts` themselves (fractional or larger
-  M call them on the spot). A matmul's FLOPs are proportional to its rows, so "tokens x their
-  slowdown" is one more feature and every operator's expected compute seconds are linear too;
+  (tokens, sampled positions, "any token", "any sampled", per window the positions prompt tokens attend,
+  the KV tokens read and the positions decoding tokens attend, distinct experts, routed tokens), memory
+  already divided by the achieved bandwidth fraction;
+- a matmul's compute slowdown (1 / achieved fraction, a function of the rows M it multiplies), and for
+  an MoE model the distinct experts T tokens touch, the routed tokens of the most loaded EP rank and the
+  routed experts' slowdown (a function of the rows per touched expert, itself a function of T),
+  tabulated at every integer M or T up to `_TABLE_ROWS` with `Efficiency.compute_fraction` and the
+  `StepCostModel`'s own functions (fractional or larger counts call them on the spot). A matmul's FLOPs
+  are proportional to its rows, so "tokens x their slowdown" is one more feature (likewise "routed
+  tokens x the experts' slowdown") and every operator's expected compute seconds are linear too;
 - operators without FLOPs, the overheads and the communication (alpha per call plus bytes over
   bandwidth) need no max: one linear form for all of them.
 A step's time is then the linear part plus, per operator, the larger of two linear forms: a handful of
@@ -75,12 +78,13 @@ from app.sizing.model.flops import (
     DISTINCT_EXPERTS,
     FIRST_WINDOW_GROUP,
     MATMUL_ROWS,
+    ROUTED_TOKENS,
     SAMPLED,
     SAMPLED_STEP,
     STEP,
     TOKENS,
+    WINDOW_FEATURES,
     StepCostModel,
-    expected_distinct_experts,
     step_cost_model,
 )
 from app.sizing.model.params import pipeline_stages
@@ -92,12 +96,14 @@ from app.sizing.specs import GpuSpec, ModelSpec
 _Terms = tuple[tuple[int, float], ...]
 
 # Evaluation features, in order: the matmul row counts (tokens, sampled positions), 1 when there are
-# any (the per-step weight reads and costs), per attention window the positions attended and the KV
-# tokens read (the cost model's order), the distinct experts of an MoE model, then the "slowed"
-# features (see `_Forms`). Naive attention's score entries are not among them: FlashAttention here.
+# any (the per-step weight reads and costs), per attention window the positions prompt tokens attend,
+# the KV tokens read and the positions decoding tokens attend (the cost model's order), the distinct
+# experts and routed tokens of an MoE model, then the "slowed" features (see `_Forms`). Naive
+# attention's score entries are not among them: FlashAttention here.
 _TOKENS_AT, _SAMPLED_AT, _STEP_AT, _SAMPLED_STEP_AT, _FIRST_WINDOW_AT = range(5)
 _FEATURE_AT = {TOKENS: _TOKENS_AT, SAMPLED: _SAMPLED_AT, STEP: _STEP_AT, SAMPLED_STEP: _SAMPLED_STEP_AT}
 _BY_ROWS = {TOKENS: 0, SAMPLED: 1}  # the slowdown a matmul follows (flops.MATMUL_ROWS): tokens', sampled'
+_BY_EXPERT_ROWS = 2  # the routed experts' slowdown (rows per touched expert), which ROUTED_TOKENS follows
 _SLOWED_ROWS = ((_TOKENS_AT, 0), (_SAMPLED_AT, 1))  # the first slowed features: each row count x its own
 
 # Matmul row counts (tokens or sampled positions per step) tabulated: every batch size and
@@ -122,11 +128,13 @@ class _Forms:
 
     The "slowed" features, after the evaluation features, are a feature times the slowdown of the rows
     a matmul multiplies: the tokens times theirs and the sampled positions times theirs (`_SLOWED_ROWS`,
-    as a matmul's FLOPs are its rows times twice its weights), then any other pair `slowed` lists.
+    as a matmul's FLOPs are its rows times twice its weights), then any other pair `slowed` lists (an
+    MoE model's routed tokens times the routed experts' slowdown among them).
     """
 
-    width: int  # evaluation features, before the slowed ones (an MoE model's distinct experts last)
-    slowed: tuple[tuple[int, int], ...]  # beyond _SLOWED_ROWS: (feature, 0 tokens' / 1 sampled's slowdown)
+    width: int  # evaluation features, before the slowed ones (an MoE model's distinct experts, routed tokens last)
+    # Beyond _SLOWED_ROWS: (feature, 0 tokens' / 1 sampled's / 2 the routed experts' slowdown).
+    slowed: tuple[tuple[int, int], ...]
     # Operators with FLOPs: (expected compute seconds, memory seconds / bandwidth fraction); then the
     # seconds that need no max (operators without FLOPs, overheads, communication); the ideal totals.
     operators: tuple[tuple[_Terms, _Terms], ...]
@@ -140,9 +148,13 @@ class _Forms:
     ideal_matrix: np.ndarray
     slowdowns: np.ndarray  # at 0.._TABLE_ROWS matmul rows
     slowdown_list: memoryview  # the same, read as Python floats
-    experts: tuple[int, int, int] | None  # (routed experts, experts per token, moe token scale) of an MoE model
+    experts: StepCostModel | None  # an MoE model's cost model: its distinct experts, routed tokens, rows per expert
     distinct_experts: np.ndarray | None  # at 0.._TABLE_ROWS tokens
     distinct_experts_list: memoryview | None
+    routed_tokens: np.ndarray | None  # at 0.._TABLE_ROWS tokens
+    routed_tokens_list: memoryview | None
+    expert_slowdowns: np.ndarray | None  # the routed experts' slowdown at 0.._TABLE_ROWS tokens
+    expert_slowdown_list: memoryview | None
 
 
 # Batch sizes whose decode forms a model keeps (then it starts over): a simulation meets a few hundred.
@@ -255,7 +267,7 @@ class StepTimeModel:
         forms = self._forms
         tokens, sampled = seqs + new, seqs + prefilling
         parts = self._window_parts(seqs, context, new, positions, prefilling)
-        features = self._features(tokens, sampled, [(decode + attended, decode + read) for decode, attended, read in parts])
+        features = self._features(tokens, sampled, [(attended, decode + read, decode) for decode, attended, read in parts])
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -276,17 +288,21 @@ class StepTimeModel:
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
         return total
 
-    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float]]) -> list[float]:
+    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]]) -> list[float]:
         """The evaluation features of one step, before the slowed ones: row counts, "any", per window the
-        positions attended and KV tokens read, distinct experts."""
+        positions prompt tokens attend, KV tokens read and positions decoding tokens attend, distinct
+        experts and routed tokens."""
         forms = self._forms
         features = [tokens, sampled, tokens > 0, sampled > 0]
-        for attended, read in windows:
-            features += (attended, read)
+        for window in windows:
+            features += window
         if forms.experts is not None:
             tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
-            features.append(forms.distinct_experts_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                            else float(_distinct_experts(forms.experts, tokens)))
+            if tokens_row == tokens:
+                features += (forms.distinct_experts_list[tokens_row],  # type: ignore[index]
+                             forms.routed_tokens_list[tokens_row])  # type: ignore[index]
+            else:
+                features += (float(forms.experts.distinct_experts(tokens)), float(forms.experts.routed_tokens(tokens)))
         return features
 
     def _slow(self, features: list[float], tokens: float, sampled: float) -> None:
@@ -297,6 +313,9 @@ class StepTimeModel:
         slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
                      forms.slowdown_list[sampled_row] if sampled_row == sampled
                      else _slowdown(self.efficiency, sampled))
+        if forms.experts is not None:
+            slowdowns += (forms.expert_slowdown_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
+                          else _expert_slowdown(self.efficiency, forms.experts, tokens),)
         features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
         for feature, by_rows in forms.slowed:
             features.append(features[feature] * slowdowns[by_rows])
@@ -316,7 +335,7 @@ class StepTimeModel:
         forms, windows = self._forms, self.cost_model.windows
 
         def features_at(positions: list[float]) -> list[float]:
-            features = self._features(seqs, seqs, [(d, d) for d in positions])
+            features = self._features(seqs, seqs, [(0.0, d, d) for d in positions])
             self._slow(features, seqs, seqs)
             return features
 
@@ -487,21 +506,29 @@ class StepTimeModel:
         tabulated = not np.count_nonzero(_TABLE_GRID.take(table_rows) != rows)
         at = _FIRST_WINDOW_AT
         for decode, attended, read in self._window_parts(seqs, context, new, positions, prefilling):
-            np.add(decode, attended, out=features[at])
+            features[at] = attended
             np.add(decode, read, out=features[at + 1])
-            at += 2
-        if forms.experts is not None:
+            features[at + 2] = decode
+            at += WINDOW_FEATURES
+        experts = forms.experts
+        if experts is not None:
             if tabulated:
                 forms.distinct_experts.take(table_rows[0], out=features[at], mode="clip")  # type: ignore[union-attr]
+                forms.routed_tokens.take(table_rows[0], out=features[at + 1], mode="clip")  # type: ignore[union-attr]
             else:
-                features[at] = _distinct_experts(forms.experts, rows[0])
+                features[at] = experts.distinct_experts(rows[0])
+                features[at + 1] = experts.routed_tokens(rows[0])
         if not expected:
             compute, memory = forms.ideal_matrix @ features[:forms.width]
             return np.maximum(compute, memory)
         slowdowns = forms.slowdowns.take(table_rows, mode="clip") if tabulated else _slowdown(self.efficiency, rows)
         np.multiply(rows, slowdowns, out=features[forms.width:forms.width + len(_SLOWED_ROWS)])
+        by_rows_slowdowns = [slowdowns[0], slowdowns[1]]
+        if experts is not None:
+            by_rows_slowdowns.append(forms.expert_slowdowns.take(table_rows[0], mode="clip")  # type: ignore[union-attr]
+                                     if tabulated else _expert_slowdown(self.efficiency, experts, rows[0]))
         for at, (feature, by_rows) in enumerate(forms.slowed, start=forms.width + len(_SLOWED_ROWS)):
-            np.multiply(features[feature], slowdowns[by_rows], out=features[at])
+            np.multiply(features[feature], by_rows_slowdowns[by_rows], out=features[at])
         seconds = forms.expected_matrix @ features
         compute, memory = seconds[:len(seconds) // 2], seconds[len(seconds) // 2:]
         return np.maximum(compute, memory, out=compute).sum(axis=0)
@@ -520,14 +547,6 @@ class StepTimeModel:
                 else (minimum(decode_positions, seqs * window), minimum(positions, new * window),
                       minimum(prefill_read, new + prefilling * (window - 1)))
                 for window in self.cost_model.windows]
-
-    def _shape(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
-               prefilling: ArrayLike, tokens: ArrayLike, sampled: ArrayLike) -> list[ArrayLike]:
-        """The step's shape in the cost model's features (`StepCostModel.shape`)."""
-        windows = self._window_parts(seqs, context, new, positions, prefilling)
-        return self.cost_model.shape(tokens=tokens, sampled=sampled,
-                                     attended=[decode + attended for decode, attended, _ in windows],
-                                     kv_read=[decode + read for decode, _, read in windows])
 
 
 # Immutable and a pure function of its arguments, so one model serves every request and plan candidate
@@ -583,13 +602,19 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
         linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
     exchange = steps.cost_model.moe_exchange_bytes_per_token
-    if exchange:
+    if exchange:  # the most loaded EP rank's share: per routed token (one past the distinct experts)
         moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s
-        linear[_STEP_AT] += moe_exchange_time_s(1.0, moe_layers, 0.0, bandwidth, latency)
-        linear[_TOKENS_AT] += moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
+        per_token = moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
+        assert structure.experts is not None and structure.width - 1 == _FIRST_WINDOW_AT + WINDOW_FEATURES * len(
+            steps.cost_model.windows) + 1  # the routed tokens
+        linear[_STEP_AT] += moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency) - per_token
+        linear[structure.width - 1] += per_token
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
-    distinct = _distinct_experts_table(*structure.experts) if structure.experts else None
+    experts = structure.experts
+    distinct = _experts_table(experts, "distinct_experts") if experts else None
+    routed = _experts_table(experts, "routed_tokens") if experts else None
+    expert_slowdowns = _expert_slowdown_table(efficiency, experts) if experts else None
     return _Forms(
         width=structure.width,
         slowed=structure.slowed,
@@ -605,9 +630,13 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         ideal_matrix=structure.ideal_matrix,
         slowdowns=slowdowns,
         slowdown_list=memoryview(slowdowns),
-        experts=structure.experts,
+        experts=experts,
         distinct_experts=distinct,
         distinct_experts_list=None if distinct is None else memoryview(distinct),
+        routed_tokens=routed,
+        routed_tokens_list=None if routed is None else memoryview(routed),
+        expert_slowdowns=expert_slowdowns,
+        expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
     )
 
 
@@ -628,15 +657,16 @@ class _Structure:
     attention: np.ndarray  # bool per operator
     linear_memory_row: np.ndarray
     ideal_matrix: np.ndarray
-    experts: tuple[int, int, int] | None  # (routed experts, experts per token, moe token scale) of an MoE model
+    experts: StepCostModel | None  # the cost model of an MoE model
 
 
 @lru_cache(maxsize=256)
 def _structure(cost_model: StepCostModel, operator_terms: tuple[tuple[_Terms, _Terms], ...]) -> _Structure:
-    per_window = 2 * len(cost_model.windows)
+    per_window = WINDOW_FEATURES * len(cost_model.windows)
     feature_at = _FEATURE_AT | {FIRST_WINDOW_GROUP + at: _FIRST_WINDOW_AT + at for at in range(per_window)}
-    if cost_model.num_experts:  # (dense models touch no experts: the feature is 0)
+    if cost_model.num_experts:  # (dense models touch no experts and route no tokens: the features are 0)
         feature_at[DISTINCT_EXPERTS] = _FIRST_WINDOW_AT + per_window
+        feature_at[ROUTED_TOKENS] = _FIRST_WINDOW_AT + per_window + 1
     width = len(feature_at)
     slowed = {pair: width + at for at, pair in enumerate(_SLOWED_ROWS)}  # (feature, by rows) -> slowed feature
     operators: list[tuple[dict[int, float], dict[int, float], bool]] = []
@@ -656,8 +686,9 @@ def _structure(cost_model: StepCostModel, operator_terms: tuple[tuple[_Terms, _T
             operators.append((compute, memory, True))
         else:
             by_rows = _BY_ROWS[MATMUL_ROWS[name]]  # type: ignore[index]
-            operators.append(({slowed.setdefault((feature, by_rows), width + len(slowed)): seconds
-                               for feature, seconds in compute.items()}, memory, False))
+            operators.append(({slowed.setdefault(
+                (feature, _BY_EXPERT_ROWS if feature == feature_at.get(ROUTED_TOKENS) else by_rows),
+                width + len(slowed)): seconds for feature, seconds in compute.items()}, memory, False))
 
     def rows(forms: list[dict[int, float]]) -> np.ndarray:
         dense = np.zeros((len(forms), width + len(slowed)))
@@ -677,8 +708,7 @@ def _structure(cost_model: StepCostModel, operator_terms: tuple[tuple[_Terms, _T
         attention=np.array([attention for _, _, attention in operators], dtype=bool),
         linear_memory_row=rows([linear_memory])[0],
         ideal_matrix=np.array([ideal_compute, ideal_memory]),
-        experts=((cost_model.num_experts, cost_model.experts_per_token, cost_model.moe_token_scale)
-                 if cost_model.num_experts else None),
+        experts=cost_model if cost_model.num_experts else None,
     )
 
 
@@ -697,16 +727,23 @@ def _slowdown_table(efficiency: Efficiency) -> np.ndarray:
     return table
 
 
-def _distinct_experts(experts: tuple[int, int, int], tokens: ArrayLike) -> ArrayLike:
-    """Distinct experts one MoE layer touches when every data-parallel rank brings `tokens` (the model's
-    (experts, per token, ranks) triple)."""
-    num_experts, experts_per_token, ranks = experts
-    return expected_distinct_experts(num_experts, experts_per_token, np.multiply(tokens, ranks))
+def _expert_slowdown(efficiency: Efficiency, cost_model: StepCostModel, tokens: ArrayLike) -> ArrayLike:
+    """The routed experts' slowdown when every data-parallel rank brings `tokens`: a matmul's at the rows
+    each touched expert multiplies."""
+    return _slowdown(efficiency, cost_model.rows_per_expert(tokens))
 
 
-@lru_cache(maxsize=32)
-def _distinct_experts_table(num_experts: int, experts_per_token: int, ranks: int) -> np.ndarray:
-    table = np.asarray(_distinct_experts((num_experts, experts_per_token, ranks), _TABLE_GRID))
+@lru_cache(maxsize=64)
+def _experts_table(cost_model: StepCostModel, quantity: str) -> np.ndarray:
+    """An MoE cost model's `distinct_experts` or `routed_tokens` at 0.._TABLE_ROWS tokens."""
+    table = np.asarray(getattr(cost_model, quantity)(_TABLE_GRID), dtype=float)
+    table.setflags(write=False)
+    return table
+
+
+@lru_cache(maxsize=64)
+def _expert_slowdown_table(efficiency: Efficiency, cost_model: StepCostModel) -> np.ndarray:
+    table = np.asarray(_expert_slowdown(efficiency, cost_model, _TABLE_GRID))
     table.setflags(write=False)
     return table
 

@@ -5,10 +5,24 @@ What a step costs, on ONE GPU of a `tensor_parallel`-way split, summed over all 
 - Linear layers: 2 FLOPs per weight per token (the seed's "2P"). MoE layers multiply only the k
   routed experts a token picks (plus shared experts), but READ the weights of every distinct expert
   the step's tokens touch: E·(1-(1-k/E)^T) per MoE layer for T tokens under uniform routing, so MoE
-  weight traffic grows with the batch until every expert is read.
+  weight traffic grows with the batch until every expert is read. A grouped GEMM multiplies each touched
+  expert by its own tokens only: T·k / E·(1-(1-k/E)^T) rows on average (1 at T = 1, T·k/E at large T),
+  the rows its efficiency follows (`expected_rows_per_expert`), not the step's T.
+- Expert parallelism: the step waits for the most loaded EP rank, whose routed tokens exceed the mean by
+  the expected max/mean load of uniform routing (`expected_expert_load_factor`): its routed-expert FLOPs
+  and activations and its share of the all-to-all grow by that factor (the ROUTED_TOKENS feature).
 - Attention: per query token, per layer, 2·H·(d_qk + d_v) FLOPs per attended position (= 4·H·d·c for
-  plain attention; MLA uses d_nope+d_rope for q·k and d_v for the weighted sum). GQA/MQA do not reduce
-  it. Attention is causal: the i-th of n new tokens after a cached prefix p attends p+i positions
+  plain attention; MLA prefill uses d_nope+d_rope for q·k and d_v for the weighted sum). GQA/MQA do not
+  reduce it. MLA decode runs the absorbed form (DeepSeek-V2, arXiv 2405.04434, section 2.1.3: "we can
+  absorb W^UK into W^Q, and W^UV into W^O"; the form FlashMLA and the vLLM/SGLang/TensorRT-LLM MLA
+  decode kernels run, SIZING.md section 4): every head attends the latent itself, so per position
+  2·(kv_lora_rank + d_rope) for q·k plus 2·kv_lora_rank for the weighted sum (DeepSeek-V3: 2,176 per
+  head against 640 expanded, 3.4x). The absorbed up-projections cost what kv_b_proj costs: per token
+  and head, W^UK maps q_nope (d_nope) into the latent (kv_lora_rank) and W^UV maps the latent output back
+  to d_v, kv_lora_rank·(d_nope + d_v) multiply-adds, exactly kv_b_proj's weights applied once per token,
+  so the per-token matmul FLOPs are the same in both forms. Decode and prefill positions are therefore
+  separate features. (The absorbed form's wider Q and O activations are not modelled: Q/O are charged at
+  the expanded widths, small next to the latent reads.) Attention is causal: the i-th of n new tokens after a cached prefix p attends p+i positions
   (itself included), so a prefill attends n·(p + (n+1)/2) positions, half of the n² peers count.
   Window layers attend at most `w` positions (chunked layers: at most the chunk, an upper bound).
 - LM head: 2·h·V per sampled position only: the last prompt token of a prefill, every decode token.
@@ -27,14 +41,15 @@ writes O, norms and residual adds are fused into their neighbours. Embedding and
 touch their vocabulary shard; the extra all-reduce of a vocabulary-parallel embedding is not counted.
 
 Every operator's cost is a linear form over a step's SHAPE (the tokens it processes, the positions
-it samples, the positions its tokens attend to and the KV tokens it reads per attention window, the
-distinct experts it touches): `StepCostModel` holds those coefficients once per model and precision,
+it samples, per attention window the positions its prompt and its decoding tokens attend to and the KV
+tokens it reads, the distinct experts it touches, the routed tokens of the most loaded EP rank): `StepCostModel` holds those coefficients once per model and precision,
 `prefill_cost`/`decode_cost` evaluate them at an exact shape, and the fast step-time model
 (`perf.py`) evaluates the same coefficients over arrays of shapes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -82,11 +97,14 @@ TOKENS = 2  # new tokens processed: prompt tokens being prefilled plus one per d
 SAMPLED = 3  # positions whose logits are computed: one per sequence in the step
 DISTINCT_EXPERTS = 4  # expected routed experts touched per MoE layer
 SCORE_ENTRIES = 5  # naive attention only: sum over sequences of n·(p+n) score entries per head
-FIRST_WINDOW_GROUP = 6  # then per attention window: attended positions, KV tokens read
+ROUTED_TOKENS = 6  # tokens x the expert load factor: the routed-expert work of the most loaded EP rank
+FIRST_WINDOW_GROUP = 7  # then per attention window, WINDOW_FEATURES of them:
+WINDOW_FEATURES = 3  # positions the prompt tokens attend, KV tokens read, positions decoding tokens attend
 
 # Rows each operator's matmuls multiply: what its achieved efficiency depends on. The LM head
 # multiplies only the sampled positions; attention is not a row-wise matmul (None), and embedding and
-# norms do no matmul at all.
+# norms do no matmul at all. The MoE operator's routed-expert FLOPs (its ROUTED_TOKENS coefficients)
+# follow the rows per touched expert instead (`expected_rows_per_expert`); its shared experts the tokens.
 MATMUL_ROWS: dict[str, int | None] = {
     EMBEDDING: None, QKV: TOKENS, ATTENTION: None, OUT: TOKENS, MLP: TOKENS, MOE: TOKENS, ROUTER: TOKENS,
     NORM: None, LM_HEAD: SAMPLED,
@@ -130,6 +148,11 @@ class PhaseCost:
     expert_parallel: int = 1
     num_moe_layers: int = 0
     moe_exchange_bytes_per_token: float = 0.0  # per MoE layer and direction (comm.moe_exchange_bytes_per_token)
+    # The routed experts: their share of the MOE operator's FLOPs (the rest are shared experts'), the rows
+    # each touched expert's GEMM multiplies, and the most loaded EP rank's max/mean load (`StepCostModel`).
+    routed_expert_flops: float = 0.0
+    rows_per_expert: float = 0.0
+    expert_load_factor: float = 1.0
 
     @property
     def flops(self) -> float:
@@ -177,6 +200,57 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
     return float(distinct) if distinct.ndim == 0 else distinct
 
 
+def expected_rows_per_expert(num_experts: int, experts_per_token: int,
+                             routed_tokens: ArrayLike) -> float | np.ndarray:
+    """Expected rows each touched expert's GEMM multiplies when T tokens route to k experts each:
+    T·k / E·(1 − (1 − k/E)^T), the T·k token copies shared by the distinct experts they touch (1 at T = 1,
+    where every touched expert gets the one token; T·k/E once T is large). 0 for no tokens."""
+    tokens = np.asarray(routed_tokens, dtype=float)
+    distinct = np.asarray(expected_distinct_experts(num_experts, experts_per_token, tokens))
+    rows = np.divide(tokens * experts_per_token, distinct, out=np.zeros_like(distinct), where=distinct > 0)
+    return float(rows) if rows.ndim == 0 else rows
+
+
+@lru_cache(maxsize=64)
+def expected_max_standard_normal(count: int) -> float:
+    """E[max of `count` independent standard normal values], by numerical integration of
+    E[max] = ∫_0^∞ (1 − Φ(x)^n) dx − ∫_−∞^0 Φ(x)^n dx = a − ∫_−a^a Φ(x)^n dx for a large a (a = 12;
+    trapezoids of 1e-3 on the smooth Φ^n: error < 1e-7). Tabulated values (Tippett 1925; Harter 1961):
+    0 for 1, 1/√π = 0.5642 for 2, 1.0294 for 4, 1.4236 for 8."""
+    if count < 1:
+        raise ValueError("count must be >= 1")
+    x = np.linspace(-12.0, 12.0, 24_001)
+    cdf = np.array([0.5 * math.erfc(-value / math.sqrt(2.0)) for value in x]) ** count
+    return 12.0 - float(np.sum((cdf[1:] + cdf[:-1]) / 2) * (x[1] - x[0]))
+
+
+def expected_expert_load_factor(num_experts: int, experts_per_token: int, routed_tokens: ArrayLike,
+                                expert_parallel: int) -> float | np.ndarray:
+    """Expected max/mean routed token copies per expert-parallel rank when T tokens (all ranks' of the
+    exchange) route to k experts each, uniformly: the most loaded rank's extra work, which the step waits for.
+
+    N = T·k copies fall on ep ranks, each with probability 1/ep (copies taken as independent), so a rank's
+    load is Binomial(N, 1/ep) and the loads are multinomial. For large N the load vector is
+    N/ep + sqrt(N/ep)·(Z_i − mean Z) with Z_i independent standard normals (the same covariances:
+    N/ep·(1 − 1/ep) on the diagonal, −N/ep² off it), so E[max] = N/ep + sqrt(N/ep)·E[max Z] and the factor
+    is 1 + E[max of ep standard normals] / sqrt(N/ep): 1 with one rank, falling to 1 as N grows. It is
+    capped where the most loaded rank takes every copy it can: min(k, ceil(E/ep)) of each token's k, a
+    factor ep·min(k, ceil(E/ep))/k. This is the floor uniform routing sets; skewed routing adds to it
+    (what DeepSeek-V3's EPLB, redundant hot experts, counters). Accepts a number or an array of T.
+    """
+    if expert_parallel < 1:
+        raise ValueError("expert_parallel must be >= 1")
+    tokens = np.asarray(routed_tokens, dtype=float)
+    if expert_parallel == 1:
+        factor = np.ones_like(tokens)
+    else:
+        mean = tokens * experts_per_token / expert_parallel
+        cap = expert_parallel * min(experts_per_token, ceil_div(num_experts, expert_parallel)) / experts_per_token
+        spread = expected_max_standard_normal(expert_parallel) / np.sqrt(np.maximum(mean, 1e-300))
+        factor = np.where(mean > 0, np.minimum(1.0 + spread, cap), 1.0)
+    return float(factor) if factor.ndim == 0 else factor
+
+
 def attended_positions(cached_tokens: int, new_tokens: int, window: int | None) -> int:
     """Sum over `new_tokens` causal query tokens after `cached_tokens` of the positions each attends.
 
@@ -204,7 +278,8 @@ class StepCostModel:
     """Each operator's FLOPs and bytes (one GPU, all layers) as a linear form over a step shape.
 
     Matrices are (operators, shape features); feature indices are the module constants above, then
-    two per attention window in `windows` (attended positions, KV tokens read).
+    WINDOW_FEATURES per attention window in `windows` (positions prompt tokens attend, KV tokens read,
+    positions decoding tokens attend).
     """
 
     operator_names: tuple[str, ...]
@@ -224,19 +299,41 @@ class StepCostModel:
     moe_token_scale: int = 1
     num_moe_layers: int = 0
     moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per MoE layer and direction
+    expert_parallel: int = 1
 
     def shape(self, tokens: ArrayLike, sampled: ArrayLike, attended: Sequence[ArrayLike],
-              kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0) -> list[ArrayLike]:
+              kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0,
+              decode_attended: Sequence[ArrayLike] | None = None) -> list[ArrayLike]:
         """A step's shape: its feature values in feature order (numbers, or arrays that broadcast).
 
-        `attended` and `kv_read` give, per window of `windows`, the positions the step's new tokens
-        attend to and the KV tokens read, summed over sequences.
+        Per window of `windows`, summed over sequences: `attended` the positions the prompt (prefill)
+        tokens attend to, `kv_read` the KV tokens read, `decode_attended` the positions the decoding tokens
+        attend to (default none).
         """
-        distinct = (expected_distinct_experts(self.num_experts, self.experts_per_token,
-                                              tokens * self.moe_token_scale)  # type: ignore[operator]
-                    if self.num_experts else 0.0)
-        per_window = [value for pair in zip(attended, kv_read, strict=True) for value in pair]
-        return [tokens > 0, sampled > 0, tokens, sampled, distinct, score_entries, *per_window]  # type: ignore[operator]
+        if decode_attended is None:
+            decode_attended = [0.0] * len(self.windows)
+        distinct = self.distinct_experts(tokens) if self.num_experts else 0.0
+        routed = self.routed_tokens(tokens) if self.num_experts else 0.0
+        per_window = [value for group in zip(attended, kv_read, decode_attended, strict=True) for value in group]
+        return [tokens > 0, sampled > 0, tokens, sampled, distinct, score_entries, routed,  # type: ignore[operator]
+                *per_window]
+
+    def distinct_experts(self, tokens: ArrayLike) -> float | np.ndarray:
+        """Distinct routed experts one MoE layer touches when every data-parallel rank brings `tokens`."""
+        return expected_distinct_experts(self.num_experts, self.experts_per_token,
+                                         np.multiply(tokens, self.moe_token_scale))
+
+    def routed_tokens(self, tokens: ArrayLike) -> float | np.ndarray:
+        """The ROUTED_TOKENS feature: `tokens` times the load factor of the most loaded EP rank when every
+        data-parallel rank brings as many (exactly `tokens` without expert parallelism)."""
+        return np.multiply(tokens, expected_expert_load_factor(
+            self.num_experts, self.experts_per_token, np.multiply(tokens, self.moe_token_scale),
+            self.expert_parallel)) if self.expert_parallel > 1 else tokens  # type: ignore[return-value]
+
+    def rows_per_expert(self, tokens: ArrayLike) -> float | np.ndarray:
+        """Rows each touched routed expert's GEMM multiplies when every data-parallel rank brings `tokens`."""
+        return expected_rows_per_expert(self.num_experts, self.experts_per_token,
+                                        np.multiply(tokens, self.moe_token_scale))
 
     def evaluate(self, shape: Sequence[float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(flops, weight bytes, KV bytes, activation bytes) per operator at one step shape."""
@@ -295,8 +392,9 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
     h = model.hidden_size
     heads = ceil_div(model.num_attention_heads, tp)  # the most loaded rank's query heads
     qk_dim, v_dim = _head_dims(model)
+    decode_width = _decode_attention_width(model)
     windows = tuple(dict.fromkeys(model.layer_window(kind) for kind in model.resolved_layer_types))
-    cost = {name: np.zeros((4, FIRST_WINDOW_GROUP + 2 * len(windows))) for name in OPERATORS}
+    cost = {name: np.zeros((4, FIRST_WINDOW_GROUP + WINDOW_FEATURES * len(windows))) for name in OPERATORS}
     attention = attention_params(model, tp)
     moe_layers = model.moe_layer_indices
     # Feed-forward blocks split their intermediate columns: a rank holds ceil(F/tp) of them (weights.py).
@@ -311,7 +409,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
     cost[EMBEDDING][_ACTIVATION, TOKENS] = h * act_b
     for index, kind in enumerate(model.resolved_layer_types):
         layer = layer_params_by_kind(model, index in moe_layers)
-        attended = FIRST_WINDOW_GROUP + 2 * windows.index(model.layer_window(kind))
+        attended = FIRST_WINDOW_GROUP + WINDOW_FEATURES * windows.index(model.layer_window(kind))
         kv_token = kv_bytes_per_token_per_layer(model, index, kv_dtype, tp)
         kv_width = kv_token / kv_value_b  # K and V values (MLA: the latent) one token adds on this GPU
 
@@ -321,6 +419,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
         cost[QKV][_ACTIVATION, TOKENS] += (h + heads * qk_dim + kv_width) * act_b
 
         cost[ATTENTION][_FLOPS, attended] += 2 * heads * (qk_dim + v_dim)
+        cost[ATTENTION][_FLOPS, attended + 2] += 2 * heads * decode_width
         cost[ATTENTION][_KV, attended + 1] += kv_token  # read every visible cached token once
         cost[ATTENTION][_KV, TOKENS] += kv_token  # write the new tokens' K/V
         cost[ATTENTION][_ACTIVATION, TOKENS] += heads * (qk_dim + v_dim) * act_b  # read Q, write O
@@ -337,11 +436,13 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
             cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * act_b  # intermediate out and back
         if layer.routed_experts:
             k = layer.experts_per_token
-            cost[MOE][_FLOPS, TOKENS] += 2 * (k * moe_share * expert + shared)
+            cost[MOE][_FLOPS, TOKENS] += 2 * shared
+            cost[MOE][_FLOPS, ROUTED_TOKENS] += 2 * k * moe_share * expert
             cost[MOE][_WEIGHT, STEP] += shared * weight_b(groups.SHARED_EXPERTS)
             cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b(groups.EXPERTS) / expert_parallel
-            moe_width = k * moe_share * expert_width + model.n_shared_experts * shared_width
-            cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * moe_width) * act_b
+            # Block input and output, then each expert's intermediate out and back.
+            cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * model.n_shared_experts * shared_width) * act_b
+            cost[MOE][_ACTIVATION, ROUTED_TOKENS] += 2 * k * moe_share * expert_width * act_b
             cost[ROUTER][_FLOPS, TOKENS] += 2 * layer.router
             cost[ROUTER][_WEIGHT, STEP] += layer.router * weight_b(groups.ROUTER)
             cost[ROUTER][_ACTIVATION, TOKENS] += layer.routed_experts * act_b  # router logits
@@ -368,6 +469,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
         moe_exchange_bytes_per_token=moe_exchange_bytes_per_token(
             h, act_b, model.num_experts_per_tok, tensor_parallel=tp, data_parallel=data_parallel,
             expert_parallel=expert_parallel) if model.is_moe else 0.0,
+        expert_parallel=expert_parallel,
     )
 
 
@@ -420,14 +522,19 @@ def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: in
     model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
                                   data_parallel, expert_parallel)
     windows = model_costs.windows
+    tokens = batch_size * new_tokens
+    attended = [batch_size * attended_positions(cached_tokens, new_tokens, w) for w in windows]
+    none = [0] * len(windows)
     shape = model_costs.shape(
-        tokens=batch_size * new_tokens,
+        tokens=tokens,
         sampled=batch_size,
-        attended=[batch_size * attended_positions(cached_tokens, new_tokens, w) for w in windows],
+        attended=none if phase == DECODE else attended,
         kv_read=[batch_size * kv_tokens_read(cached_tokens, new_tokens, w) for w in windows],
         score_entries=0 if flash_attention else batch_size * new_tokens * (cached_tokens + new_tokens),
+        decode_attended=attended if phase == DECODE else none,
     )
     flops, weight, kv, activation = model_costs.evaluate(shape)
+    moe = model_costs.operator_names.index(MOE) if MOE in model_costs.operator_names else None
     operators = tuple(
         OperatorCost(name, float(flops[i]), float(weight[i]), float(kv[i]), float(activation[i]))
         for i, name in enumerate(model_costs.operator_names)
@@ -439,7 +546,20 @@ def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: in
         activation_dtype=activation_dtype, data_parallel=data_parallel, expert_parallel=expert_parallel,
         num_moe_layers=model_costs.num_moe_layers,
         moe_exchange_bytes_per_token=model_costs.moe_exchange_bytes_per_token,
+        routed_expert_flops=0.0 if moe is None else float(model_costs.flops[moe, ROUTED_TOKENS] * shape[ROUTED_TOKENS]),
+        rows_per_expert=float(model_costs.rows_per_expert(tokens)) if model.is_moe else 0.0,
+        expert_load_factor=float(shape[ROUTED_TOKENS]) / tokens if model.is_moe else 1.0,
     )
+
+
+def _decode_attention_width(model: ModelSpec) -> int:
+    """FLOPs / 2 per head and position a decoding token's attention costs: MLA's absorbed form works in
+    the latent, kv_lora_rank + d_rope for q·k and kv_lora_rank for the weighted sum (module docstring);
+    other attention as in prefill, d_qk + d_v."""
+    if model.is_mla:
+        assert model.kv_lora_rank is not None and model.qk_rope_head_dim is not None
+        return 2 * model.kv_lora_rank + model.qk_rope_head_dim
+    return sum(_head_dims(model))
 
 
 def _head_dims(model: ModelSpec) -> tuple[int, int]:
