@@ -4,6 +4,7 @@ each pool and the KV transfer between them for a disaggregated one."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -46,7 +47,7 @@ from app.sizing.layout import Layout
 from app.sizing.model.recipes import RECIPES, uniform_recipe
 from app.sizing.serving import capacity as capacity_core
 from app.sizing.serving import disaggregation
-from app.sizing.specs import KV_DTYPES
+from app.sizing.specs import KV_DTYPES, ModelSpec
 
 # /v1/capacity
 
@@ -127,18 +128,27 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
         "weight_dtype": recipe.dtype if recipe is not None else request.weight_dtype, "kv_dtype": kv_dtype})
     arguments = {"engine": engine, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
                  "weight_recipe": recipe}
-    if layout is not None:
-        precisions = resolve_precisions(model, gpu, gpu_label, requested)
-        efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-        try:
-            result = capacity_core.capacity(
-                model, gpu, tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
-                data_parallel=layout.data_parallel, expert_parallel=layout.expert_parallel,
-                efficiency=efficiency, **_precision_arguments(precisions), **arguments)
-        except ValueError as exc:
-            raise core_problem(exc) from None
-        return _capacity_out(request, model_label, gpu_label, layout, result, precisions, efficiency, profile,
-                             kv_source, CAPACITY_FORMULAS)
+    if pools is not None:
+        return _disaggregated_capacity(session, request, model, model_label, pools, requested, kv_source, arguments)
+    assert layout is not None
+    precisions = resolve_precisions(model, gpu, gpu_label, requested)
+    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
+    try:
+        result = capacity_core.capacity(
+            model, gpu, tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
+            data_parallel=layout.data_parallel, expert_parallel=layout.expert_parallel,
+            efficiency=efficiency, **_precision_arguments(precisions), **arguments)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    return _capacity_out(request, model_label, gpu_label, layout, result, precisions, efficiency, profile,
+                         kv_source, CAPACITY_FORMULAS)
+
+
+def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,
+                            pools: tuple[ResolvedPool, ResolvedPool], requested: CapacityRequest, kv_source: str,
+                            arguments: dict[str, Any]) -> CapacityResponse:
+    """Each pool's workers under the engine's accounting (`disaggregation.pool_capacity`, each on its own GPU
+    with its own precisions and efficiencies) and one prompt's KV transfer; one decode worker on top."""
     answers: list[tuple[disaggregation.PoolCapacity, ResolvedPrecisions, Efficiency, str]] = []
     for pool in pools:
         precisions = resolve_precisions(model, pool.gpu, pool.gpu_label, requested)
@@ -150,10 +160,9 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
         except ValueError as exc:
             raise core_problem(exc) from None
         answers.append((answer, precisions, efficiency, profile))
-    assert pools is not None
     prefill_pool, decode_pool = pools
     try:
-        transfer = pools_kv_transfer(model, request.input_tokens, kv_dtype, prefill_pool, decode_pool)
+        transfer = pools_kv_transfer(model, request.input_tokens, answers[1][1].kv_dtype, prefill_pool, decode_pool)
     except ValueError as exc:
         raise core_problem(exc) from None
     (prefill, prefill_precisions, _, prefill_profile), (decode, precisions, efficiency, profile) = answers
