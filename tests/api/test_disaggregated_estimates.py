@@ -177,3 +177,15 @@ def test_a_pool_on_another_gpu(client: TestClient) -> None:
 
 def test_the_roofline_chart_draws_one_gpu_only(client: TestClient) -> None:
     assert_problem(client.post("/v1/roofline/chart", json=ROOFLINE), 422, "/body/deployment")
+
+
+def test_a_pool_layout_its_engine_refuses(client: TestClient) -> None:
+    """vLLM's --enable-expert-parallel is all or nothing (expert_parallel = data_parallel x tensor_parallel,
+    ENGINES.md): Mixtral's 8 experts over EP2 inside a TP4 decode worker is refused by vLLM, named in the
+    pool; the generic engine, which has no such rule, sizes it."""
+    body = {"model": "mixtral-8x7b", "gpu": "h100-sxm", "deployment": "disaggregated",
+            "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 4, "expert_parallel": 2},
+            "input_tokens": 2000, "output_tokens": 500}
+    assert_problem(client.post("/v1/capacity", json={**body, "engine": "vllm"}), 422, "/body/decode/expert_parallel")
+    answer = post(client, "/v1/capacity", {**body, "engine": "generic"})
+    assert answer["disaggregation"]["decode"]["expert_parallel"] == 2
