@@ -44,9 +44,9 @@ def curl() -> str:
 
 
 def test_the_readme_has_the_curl_examples_the_tests_run() -> None:
-    # The catalog, round trip, kv-cache, roofline, two capacity (TP, DP + EP), two slo-plan, quotes, validate
-    # and chart blocks.
-    assert len(BLOCKS) == 11, [block.splitlines()[0] for block in BLOCKS]
+    # The catalog, round trip, kv-cache, roofline, three capacity (TP, DP + EP, disaggregated), two slo-plan,
+    # quotes, validate and chart blocks.
+    assert len(BLOCKS) == 12, [block.splitlines()[0] for block in BLOCKS]
     named = set(re.findall(r"@(examples/[\w.-]+)", "\n".join(BLOCKS)))
     assert named == {"examples/my-h100.json", "examples/config.json", "examples/slo-plan-request.json",
                      "examples/calibration-sample.csv"}

@@ -80,10 +80,12 @@ class QueryForm:
 
     @classmethod
     def of(cls, request_model: type[BaseModel], *, nested: Sequence[str] = (), required: Sequence[str] = (),
-           examples: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> QueryForm:
+           examples: dict[str, Any] | None = None, extra: dict[str, Any] | None = None,
+           omitted: Sequence[str] = ()) -> QueryForm:
         """`required`: parameters the query form cannot do without (the slugs: there is no inline
         spec in a query string). `examples`: one value per parameter, for Swagger UI's "Try it out".
-        `extra`: parameters of the chart itself, not of the request."""
+        `extra`: parameters of the chart itself, not of the request. `omitted`: fields the chart does
+        not take (their defaults apply)."""
         examples = examples or {}
         fields: dict[str, Any] = dict(extra or {})
         parents: dict[str, str | None] = {}
@@ -94,7 +96,7 @@ class QueryForm:
         for parent, model, parent_required in sources:
             for name, info in model.model_fields.items():
                 annotation = _query_type(info.annotation)
-                if annotation is None or (parent is None and name in nested):
+                if annotation is None or (parent is None and (name in nested or name in omitted)):
                     continue
                 if name in fields:
                     raise ValueError(f"query parameter {name!r} would be ambiguous")
@@ -163,7 +165,7 @@ SVG_RESPONSES: dict[int | str, dict[str, Any]] = {
 METRIC_DESCRIPTION = "Latency on the x axis: TPOT or TTFT, at the SLO's percentile"
 PlanMetricQuery = Annotated[charts.PlanMetric, Query(description=METRIC_DESCRIPTION)]
 
-ROOFLINE_QUERY = QueryForm.of(RooflineRequest, required=("model", "gpu"), examples={
+ROOFLINE_QUERY = QueryForm.of(RooflineRequest, required=("model", "gpu"), omitted=("deployment",), examples={
     "model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "context_tokens": 1024})
 BATCH_SWEEP_QUERY = QueryForm.of(BatchSweepRequest, required=("model", "gpu"), examples={
     "model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128})

@@ -93,8 +93,13 @@ def both_phases(request: RooflineRequest) -> tuple[RooflineRequest, RooflineRequ
 
     A prefill of p prompt tokens after c cached ones is followed by decode steps at c + p tokens of
     context; a decode step at c tokens follows the prefill of a c-token prompt. Everything else (model,
-    GPU, precisions, batch, TP, calibration) is shared.
+    GPU, precisions, batch, TP, calibration) is shared. A disaggregated deployment's steps run on two pools
+    (two GPUs, two rooflines): not drawn here.
     """
+    if request.deployment != "aggregated":
+        raise Unprocessable(
+            "The chart draws one GPU's roofline; a disaggregated deployment's pools each have their own",
+            errors=[("/body/deployment", "must be aggregated here (POST /v1/roofline answers both pools)")])
     if request.phase == "prefill":
         assert request.prompt_tokens is not None  # RooflineRequest requires it for prefill
         context = (request.context_tokens or 0) + request.prompt_tokens

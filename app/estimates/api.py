@@ -6,6 +6,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from app.errors import problem_responses
+from app.estimates import capacity_service
 from app.estimates import service as estimates
 from app.estimates.capacity_schemas import CapacityRequest, CapacityResponse
 from app.estimates.schemas import (
@@ -72,4 +73,4 @@ async def capacity(request: Request, body: CapacityRequest) -> Response:
 
     A configuration that cannot serve is a 200 with `fits: false`, the reasons, and the smallest
     layout inside one node or cheaper weight precision that would."""
-    return await computed_answer(request, estimates.plan_capacity, body)
+    return await computed_answer(request, capacity_service.plan_capacity, body)

@@ -9,17 +9,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
+    KV_TRANSFER_EXAMPLE,
     BatchSize,
     BlockSize,
     CalibrationRef,
     ContextTokens,
     DataParallel,
+    Deployment,
     EfficiencyOut,
     ExpertParallel,
     GpuRef,
     HumanSize,
+    KvTransferOut,
     ModelRef,
     PipelineParallel,
+    PoolsRef,
     Precisions,
     TensorParallel,
     WeightDtype,
@@ -101,10 +105,11 @@ ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
 }
 
 
-class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
+class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
     """A deployment (model, GPU, parallel layout, precisions, serving engine) and a workload's mean
     prompt and answer lengths. Every engine setting left null takes the engine's own default, and
-    the response says which one and why."""
+    the response says which one and why. Disaggregated, the engine settings apply to the workers of both
+    pools (ENGINES.md gives neither role memory defaults of its own)."""
 
     model_config = _examples(
         {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm", "gpu_memory_utilization": 0.9,
@@ -116,6 +121,9 @@ class CapacityRequest(ModelRef, GpuRef, CalibrationRef, Precisions):
          "engine": "sglang", "input_tokens": 2000, "output_tokens": 1000},
         {"model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu_spec": GPU_SPEC_EXAMPLE, "tensor_parallel": 8,
          "kv_dtype": "fp8", "engine": "trtllm", "input_tokens": 4000, "output_tokens": 1000},
+        {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+         "deployment": "disaggregated", "prefill": {"tensor_parallel": 4, "workers": 2},
+         "decode": {"tensor_parallel": 8}, "input_tokens": 8192, "output_tokens": 1024},
     )
 
     tensor_parallel: TensorParallel = 1
@@ -229,9 +237,11 @@ class OperatingPointOut(BaseModel):
     mean_context_tokens: float = Field(description="Cached tokens per running request during decode")
     ideal_decode_step_ms: float
     expected_decode_step_ms: float
-    ideal_prefill_ms: float = Field(description="One request's prompt, in max_num_batched_tokens chunks")
+    ideal_prefill_ms: float = Field(description="One request's prompt, in max_num_batched_tokens chunks (0 on a "
+                                                "disaggregated decode worker: its prompts arrive prefilled)")
     expected_prefill_ms: float
-    ideal_tpot_ms: float = Field(description="decode step + batch x prefill / (pp x output_tokens)")
+    ideal_tpot_ms: float = Field(description="decode step + batch x prefill / (pp x output_tokens); a "
+                                             "disaggregated decode worker: the decode step")
     expected_tpot_ms: float
     ideal_tokens_per_s_per_user: float
     expected_tokens_per_s_per_user: float
@@ -289,6 +299,60 @@ class CapacityAssumptions(BaseModel):
     defaults_used: list[str]
 
 
+POOL_CAPACITY_EXAMPLE: dict[str, Any] = {
+    "role": "decode", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1,
+    "expert_parallel": 1, "workers": 1, "gpus_per_worker": 1, "gpus": 1, "fits": True, "reasons": [],
+    "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens_per_worker": 420944,
+    "kv_blocks_per_worker": 26309, "tokens_per_request": 1500, "requests_per_worker": CONCURRENCY_EXAMPLE,
+    "requests": 279, "engine": ENGINE_EXAMPLE,
+}
+
+
+class PoolCapacityOut(BaseModel):
+    """One pool of a disaggregated deployment under its engine's memory accounting (the same rules as an
+    aggregated replica: ENGINES.md gives neither role memory defaults of its own), charged what its worker
+    holds per request: a prefill worker the prompt, from its prefill until its KV transfer completes; a
+    decode worker the prompt and the whole answer."""
+
+    model_config = _examples(POOL_CAPACITY_EXAMPLE)
+
+    role: Literal["prefill", "decode"]
+    gpu: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    expert_parallel: int
+    workers: int
+    gpus_per_worker: int = Field(description="tensor_parallel x pipeline_parallel x data_parallel")
+    gpus: int = Field(description="workers x gpus_per_worker")
+    fits: bool
+    reasons: list[str] = Field(description="Why a worker cannot serve (empty when it can)")
+    memory: MemoryOut = Field(description="One worker's most loaded GPU")
+    kv_bytes_per_token_per_gpu: int
+    kv_tokens_per_worker: int = Field(description="KV capacity of one worker, in tokens")
+    kv_blocks_per_worker: int
+    tokens_per_request: int = Field(description="prefill: input_tokens (its prompt's KV until the transfer "
+                                                "completes); decode: input_tokens + output_tokens")
+    requests_per_worker: ConcurrencyOut = Field(
+        description="prefill: prompts its KV cache holds in flight (being prefilled or waiting for their "
+                    "transfer; not capped by max_num_seqs: a prompt waiting for its transfer has left the running "
+                    "batch but keeps its blocks); decode: concurrent requests of prompt + answer (capped by "
+                    "max_num_seqs)")
+    requests: int = Field(description="requests_per_worker.sequences x workers: the whole pool")
+    engine: EngineOut
+
+
+class CapacityDisaggregationOut(BaseModel):
+    """Both pools of a disaggregated deployment and the KV transfer of one prompt between them."""
+
+    model_config = _examples({"prefill": {**POOL_CAPACITY_EXAMPLE, "role": "prefill", "tokens_per_request": 1000},
+                              "decode": POOL_CAPACITY_EXAMPLE, "kv_transfer": KV_TRANSFER_EXAMPLE})
+
+    prefill: PoolCapacityOut
+    decode: PoolCapacityOut
+    kv_transfer: KvTransferOut = Field(description="At input_tokens, from app.sizing.serving.disaggregation")
+
+
 class CapacityResponse(BaseModel):
     model: str = Field(description="Catalog slug, or the inline architecture's label")
     gpu: str
@@ -316,6 +380,12 @@ class CapacityResponse(BaseModel):
     engine: EngineOut
     assumptions: CapacityAssumptions
     calculation_version: str
+    deployment: Deployment = Field("aggregated", description=(
+        "disaggregated: fits and reasons cover both pools (each reason names its pool); every other top-level "
+        "field describes one decode worker (layout, memory, concurrency of prompt + answer, and an operating "
+        "point of decode steps alone: its prompts arrive prefilled), as /v1/slo-plan's disaggregated plans do"))
+    disaggregation: CapacityDisaggregationOut | None = Field(
+        None, description="deployment disaggregated: both pools and the KV transfer between them")
 
     model_config = _examples({
         "model": "llama-3.1-8b", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1,

@@ -18,7 +18,9 @@ from app.estimates.schemas import (
     EfficiencyOut,
     GpuRef,
     HumanSize,
+    KvTransferOut,
     ModelRef,
+    PoolsRef,
     Precisions,
 )
 from app.sizing.engines import layout_problems
@@ -27,6 +29,8 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import Layout
+from app.sizing.serving.disaggregation import KvTransfer, deployment_link, kv_transfer
+from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 # Sizing endpoints: /v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep ------------------
@@ -69,6 +73,56 @@ def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel:
         raise Unprocessable("; ".join(problem.rule for problem in problems),
                             errors=[(f"{pointer}/{problem.field}", problem.rule) for problem in problems])
     return layout
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedPool:
+    """One pool of a disaggregated request: its GPU (and how answers name it), one worker's layout, workers."""
+
+    role: str  # PREFILL_POOL or DECODE_POOL
+    gpu: GpuSpec
+    gpu_label: str
+    layout: Layout
+    workers: int
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.layout.gpus
+
+
+def resolve_pools(session: Session, model: ModelSpec, request: PoolsRef, gpu: GpuSpec, gpu_label: str,
+                  engine: str | None = None) -> tuple[ResolvedPool, ResolvedPool]:
+    """(prefill, decode) pools of a disaggregated request: each pool's GPU (404 naming the pool's gpu when
+    the catalog lacks it; null = the request's `gpu`, `gpu_label`) and layout (422 naming the pool's field
+    that breaks a rule of the model or of `engine`)."""
+    pools = []
+    for role in (PREFILL_POOL, DECODE_POOL):
+        pool = getattr(request, role)
+        assert pool is not None  # PoolsRef requires both pools with deployment disaggregated
+        pointer = f"/body/{role}"
+        pool_gpu, label = ((get_gpu_spec(session, pool.gpu, f"{pointer}/gpu"), pool.gpu) if pool.gpu is not None
+                           else (gpu, gpu_label))
+        layout = check_parallelism(model, pool.tensor_parallel, pool.pipeline_parallel,
+                                   data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
+                                   engine=engine, pointer=pointer)
+        pools.append(ResolvedPool(role, pool_gpu, label, layout, pool.workers))
+    return pools[0], pools[1]
+
+
+def pools_kv_transfer(model: ModelSpec, prompt_tokens: int, kv_dtype: str, prefill: ResolvedPool,
+                      decode: ResolvedPool) -> KvTransfer:
+    """One prompt's KV moved from a prefill worker to a decode worker over the link the pools have."""
+    link, bandwidth, latency = deployment_link(prefill.gpu, prefill.gpus, decode.gpu, decode.gpus)
+    return kv_transfer(model, prompt_tokens, kv_dtype, decode_tensor_parallel=decode.layout.tensor_parallel,
+                       decode_pipeline_parallel=decode.layout.pipeline_parallel, link=link,
+                       bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+
+
+def kv_transfer_out(transfer: KvTransfer) -> KvTransferOut:
+    return KvTransferOut(
+        link=transfer.link, mean_prompt_tokens=transfer.prompt_tokens, bytes_per_request=transfer.bytes_per_request,
+        bytes_per_gpu=transfer.bytes_per_gpu, bandwidth_bytes_per_s=transfer.bandwidth_bytes_per_s,
+        latency_ms=transfer.latency_s * 1e3, time_ms=transfer.time_s * 1e3)
 
 
 def sequence_warnings(model: ModelSpec, sequence_tokens: int, what: str) -> list[str]:

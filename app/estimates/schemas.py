@@ -15,6 +15,10 @@ The matching service helpers are `resolve_model`, `resolve_gpu`, `check_parallel
 
 Inputs are strict (JSON numbers for numbers), reject unknown fields, NaN and infinities, and bound
 every size to physical sense, so nothing a client sends reaches the core unchecked.
+
+Longer than 600 lines because the request pieces every sizing endpoint shares (the disaggregated pools'
+`PoolsRef` and `KvTransferOut` among them) live next to the /v1/kv-cache and /v1/roofline shapes built from
+them: one module to read for what a sizing request may say.
 """
 
 from __future__ import annotations
@@ -131,6 +135,68 @@ class Precisions(BaseModel):
         None, description="null = the weight dtype where the GPU has that tensor rate, else bf16/fp16")
 
 
+DISAGGREGATED = "disaggregated"
+Deployment = Literal["aggregated", "disaggregated"]
+MAX_POOL_WORKERS = 4096  # app.sizing.serving.disaggregation's limit on a planned pool
+POOL_EXAMPLE_IN = {"tensor_parallel": 4, "workers": 2}
+
+
+class PoolIn(BaseModel):
+    """One pool of a disaggregated deployment, in the names /v1/slo-plan's disaggregated plans use
+    (`disaggregation.prefill` / `.decode`): its GPU, one worker's layout, and how many workers."""
+
+    model_config = INPUT_CONFIG | _examples(POOL_EXAMPLE_IN, {"gpu": "h200-sxm", "tensor_parallel": 8})
+
+    gpu: Slug | None = Field(None, description="Catalog slug of the pool's GPU; null = the request's gpu "
+                                                "(or gpu_spec)")
+    tensor_parallel: TensorParallel = 1
+    pipeline_parallel: PipelineParallel = 1
+    data_parallel: DataParallel = 1
+    expert_parallel: ExpertParallel = 1
+    workers: Annotated[int, Field(ge=1, le=MAX_POOL_WORKERS)] = Field(
+        1, description="Workers of this layout (each an engine instance of its own): the pool's totals, and "
+                       "whether the KV moves over NVLink (both pools on one GPU type, all their GPUs inside one "
+                       "NVLink domain) or the scale-out network")
+
+
+class PoolsRef(BaseModel):
+    """An aggregated deployment (every replica prefills and decodes, the request's own layout fields), or a
+    disaggregated one: a prefill pool and a decode pool, each with its own GPU, layout and workers, the
+    prompt's KV cache moved from one to the other. Left out, the request means what it always meant."""
+
+    model_config = INPUT_CONFIG
+
+    deployment: Deployment = Field(
+        "aggregated", description=(
+            "aggregated: one replica of the request's layout prefills and decodes; disaggregated: separate "
+            "prefill and decode pools (give both; the request's own tensor_parallel and other layout fields "
+            "stay at 1), the prompt's KV cache moved between them. The answer then describes a decode worker "
+            "in its top-level fields, as /v1/slo-plan's disaggregated plans do, and both pools and the KV "
+            "transfer in `disaggregation`"))
+    prefill: PoolIn | None = Field(None, validate_default=True,
+                                   description="deployment disaggregated only: the pool that prefills prompts")
+    decode: PoolIn | None = Field(None, validate_default=True,
+                                  description="deployment disaggregated only: the pool that generates the answers")
+
+    @field_validator("prefill", "decode")
+    @classmethod
+    def _pools_with_disaggregated(cls, value: PoolIn | None, info: ValidationInfo) -> PoolIn | None:
+        deployment = info.data.get("deployment")
+        if deployment == DISAGGREGATED and value is None:
+            raise ValueError("required with deployment disaggregated: the pool's gpu, layout and workers")
+        if deployment != DISAGGREGATED and value is not None:
+            raise ValueError("a pool applies only with deployment disaggregated")
+        return value
+
+    @field_validator("tensor_parallel", "pipeline_parallel", "data_parallel", "expert_parallel", check_fields=False)
+    @classmethod
+    def _layout_per_pool(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("deployment") == DISAGGREGATED and value != 1:
+            raise ValueError(f"with deployment disaggregated each pool has its own layout: set {info.field_name} "
+                             "in prefill and decode")
+        return value
+
+
 # Shared response pieces --------------------------------------------------------------------
 
 HUMAN_SIZE_EXAMPLE = {"gb": 2.684355, "gib": 2.5}
@@ -146,6 +212,27 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
               "7.5 us. Uncalibrated for this GPU and precision.",
 }
+
+
+KV_TRANSFER_EXAMPLE = {
+    "link": "network", "mean_prompt_tokens": 8000, "bytes_per_request": 1310720000, "bytes_per_gpu": 655360000,
+    "bandwidth_bytes_per_s": 5e10, "latency_ms": 0.0224, "time_ms": 13.13,
+}
+
+
+class KvTransferOut(BaseModel):
+    """One prompt's KV cache moved from its prefill worker to its decode worker (at the mean prompt)."""
+
+    model_config = _examples(KV_TRANSFER_EXAMPLE)
+
+    link: Literal["nvlink", "network"] = Field(
+        description="nvlink when the deployment fits in one NVLink domain of its GPU, else the scale-out network")
+    mean_prompt_tokens: int
+    bytes_per_request: int = Field(description="The prompt's whole KV cache")
+    bytes_per_gpu: int = Field(description="What the most loaded decode GPU receives (each GPU its own shard)")
+    bandwidth_bytes_per_s: float = Field(description="Per GPU, per direction")
+    latency_ms: float
+    time_ms: float = Field(description="latency + bytes_per_gpu / bandwidth")
 
 
 class HumanSize(BaseModel):
@@ -316,8 +403,9 @@ class KvCacheResponse(BaseModel):
 
 # /v1/roofline ------------------------------------------------------------------------------
 
-class RooflineRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
-    """One prefill or decode step of a model on a GPU, against the roofline."""
+class RooflineRequest(PoolsRef, Precisions, CalibrationRef, GpuRef, ModelRef):
+    """One prefill or decode step of a model on a GPU, against the roofline; or, disaggregated, the
+    prefill pool's step of one prompt, the decode pool's step at a batch, and the KV transfer between."""
 
     model_config = _examples(
         {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "context_tokens": 1024},
@@ -325,24 +413,46 @@ class RooflineRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
          "tensor_parallel": 4},
         {"model": "mixtral-8x7b", "gpu_spec": GPU_SPEC_EXAMPLE, "phase": "decode", "batch_size": 64,
          "context_tokens": 2048, "weight_dtype": "fp8", "kv_dtype": "fp8"},
+        {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+         "deployment": "disaggregated", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 8},
+         "prompt_tokens": 8192, "batch_size": 64},
     )
 
-    phase: Phase
-    batch_size: BatchSize = 1
+    phase: Phase | None = Field(None, validate_default=True,
+                                description="The step to time (required); omit with deployment disaggregated, "
+                                            "which times the prefill pool's prefill and the decode pool's decode")
+    batch_size: BatchSize = Field(1, description="Concurrent sequences in the step (disaggregated: in the decode "
+                                                 "pool's step; the prefill pool prefills one prompt)")
     prompt_tokens: ContextTokens | None = Field(
-        None, validate_default=True, description="Prefill only (required there): new prompt tokens per sequence")
+        None, validate_default=True,
+        description="Prefill only (required there): new prompt tokens per sequence. Disaggregated (required): "
+                    "the prompt the prefill pool prefills and whose KV cache moves to the decode pool")
     context_tokens: CachedTokens | None = Field(
         None, validate_default=True,
         description="Decode: tokens already cached per sequence (required). Prefill: a cached prefix the "
-                    "prompt follows (default 0)")
+                    "prompt follows (default 0). Disaggregated: cached per sequence in the decode pool's step "
+                    "(default prompt_tokens: the first step after the transfer)")
     tensor_parallel: TensorParallel = 1
     data_parallel: DataParallel = 1
     expert_parallel: ExpertParallel = 1
+
+    @field_validator("phase")
+    @classmethod
+    def _phase_unless_disaggregated(cls, value: str | None, info: ValidationInfo) -> str | None:
+        deployment = info.data.get("deployment")
+        if deployment == DISAGGREGATED and value is not None:
+            raise ValueError("omit with deployment disaggregated: the prefill pool prefills and the decode pool "
+                             "decodes")
+        if deployment != DISAGGREGATED and value is None:
+            raise ValueError("required: prefill or decode (or deployment disaggregated for both pools)")
+        return value
 
     @field_validator("prompt_tokens")
     @classmethod
     def _prompt_for_prefill(cls, value: int | None, info: ValidationInfo) -> int | None:
         phase = info.data.get("phase")
+        if info.data.get("deployment") == DISAGGREGATED and value is None:
+            raise ValueError("required with deployment disaggregated: the prompt tokens per request")
         if phase == "prefill" and value is None:
             raise ValueError("required for phase prefill: the new prompt tokens per sequence")
         if phase == "decode" and value is not None:
@@ -413,6 +523,61 @@ class RooflineAssumptions(BaseModel):
     defaults_used: list[str]
 
 
+POOL_STEP_EXAMPLE = {
+    "role": "decode", "gpu": "h100-sxm", "tensor_parallel": 8, "data_parallel": 1, "expert_parallel": 1,
+    "workers": 1, "gpus": 8, "phase": "decode", "batch_size": 64, "prompt_tokens": None, "context_tokens": 8192,
+    "tokens": 64, "compute_dtype": "fp8", "bound": "memory", "ideal_time_ms": 6.1, "expected_time_ms": 9.4,
+    "comm_time_ms": 1.2, "overhead_time_ms": 0.54, "expected_tokens_per_s": 6808.5,
+}
+
+
+class PoolStepOut(BaseModel):
+    """One pool's step on one GPU of a worker's tensor-parallel group (the full breakdown of this step:
+    /v1/roofline with this pool's GPU and layout and its phase)."""
+
+    model_config = _examples(POOL_STEP_EXAMPLE)
+
+    role: Phase
+    gpu: str
+    tensor_parallel: int
+    data_parallel: int
+    expert_parallel: int
+    workers: int
+    gpus: int = Field(description="workers x tensor_parallel x data_parallel")
+    phase: Phase = Field(description="prefill: one prompt alone (the compute in its TTFT); decode: batch_size "
+                                     "sequences of context_tokens")
+    batch_size: int
+    prompt_tokens: int | None
+    context_tokens: int
+    tokens: int
+    compute_dtype: ComputeDtype
+    bound: Bound
+    ideal_time_ms: float
+    expected_time_ms: float
+    comm_time_ms: float
+    overhead_time_ms: float
+    expected_tokens_per_s: float
+
+
+class RooflineDisaggregationOut(BaseModel):
+    """Both pools' steps of a disaggregated deployment and the KV transfer between them."""
+
+    model_config = _examples({
+        "prefill": {**POOL_STEP_EXAMPLE, "role": "prefill", "tensor_parallel": 4, "gpus": 4, "phase": "prefill",
+                    "batch_size": 1, "prompt_tokens": 8192, "context_tokens": 0, "tokens": 8192,
+                    "bound": "compute", "ideal_time_ms": 380.0, "expected_time_ms": 450.0,
+                    "expected_tokens_per_s": 18204.4},
+        "decode": POOL_STEP_EXAMPLE, "kv_transfer": {**KV_TRANSFER_EXAMPLE, "link": "nvlink"},
+        "ttft_ms": 470.0})
+
+    prefill: PoolStepOut
+    decode: PoolStepOut
+    kv_transfer: KvTransferOut = Field(description="Of prompt_tokens, from app.sizing.serving.disaggregation")
+    ttft_ms: float = Field(description="One request through the pools without queueing: the prefill pool's "
+                                       "expected step + the KV transfer + the decode pool's expected step (the "
+                                       "decode worker streams the first token with its first step)")
+
+
 class RooflineResponse(BaseModel):
     model: str = Field(description="Catalog slug, or \"model_spec (inline)\"")
     gpu: str = Field(description="Catalog slug, or the inline gpu_spec's name")
@@ -445,6 +610,12 @@ class RooflineResponse(BaseModel):
         "max_position_embeddings; the figures still follow the formulas"))
     assumptions: RooflineAssumptions
     calculation_version: str
+    deployment: Deployment = Field("aggregated", description=(
+        "disaggregated: the top-level fields are the decode pool's step (its GPU, layout, batch_size at "
+        "context_tokens), as /v1/slo-plan's disaggregated plans describe a decode worker; both pools' steps and "
+        "the KV transfer are in `disaggregation`"))
+    disaggregation: RooflineDisaggregationOut | None = Field(
+        None, description="deployment disaggregated: both pools' steps and the KV transfer between them")
 
     model_config = _examples({
         "model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "prompt_tokens": None,

@@ -1,4 +1,5 @@
-"""/v1/kv-cache, /v1/roofline, /v1/roofline/batch-sweep and /v1/capacity: the core's answers as responses."""
+"""/v1/kv-cache, /v1/roofline and /v1/roofline/batch-sweep: the core's answers as responses (/v1/capacity:
+capacity_service.py)."""
 
 from __future__ import annotations
 
@@ -12,32 +13,25 @@ from sqlalchemy.orm import Session
 
 from app.calibration.profiles import resolve_efficiency
 from app.errors import Unprocessable
-from app.estimates.capacity_schemas import (
-    CapacityAssumptions,
-    CapacityRequest,
-    CapacityResponse,
-    ConcurrencyOut,
-    EngineOut,
-    MaxConcurrencyOut,
-    MemoryOut,
-    OperatingPointOut,
-    SuggestionOut,
-    WeightGroupOut,
-)
 from app.estimates.inputs import (
+    ResolvedPool,
     ResolvedPrecisions,
     check_parallelism,
     core_problem,
     default_kv_dtype,
     efficiency_out,
     human_size,
+    kv_transfer_out,
+    pools_kv_transfer,
     resolve_gpu,
     resolve_model,
+    resolve_pools,
     resolve_precisions,
     sequence_warnings,
 )
 from app.estimates.schemas import (
     DEFAULT_SWEEP_BATCH_SIZES,
+    DISAGGREGATED,
     AttentionTraffic,
     BatchSweepPoint,
     BatchSweepRequest,
@@ -50,12 +44,13 @@ from app.estimates.schemas import (
     KvLayerGroupOut,
     KvSizesForPeople,
     OperatorOut,
+    PoolStepOut,
     RooflineAssumptions,
+    RooflineDisaggregationOut,
     RooflineRequest,
     RooflineResponse,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     COMPUTE,
@@ -65,7 +60,8 @@ from app.sizing.hardware.roofline import (
     roofline,
 )
 from app.sizing.hardware.step_time import build_step_time_model
-from app.sizing.model.flops import ATTENTION, PREFILL, decode_cost, prefill_cost
+from app.sizing.layout import Layout
+from app.sizing.model.flops import ATTENTION, DECODE, PREFILL, decode_cost, prefill_cost
 from app.sizing.model.kv import (
     KvCacheSize,
     kv_breakpoints,
@@ -75,10 +71,8 @@ from app.sizing.model.kv import (
     mha_equivalent_bytes_per_sequence,
 )
 from app.sizing.model.params import ceil_div
-from app.sizing.model.recipes import RECIPES, uniform_recipe
 from app.sizing.model.weights import weight_bytes_per_gpu
-from app.sizing.serving import capacity as capacity_core
-from app.sizing.specs import KV_DTYPES, GpuSpec, ModelSpec, bits_per_value
+from app.sizing.specs import GpuSpec, ModelSpec, bits_per_value
 
 # /v1/kv-cache
 
@@ -232,40 +226,54 @@ ATTENTION_TRAFFIC_NOTE = (
 
 def roofline_step(session: Session, request: RooflineRequest) -> RooflineResponse:
     """/v1/roofline: one prefill or decode step on one GPU of the tensor-parallel group (of one attention
-    data-parallel rank, whose `batch_size` sequences every rank matches)."""
+    data-parallel rank, whose `batch_size` sequences every rank matches); disaggregated, the prefill pool's
+    step of one prompt and the decode pool's step at `batch_size`, and the KV transfer between them."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
+    if request.deployment == DISAGGREGATED:
+        return _disaggregated_roofline(session, request, model, model_label, gpu, gpu_label)
     layout = check_parallelism(model, request.tensor_parallel, data_parallel=request.data_parallel,
                                expert_parallel=request.expert_parallel)
+    assert request.phase is not None  # RooflineRequest requires it unless disaggregated
+    return _roofline_answer(session, request, model, model_label, gpu, gpu_label, layout, request.phase,
+                            request.batch_size, request.prompt_tokens, request.context_tokens)
+
+
+def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpec, model_label: str, gpu: GpuSpec,
+                     gpu_label: str, layout: Layout, phase: str, batch_size: int, prompt_tokens: int | None,
+                     context_tokens: int | None, defaults_used: Sequence[str] = ()) -> RooflineResponse:
+    """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it."""
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-    defaults = list(precisions.defaults_used)
+    defaults = [*precisions.defaults_used, *defaults_used]
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")
-    cached = request.context_tokens or 0
-    new_tokens = request.prompt_tokens if request.phase == PREFILL else 1
+    cached = context_tokens or 0
+    new_tokens = prompt_tokens if phase == PREFILL else 1
     assert new_tokens is not None  # RooflineRequest requires prompt_tokens for prefill
-    if request.phase == PREFILL and request.context_tokens is None:
+    if phase == PREFILL and context_tokens is None:
         defaults.append("context_tokens = 0 (no cached prefix)")
+    tp = layout.tensor_parallel
     dtypes = {"weight_dtype": precisions.weight_dtype, "kv_dtype": precisions.kv_dtype,
-              "activation_dtype": precisions.activation_dtype, "tensor_parallel": request.tensor_parallel,
+              "activation_dtype": precisions.activation_dtype, "tensor_parallel": tp,
               "data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     try:
-        if request.phase == PREFILL:
-            cost = prefill_cost(model, new_tokens, cached, request.batch_size, **dtypes)
+        if phase == PREFILL:
+            cost = prefill_cost(model, new_tokens, cached, batch_size, **dtypes)
         else:
-            cost = decode_cost(model, cached, request.batch_size, **dtypes)
-        result = roofline(cost, gpu, precisions.compute_dtype, efficiency, request.tensor_parallel, model)
+            cost = decode_cost(model, cached, batch_size, **dtypes)
+        result = roofline(cost, gpu, precisions.compute_dtype, efficiency, tp, model)
         # A decode step is a one-token prefill after the cached context: the same step, naive attention.
-        naive = prefill_cost(model, new_tokens, cached, request.batch_size, **dtypes, flash_attention=False)
+        naive = prefill_cost(model, new_tokens, cached, batch_size, **dtypes, flash_attention=False)
     except ValueError as exc:
         raise core_problem(exc) from None
     flash_bytes = cost.operator(ATTENTION).bytes
     naive_bytes = naive.operator(ATTENTION).bytes
     return RooflineResponse(
-        model=model_label, gpu=gpu_label, phase=request.phase, batch_size=request.batch_size,
-        prompt_tokens=request.prompt_tokens, context_tokens=cached, tensor_parallel=request.tensor_parallel,
-        data_parallel=layout.data_parallel, expert_parallel=layout.expert_parallel, tokens=result.tokens, compute_dtype=precisions.compute_dtype,
+        model=model_label, gpu=gpu_label, phase=phase, batch_size=batch_size,
+        prompt_tokens=prompt_tokens if phase == PREFILL else None, context_tokens=cached, tensor_parallel=tp,
+        data_parallel=layout.data_parallel, expert_parallel=layout.expert_parallel, tokens=result.tokens,
+        compute_dtype=precisions.compute_dtype,
         flops=result.flops, bytes=result.bytes, arithmetic_intensity=result.arithmetic_intensity,
         ridge_point=result.ridge_point, bound=result.bound,
         compute_time_ms=result.compute_time_s * 1e3, memory_time_ms=result.memory_time_s * 1e3,
@@ -288,6 +296,54 @@ def roofline_step(session: Session, request: RooflineRequest) -> RooflineRespons
         assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults),
         calculation_version=CALCULATION_VERSION,
     )
+
+
+DISAGGREGATED_ROOFLINE_FORMULA = (
+    "disaggregated: the prefill pool prefills one prompt of prompt_tokens alone, the decode pool decodes "
+    "batch_size sequences of context_tokens; KV transfer = latency + the prompt's KV on the most loaded decode GPU "
+    "/ per-GPU bandwidth (NVLink when both pools are one GPU type and all their GPUs fit one NVLink domain, else "
+    "the scale-out network); ttft = prefill step + transfer + decode step"
+)
+
+
+def _disaggregated_roofline(session: Session, request: RooflineRequest, model: ModelSpec, model_label: str,
+                            gpu: GpuSpec, gpu_label: str) -> RooflineResponse:
+    """Both pools' steps (`_roofline_answer` per pool) and the KV transfer; the decode pool's step on top."""
+    prefill_pool, decode_pool = resolve_pools(session, model, request, gpu, gpu_label)
+    for pool in (prefill_pool, decode_pool):
+        if pool.layout.pipeline_parallel > 1:
+            raise Unprocessable(
+                f"{pool.role} pool: /v1/roofline times one step of a tensor-parallel group, without pipeline "
+                "stages", errors=[(f"/body/{pool.role}/pipeline_parallel",
+                                   "must be 1 here (/v1/capacity sizes pipeline-parallel pools)")])
+    prompt = request.prompt_tokens
+    assert prompt is not None  # RooflineRequest requires it with deployment disaggregated
+    context = prompt if request.context_tokens is None else request.context_tokens
+    prefill = _roofline_answer(session, request, model, model_label, prefill_pool.gpu, prefill_pool.gpu_label,
+                               prefill_pool.layout, PREFILL, 1, prompt, 0)
+    defaults = [] if request.context_tokens is not None else [
+        f"context_tokens = {prompt} (prompt_tokens: the decode pool's first step after the transfer)"]
+    decode = _roofline_answer(session, request, model, model_label, decode_pool.gpu, decode_pool.gpu_label,
+                              decode_pool.layout, DECODE, request.batch_size, None, context, defaults)
+    try:
+        transfer = pools_kv_transfer(model, prompt, decode.assumptions.kv_dtype, prefill_pool, decode_pool)
+    except ValueError as exc:
+        raise core_problem(exc) from None
+    if prefill_pool.gpu != decode_pool.gpu:
+        decode.assumptions.defaults_used.append(
+            f"prefill pool on {prefill_pool.gpu_label}: compute_dtype = {prefill.compute_dtype}, calibration = "
+            f"{prefill.assumptions.efficiency.calibration_profile}")
+    decode.assumptions.formulas.append(DISAGGREGATED_ROOFLINE_FORMULA)
+    return decode.model_copy(update={"deployment": DISAGGREGATED, "disaggregation": RooflineDisaggregationOut(
+        prefill=_pool_step_out(prefill, prefill_pool), decode=_pool_step_out(decode, decode_pool),
+        kv_transfer=kv_transfer_out(transfer),
+        ttft_ms=prefill.expected_time_ms + transfer.time_s * 1e3 + decode.expected_time_ms)})
+
+
+def _pool_step_out(step: RooflineResponse, pool: ResolvedPool) -> PoolStepOut:
+    return PoolStepOut(role=pool.role, workers=pool.workers, gpus=pool.gpus,
+                       **{name: getattr(step, name) for name in PoolStepOut.model_fields
+                          if name not in ("role", "workers", "gpus")})
 
 
 def _roofline_assumptions(precisions: ResolvedPrecisions, efficiency: Efficiency, profile: str,
@@ -408,143 +464,3 @@ def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep
             "compute at peak to the ideal step, so memory time grows faster than compute time and decode stays "
             "memory-bound at any batch size. Shorter contexts, a quantized KV cache or fewer KV heads bring the "
             "knee back.")
-
-
-# /v1/capacity
-
-CAPACITY_FORMULAS = (
-    ("per GPU: kv_budget = usable - weights - activation - overhead (non-torch + CUDA graphs + reserve); "
-     "vllm and generic: usable = gpu_memory_utilization x total memory; sglang: mem_fraction_static x total "
-     "holds weights + KV only; trtllm: KV = 0.9 x (total - weights - activation - overhead)"),
-    ("activation peak (vllm, trtllm) = 4.76 GiB (measured: Llama-3.1-8B, 8192 batched tokens, TP1, H100) x "
-     "batched tokens / 8192 x live values per token of one layer / 61,440 (that model's: 2h + attention "
-     "projections + 3 x MLP width, per GPU; MoE: k x (3 x expert width + h))"),
-    ("KV blocks = kv_budget // (block_size x bytes per token in every layer of the most loaded GPU); window "
-     "layers take only the blocks their window spans (vLLM's hybrid allocator); MLA's latent is not divided "
-     "by TP"),
-    ("worst case = requests of max_model_len; admission = requests of input + output (reserved up front); "
-     "steady state = budget / mean KV of a request over its decode (input + t tokens, block-rounded, "
-     "t = 1..output); each capped by max_num_seqs"),
-    ("operating point: tpot = decode step (batch/(dp x pp) requests at mean context, all stages) + batch/dp x "
-     "prefill / (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
-    ("attention data parallelism: each of the dp ranks keeps its own requests' KV at the per-GPU bytes of its "
-     "tensor-parallel split (replica KV = dp x one rank's) and holds the attention, dense and shared-expert "
-     "weights; routed experts are dealt to the expert-parallel ranks and split over tp x dp / ep GPUs"),
-    ("MoE exchange per MoE layer (dp or ep > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
-     "(ep-1)/ep x hidden x 2 B per token / tp, dp > 1 without ep: (dp-1) x hidden x 2 B per token; NVLink "
-     "inside a node, the scale-out link across nodes"),
-    "TP beyond one node's GPUs runs its all-reduces over the scale-out link",
-)
-
-
-def plan_capacity(session: Session, request: CapacityRequest) -> CapacityResponse:
-    """/v1/capacity: concurrency and speed of a deployment under its engine's memory accounting."""
-    model, model_label = resolve_model(session, request)
-    gpu, gpu_label = resolve_gpu(session, request)
-    layout = check_parallelism(model, request.tensor_parallel, request.pipeline_parallel,
-                               data_parallel=request.data_parallel, expert_parallel=request.expert_parallel,
-                               engine=request.engine)
-    if request.max_model_len is not None and request.max_model_len > model.max_position_embeddings:
-        raise Unprocessable(
-            f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
-            errors=[("/body/max_model_len",
-                     f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
-    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
-    if recipe is not None and request.weight_dtype not in (None, recipe.dtype):
-        raise Unprocessable(
-            f"weight_dtype {request.weight_dtype} contradicts weight_recipe {recipe.name} ({recipe.dtype})",
-            errors=[("/body/weight_dtype", f"leave it null or set {recipe.dtype} with weight_recipe {recipe.name}")])
-    engine = EngineConfig(
-        engine=request.engine, engine_version=request.engine_version,
-        gpu_memory_utilization=request.gpu_memory_utilization,
-        reserved_bytes_per_gpu=request.reserved_bytes_per_gpu,
-        activation_bytes_per_gpu=request.activation_bytes_per_gpu,
-        non_torch_bytes_per_gpu=request.non_torch_bytes_per_gpu,
-        cuda_graph_bytes_per_gpu=request.cuda_graph_bytes_per_gpu, max_num_seqs=request.max_num_seqs,
-        max_num_batched_tokens=request.max_num_batched_tokens, block_size=request.block_size,
-        max_model_len=request.max_model_len)
-    kv_dtype, kv_source = request.kv_dtype, "given"
-    if kv_dtype is None:
-        version, _ = resolve_version(engine)
-        kv_dtype, kv_source = ENGINES[request.engine].kv_dtype(version, recipe, model.dtype)
-        if kv_dtype not in KV_DTYPES:
-            kv_dtype, kv_source = "bf16", f"{kv_source}; served in bf16"
-    precisions = resolve_precisions(model, gpu, gpu_label, request.model_copy(update={
-        "weight_dtype": recipe.dtype if recipe is not None else request.weight_dtype, "kv_dtype": kv_dtype}))
-    efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-    try:
-        result = capacity_core.capacity(
-            model, gpu, tensor_parallel=request.tensor_parallel, pipeline_parallel=request.pipeline_parallel,
-            weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
-            compute_dtype=precisions.compute_dtype, engine=engine, input_tokens=request.input_tokens,
-            output_tokens=request.output_tokens, efficiency=efficiency,
-            activation_dtype=precisions.activation_dtype, data_parallel=layout.data_parallel,
-            expert_parallel=layout.expert_parallel, weight_recipe=recipe)
-    except ValueError as exc:
-        raise core_problem(exc) from None
-    resolved = result.engine
-    defaults = [*precisions.defaults_used]
-    if request.kv_dtype is None:
-        defaults.append(f"kv_dtype = {kv_dtype} ({kv_source})")
-    weights_recipe = recipe if recipe is not None else uniform_recipe(precisions.weight_dtype)
-    if request.calibration is None:
-        defaults.append(f"calibration = {profile}")
-    defaults += [f"{name} = {getattr(resolved, name)} ({source})" for name, source in resolved.sources
-                 if source != "given"]
-    memory = result.memory
-    return CapacityResponse(
-        model=model_label, gpu=gpu_label, tensor_parallel=layout.tensor_parallel,
-        pipeline_parallel=layout.pipeline_parallel, data_parallel=layout.data_parallel,
-        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel,
-        num_gpus=layout.gpus,
-        input_tokens=request.input_tokens, output_tokens=request.output_tokens,
-        fits=result.fits, reasons=list(result.reasons),
-        suggestion=None if result.suggestion is None else SuggestionOut(
-            **{name: getattr(result.suggestion, name) for name in SuggestionOut.model_fields}),
-        memory=MemoryOut(
-            total_bytes_per_gpu=memory.total_bytes_per_gpu, usable_bytes_per_gpu=memory.usable_bytes_per_gpu,
-            weights_bytes_per_gpu=memory.weights_bytes_per_gpu,
-            activation_bytes_per_gpu=memory.activation_bytes_per_gpu,
-            overhead_bytes_per_gpu=memory.overhead_bytes_per_gpu,
-            non_torch_bytes_per_gpu=memory.non_torch_bytes_per_gpu,
-            cuda_graph_bytes_per_gpu=memory.cuda_graph_bytes_per_gpu,
-            reserved_bytes_per_gpu=memory.reserved_bytes_per_gpu,
-            kv_budget_bytes_per_gpu=memory.kv_budget_bytes_per_gpu, weights_bytes_total=result.weights_bytes_total,
-            kv_budget_per_gpu=human_size(memory.kv_budget_bytes_per_gpu),
-            weights_total=human_size(result.weights_bytes_total),
-            weight_groups_per_gpu=[WeightGroupOut(group=g.group, format=g.format, params=g.params, bytes=g.bytes)
-                                   for g in result.weight_groups_per_gpu]),
-        kv_bytes_per_token_per_gpu=result.kv_bytes_per_token_per_gpu, kv_tokens=result.kv_tokens,
-        kv_blocks=result.kv_blocks,
-        max_concurrency=MaxConcurrencyOut(**{
-            view: ConcurrencyOut(**{name: getattr(getattr(result.max_concurrency, view), name)
-                                    for name in ConcurrencyOut.model_fields})
-            for view in MaxConcurrencyOut.model_fields}),
-        max_context_tokens=result.max_context_tokens,
-        operating_point=None if result.operating_point is None else _operating_point_out(result.operating_point),
-        engine=EngineOut(
-            engine=resolved.engine, engine_version=resolved.engine_version,
-            total_bytes_per_gpu=resolved.total_bytes_per_gpu,
-            gpu_memory_utilization=resolved.gpu_memory_utilization,
-            utilization_of=resolved.utilization_of, max_num_seqs=resolved.max_num_seqs,
-            max_num_batched_tokens=resolved.max_num_batched_tokens, block_size=resolved.block_size,
-            max_model_len=resolved.max_model_len, kv_allocation=resolved.kv_allocation,
-            sources=dict(resolved.sources)),
-        assumptions=CapacityAssumptions(
-            weight_dtype=precisions.weight_dtype,
-            weight_recipe=f"{weights_recipe.name}: {weights_recipe.description} ({weights_recipe.source})",
-            kv_dtype=precisions.kv_dtype, kv_dtype_source=kv_source,
-            compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
-            efficiency=efficiency_out(efficiency, profile), formulas=list(CAPACITY_FORMULAS),
-            defaults_used=defaults),
-        calculation_version=CALCULATION_VERSION,
-    )
-
-
-def _operating_point_out(point: capacity_core.OperatingPoint) -> OperatingPointOut:
-    """The core's seconds as milliseconds: `x_ms` is `x_s` x 1000; other fields carry over."""
-    return OperatingPointOut(**{
-        name: getattr(point, name[:-3] + "_s") * 1e3 if name.endswith("_ms") else getattr(point, name)
-        for name in OperatingPointOut.model_fields})
-
-

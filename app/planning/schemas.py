@@ -14,11 +14,14 @@ from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, Model
 from app.common import Slug
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
+    KV_TRANSFER_EXAMPLE,
     CalibrationRef,
     DataParallel,
+    Deployment,
     EfficiencyOut,
     ExpertParallel,
     KvDtype,
+    KvTransferOut,
     ModelRef,
     PipelineParallel,
     TensorParallel,
@@ -31,7 +34,6 @@ Engine = Literal["vllm", "sglang", "trtllm", "generic"]
 INLINE_GPU_EXAMPLE: dict[str, Any] = {**GPU_SPEC_EXAMPLE, "slug": "h100-sxm-negotiated",
                                       "name": "NVIDIA H100 SXM5 80GB (negotiated)", "price_per_hour_usd": 2.1}
 Binding = Literal["ttft", "tpot", "e2e", "goodput"]
-Deployment = Literal["aggregated", "disaggregated"]
 
 TokenCount = Annotated[int, Field(ge=1, le=10_000_000)]
 TokenStatistic = Annotated[float, Field(gt=0, le=10_000_000)]
@@ -412,10 +414,6 @@ class PlanAssumptionsOut(BaseModel):
     engine_settings: list[str] = Field(description="Each engine setting and where its value came from")
 
 
-KV_TRANSFER_EXAMPLE = {
-    "link": "network", "mean_prompt_tokens": 8000, "bytes_per_request": 1310720000, "bytes_per_gpu": 655360000,
-    "bandwidth_bytes_per_s": 5e10, "latency_ms": 0.0224, "time_ms": 13.13,
-}
 POOL_EXAMPLE = {
     "gpu": "h100-sxm", "gpu_name": "NVIDIA H100 SXM5 80GB", "tensor_parallel": 2, "pipeline_parallel": 1,
     "workers": 4, "gpus": 8, "load_per_worker_requests_per_s": 1.0, "kv_tokens_per_worker": 1050000,
@@ -423,21 +421,6 @@ POOL_EXAMPLE = {
     "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...",
                "notes": []},
 }
-
-
-class KvTransferOut(BaseModel):
-    """One prompt's KV cache moved from its prefill worker to its decode worker (at the mean prompt)."""
-
-    model_config = _examples(KV_TRANSFER_EXAMPLE)
-
-    link: Literal["nvlink", "network"] = Field(
-        description="nvlink when the deployment fits in one NVLink domain of its GPU, else the scale-out network")
-    mean_prompt_tokens: int
-    bytes_per_request: int = Field(description="The prompt's whole KV cache")
-    bytes_per_gpu: int = Field(description="What the most loaded decode GPU receives (each GPU its own shard)")
-    bandwidth_bytes_per_s: float = Field(description="Per GPU, per direction")
-    latency_ms: float
-    time_ms: float = Field(description="latency + bytes_per_gpu / bandwidth")
 
 
 class PoolOut(BaseModel):

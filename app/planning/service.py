@@ -13,14 +13,19 @@ from app.calibration.profiles import profile_snapshot
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
 from app.errors import NotFound, Unprocessable
-from app.estimates.inputs import INLINE_GPU_LABEL, INLINE_MODEL_LABEL, default_kv_dtype, efficiency_out
+from app.estimates.inputs import (
+    INLINE_GPU_LABEL,
+    INLINE_MODEL_LABEL,
+    default_kv_dtype,
+    efficiency_out,
+    kv_transfer_out,
+)
 from app.planning.schemas import (
     CandidatesIn,
     DisaggregationOut,
     HistogramLengths,
     InfeasibleOut,
     InlineGpuIn,
-    KvTransferOut,
     LaunchOut,
     LoadPerReplicaOut,
     LognormalLengths,
@@ -557,9 +562,5 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
         deployment=DISAGGREGATED,
         disaggregation=DisaggregationOut(
             prefill=prefill_out, decode=decode_out, router=ENGINES[engine.engine].disaggregation_router(),
-            kv_transfer=KvTransferOut(
-                link=transfer.link, mean_prompt_tokens=transfer.prompt_tokens,
-                bytes_per_request=transfer.bytes_per_request, bytes_per_gpu=transfer.bytes_per_gpu,
-                bandwidth_bytes_per_s=transfer.bandwidth_bytes_per_s, latency_ms=transfer.latency_s * 1e3,
-                time_ms=transfer.time_s * 1e3)),
+            kv_transfer=kv_transfer_out(transfer)),
     )

@@ -13,7 +13,10 @@ import math
 import numpy as np
 import pytest
 
+from app.sizing.engines import EngineConfig
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.layout import Layout
+from app.sizing.serving.capacity import LIMIT_KV_CACHE, LIMIT_MAX_NUM_SEQS, ConcurrencyView
 from app.sizing.serving.disaggregation import (
     NETWORK,
     NETWORK_TRANSFER_LATENCY_S,
@@ -24,14 +27,16 @@ from app.sizing.serving.disaggregation import (
     closed_loop,
     combine,
     decode_role_requests,
+    deployment_link,
     fewest_workers,
     kv_transfer,
     plan_disaggregated,
+    pool_capacity,
     prefill_role_requests,
     transfer_link,
     transfer_times_s,
 )
-from app.sizing.serving.plan import PlanInputs, Slo, configurations
+from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL, PlanInputs, Slo, configurations
 from app.sizing.serving.simulate import SchedulerConfig, simulate
 from app.sizing.serving.workload import Fixed, Requests, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
@@ -220,3 +225,86 @@ def test_more_users_than_decode_slots_queue_for_the_first_step() -> None:
     tight = closed_loop(8, 1000, 101, prefill, PoolRanks(step_time, narrow, ranks=1), transfer_s=0.0)
     assert tight.ttft_s.mean() > 2 * roomy.ttft_s.mean()
     assert np.nanmax(tight.tpot_s) <= 0.007 + 1e-12
+
+
+# One pool's memory (/v1/capacity) --------------------------------------------------------------------
+
+H200 = dataclasses.replace(H100, name="H200 SXM", slug="h200-sxm", memory_bytes=150_754_820_096,
+                           scale_out_bandwidth_bytes_per_s=40e9)  # a slower NIC, to see which one is taken
+# The generic engine subtracts only what it is given: all 85,520,809,984 B of an H100 (utilization 1.0),
+# less 5e9 B kept back, less the weights, is the KV budget. Block of 16 tokens, no max_num_seqs.
+GENERIC = EngineConfig(engine="generic", gpu_memory_utilization=1.0, reserved_bytes_per_gpu=5_000_000_000)
+POOL_ARGUMENTS = {"input_tokens": 8192, "output_tokens": 1024, "weight_dtype": "fp8", "kv_dtype": "fp8",
+                  "compute_dtype": "fp8", "efficiency": DEFAULT_EFFICIENCY}
+
+
+def test_link_between_pools() -> None:
+    """NVLink when both pools are one GPU type and fit one 8-GPU HGX node (TP4 + TP4 = 8 GPUs); the network
+    past it (TP4 + TP8 = 12); across GPU types the slower GPU's NIC (min(50, 40) GB/s)."""
+    assert deployment_link(H100, 4, H100, 4) == (NVLINK, 450e9, NVLINK_TRANSFER_LATENCY_S)
+    assert deployment_link(H100, 4, H100, 8) == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
+    assert deployment_link(H100, 1, H200, 1) == (NETWORK, 40e9, NETWORK_TRANSFER_LATENCY_S)
+
+
+def test_pool_capacity_of_each_role() -> None:
+    """Llama-3.1-70B, fp8 weights and KV, on H100s: a TP4 prefill pool of two workers, a TP8 decode worker,
+    8,192 tokens in and 1,024 out.
+
+    Weights per GPU (fp8 linear layers, bf16 embedding and LM head, config.json shapes): attention per layer
+    8192 x (8192 + 1024 + 1024 + 8192) = 150,994,944, x 80 = 12,079,595,520 params; MLP 3 x 8192 x 28672 x 80
+    = 56,371,445,760; embedding = LM head = 128,256 x 8,192 = 1,050,673,152 params (2 B each); norms
+    161 x 8,192 = 1,318,912 (2 B, on every GPU).
+      TP4: 3,019,898,880 + 14,092,861,440 + 2 x 525,336,576 + 2,637,824 = 18,166,071,296 B
+      TP8: 1,509,949,440 + 7,046,430,720 + 2 x 262,668,288 + 2,637,824 = 9,084,354,560 B
+    KV per token per GPU (fp8, 1 B): 2 x (8 KV heads / tp) x 128 x 80 layers = 40,960 B at TP4, 20,480 at TP8.
+
+    Prefill worker (TP4): budget 85,520,809,984 - 18,166,071,296 - 5e9 = 62,354,738,688 B; blocks of 16 x
+    40,960 = 655,360 B: 95,145 blocks = 1,522,320 tokens. A prompt of 8,192 tokens = 512 blocks, held until its
+    transfer: 95,145 // 512 = 185 prompts in flight per worker, 370 in the pool of two (8 GPUs).
+    Decode worker (TP8): budget 85,520,809,984 - 9,084,354,560 - 5e9 = 71,436,455,424 B; blocks of 327,680 B:
+    218,006 blocks = 3,488,096 tokens. A request of 8,192 + 1,024 = 9,216 tokens = 576 blocks:
+    218,006 // 576 = 378 concurrent requests.
+    """
+    prefill = pool_capacity(PREFILL_POOL, LLAMA_3_1_70B, H100, workers=2, layout=Layout(4), engine=GENERIC,
+                            **POOL_ARGUMENTS)
+    assert prefill.worker.memory.weights_bytes_per_gpu == 18_166_071_296
+    assert prefill.worker.memory.kv_budget_bytes_per_gpu == 62_354_738_688
+    assert prefill.worker.kv_bytes_per_token_per_gpu == 40_960
+    assert (prefill.worker.kv_blocks, prefill.worker.kv_tokens) == (95_145, 1_522_320)
+    assert prefill.tokens_per_request == 8192
+    assert prefill.requests_per_worker == ConcurrencyView(185, 185, LIMIT_KV_CACHE, 8192.0)
+    assert prefill.gpus == 8
+
+    decode = pool_capacity(DECODE_POOL, LLAMA_3_1_70B, H100, workers=1, layout=Layout(8), engine=GENERIC,
+                           **POOL_ARGUMENTS)
+    assert decode.worker.memory.weights_bytes_per_gpu == 9_084_354_560
+    assert decode.worker.memory.kv_budget_bytes_per_gpu == 71_436_455_424
+    assert decode.worker.kv_bytes_per_token_per_gpu == 20_480
+    assert (decode.worker.kv_blocks, decode.worker.kv_tokens) == (218_006, 3_488_096)
+    assert decode.tokens_per_request == 9216
+    assert decode.requests_per_worker == ConcurrencyView(378, 378, LIMIT_KV_CACHE, 9216.0)
+    assert decode.gpus == 8
+    # A decode worker's prompts arrive prefilled: no prefill share in its time per output token.
+    point = decode.worker.operating_point
+    assert point is not None
+    assert (point.ideal_prefill_s, point.expected_prefill_s) == (0.0, 0.0)
+    assert point.expected_tpot_s == point.expected_decode_step_s
+
+
+def test_prefill_prompts_in_flight_are_not_capped_by_max_num_seqs() -> None:
+    """A prompt waiting for its transfer has left the running batch but keeps its blocks: max_num_seqs 10
+    caps the decode worker (378 -> 10, max_num_seqs binding), not the prefill worker's 185 prompts."""
+    capped = dataclasses.replace(GENERIC, max_num_seqs=10)
+    prefill = pool_capacity(PREFILL_POOL, LLAMA_3_1_70B, H100, workers=1, layout=Layout(4), engine=capped,
+                            **POOL_ARGUMENTS)
+    decode = pool_capacity(DECODE_POOL, LLAMA_3_1_70B, H100, workers=1, layout=Layout(8), engine=capped,
+                           **POOL_ARGUMENTS)
+    assert prefill.requests_per_worker.sequences == 185
+    assert decode.requests_per_worker == ConcurrencyView(10, 378, LIMIT_MAX_NUM_SEQS, 9216.0)
+
+
+@pytest.mark.parametrize(("role", "workers"), [("router", 1), (PREFILL_POOL, 0)])
+def test_pool_capacity_refuses_an_unknown_role_or_no_workers(role: str, workers: int) -> None:
+    with pytest.raises(ValueError):
+        pool_capacity(role, LLAMA_3_1_70B, H100, workers=workers, layout=Layout(8), engine=GENERIC,
+                      **POOL_ARGUMENTS)

@@ -302,10 +302,12 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
                     input_tokens: int, output_tokens: int, tensor_parallel: int, pipeline_parallel: int,
                     weight_dtype: str | WeightRecipe, kv_dtype: str, compute_dtype: str, efficiency: Efficiency,
                     max_num_batched_tokens: int, activation_dtype: str = "bf16", data_parallel: int = 1,
-                    expert_parallel: int = 1) -> OperatingPoint:
+                    expert_parallel: int = 1, decode_only: bool = False) -> OperatingPoint:
     """Decode step, prefill and the steady-state rates at `batch_size` running requests (see
     `OperatingPoint`), timed with the step-time model of this deployment. The requests are spread over
-    the data-parallel ranks and, within a rank, over the pp micro-batches in flight."""
+    the data-parallel ranks and, within a rank, over the pp micro-batches in flight. `decode_only`: a
+    disaggregated decode worker, whose prompts arrive prefilled (`disaggregation`): no prefill (0) and
+    tpot = the decode step."""
     if batch_size < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("batch_size, input_tokens and output_tokens must be >= 1")
     steps = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel,
@@ -329,7 +331,7 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     decode_row = (micro_batch, micro_batch * mean_context, 0.0, 0.0)
     decode_ideal, decode_expected = float(steps.ideal_step_time_s(*decode_row)), float(steps.step_time_s(*decode_row))
     prefill_ideal, prefill_expected = (
-        math.fsum(float(time(*row)) for row in chunk_rows) / len(chunk_rows) * count
+        0.0 if decode_only else math.fsum(float(time(*row)) for row in chunk_rows) / len(chunk_rows) * count
         for time in (steps.ideal_step_time_s, steps.step_time_s))
 
     def tpot(decode: float, prefill: float) -> float:
@@ -513,11 +515,12 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
              weight_dtype: str, kv_dtype: str, compute_dtype: str | None, engine: EngineConfig,
              input_tokens: int, output_tokens: int, efficiency: Efficiency,
              activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1,
-             weight_recipe: WeightRecipe | None = None) -> CapacityResult:
+             weight_recipe: WeightRecipe | None = None, decode_only: bool = False) -> CapacityResult:
     """How many concurrent requests of `input_tokens` + `output_tokens` fit, and how fast they go.
 
     `weight_recipe`, when given, decides the weight bytes and the step-time model's weight reads (each
     parameter group in its own format); `weight_dtype` then only the default compute precision.
+    `decode_only`: the operating point of a disaggregated decode worker (`operating_point`).
     Impossible configurations are answers (fits False, reasons, a suggestion), not errors; only
     inconsistent input (TP not dividing the heads, PP above the layers, unknown dtypes, a compute
     precision the GPU lacks, max_model_len beyond the model) raises ValueError.
@@ -554,7 +557,7 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype,
             compute_dtype=compute_dtype, efficiency=efficiency, activation_dtype=activation_dtype,
             max_num_batched_tokens=accounting.engine.max_num_batched_tokens, data_parallel=data_parallel,
-            expert_parallel=expert_parallel)
+            expert_parallel=expert_parallel, decode_only=decode_only)
     return CapacityResult(
         fits=fits,
         reasons=accounting.reasons,

@@ -20,6 +20,12 @@ pool gets its own GPU, layout and worker count.
   arrives with its prompt cached except the last token, whose step emits the first streamed token, and
   generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
   TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.
+- **Memory per pool** (`pool_capacity`, /v1/capacity): each pool's workers under the engine's accounting
+  of an aggregated replica, charged what a worker of the role holds per request.
+
+Longer than 600 lines because it is the whole disaggregated model in one place: the transfer, the
+per-pool memory, the per-request composition, the two-pool planner and the closed-loop estimate share
+their definitions of the roles, and splitting them would scatter one model over several modules.
 """
 
 from __future__ import annotations
@@ -30,9 +36,19 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from app.sizing.engines import EngineConfig
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
+from app.sizing.layout import Layout
 from app.sizing.model.kv import kv_cache_size
+from app.sizing.model.recipes import WeightRecipe
+from app.sizing.serving.capacity import (
+    LIMIT_KV_CACHE,
+    CapacityResult,
+    ConcurrencyView,
+    capacity,
+    requests_fitting,
+)
 from app.sizing.serving.plan import (
     BINDING_E2E,
     BINDING_GOODPUT,
@@ -129,6 +145,63 @@ def transfer_times_s(model: ModelSpec, prompt_tokens: np.ndarray, kv_dtype: str,
                                       pipeline_parallel=decode_pipeline_parallel).bytes_per_sequence_per_gpu
                         for n in lengths], dtype=float)
     return (latency_s + per_gpu / bandwidth_bytes_per_s)[inverse]
+
+
+# One pool's memory -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PoolCapacity:
+    """One pool's workers under their engine's memory accounting: the rules of an aggregated replica
+    (`capacity.capacity`; ENGINES.md section 3 gives neither role memory defaults of its own), at what a
+    worker of the role holds per request:
+
+    - prefill: the prompt, from its prefill until its KV transfer completes (the request ends there with
+      its first token, whose KV the prefill worker never writes: `prefill_role_requests`). The requests in
+      flight are what the KV cache holds, not capped by max_num_seqs: a request waiting for its transfer
+      has left the running batch but keeps its blocks (vLLM's NIXL prefiller until the decode worker reads
+      them, at most kv_lease_duration; ENGINES.md section 3).
+    - decode: the prompt and the whole answer (the admission view, capped by max_num_seqs); the worker's
+      operating point times decode steps alone (`capacity.operating_point`, decode_only).
+    """
+
+    role: str  # PREFILL_POOL or DECODE_POOL
+    workers: int
+    layout: Layout  # of one worker
+    worker: CapacityResult  # one worker, at the role's request lengths
+    tokens_per_request: int
+    requests_per_worker: ConcurrencyView
+
+    @property
+    def gpus(self) -> int:
+        return self.workers * self.layout.gpus
+
+
+def pool_capacity(role: str, model: ModelSpec, gpu: GpuSpec, *, workers: int, layout: Layout, input_tokens: int,
+                  output_tokens: int, weight_dtype: str, kv_dtype: str, compute_dtype: str | None,
+                  engine: EngineConfig, efficiency: Efficiency, activation_dtype: str = "bf16",
+                  weight_recipe: WeightRecipe | None = None) -> PoolCapacity:
+    """`PoolCapacity` of `workers` workers of `layout` on `gpu` serving requests of `input_tokens` +
+    `output_tokens` in the `role` pool."""
+    if role not in (PREFILL_POOL, DECODE_POOL):
+        raise ValueError(f"role must be {PREFILL_POOL!r} or {DECODE_POOL!r}")
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    prefill = role == PREFILL_POOL
+    worker = capacity(
+        model, gpu, tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
+        weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype, engine=engine,
+        input_tokens=input_tokens, output_tokens=1 if prefill else output_tokens, efficiency=efficiency,
+        activation_dtype=activation_dtype, data_parallel=layout.data_parallel,
+        expert_parallel=layout.expert_parallel, weight_recipe=weight_recipe, decode_only=not prefill)
+    if not prefill:
+        return PoolCapacity(role, workers, layout, worker, input_tokens + output_tokens,
+                            worker.max_concurrency.admission)
+    in_flight = layout.data_parallel * requests_fitting(
+        model, worker.memory.kv_budget_bytes_per_gpu, input_tokens, kv_dtype,
+        tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
+        block_size=worker.engine.block_size)
+    return PoolCapacity(role, workers, layout, worker, input_tokens,
+                        ConcurrencyView(in_flight, in_flight, LIMIT_KV_CACHE, float(input_tokens)))
 
 
 # Per-request composition ------------------------------------------------------------------------------
@@ -422,12 +495,18 @@ def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Po
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
 
 
+def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec,
+                    decode_gpus: int) -> tuple[str, float, float]:
+    """(link, per-GPU bandwidth, latency) between the pools: NVLink when both pools are one GPU type and
+    the deployment fits in one of its NVLink domains, else the slower GPU's scale-out network."""
+    if prefill_gpu == decode_gpu:
+        return transfer_link(decode_gpu, prefill_gpus + decode_gpus)
+    return NETWORK, min(prefill_gpu.scale_out_bandwidth_bytes_per_s,
+                        decode_gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
+
+
 def _link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
-    """NVLink when both pools are one GPU type and the deployment fits in one of its NVLink domains."""
-    if prefill.configuration.gpu == decode.configuration.gpu:
-        return transfer_link(decode.configuration.gpu, prefill.gpus + decode.gpus)
-    return NETWORK, min(prefill.configuration.gpu.scale_out_bandwidth_bytes_per_s,
-                        decode.configuration.gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
+    return deployment_link(prefill.configuration.gpu, prefill.gpus, decode.configuration.gpu, decode.gpus)
 
 
 def _pool_times(planner: _Planner, prefill_result: SimulationResult, decode_result: SimulationResult,

@@ -1,0 +1,191 @@
+"""/v1/capacity and /v1/roofline for a disaggregated deployment: a prefill pool and a decode pool, each with
+its own GPU, layout and workers, and the prompt's KV cache moved between them.
+
+Llama-3.1-70B (config.json: 80 layers, 8 KV heads of 128, hidden 8,192, MLP 28,672, vocab 128,256) with fp8
+weights and fp8 KV on H100 SXM (gpus.csv: 85,520,809,984 B as nvidia-smi reports; NVLink 450 GB/s per
+direction, 8 GPUs per HGX node; one 400 Gb/s NIC = 50 GB/s per GPU), 8,192 tokens in and 1,024 out, a TP4
+prefill pool and a TP8 decode pool. tests/domain/test_disaggregation.py derives the per-pool memory at
+length; the figures below repeat it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.api.problems import assert_problem
+
+# The generic engine subtracts only what it is given: utilization 1.0 of 85,520,809,984 B, 5e9 B kept back.
+CAPACITY = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+            "engine": "generic", "gpu_memory_utilization": 1.0, "reserved_bytes_per_gpu": 5_000_000_000,
+            "deployment": "disaggregated", "prefill": {"tensor_parallel": 4, "workers": 2},
+            "decode": {"tensor_parallel": 8}, "input_tokens": 8192, "output_tokens": 1024}
+ROOFLINE = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+            "deployment": "disaggregated", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 8},
+            "prompt_tokens": 8192, "batch_size": 64}
+# One prompt's KV: 2 x 8 KV heads x 128 x 1 B (fp8) x 80 layers = 163,840 B per token, x 8,192 tokens =
+# 1,342,177,280 B; each TP8 decode GPU holds 1 KV head: 1,342,177,280 / 8 = 167,772,160 B.
+PROMPT_KV_BYTES = 1_342_177_280
+PROMPT_KV_BYTES_PER_TP8_GPU = 167_772_160
+# 4 + 8 = 12 GPUs, more than one 8-GPU node: over the network, 22.4 us + 167,772,160 / 50e9 s = 3.3778432 ms.
+NETWORK_TRANSFER_MS = 0.0224 + 167_772_160 / 50e9 * 1e3
+
+
+def post(client: TestClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    response = client.post(path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_capacity_of_each_pool_and_the_transfer(client: TestClient) -> None:
+    """Prefill worker (TP4): 85,520,809,984 - 18,166,071,296 weights - 5e9 = 62,354,738,688 B of KV per GPU;
+    40,960 B per token per GPU (2 KV heads), blocks of 16 = 655,360 B: 95,145 blocks = 1,522,320 tokens; a
+    prompt of 8,192 tokens (512 blocks) held until its transfer: 95,145 // 512 = 185 in flight per worker,
+    370 for two workers.
+    Decode worker (TP8): 85,520,809,984 - 9,084,354,560 - 5e9 = 71,436,455,424 B; 20,480 B per token per GPU,
+    blocks of 327,680 B: 218,006 blocks = 3,488,096 tokens; a request of 8,192 + 1,024 = 9,216 tokens (576
+    blocks): 218,006 // 576 = 378 concurrent requests."""
+    answer = post(client, "/v1/capacity", CAPACITY)
+    assert answer["deployment"] == "disaggregated" and answer["fits"] and answer["reasons"] == []
+    pools = answer["disaggregation"]
+    prefill, decode = pools["prefill"], pools["decode"]
+    assert (prefill["role"], prefill["tensor_parallel"], prefill["workers"], prefill["gpus"]) == ("prefill", 4, 2, 8)
+    assert prefill["memory"]["weights_bytes_per_gpu"] == 18_166_071_296
+    assert prefill["memory"]["kv_budget_bytes_per_gpu"] == 62_354_738_688
+    assert (prefill["kv_bytes_per_token_per_gpu"], prefill["kv_tokens_per_worker"]) == (40_960, 1_522_320)
+    assert prefill["tokens_per_request"] == 8192
+    assert prefill["requests_per_worker"] == {"sequences": 185, "kv_limited_sequences": 185, "limit": "kv_cache",
+                                              "tokens_per_request": 8192.0}
+    assert prefill["requests"] == 370
+    assert (decode["role"], decode["tensor_parallel"], decode["workers"], decode["gpus"]) == ("decode", 8, 1, 8)
+    assert decode["memory"]["weights_bytes_per_gpu"] == 9_084_354_560
+    assert decode["memory"]["kv_budget_bytes_per_gpu"] == 71_436_455_424
+    assert (decode["kv_bytes_per_token_per_gpu"], decode["kv_tokens_per_worker"]) == (20_480, 3_488_096)
+    assert decode["tokens_per_request"] == 9216
+    assert decode["requests_per_worker"]["sequences"] == decode["requests"] == 378
+    # 2 x 4 prefill GPUs + 8 decode GPUs = 16, past one node: the network.
+    assert pools["kv_transfer"] == pytest.approx({
+        "link": "network", "mean_prompt_tokens": 8192, "bytes_per_request": PROMPT_KV_BYTES,
+        "bytes_per_gpu": PROMPT_KV_BYTES_PER_TP8_GPU, "bandwidth_bytes_per_s": 50e9, "latency_ms": 0.0224,
+        "time_ms": NETWORK_TRANSFER_MS})
+    # The top level is one decode worker, as in /v1/slo-plan's disaggregated plans.
+    assert (answer["tensor_parallel"], answer["num_gpus"], answer["kv_tokens"]) == (8, 8, 3_488_096)
+    assert answer["max_concurrency"]["admission"]["sequences"] == 378
+    point = answer["operating_point"]
+    assert point["expected_prefill_ms"] == 0 and point["expected_tpot_ms"] == point["expected_decode_step_ms"]
+
+
+def test_capacity_pools_inside_one_node_move_the_kv_over_nvlink(client: TestClient) -> None:
+    """TP4 + TP4 = 8 GPUs, one HGX node: NVLink. Each TP4 decode GPU holds 2 KV heads of the prompt:
+    8,192 x 2 x 2 x 128 x 1 B x 80 = 335,544,320 B; 11.8 us + 335,544,320 / 450e9 s = 0.75745 ms."""
+    body = {**CAPACITY, "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 4}}
+    transfer = post(client, "/v1/capacity", body)["disaggregation"]["kv_transfer"]
+    assert transfer["link"] == "nvlink" and transfer["bytes_per_gpu"] == 335_544_320
+    assert transfer["time_ms"] == pytest.approx(0.0118 + 335_544_320 / 450e9 * 1e3)
+
+
+def test_capacity_reasons_name_the_pool_that_cannot_serve(client: TestClient) -> None:
+    """80e9 B kept back on each GPU: 85,520,809,984 - 18,166,071,296 (TP4 weights) - 80e9 < 0 and
+    85,520,809,984 - 9,084,354,560 (TP8) - 80e9 < 0, so neither pool has KV cache left: both fail, each
+    reason prefixed with its pool."""
+    body = {**CAPACITY, "reserved_bytes_per_gpu": 80_000_000_000}
+    answer = post(client, "/v1/capacity", body)
+    assert not answer["fits"]
+    assert [reason.split(":")[0] for reason in answer["reasons"]] == ["prefill pool", "decode pool"]
+    assert not answer["disaggregation"]["prefill"]["fits"] and not answer["disaggregation"]["decode"]["fits"]
+
+
+def test_roofline_of_each_pool_and_the_transfer(client: TestClient) -> None:
+    """The prefill pool prefills one 8,192-token prompt at TP4, the decode pool decodes 64 sequences of 8,192
+    cached tokens (default: the prompt) at TP8: the same steps /v1/roofline times for each alone. TTFT through
+    idle pools = prefill step + transfer (over the network: 12 GPUs) + the decode step."""
+    answer = post(client, "/v1/roofline", ROOFLINE)
+    common = {key: ROOFLINE[key] for key in ("model", "gpu", "weight_dtype", "kv_dtype")}
+    prefill = post(client, "/v1/roofline", {**common, "phase": "prefill", "prompt_tokens": 8192,
+                                            "tensor_parallel": 4})
+    decode = post(client, "/v1/roofline", {**common, "phase": "decode", "batch_size": 64, "context_tokens": 8192,
+                                           "tensor_parallel": 8})
+    pools = answer["disaggregation"]
+    assert answer["deployment"] == "disaggregated"
+    assert (answer["phase"], answer["tensor_parallel"], answer["expected_time_ms"]) == (
+        "decode", 8, decode["expected_time_ms"])
+    assert (pools["prefill"]["tokens"], pools["prefill"]["batch_size"]) == (8192, 1)
+    assert pools["prefill"]["expected_time_ms"] == prefill["expected_time_ms"]
+    assert (pools["decode"]["tokens"], pools["decode"]["context_tokens"]) == (64, 8192)
+    assert pools["decode"]["expected_time_ms"] == decode["expected_time_ms"]
+    assert pools["kv_transfer"]["link"] == "network"
+    assert pools["kv_transfer"]["bytes_per_request"] == PROMPT_KV_BYTES
+    assert pools["kv_transfer"]["bytes_per_gpu"] == PROMPT_KV_BYTES_PER_TP8_GPU
+    assert pools["kv_transfer"]["time_ms"] == pytest.approx(NETWORK_TRANSFER_MS)
+    assert pools["ttft_ms"] == pytest.approx(prefill["expected_time_ms"] + NETWORK_TRANSFER_MS
+                                             + decode["expected_time_ms"])
+
+
+def test_requests_without_the_new_fields_mean_what_they_meant(client: TestClient) -> None:
+    aggregated = post(client, "/v1/capacity", {"model": "llama-3.1-8b", "gpu": "h100-sxm", "input_tokens": 1000,
+                                               "output_tokens": 500})
+    assert (aggregated["deployment"], aggregated["disaggregation"]) == ("aggregated", None)
+    assert aggregated["operating_point"]["expected_prefill_ms"] > 0
+    step = post(client, "/v1/roofline", {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode",
+                                         "context_tokens": 1024})
+    assert (step["deployment"], step["disaggregation"]) == ("aggregated", None)
+
+
+@pytest.mark.parametrize(("path", "change", "pointer"), [
+    # Pools without deployment disaggregated, and the reverse.
+    ("/v1/capacity", {"deployment": "aggregated"}, "/body/prefill"),
+    ("/v1/capacity", {"decode": None}, "/body/decode"),
+    # The request's own layout belongs to an aggregated deployment.
+    ("/v1/capacity", {"tensor_parallel": 8}, "/body/tensor_parallel"),
+    # 64 attention heads do not split over 3 GPUs.
+    ("/v1/capacity", {"decode": {"tensor_parallel": 3}}, "/body/decode/tensor_parallel"),
+    # Llama is dense: no experts to deal out.
+    ("/v1/capacity", {"prefill": {"tensor_parallel": 4, "expert_parallel": 4}}, "/body/prefill/expert_parallel"),
+    ("/v1/capacity", {"prefill": {"tensor_parallel": 4, "workers": 0}}, "/body/prefill/workers"),
+    ("/v1/roofline", {"phase": "decode"}, "/body/phase"),
+    ("/v1/roofline", {"prompt_tokens": None}, "/body/prompt_tokens"),
+    ("/v1/roofline", {"prefill": {"tensor_parallel": 4, "pipeline_parallel": 2}}, "/body/prefill/pipeline_parallel"),
+])
+def test_invalid_combinations_name_the_field(client: TestClient, path: str, change: dict[str, Any],
+                                             pointer: str) -> None:
+    body = {**(CAPACITY if path == "/v1/capacity" else ROOFLINE), **change}
+    assert_problem(client.post(path, json={k: v for k, v in body.items() if v is not None}), 422, pointer)
+
+
+def test_an_aggregated_roofline_still_needs_its_phase(client: TestClient) -> None:
+    assert_problem(client.post("/v1/roofline", json={"model": "llama-3-8b", "gpu": "h100-sxm",
+                                                     "context_tokens": 10}), 422, "/body/phase")
+
+
+@pytest.mark.parametrize("path", ["/v1/capacity", "/v1/roofline"])
+def test_an_unknown_gpu_in_a_pool_is_404(client: TestClient, path: str) -> None:
+    body = {**(CAPACITY if path == "/v1/capacity" else ROOFLINE), "decode": {"gpu": "no-such-gpu"}}
+    assert_problem(client.post(path, json=body), 404, "/body/decode/gpu")
+
+
+def test_a_pool_on_another_gpu(client: TestClient) -> None:
+    """Decode on H200s, prefill on H100s: two GPU types never share NVLink, so the network at the slower NIC
+    (both 50 GB/s); each pool's memory comes from its own GPU (an H200's 150,754,820,096 B: more KV)."""
+    answer = post(client, "/v1/capacity", {**CAPACITY, "decode": {"gpu": "h200-sxm", "tensor_parallel": 8}})
+    pools = answer["disaggregation"]
+    assert (answer["gpu"], pools["decode"]["gpu"], pools["prefill"]["gpu"]) == ("h200-sxm", "h200-sxm", "h100-sxm")
+    assert pools["decode"]["memory"]["total_bytes_per_gpu"] == 150_754_820_096
+    assert pools["kv_transfer"]["link"] == "network"
+
+
+def test_the_roofline_chart_draws_one_gpu_only(client: TestClient) -> None:
+    assert_problem(client.post("/v1/roofline/chart", json=ROOFLINE), 422, "/body/deployment")
+
+
+def test_a_pool_layout_its_engine_refuses(client: TestClient) -> None:
+    """vLLM's --enable-expert-parallel is all or nothing (expert_parallel = data_parallel x tensor_parallel,
+    ENGINES.md): Mixtral's 8 experts over EP2 inside a TP4 decode worker is refused by vLLM, named in the
+    pool; the generic engine, which has no such rule, sizes it."""
+    body = {"model": "mixtral-8x7b", "gpu": "h100-sxm", "deployment": "disaggregated",
+            "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 4, "expert_parallel": 2},
+            "input_tokens": 2000, "output_tokens": 500}
+    assert_problem(client.post("/v1/capacity", json={**body, "engine": "vllm"}), 422, "/body/decode/expert_parallel")
+    answer = post(client, "/v1/capacity", {**body, "engine": "generic"})
+    assert answer["disaggregation"]["decode"]["expert_parallel"] == 2
