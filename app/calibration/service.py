@@ -191,9 +191,11 @@ class PreparedRow:
     def assumption(self) -> str | None:
         """What the prediction assumes that the row does not state."""
         m = self.prediction.measurement
+        assumptions = list(self.prediction.assumptions)  # the predictor's (weight-only compute, dataset lengths)
         if m.metric in LATENCY_METRICS and m.stat is None:
-            return f"the source does not state the statistic of {m.metric}: predicted as the {UNSTATED_STAT}"
-        return None
+            assumptions.insert(0, f"the source does not state the statistic of {m.metric}: predicted as the "
+                                  f"{UNSTATED_STAT}")
+        return "; ".join(assumptions) or None
 
 
 def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[list[PreparedRow], dict[str, str]]:
