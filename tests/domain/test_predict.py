@@ -224,6 +224,15 @@ def test_fp4_weights_on_hopper_are_weight_only_whatever_the_row_calls_the_comput
     assert prepared.predict(AT_THE_ROOF) == stated_bf16
 
 
+def test_moe_tp_is_read_only_for_a_model_with_experts() -> None:
+    """A dense model has no experts to split: its moe_tp (aiconfigurator writes 1 whatever the tp) changes
+    nothing; on an MoE model tp 2 x dp 1 != ep 1 x moe_tp 1 is a contradiction and skips the row."""
+    shape = {"scenario": "batch1", "tp": 2, "num_gpus": 2}
+    assert predict(moe_tp=1, **shape) == predict(**shape)
+    with pytest.raises(Unpredictable, match="inconsistent layout"):
+        prepare(measurement(moe_tp=1, **shape), MIXTRAL_8X7B, HOPPER)
+
+
 def test_a_checkpoint_recipe_reads_each_group_in_its_own_format() -> None:
     """gpt-oss's MXFP4 checkpoint keeps attention in bf16 where plain fp4 stores it in MXFP4: a batch-1
     decode reads the 36 layers' attention matrices (q 2,880 x 4,096 + k, v 2 x 2,880 x 512 + o 4,096 x 2,880

@@ -312,7 +312,9 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     dp, ep = m.dp or 1, m.ep or 1
     if (dp > 1 or ep > 1) and m.tp is None:
         raise Unpredictable("a data- or expert-parallel layout without its tensor-parallel degree")
-    if m.tp is not None and m.moe_tp is not None and m.tp * dp != ep * m.moe_tp:
+    # moe_tp says how the experts are split; a dense model has none, and aiconfigurator's files write
+    # moe_tp 1 for its runs whatever the tp (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
+    if m.tp is not None and m.moe_tp is not None and model.is_moe and m.tp * dp != ep * m.moe_tp:
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
         return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions))
