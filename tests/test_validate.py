@@ -182,10 +182,22 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
     assert outcomes["ok"].predicted is not None
     assert outcomes["ok"].assumption == "the source does not state the statistic of tpot_ms: predicted as the mean"
     assert report.summary.skipped_reasons["layout not stated"] == 1  # the disaggregated row
-    # The layout rows reach the predictor, which says why these three cannot run as stated.
+    # The layout rows reach the predictor, which says why these two cannot run as stated; Llama-3.1-8B has
+    # no experts, so its moe_tp means nothing and that row is predicted.
     assert "dp" in outcomes["adp"].skipped_reason or "DP" in outcomes["adp"].skipped_reason
-    assert outcomes["ep"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 8 x moe_tp 1"
-    assert outcomes["moetp"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 1 x moe_tp 4"
+    assert outcomes["ep"].skipped_reason.startswith("expert_parallel 8 must divide tensor_parallel x data_parallel")
+    assert outcomes["moetp"].predicted == outcomes["ok"].predicted
+
+
+def test_a_gpu_or_model_outside_the_catalog_is_the_reason_before_an_unstated_cell() -> None:
+    """Argonne's rows on an A100 of unstated memory leave the precision empty too: no precision would make
+    them predictable, the missing GPU is the reason they are skipped (and counted under)."""
+    rows = ["a1,llama-3.1-8b,a100-variant-unstated,1,1,,other,static_batch,128,128,4,e2e_ms,,900,,,,",
+            "hf,Qwen/Qwen2-7B,h100-sxm,1,1,,other,static_batch,128,128,4,e2e_ms,,900,,,,"]
+    text = "\n".join([HEADER, *rows]) + "\n"
+    report = validate(read_rows(text, pointer="file.csv"), ReferenceCatalog(), builtin_profile())
+    assert [outcome.skipped_reason for outcome in report.outcomes] == [
+        "unknown GPU slug 'a100-variant-unstated'", "unknown model slug 'Qwen/Qwen2-7B'"]
 
 
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
