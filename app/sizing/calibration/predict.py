@@ -123,6 +123,7 @@ MAX_SIMULATED_REQUESTS = 1000  # per replica and run: keeps one prediction in mi
 # No limit on output tokens: the simulator jumps over runs of decode-only steps, so a run costs per event
 # (arrival, admission, finish), not per token; 1,000 requests of 32,768 output tokens take under a second.
 SEED = 0  # Poisson arrivals: fixed, so a prediction is reproducible
+LENGTHS_SEED = 1  # a dataset's drawn lengths: a stream of their own, independent of the arrivals'
 
 
 def needs_simulation(measurement: Measurement) -> bool:
@@ -381,7 +382,7 @@ def _requests(isl: int | None, osl: int | None, lengths: PairedLengths | None, c
         assert isl is not None and osl is not None
         return sample_requests(Workload(Fixed(isl), Fixed(osl), **load), count, SEED)
     timed = sample_requests(Workload(Fixed(1), Fixed(1), **load), count, SEED)  # arrivals only
-    inputs, outputs = lengths.sample(np.random.Generator(np.random.PCG64(SEED)), count)
+    inputs, outputs = lengths.sample(np.random.Generator(np.random.PCG64(LENGTHS_SEED)), count)
     return Requests(timed.arrival_s, inputs, outputs, np.zeros(count, dtype=np.int64))
 
 
