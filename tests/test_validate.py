@@ -27,7 +27,7 @@ from app.sizing.calibration.predict import Measurement, PoolLayout
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = Path(__file__).parents[1] / "examples" / "calibration-sample.csv"
-DATASET_ROWS = {"LAMBDA_VLLM_054-1399", "LAMBDA_VLLM_054-1400"}
+DATASET_ROWS = {"LAMBDA_VLLM_054-1399", "LAMBDA_VLLM_054-1400"}  # ShareGPT: lengths from the shipped histogram
 
 
 def scaled_copy(source: Path, target: Path, factor: float) -> None:
@@ -57,7 +57,7 @@ def test_predictions_do_not_depend_on_the_measured_column(tmp_path: Path) -> Non
     tenfold = run_validator(tmp_path, scaled, "--profile", "builtin")
     predicted = {row["row_id"]: row.get("predicted") for row in original["rows"]}
     assert predicted == {row["row_id"]: row.get("predicted") for row in tenfold["rows"]}
-    assert sum(value is not None for value in predicted.values()) == 33
+    assert sum(value is not None for value in predicted.values()) == 35
     for before, after in zip(original["rows"], tenfold["rows"], strict=True):
         assert after["measured"] == pytest.approx(10 * before["measured"])
         if "predicted" in before:
@@ -65,23 +65,22 @@ def test_predictions_do_not_depend_on_the_measured_column(tmp_path: Path) -> Non
 
 
 def test_the_json_report_has_every_row_and_a_summary(tmp_path: Path) -> None:
-    """Predicted rows carry predicted, measured and abs_pct_error = |p − m| / m x 100; skipped rows carry
-    the reason instead; the summary counts them."""
+    """Predicted rows carry predicted, measured and abs_pct_error = |p − m| / m x 100; the summary counts
+    them. The two ShareGPT rows are predicted from the shipped length histogram and say so."""
     report = run_validator(tmp_path, SAMPLE, "--profile", "builtin")
     assert report["profile"] == "builtin"
     assert len(report["rows"]) == 35
     for row in report["rows"]:
+        assert "skipped_reason" not in row
+        assert row["abs_pct_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"] * 100)
         if row["row_id"] in DATASET_ROWS:
-            assert "predicted" not in row and "abs_pct_error" not in row
-            assert row["skipped_reason"].startswith("dataset-driven lengths")
-        else:
-            assert "skipped_reason" not in row
-            assert row["abs_pct_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"] * 100)
+            assert "ShareGPT as vLLM's benchmark samples it" in row["assumption"]
+            assert "sharegpt-lengths-tekken-240718.json" in row["assumption"]  # Llama-3.1: the 131k BPE
     summary = report["summary"]
-    assert (summary["rows_total"], summary["rows_predicted"], summary["rows_skipped"]) == (35, 33, 2)
-    assert summary["skipped_reasons"] == {"dataset-driven lengths": 2}
-    assert sum(group["rows"] for group in summary["by_group"]) == 33
-    assert summary["throughput"]["rows"] + summary["latency_light_load"]["rows"] + summary["latency_loaded"]["rows"] == 33
+    assert (summary["rows_total"], summary["rows_predicted"], summary["rows_skipped"]) == (35, 35, 0)
+    assert summary["skipped_reasons"] == {}
+    assert sum(group["rows"] for group in summary["by_group"]) == 35
+    assert summary["throughput"]["rows"] + summary["latency_light_load"]["rows"] + summary["latency_loaded"]["rows"] == 35
     groups = {(g["scenario"], g["metric"], g["gpu_family"]) for g in summary["by_group"]}
     assert ("static_batch", "output_tokens_per_s_per_gpu", "hopper") in groups
     assert ("batch1", "output_tokens_per_s", "ampere") in groups
@@ -90,9 +89,8 @@ def test_the_json_report_has_every_row_and_a_summary(tmp_path: Path) -> None:
 def test_the_printed_table_names_groups_skips_and_worst_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run_validator(tmp_path, SAMPLE, "--profile", "builtin")
     printed = capsys.readouterr().out
-    assert "33 predicted (94.3%)" in printed
+    assert "35 predicted (100.0%)" in printed
     assert "static_batch  output_tokens_per_s_per_gpu  hopper" in printed
-    assert "dataset-driven lengths" in printed
     assert "worst 10 rows:" in printed
 
 
@@ -103,7 +101,7 @@ def test_the_markdown_page_is_written_by_the_command(tmp_path: Path) -> None:
     assert text.startswith("# Accuracy")
     assert f"python -m app.validate {SAMPLE} --profile builtin --markdown {page}" in text
     assert "| throughput rows |" in text
-    assert "33 of 35 rows predicted (94.3%)" in text
+    assert "35 of 35 rows predicted (100.0%)" in text
 
 
 def test_a_malformed_file_is_refused_with_the_offending_cells(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -186,10 +184,22 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
     assert outcomes["ok"].predicted is not None
     assert outcomes["ok"].assumption == "the source does not state the statistic of tpot_ms: predicted as the mean"
     assert report.summary.skipped_reasons["layout not stated"] == 1  # the disaggregated row
-    # The layout rows reach the predictor, which says why these three cannot run as stated.
+    # The layout rows reach the predictor, which says why these two cannot run as stated; Llama-3.1-8B has
+    # no experts, so its moe_tp means nothing and that row is predicted.
     assert "dp" in outcomes["adp"].skipped_reason or "DP" in outcomes["adp"].skipped_reason
-    assert outcomes["ep"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 8 x moe_tp 1"
-    assert outcomes["moetp"].skipped_reason == "inconsistent layout: tp 1 x dp 1 != ep 1 x moe_tp 4"
+    assert outcomes["ep"].skipped_reason.startswith("expert_parallel 8 must divide tensor_parallel x data_parallel")
+    assert outcomes["moetp"].predicted == outcomes["ok"].predicted
+
+
+def test_a_gpu_or_model_outside_the_catalog_is_the_reason_before_an_unstated_cell() -> None:
+    """Argonne's rows on an A100 of unstated memory leave the precision empty too: no precision would make
+    them predictable, the missing GPU is the reason they are skipped (and counted under)."""
+    rows = ["a1,llama-3.1-8b,a100-variant-unstated,1,1,,other,static_batch,128,128,4,e2e_ms,,900,,,,",
+            "hf,Qwen/Qwen2-7B,h100-sxm,1,1,,other,static_batch,128,128,4,e2e_ms,,900,,,,"]
+    text = "\n".join([HEADER, *rows]) + "\n"
+    report = validate(read_rows(text, pointer="file.csv"), ReferenceCatalog(), builtin_profile())
+    assert [outcome.skipped_reason for outcome in report.outcomes] == [
+        "unknown GPU slug 'a100-variant-unstated'", "unknown model slug 'Qwen/Qwen2-7B'"]
 
 
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
@@ -218,8 +228,8 @@ def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path
     document = json.loads(output.read_text())
     provenance = document["provenance"]
     assert document["name"] == "sample"
-    assert provenance["rows_total"] == 35 and provenance["rows_predicted"] == 33
-    assert provenance["rows_used"] == 28  # every predicted row but the 5 Poisson ones
+    assert provenance["rows_total"] == 35 and provenance["rows_predicted"] == 35
+    assert provenance["rows_used"] == 30  # every predicted row but the 5 Poisson ones
     assert provenance["source_file"] == "calibration-sample.csv"
     assert len(provenance["source_sha256"]) == 64
     before, after = provenance["fit_error"]["before"], provenance["fit_error"]["after"]
@@ -243,8 +253,8 @@ def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_t
     validation = result.document["provenance"]["cross_validation"]
     assert [item["held_out"] for item in validation["hold_outs"]] == ["gpu", "model_family", "engine"]
     for item in validation["hold_outs"]:
-        assert item["overall"]["rows"] == 33 == sum(group["rows"] for group in item["by_group"])
-        assert sum(stats["rows"] for stats in item["by_metric"].values()) == 33
+        assert item["overall"]["rows"] == 35 == sum(group["rows"] for group in item["by_group"])
+        assert sum(stats["rows"] for stats in item["by_metric"].values()) == 35
     families = {group["group"] for group in validation["hold_outs"][1]["by_group"]}
     # gpt-j-6b (EleutherAI/gpt-j-6b), llama-2-7b and llama-3.1-8b (meta-llama), mistral-7b-v0.1 (mistralai)
     assert families == {"EleutherAI", "meta-llama", "mistralai"}

@@ -16,6 +16,11 @@ skips a row:
 
 Columns beyond the schema are read only by `layout_skip_reason`; a new column that changes how a row is
 predicted plugs in here (its cell read in `_observed_row`, its meaning carried by `Measurement`).
+
+Two facts a row implies rather than states are read here too: the checkpoint recipe of a model whose
+quantized weights come in one published form (`CHECKPOINT_RECIPES`), and the length distribution of a
+run on ShareGPT without fixed lengths (`dataset_lengths`: the shipped histograms of app/data/datasets,
+made by scripts/sharegpt_lengths.py; never the row's own measured values).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,7 @@ from pydantic import ValidationError
 from app.calibration.schemas import MeasurementRowIn
 from app.errors import json_pointer
 from app.sizing.calibration.predict import Measurement, PoolLayout
+from app.sizing.serving.workload import PairedLengths
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
 REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if field.is_required())
@@ -89,6 +97,55 @@ def layout_skip_reason(cells: Mapping[str, str]) -> str | None:
     if cells.get("deployment", "").strip() == "disaggregated":
         return "layout not stated: a disaggregated run without its worker counts"
     return None
+
+
+# What a row implies without stating it -------------------------------------------------------------
+
+# (model, weight dtype) -> the recipe of the one published checkpoint of that precision. gpt-oss ships only
+# as OpenAI's MXFP4 checkpoint (experts MXFP4, attention/router/embeddings bf16: models.json notes, ENGINES.md
+# section 4); aiconfigurator labels its runs "nvfp4" (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
+CHECKPOINT_RECIPES = {("gpt-oss-120b", "fp4"): "gpt_oss_mxfp4", ("gpt-oss-20b", "fp4"): "gpt_oss_mxfp4"}
+
+DATASETS_DIR = Path(__file__).resolve().parents[1] / "data" / "datasets"
+# Which tokenizer's ShareGPT histogram a model's rows draw from, by slug prefix (first match): the
+# mistral-common 1.12.0 tokenizers, the only ones a registry package ships. tokenizer.model.v1 is the
+# Mistral-7B v0.1 / Mixtral-8x7B SentencePiece model; the v3 tokenizer of Mistral-7B v0.3, Mixtral-8x22B and
+# Mistral-Large-2407 adds control tokens only and gives the same statistics on this text (checked with
+# mistral_instruct_tokenizer_240323.model.v3); Llama-2's own 32k SentencePiece is approximated by it.
+# Tekken 240718 is Mistral-NeMo's tokenizer; for the other ~128-150k-vocabulary BPE tokenizers (Llama-3,
+# Qwen, ...) it is an approximation.
+SHAREGPT_TOKENIZERS = (
+    ("mistral-nemo", "tekken-240718", "the model's own tokenizer"),
+    ("mistral-", "spm-v1", "the model's own tokenizer's plain-text tokenization"),
+    ("mixtral-", "spm-v1", "the model's own tokenizer's plain-text tokenization"),
+    ("llama-2-", "spm-v1", "an approximation of Llama-2's own 32k SentencePiece tokenizer"),
+    ("", "tekken-240718", "an approximation of the model's own ~128k-vocabulary BPE tokenizer"),
+)
+DATASET_NOTE = "sharegpt"  # a row whose notes name ShareGPT ran on it
+
+
+@cache
+def sharegpt_lengths(tokenizer: str) -> tuple[PairedLengths, dict[str, Any]]:
+    """The shipped ShareGPT histogram of one tokenizer, and its file's header (provenance, statistics)."""
+    document = json.loads((DATASETS_DIR / f"sharegpt-lengths-{tokenizer}.json").read_text(encoding="utf-8"))
+    pairs = tuple((int(p), int(o), float(n)) for p, o, n in document.pop("histogram"))
+    return PairedLengths(pairs), document
+
+
+def dataset_lengths(model: str, notes: str) -> PairedLengths | None:
+    """The (input, output) lengths of a run on ShareGPT (None: the notes name no dataset we ship), drawn as
+    vLLM's serving benchmark samples it with a tokenizer of the model's family (`SHAREGPT_TOKENIZERS`). Other
+    engines' benchmarks (LMDeploy's request throughput) are assumed to sample it the same way; the
+    assumption says so."""
+    if DATASET_NOTE not in notes.lower():
+        return None
+    tokenizer, fit = next((name, fit) for prefix, name, fit in SHAREGPT_TOKENIZERS if model.startswith(prefix))
+    lengths, header = sharegpt_lengths(tokenizer)
+    name = (f"ShareGPT as vLLM's benchmark samples it (other benchmarks assumed alike), tokenized with {header['tokenizer']['package']} "
+            f"{header['tokenizer']['file']} ({fit}); mean {header['prompt_tokens']['mean']:g} prompt and "
+            f"{header['output_tokens']['mean']:g} output tokens over {header['n']} pairs "
+            f"(app/data/datasets/sharegpt-lengths-{tokenizer}.json)")
+    return PairedLengths(lengths.pairs, name)
 
 
 # Reading ----------------------------------------------------------------------------------------
@@ -237,9 +294,10 @@ def _observed_row(row: MeasurementRowIn) -> ObservedRow:
         scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
         engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
         disaggregated=row.deployment == "disaggregated", prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
-        compute_dtype=row.compute_dtype,
+        compute_dtype=row.compute_dtype, weight_recipe=CHECKPOINT_RECIPES.get((row.model, row.weight_dtype)),
         kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
-        num_requests=row.num_requests, request_rate=row.request_rate)
+        num_requests=row.num_requests, request_rate=row.request_rate,
+        lengths=dataset_lengths(row.model, row.notes) if row.isl is None and row.osl is None else None)
     return ObservedRow(row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, engine=row.engine,
                        scenario=row.scenario, metric=row.metric, stat=row.stat, value=row.value,
                        measurement=measurement)

@@ -190,23 +190,26 @@ class PreparedRow:
     def assumption(self) -> str | None:
         """What the prediction assumes that the row does not state."""
         m = self.prediction.measurement
+        assumptions = list(self.prediction.assumptions)  # the predictor's (weight-only compute, dataset lengths)
         if m.metric in LATENCY_METRICS and m.stat is None:
-            return f"the source does not state the statistic of {m.metric}: predicted as the {UNSTATED_STAT}"
-        return None
+            assumptions.insert(0, f"the source does not state the statistic of {m.metric}: predicted as the "
+                                  f"{UNSTATED_STAT}")
+        return "; ".join(assumptions) or None
 
 
 def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[list[PreparedRow], dict[str, str]]:
-    """Prepared rows, and the reason for every row that cannot be predicted (by row id)."""
+    """Prepared rows, and the reason for every row that cannot be predicted (by row id). A model or GPU the
+    catalog lacks is the reason first, whatever else the row leaves out: no prediction could be made for it
+    even with every other cell stated."""
     prepared, skipped = [], {}
     for row in rows:
-        if row.measurement is None:
-            skipped[row.row_id] = row.skipped_reason or "not predictable"
-            continue
         model, gpu = catalog.model(row.model), catalog.gpu(row.gpu)
         if model is None:
             skipped[row.row_id] = f"unknown model slug {row.model!r}"
         elif gpu is None:
             skipped[row.row_id] = f"unknown GPU slug {row.gpu!r}"
+        elif row.measurement is None:
+            skipped[row.row_id] = row.skipped_reason or "not predictable"
         else:
             try:
                 prepared.append(PreparedRow(row, prepare(row.measurement, model, gpu), gpu.family))

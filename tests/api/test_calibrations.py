@@ -133,13 +133,13 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
         "sample-trtllm", "user", "TensorRT-LLM on our H100s")
     assert profile["written_by"] == "key-1"  # the test key is a bare secret, the first of API_KEYS
     assert created["base_profile"] == "builtin"
-    assert profile["rows_used"] == 28  # 33 predicted rows but the 5 Poisson ones
+    assert profile["rows_used"] == 30  # 35 predicted rows but the 5 Poisson ones
     assert profile["provenance"]["rows_total"] == 35
     keys = [(entry["gpu_family"], entry["compute_dtype"], entry["rows"]) for entry in profile["entries"]]
     # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry).
     assert keys == [("*", "*", 0), ("hopper", "*", 23), ("hopper", "fp8", 20)]
     assert created["after"]["overall"]["median_abs_pct_error"] < created["before"]["overall"]["median_abs_pct_error"]
-    assert created["after"]["rows_total"] == 35 and created["after"]["rows_predicted"] == 33
+    assert created["after"]["rows_total"] == 35 and created["after"]["rows_predicted"] == 35
     assert len(created["rows"]) == 35
 
     fetched = client.get("/v1/calibrations/sample-trtllm")
@@ -147,7 +147,7 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     assert fetched.json() == profile
     with Session(engine) as session:
         record = session.get(CalibrationProfileRecord, "sample-trtllm")
-        assert record is not None and record.origin == "user" and record.rows_used == 28
+        assert record is not None and record.origin == "user" and record.rows_used == 30
         stored = {(e["family"], e["compute_dtype"]): e for e in record.entries}
     hopper = stored[("hopper", "fp8")]
     assert hopper["bandwidth_fraction"] == pytest.approx(profile["entries"][2]["bandwidth_fraction_ratio"])
@@ -256,8 +256,8 @@ def test_the_whole_shipped_measurement_file_validates_in_one_request(client: Tes
     response = client.post("/v1/validate", files={"file": ("measured-calibration.csv", text, "text/csv")})
     assert response.status_code == 200, response.text
     summary = response.json()["summary"]
-    # The README and docs/ACCURACY.md: 1,263 rows, 1,056 of them predicted.
-    assert (summary["rows_total"], summary["rows_predicted"]) == (1263, 1056), summary
+    # 1,263 rows, every one predicted (the 207 ShareGPT rows from the shipped length histograms).
+    assert (summary["rows_total"], summary["rows_predicted"]) == (1263, 1263), summary
 
 
 # CSV uploads -----------------------------------------------------------------------------------
@@ -299,13 +299,11 @@ def test_validation_reports_every_row_and_stores_nothing(client: TestClient) -> 
     report = response.json()
     assert report["calibration_profile"] == "builtin"
     assert len(report["rows"]) == 35
-    for row in report["rows"]:
-        if row["skipped_reason"] is None:
-            assert row["abs_pct_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"] * 100)
-        else:
-            assert row["predicted"] is None and row["skipped_reason"].startswith("dataset-driven lengths")
-    assert report["summary"]["rows_predicted"] == 33
-    assert report["summary"]["skipped_reasons"] == {"dataset-driven lengths": 2}
+    for row in report["rows"]:  # every row, the two ShareGPT ones from the shipped length histogram
+        assert row["skipped_reason"] is None
+        assert row["abs_pct_error"] == pytest.approx(abs(row["predicted"] - row["measured"]) / row["measured"] * 100)
+    assert report["summary"]["rows_predicted"] == 35
+    assert report["summary"]["skipped_reasons"] == {}
     assert [item["name"] for item in client.get("/v1/calibrations").json()["items"]] == ["builtin"]
 
 

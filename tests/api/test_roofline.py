@@ -187,6 +187,16 @@ def test_fp8_weights_on_ampere_are_weight_only(client: TestClient) -> None:
     assert any(line.startswith("compute_dtype = bf16") for line in answer["assumptions"]["defaults_used"])
 
 
+def test_fp4_weights_on_hopper_are_weight_only(client: TestClient) -> None:
+    """H100 has no fp4 tensor rate: fp4 weights are dequantized and computed in bf16 (the rule the
+    measurement predictor applies to gpt-oss MXFP4 rows on H100/H200), ridge 989.5e12 / 3.35e12 = 295.4;
+    asking for fp4 compute stays a 422 (test_batch_sweep.py)."""
+    answer = post(client, {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "context_tokens": 10,
+                           "weight_dtype": "fp4"})
+    assert answer["compute_dtype"] == "bf16"
+    assert answer["ridge_point"] == pytest.approx(989.5e12 / 3.35e12)
+
+
 GPU_SPEC = {"name": "Hypothetical X1", "memory_bytes": 100 * 10**9, "memory_bandwidth_bytes_per_s": 2e12,
             "interconnect_bandwidth_bytes_per_s": 4e11, "bf16_tflops": 500.0}
 

@@ -18,7 +18,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.serving.simulate import simulate
 from app.sizing.serving.workload import Fixed, Workload, sample_requests
-from tests.domain.models_for_tests import LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B
+from tests.domain.models_for_tests import GPT_OSS_120B, LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B, MIXTRAL_8X7B
 from tests.domain.test_roofline import A100_80GB_SXM, H100_SXM
 
 HOPPER = dataclasses.replace(H100_SXM, family="hopper")
@@ -208,11 +208,49 @@ def test_weight_only_fp8_on_a100_reads_8_bits_and_computes_in_16() -> None:
     assert prepare(measurement(weight_dtype="fp8", compute_dtype="fp16"), LLAMA_3_8B, AMPERE).compute_dtype == "fp16"
 
 
+def test_fp4_weights_on_hopper_are_weight_only_whatever_the_row_calls_the_compute() -> None:
+    """H100 has no fp4 tensor rate. A row giving fp4 as its compute precision (aiconfigurator's files derive it
+    from the quant mode) is predicted as the engines run it: fp4 weights dequantized, multiplied in bf16
+    (`default_compute_dtype`, the API's rule), and the assumption says so. Decode at batch 1 reads
+    Llama-3-8B's 6,979,321,856 decoder linear weights (per layer q 16,777,216 + k, v 2 x 4,194,304 + o
+    16,777,216 + MLP 3 x 4,096 x 14,336 = 218,103,808; x 32) at MXFP4's 4.25 bits: x 17/32 = 3,707,764,736 B,
+    plus the bf16 LM head 1,050,673,152 B, the norms 266,240 x 2 = 532,480 B and one embedding row 8,192 B
+    = 4,758,978,560 B; / 3.35e12 B/s = 1.42059 ms."""
+    prepared = prepare(measurement(weight_dtype="fp4", compute_dtype="fp4", isl=1, osl=2), LLAMA_3_8B, HOPPER)
+    assert prepared.compute_dtype == "bf16"
+    assert prepared.assumptions == ("h100-sxm has no fp4 tensor rate: fp4 weights computed weight-only at bf16",)
+    assert prepared.predict(AT_THE_ROOF) == pytest.approx(4_758_978_560 / 3.35e12, rel=1e-3)
+    stated_bf16 = predict(AT_THE_ROOF, weight_dtype="fp4", compute_dtype="bf16", isl=1, osl=2)
+    assert prepared.predict(AT_THE_ROOF) == stated_bf16
+
+
+def test_moe_tp_is_read_only_for_a_model_with_experts() -> None:
+    """A dense model has no experts to split: its moe_tp (aiconfigurator writes 1 whatever the tp) changes
+    nothing; on an MoE model tp 2 x dp 1 != ep 1 x moe_tp 1 is a contradiction and skips the row."""
+    shape = {"scenario": "batch1", "tp": 2, "num_gpus": 2}
+    assert predict(moe_tp=1, **shape) == predict(**shape)
+    with pytest.raises(Unpredictable, match="inconsistent layout"):
+        prepare(measurement(moe_tp=1, **shape), MIXTRAL_8X7B, HOPPER)
+
+
+def test_a_checkpoint_recipe_reads_each_group_in_its_own_format() -> None:
+    """gpt-oss's MXFP4 checkpoint keeps attention in bf16 where plain fp4 stores it in MXFP4: a batch-1
+    decode reads the 36 layers' attention matrices (q 2,880 x 4,096 + k, v 2 x 2,880 x 512 + o 4,096 x 2,880
+    = 26,542,080 parameters; x 36 = 955,514,880) at 2 bytes instead of 17/32, 1,403,412,480 B more, which
+    take 0.41893 ms at 3.35e12 B/s. The recipe must match the weight dtype."""
+    everywhere = predict(AT_THE_ROOF, model=GPT_OSS_120B, weight_dtype="fp4", compute_dtype=None, isl=1, osl=2)
+    recipe = predict(AT_THE_ROOF, model=GPT_OSS_120B, weight_dtype="fp4", weight_recipe="gpt_oss_mxfp4",
+                     compute_dtype=None, isl=1, osl=2)
+    assert recipe - everywhere == pytest.approx(1_403_412_480 / 3.35e12, rel=1e-3)
+    with pytest.raises(ValueError, match="weight_recipe"):
+        measurement(weight_dtype="fp8", weight_recipe="gpt_oss_mxfp4")
+
+
 # What cannot be predicted --------------------------------------------------------------------
 
 @pytest.mark.parametrize("fields, model, gpu, reason", [
     ({"isl": None, "osl": None, "scenario": "offline"}, LLAMA_3_8B, HOPPER, "dataset-driven lengths"),
-    ({"weight_dtype": "fp8", "compute_dtype": "fp8"}, LLAMA_3_8B, AMPERE, "has no fp8 tensor rate"),
+    ({"weight_dtype": "bf16", "compute_dtype": "fp8"}, LLAMA_3_8B, AMPERE, "has no fp8 tensor rate"),
     ({"num_gpus": 1}, LLAMA_3_1_405B, HOPPER, "leave no KV cache"),
     ({"tp": 3, "num_gpus": 3}, LLAMA_3_70B, HOPPER, "does not divide the 64 attention heads"),
     ({"tp": 2, "num_gpus": 3}, LLAMA_3_8B, HOPPER, "not a whole number of TP2"),

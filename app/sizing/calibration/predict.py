@@ -34,6 +34,11 @@ queue. Per scenario:
   as the published harnesses do.
 - `closed_loop`: `concurrency` users each sending the next request when the last finishes.
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
+Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
+joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
+scenarios; with varying lengths an ITL statistic weights each request's TPOT by its output gaps.
+Precision: a row whose compute precision is its weights' format on a GPU without that tensor rate (fp4 on
+Hopper) is predicted weight-only at the GPU's 16-bit rate (`roofline.default_compute_dtype`), and says so.
 Data-parallel replicas: num_gpus / (tp · pp) copies of the deployment share the load evenly (each gets
 1/replicas of the requests, users or rate); throughputs add up, latencies are one replica's.
 Every request in a simulated run is measured (no warm-up is left out), as the published harnesses
@@ -65,7 +70,9 @@ from app.sizing import layout as layouts
 from app.sizing.engines import EngineConfig, resolve_engine
 from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
+from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.model.recipes import RECIPES, WeightRecipe
 from app.sizing.serving import disaggregation
 from app.sizing.serving.capacity import kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -76,7 +83,7 @@ from app.sizing.serving.simulate import (
     SimulationResult,
     simulate,
 )
-from app.sizing.serving.workload import Fixed, Workload, sample_requests
+from app.sizing.serving.workload import Fixed, PairedLengths, Requests, Workload, sample_requests
 from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 OFFLINE = "offline"
@@ -116,6 +123,7 @@ MAX_SIMULATED_REQUESTS = 1000  # per replica and run: keeps one prediction in mi
 # No limit on output tokens: the simulator jumps over runs of decode-only steps, so a run costs per event
 # (arrival, admission, finish), not per token; 1,000 requests of 32,768 output tokens take under a second.
 SEED = 0  # Poisson arrivals: fixed, so a prediction is reproducible
+LENGTHS_SEED = 1  # a dataset's drawn lengths: a stream of their own, independent of the arrivals'
 
 
 def needs_simulation(measurement: Measurement) -> bool:
@@ -166,9 +174,11 @@ class Measurement:
     prefill: PoolLayout | None = None  # disaggregated: the prefill pool
     decode: PoolLayout | None = None  # disaggregated: the decode pool
     compute_dtype: str | None = None  # None: the weights' own where the GPU has that rate
+    weight_recipe: str | None = None  # the checkpoint's recipe (`recipes.RECIPES`); None: weight_dtype throughout
     kv_dtype: str | None = None  # None: the engine's default (`engines.published_run_kv_dtype`)
-    isl: int | None = None  # None: lengths from a dataset
+    isl: int | None = None  # None: lengths from a dataset (`lengths`)
     osl: int | None = None
+    lengths: PairedLengths | None = None  # the dataset's (input, output) lengths, when isl/osl are not fixed
     batch: int | None = None
     concurrency: int | None = None
     num_requests: int | None = None
@@ -179,6 +189,9 @@ class Measurement:
                               ("weight_dtype", WEIGHT_DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}")
+        if self.weight_recipe is not None and (self.weight_recipe not in RECIPES
+                                               or RECIPES[self.weight_recipe].dtype != self.weight_dtype):
+            raise ValueError(f"weight_recipe must be a recipe whose weights are {self.weight_dtype}")
         if self.compute_dtype is not None and self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"compute_dtype must be one of {', '.join(COMPUTE_DTYPES)}")
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
@@ -192,6 +205,8 @@ class Measurement:
                 raise ValueError(f"{name} must be >= 1")
         if self.request_rate is not None and not (math.isfinite(self.request_rate) and self.request_rate > 0):
             raise ValueError("request_rate must be a positive number")
+        if self.lengths is not None and (self.isl is not None or self.osl is not None):
+            raise ValueError("give fixed lengths (isl, osl) or a dataset's lengths, not both")
 
     @property
     def layout_kind(self) -> str:
@@ -235,9 +250,10 @@ class PreparedPrediction:
     throughput, the lowest latency), as the source would have published its best configuration.
     """
 
-    def __init__(self, measurement: Measurement, runs: tuple[_Run, ...]) -> None:
+    def __init__(self, measurement: Measurement, runs: tuple[_Run, ...], assumptions: tuple[str, ...] = ()) -> None:
         self.measurement = measurement
         self.runs = runs
+        self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
 
     @property
     def timing_invariant(self) -> bool:
@@ -267,13 +283,14 @@ class PreparedPrediction:
 def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> PreparedPrediction:
     """Check the measurement can be predicted and do the efficiency-free work; raises Unpredictable."""
     m = measurement
-    if m.isl is None or m.osl is None:
-        # A dataset's length distribution would have to come from a sourced description of it (ShareGPT as
-        # vLLM's benchmark samples it); none is verified yet (ENGINES.md section 6), and the rows' own
-        # measured values must never stand in for one.
+    if (m.isl is None or m.osl is None) and m.lengths is None:
+        # A dataset's lengths come from a sourced length distribution of it (the ShareGPT histograms of
+        # app/data/datasets, read by the row reader); the rows' own measured values never stand in for one.
         raise Unpredictable("dataset-driven lengths: the row gives no fixed input/output tokens (isl/osl) and no "
                             "sourced length distribution of its dataset is available")
-    if m.metric in (TPOT_MS, ITL_MS) and m.osl < 2:
+    if m.lengths is not None and m.scenario not in (OFFLINE, POISSON, CLOSED_LOOP):
+        raise Unpredictable(f"{m.scenario} with a dataset's lengths: only simulated runs draw varying lengths")
+    if m.metric in (TPOT_MS, ITL_MS) and m.osl is not None and m.osl < 2:
         raise Unpredictable(f"{m.metric} needs at least 2 output tokens (osl {m.osl})")
     if m.scenario == STATIC_BATCH and m.batch is None:
         raise Unpredictable("static_batch without its batch size")
@@ -281,30 +298,48 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         raise Unpredictable("closed_loop without its concurrency")
     if m.scenario == POISSON and m.request_rate is None:
         raise Unpredictable("poisson without its request_rate")
+    assumptions: list[str] = []
     compute_dtype = m.compute_dtype
     if compute_dtype is not None and not gpu.peak_flops_per_s(compute_dtype):
-        raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
-    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_dtype)
+        if compute_dtype != m.weight_dtype:
+            raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
+        # The row gives its weights' format as the compute precision on a GPU that cannot multiply in it.
+        # Engines then dequantize the weights and multiply at 16 bits (weight-only; vLLM runs MXFP4 MoE on
+        # Hopper with Marlin/Triton W4A16 kernels, and FP8 checkpoints on A100 weight-only): the core's one
+        # rule for it is `default_compute_dtype`, the same the API applies to such weights.
+        compute_dtype = default_compute_dtype(gpu, m.weight_dtype)
+        assumptions.append(f"{gpu.slug or gpu.name} has no {m.weight_dtype} tensor rate: {m.weight_dtype} weights "
+                           f"computed weight-only at {compute_dtype}")
+    if m.lengths is not None:
+        assumptions.append(f"lengths drawn from {m.lengths.name or 'the dataset'}; output lengths are the dataset's "
+                           "completions (the benchmark's max_tokens: a model that stops earlier writes fewer)")
+    weights = RECIPES[m.weight_recipe] if m.weight_recipe else m.weight_dtype  # a recipe or a plain dtype
+    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or m.weight_dtype)
     if m.disaggregated:
-        return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype),))
-    key = (m.scenario, m.num_gpus, m.pp or 1, m.weight_dtype, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
+        if m.lengths is not None:
+            raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
+        return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype, weights, compute_dtype),),
+                                  tuple(assumptions))
+    key = (m.scenario, m.num_gpus, m.pp or 1, weights, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
     dp, ep = m.dp or 1, m.ep or 1
     if (dp > 1 or ep > 1) and m.tp is None:
         raise Unpredictable("a data- or expert-parallel layout without its tensor-parallel degree")
-    if m.tp is not None and m.moe_tp is not None and m.tp * dp != ep * m.moe_tp:
+    # moe_tp says how the experts are split; a dense model has none, and aiconfigurator's files write
+    # moe_tp 1 for its runs whatever the tp (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
+    if m.tp is not None and m.moe_tp is not None and model.is_moe and m.tp * dp != ep * m.moe_tp:
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
-        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep),))
+        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions))
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
-            runs.append(_prepared_run(model, gpu, tp, *key))
+            runs.append(_prepared_run(model, gpu, tp, *key, 1, 1, m.lengths))
         except Unpredictable as exc:
             reasons.append(f"TP{tp}: {exc}")
     if not runs:
         raise Unpredictable("no layout on the GPUs can run it: " + "; ".join(reasons or ["none divides the heads"]))
-    return PreparedPrediction(m, tuple(runs))
+    return PreparedPrediction(m, tuple(runs), tuple(assumptions))
 
 
 def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:
@@ -313,42 +348,58 @@ def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:
 
 @lru_cache(maxsize=4096)
 def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gpus: int, pp: int,
-                  weight_dtype: str, compute_dtype: str | None, kv_dtype: str, engine: str, isl: int, osl: int,
-                  batch: int | None, concurrency: int | None, num_requests: int | None,
-                  request_rate: float | None, dp: int = 1, ep: int = 1) -> _Run:
-    """The efficiency-free part of a run (cached: the rows of one benchmark share it)."""
+                  weight_dtype: str | WeightRecipe, compute_dtype: str | None, kv_dtype: str, engine: str, isl: int | None,
+                  osl: int | None, batch: int | None, concurrency: int | None, num_requests: int | None,
+                  request_rate: float | None, dp: int = 1, ep: int = 1, lengths: PairedLengths | None = None) -> _Run:
+    """The efficiency-free part of a run (cached: the rows of one benchmark share it). Lengths: `isl` and
+    `osl` for every request, or pairs drawn from a dataset's `lengths` (simulated scenarios only)."""
     layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine, dp, ep)
     try:
         steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep)
     except ValueError as exc:
         raise Unpredictable(str(exc)) from None
     if scenario == BATCH1:
+        assert isl is not None and osl is not None
         return _StaticRun(layout, steps, batch=1, isl=isl, osl=osl, single_stream=True)
     if scenario == STATIC_BATCH and engine not in CONTINUOUS_ONLY_ENGINES:
+        assert isl is not None and osl is not None and batch is not None
         return _StaticRun(layout, steps, batch=batch, isl=isl, osl=osl, single_stream=False)
     replicas = layout.replicas
     if scenario == STATIC_BATCH:  # continuous batching of the whole batch submitted at once
         scenario, num_requests = OFFLINE, batch
     if scenario == OFFLINE:
         count = min(-(-(num_requests or MAX_SIMULATED_REQUESTS * replicas) // replicas), MAX_SIMULATED_REQUESTS)
-        workload = Workload(Fixed(isl), Fixed(osl), concurrent_users=count)  # all sent at t = 0
-        return _ReplayedRun(layout, steps, workload, count, users=count)
+        requests = _requests(isl, osl, lengths, count, concurrent_users=count)  # all sent at t = 0
+        return _ReplayedRun(layout, steps, requests, users=count)
     if scenario == CLOSED_LOOP:
         users = -(-concurrency // replicas)
         if users > MAX_SIMULATED_REQUESTS:
             raise Unpredictable(f"{users} users per replica: more than the {MAX_SIMULATED_REQUESTS} requests a "
                                 "prediction simulates")
         count = max(users, min(num_requests or 10 * users, MAX_SIMULATED_REQUESTS))
-        return _ReplayedRun(layout, steps, Workload(Fixed(isl), Fixed(osl), concurrent_users=users), count, users)
+        return _ReplayedRun(layout, steps, _requests(isl, osl, lengths, count, concurrent_users=users), users)
+    assert request_rate is not None
     count = min(num_requests or MAX_SIMULATED_REQUESTS, MAX_SIMULATED_REQUESTS)
-    workload = Workload(Fixed(isl), Fixed(osl), requests_per_s=request_rate / replicas)
+    requests = _requests(isl, osl, lengths, count, requests_per_s=request_rate / replicas)
     saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
-                              isl, osl, None, None, None, None, dp, ep)
-    return _PoissonRun(layout, steps, workload, count, saturated)
+                              isl, osl, None, None, None, None, dp, ep, lengths)
+    return _PoissonRun(layout, steps, requests, request_rate / replicas, saturated)
+
+
+def _requests(isl: int | None, osl: int | None, lengths: PairedLengths | None, count: int, **load) -> Requests:
+    """`count` seeded requests: every one isl/osl tokens long, or (input, output) pairs drawn from a dataset's
+    lengths (as its benchmark draws them: vLLM takes valid pairs of the shuffled dataset, a draw from the
+    same distribution). Arrivals (`load`: concurrent_users or requests_per_s) come from `sample_requests`."""
+    if lengths is None:
+        assert isl is not None and osl is not None
+        return sample_requests(Workload(Fixed(isl), Fixed(osl), **load), count, SEED)
+    timed = sample_requests(Workload(Fixed(1), Fixed(1), **load), count, SEED)  # arrivals only
+    inputs, outputs = lengths.sample(np.random.Generator(np.random.PCG64(LENGTHS_SEED)), count)
+    return Requests(timed.arrival_s, inputs, outputs, np.zeros(count, dtype=np.int64))
 
 
 @lru_cache(maxsize=1024)
-def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str, kv_dtype: str,
+def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str | WeightRecipe, kv_dtype: str,
                 compute_dtype: str | None, dp: int = 1, ep: int = 1) -> StepTimeModel:
     """One deployment's step-time model (shared by every run on it)."""
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
@@ -363,8 +414,8 @@ def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
     return replace(steps, efficiency=efficiency)
 
 
-def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str, kv_dtype: str,
-            engine: str, dp: int = 1, ep: int = 1) -> Layout:
+def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str | WeightRecipe,
+            kv_dtype: str, engine: str, dp: int = 1, ep: int = 1) -> Layout:
     """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules), split into
     the side-by-side schedulers of `Layout`."""
     if model.num_attention_heads % tp:
@@ -473,9 +524,15 @@ class _SimulatedRun(_Run):
         result = self.result(efficiency)
         replicas = self.layout.replicas
         if metric in LATENCY_METRICS:
-            # equal lengths: ITL = TPOT
             values = {TTFT_MS: result.ttft_s, E2E_MS: result.e2e_s}.get(metric, result.tpot_s)
-            return _statistic(values[~np.isnan(values)], stat)
+            kept = ~np.isnan(values)
+            if metric == ITL_MS and np.ptp(result.output_tokens) > 0:
+                # ITL pools every gap between tokens of every request (vLLM's benchmark), TPOT is one number
+                # per request: a request's gaps average to its TPOT, so ITL statistics weight each request's
+                # TPOT by its output_tokens − 1 gaps (the mean exactly; percentiles as if a request's gaps
+                # were equal). With equal lengths the weights are equal and ITL = TPOT.
+                return _statistic(values[kept], stat, (result.output_tokens - 1)[kept])
+            return _statistic(values[kept], stat)
         # As the published harnesses measure it: everything the run produced over its makespan (first
         # arrival to last finish), which under an overload is the engine's capacity, not the offered rate.
         per_second = replicas / result.makespan_s
@@ -491,10 +548,19 @@ class _SimulatedRun(_Run):
         raise NotImplementedError
 
 
-def _statistic(values: np.ndarray, stat: str | None) -> float:
-    """The stated statistic of the values; the mean when the source does not state one."""
+def _statistic(values: np.ndarray, stat: str | None, weights: np.ndarray | None = None) -> float:
+    """The stated statistic of the values; the mean when the source does not state one. With `weights`,
+    of the values each repeated `weight` times (percentile: the smallest value whose cumulative weight
+    reaches the fraction, the inverse-CDF definition)."""
     stat = stat or UNSTATED_STAT
-    return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+    if weights is None:
+        return float(values.mean()) if stat == "mean" else float(np.percentile(values, STAT_PERCENTILES[stat]))
+    if stat == "mean":
+        return float(np.average(values, weights=weights))
+    order = np.argsort(values)
+    cumulative = np.cumsum(weights[order], dtype=float)
+    index = int(np.searchsorted(cumulative, STAT_PERCENTILES[stat] / 100 * cumulative[-1]))
+    return float(values[order][min(index, len(values) - 1)])
 
 
 def _simulate(step_time, scheduler: SchedulerConfig, requests, users: int | None) -> SimulationResult:
@@ -507,10 +573,10 @@ def _simulate(step_time, scheduler: SchedulerConfig, requests, users: int | None
 class _ReplayedRun(_SimulatedRun):
     """Offline or closed loop: the schedule is recorded once and re-timed per efficiency."""
 
-    def __init__(self, layout: Layout, steps: StepTimeModel, workload: Workload, count: int, users: int) -> None:
+    def __init__(self, layout: Layout, steps: StepTimeModel, requests: Requests, users: int) -> None:
         super().__init__(layout, steps)
         recorder = _StepRecorder()
-        unit = _simulate(recorder, layout.scheduler, sample_requests(workload, count, SEED), users)
+        unit = _simulate(recorder, layout.scheduler, requests, users)
         self._replay = Replay(unit, recorder.schedule())
         self._memo: tuple[Efficiency, SimulationResult] | None = None
 
@@ -528,12 +594,11 @@ class _PoissonRun(_SimulatedRun):
 
     timing_invariant = False
 
-    def __init__(self, layout: Layout, steps: StepTimeModel, workload: Workload, count: int,
+    def __init__(self, layout: Layout, steps: StepTimeModel, requests: Requests, rate: float,
                  saturated: _Run) -> None:
         super().__init__(layout, steps)
-        assert workload.requests_per_s is not None
-        self._rate = workload.requests_per_s  # per replica
-        self._requests = sample_requests(workload, count, SEED)
+        self._rate = rate  # requests/s per replica
+        self._requests = requests
         self._saturated = saturated  # the same requests all at once: the most the replica serves
         self._memo: tuple[Efficiency, SimulationResult] | None = None
 
@@ -641,7 +706,8 @@ class Replay:
 
 # Disaggregated runs --------------------------------------------------------------------------------
 
-def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype: str) -> _DisaggregatedRun:
+def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype: str, weights: str | WeightRecipe,
+                       compute_dtype: str | None) -> _DisaggregatedRun:
     if m.prefill is None or m.decode is None:
         raise Unpredictable("disaggregated run without its prefill and decode pools (workers and tp of each)")
     if m.scenario != CLOSED_LOOP or m.concurrency is None:
@@ -652,14 +718,14 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         if pool.pp > 1:
             raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
         rank_gpus = pool.tp * pool.dp
-        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, m.weight_dtype, kv_dtype, m.engine, pool.dp, pool.ep)
+        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep)
         scheduler = layout.scheduler
         if pool.batch is not None:  # the source's per-rank batch limit
             seqs = min(scheduler.max_num_seqs, pool.batch)
             scheduler = replace(scheduler, max_num_seqs=seqs,
                                 max_num_batched_tokens=max(scheduler.max_num_batched_tokens, seqs))
         try:
-            steps = _step_model(model, gpu, pool.tp, 1, m.weight_dtype, kv_dtype, m.compute_dtype, pool.dp, pool.ep)
+            steps = _step_model(model, gpu, pool.tp, 1, weights, kv_dtype, compute_dtype, pool.dp, pool.ep)
         except ValueError as exc:
             raise Unpredictable(str(exc)) from None
         pools[role] = (replace(layout, scheduler=scheduler), steps, pool.workers * pool.dp)

@@ -73,9 +73,10 @@ def resolve_version(config: EngineConfig) -> tuple[str, str]:
 def published_run_kv_dtype(engine: str, weight_dtype: str) -> str:
     """The KV dtype of a published run that does not state it: the engine's default for the checkpoint its
     published runs of that weight dtype serve (TensorRT-LLM's fp8/fp4 runs: ModelOpt exports, which cache
-    in fp8), at its default version; 16-bit otherwise."""
+    in fp8), or for the checkpoint recipe named instead of a dtype, at its default version; 16-bit
+    otherwise."""
     rules = ENGINES[engine]
-    checkpoint = dict(rules.published_checkpoints).get(weight_dtype)
+    checkpoint = weight_dtype if weight_dtype in RECIPES else dict(rules.published_checkpoints).get(weight_dtype)
     dtype, _ = rules.kv_dtype(rules.default_version, RECIPES[checkpoint] if checkpoint else None, "bf16")
     return dtype if dtype in KV_DTYPES else "bf16"
 

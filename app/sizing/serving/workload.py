@@ -216,6 +216,44 @@ class Histogram:
 LengthDistribution = Fixed | LogNormal | Histogram
 
 
+@dataclass(frozen=True, slots=True)
+class PairedLengths:
+    """Prompt and output lengths drawn together, as a benchmark dataset pairs them: `pairs` are
+    `(input_tokens, output_tokens, weight)` point masses of a joint histogram (weights need not sum to 1).
+    Drawing the two lengths apart would lose their correlation and the dataset's bounds on their sum
+    (vLLM's ShareGPT sampling keeps prompt + output <= 2,048 tokens). `name` says which dataset."""
+
+    pairs: tuple[tuple[int, int, float], ...]
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.pairs:
+            raise ValueError("paired lengths need at least one pair")
+        for input_tokens, output_tokens, weight in self.pairs:
+            if min(input_tokens, output_tokens) < 1 or int(input_tokens) != input_tokens \
+                    or int(output_tokens) != output_tokens:
+                raise ValueError("pair lengths must be whole numbers >= 1")
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"pair weights must be >= 0, got {weight}")
+        if sum(weight for _, _, weight in self.pairs) <= 0:
+            raise ValueError("pair weights must not all be zero")
+
+    @property
+    def mean_input(self) -> float:
+        return sum(i * w for i, _, w in self.pairs) / sum(w for _, _, w in self.pairs)
+
+    @property
+    def mean_output(self) -> float:
+        return sum(o * w for _, o, w in self.pairs) / sum(w for _, _, w in self.pairs)
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """`n` (input, output) pairs drawn with replacement, by weight."""
+        table = np.array([(i, o) for i, o, _ in self.pairs], dtype=np.int64)
+        weights = np.array([w for _, _, w in self.pairs])
+        drawn = table[rng.choice(len(table), size=n, p=weights / weights.sum())]
+        return drawn[:, 0], drawn[:, 1]
+
+
 def _check_quantile(q: float) -> None:
     if not 0 <= q <= 1:
         raise ValueError(f"quantile must be in [0, 1], got {q}")
