@@ -322,11 +322,9 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     # MAX_PREFILL_CHUNKS_TIMED chunks an evenly spaced sample stands for all of them (its mean x count).
     # A handful of steps: timed one call each (the model's float path beats array set-up at this size).
     count = ceil_div(input_tokens, max_num_batched_tokens)
-    if count <= MAX_PREFILL_CHUNKS_TIMED:  # every chunk (what the sample below gives, without numpy)
-        starts = [float(k * max_num_batched_tokens) for k in range(count)]
-    else:
-        index = np.unique(np.linspace(0, count - 1, MAX_PREFILL_CHUNKS_TIMED).round())
-        starts = (index * max_num_batched_tokens).tolist()
+    index = (range(count) if count <= MAX_PREFILL_CHUNKS_TIMED  # every chunk: no numpy needed
+             else np.unique(np.linspace(0, count - 1, MAX_PREFILL_CHUNKS_TIMED).round()))
+    starts = [float(k * max_num_batched_tokens) for k in index]
     chunk_rows = [(0.0, 0.0, float(chunk), chunk * (start + (chunk + 1) / 2), 1.0)
                   for start, chunk in ((start, min(max_num_batched_tokens, input_tokens - start)) for start in starts)]
     decode_row = (micro_batch, micro_batch * mean_context, 0.0, 0.0)
@@ -407,38 +405,35 @@ def model_dtype_bytes(weights: str | WeightRecipe) -> int:
 
 @dataclass(frozen=True, slots=True)
 class _Deployment:
-    """What a deployment's memory accounting gives whatever the request lengths: the engine (its
-    max_num_seqs resolved), the budget, the KV pool, the worst-case fit and the longest single context."""
+    """A deployment's accounting whatever the lengths (`worst`: max_model_len requests fitting one rank)."""
 
     engine: ResolvedEngine
     memory: MemoryBudget
-    kv_tokens: int  # per replica
+    kv_tokens: int
     kv_blocks: int
-    worst: int  # requests of max_model_len fitting one rank
-    per_token: int  # bytes of a full-attention-equivalent token per GPU
+    worst: int
+    per_token: int
     max_context_tokens: int
 
 
 @lru_cache(maxsize=512)
 def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, pp: int,
                 weight_dtype: str | WeightRecipe, kv_dtype: str, dp: int, ep: int) -> _Deployment:
-    """The length-independent part of `_account`, memoized per deployment: every request to the same
-    deployment (and every layout a suggestion search revisits) reuses it."""
+    """`_account`'s length-independent part, memoized: requests to one deployment and suggestions reuse it."""
     engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype))
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
-    budget, block = memory.kv_budget_bytes_per_gpu, engine.block_size
-    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": block}
+    budget = memory.kv_budget_bytes_per_gpu
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
     rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
     kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
     if engine.max_num_seqs is None:
         derived = ENGINES[engine.engine].derived_max_num_seqs(rank_tokens, engine.max_model_len)
         engine = replace(engine, max_num_seqs=derived)
     return _Deployment(
-        engine=engine, memory=memory, kv_tokens=kv_tokens, kv_blocks=kv_blocks,
-        worst=requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout),
-        per_token=kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp),
-        max_context_tokens=longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout))
+        engine, memory, kv_tokens, kv_blocks, requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout),
+        kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp),
+        longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout))
 
 
 def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
@@ -448,8 +443,7 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     engine of its own (its KV cache, its scheduler and max_num_seqs): one rank's figures, times dp."""
     tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
     deployment = _deployment(model, gpu, config, tp, pp, weight_dtype, kv_dtype, dp, expert_parallel)
-    engine, memory = deployment.engine, deployment.memory
-    budget = memory.kv_budget_bytes_per_gpu
+    engine, memory, budget = deployment.engine, deployment.memory, deployment.memory.kv_budget_bytes_per_gpu
     layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
     request_tokens = input_tokens + output_tokens
     admission = requests_fitting(model, budget, request_tokens, kv_dtype, **layout)
@@ -461,11 +455,9 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
         admission=_capped(admission, engine.max_num_seqs, request_tokens, dp),
         steady_state=_capped(steady, engine.max_num_seqs, mean_live_tokens, dp),
     )
-    max_context = deployment.max_context_tokens
-    reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, deployment.kv_tokens,
-                       admission, max_context)
-    return _Accounting(engine, memory, deployment.kv_tokens, deployment.kv_blocks, concurrency, max_context,
-                       reasons)
+    max_context, kv_tokens = deployment.max_context_tokens, deployment.kv_tokens
+    reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, kv_tokens, admission, max_context)
+    return _Accounting(engine, memory, kv_tokens, deployment.kv_blocks, concurrency, max_context, reasons)
 
 
 def _gb(value: float) -> str:
