@@ -87,7 +87,7 @@ def operator_peaks(operator_names: Sequence[str], gpu: GpuSpec, compute_dtype: s
 def compute_fractions(operator_names: Sequence[str], tokens: ArrayLike, sampled: ArrayLike,
                       efficiency: Efficiency) -> list[ArrayLike]:
     """Achieved fraction of peak of each operator (numbers, or arrays shaped like `tokens`)."""
-    if isinstance(tokens, float) and isinstance(sampled, float):  # one numpy call instead of two
+    if isinstance(tokens, int | float) and isinstance(sampled, int | float):  # one numpy call instead of two
         by_tokens, by_sampled = efficiency.compute_fraction(np.array([tokens, sampled])).tolist()
     else:
         by_tokens, by_sampled = efficiency.compute_fraction(tokens), efficiency.compute_fraction(sampled)
