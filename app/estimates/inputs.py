@@ -4,6 +4,7 @@ efficiencies), turned into specs and dtypes with 404/422 problems that name the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
@@ -195,7 +196,10 @@ def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested
     return ResolvedPrecisions(weight_dtype, kv_dtype, compute_dtype, activation_dtype, tuple(defaults))
 
 
+@lru_cache(maxsize=256)
 def efficiency_out(efficiency: Efficiency, profile: str) -> EfficiencyOut:
+    """The efficiency as responses echo it; built once per (efficiency, profile) and shared by the responses
+    that nest it (a nested model is kept, not copied, and nothing mutates a response)."""
     return EfficiencyOut(
         calibration_profile=profile,
         bandwidth_fraction_ratio=efficiency.bandwidth_fraction,

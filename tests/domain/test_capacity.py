@@ -620,3 +620,24 @@ def test_window_models_sustain_at_least_their_all_global_twin() -> None:
     for model_input, model_output in ((1000, 500), (100_000, 4000)):
         windowed = steady_state_kv_bytes(GPT_OSS_120B, model_input, model_output, "bf16", **layout)
         assert windowed <= steady_state_kv_bytes(all_global, model_input, model_output, "bf16", **layout)
+
+
+def test_the_per_deployment_memo_keeps_no_request_lengths() -> None:
+    """What `capacity` memoizes per deployment (engine, budget, KV pool, worst case, longest context) must not
+    carry the first request's lengths into the next: a result computed after another request to the same
+    deployment equals the one computed from an empty memo. Lengths that change the admission view (1k + 500
+    vs 6k + 1k on Llama-3-70B, 4 x H100, vLLM) make a leak visible."""
+    from app.sizing.serving import capacity as capacity_module
+
+    def sized(input_tokens: int, output_tokens: int) -> capacity_module.CapacityResult:
+        return capacity(LLAMA_3_70B, H100, tensor_parallel=4, pipeline_parallel=1, weight_dtype="bf16",
+                        kv_dtype="bf16", compute_dtype="bf16", engine=EngineConfig(engine="vllm"),
+                        input_tokens=input_tokens, output_tokens=output_tokens, efficiency=DEFAULT_EFFICIENCY)
+
+    capacity_module._deployment.cache_clear()
+    fresh_long = sized(6_000, 1_000)
+    capacity_module._deployment.cache_clear()
+    sized(1_000, 500)
+    after_short = sized(6_000, 1_000)
+    assert after_short == fresh_long
+    assert after_short.max_concurrency.admission != sized(1_000, 500).max_concurrency.admission

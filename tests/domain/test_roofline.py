@@ -285,3 +285,21 @@ def test_decode_time_is_monotone_in_batch_and_context(model: ModelSpec, batch_a:
     for ideal, expected in (times(large_batch, short), times(small_batch, long), times(large_batch, long)):
         assert ideal >= base[0] * (1 - 1e-12)
         assert expected >= base[1] * (1 - 1e-12)
+
+
+def test_an_integer_batch_gets_each_operators_own_compute_fraction() -> None:
+    """`compute_fractions` times an integer batch's two row counts in one numpy call (as a float batch's): each
+    matmul must still get `Efficiency.compute_fraction` of its own rows (tokens, or sampled sequences), and
+    attention its fixed fraction, exactly as one call per value gives them."""
+    from app.sizing.hardware.roofline import compute_fractions
+    from app.sizing.model.flops import ATTENTION, MATMUL_ROWS, SAMPLED, TOKENS
+
+    names = [operator.name for operator in decode_cost(LLAMA_3_8B, 1024, 64).operators]
+    tokens, sampled = 3 * 64, 64  # e.g. three speculative tokens per sequence: the two row counts differ
+    by_rows = {TOKENS: DEFAULT_EFFICIENCY.compute_fraction(tokens),
+               SAMPLED: DEFAULT_EFFICIENCY.compute_fraction(sampled),
+               None: DEFAULT_EFFICIENCY.attention_compute_fraction}
+    assert by_rows[TOKENS] != by_rows[SAMPLED]
+    expected = [by_rows[MATMUL_ROWS[name]] for name in names]
+    assert compute_fractions(names, tokens, sampled, DEFAULT_EFFICIENCY) == expected
+    assert ATTENTION in names

@@ -91,7 +91,7 @@ def operator_peaks(operator_names: Sequence[str], gpu: GpuSpec, compute_dtype: s
 def compute_fractions(operator_names: Sequence[str], tokens: ArrayLike, sampled: ArrayLike,
                       efficiency: Efficiency) -> list[ArrayLike]:
     """Achieved fraction of peak of each operator (numbers, or arrays shaped like `tokens`)."""
-    if isinstance(tokens, float) and isinstance(sampled, float):  # one numpy call instead of two
+    if isinstance(tokens, int | float) and isinstance(sampled, int | float):  # one numpy call instead of two
         by_tokens, by_sampled = efficiency.compute_fraction(np.array([tokens, sampled])).tolist()
     else:
         by_tokens, by_sampled = efficiency.compute_fraction(tokens), efficiency.compute_fraction(sampled)
@@ -196,6 +196,8 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     expected_total = float(expected.sum()) + comm + overhead
     assert expected_total >= ideal, "expected time below the ideal roofline"
     total_flops, total_bytes = float(flops.sum()), float(bytes_.sum())
+    # Per operator on Python floats (the same values; numpy's per-element cost dominates 8 operators).
+    compute_each, memory_each, expected_each = compute.tolist(), memory.tolist(), expected.tolist()
     return RooflineResult(
         flops=total_flops, bytes=total_bytes, arithmetic_intensity=total_flops / total_bytes,
         ridge_point=ridge_point(gpu, compute_dtype), bound=_bound(compute_time, memory_time),
@@ -203,9 +205,9 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
         operators=tuple(
             OperatorTime(name=op.name, flops=op.flops, bytes=op.bytes,
                          arithmetic_intensity=op.arithmetic_intensity,
-                         bound=_bound(compute[i], memory[i]),
-                         ideal_time_s=float(max(compute[i], memory[i])),
-                         expected_time_s=float(expected[i]))
+                         bound=_bound(compute_each[i], memory_each[i]),
+                         ideal_time_s=max(compute_each[i], memory_each[i]),
+                         expected_time_s=expected_each[i])
             for i, op in enumerate(cost.operators)
         ),
         tokens=cost.tokens, compute_time_s=compute_time, memory_time_s=memory_time,

@@ -324,8 +324,9 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     # MAX_PREFILL_CHUNKS_TIMED chunks an evenly spaced sample stands for all of them (its mean x count).
     # A handful of steps: timed one call each (the model's float path beats array set-up at this size).
     count = ceil_div(input_tokens, max_num_batched_tokens)
-    index = np.unique(np.linspace(0, count - 1, min(count, MAX_PREFILL_CHUNKS_TIMED)).round())
-    starts = (index * max_num_batched_tokens).tolist()
+    index = (range(count) if count <= MAX_PREFILL_CHUNKS_TIMED  # every chunk: no numpy needed
+             else np.unique(np.linspace(0, count - 1, MAX_PREFILL_CHUNKS_TIMED).round()))
+    starts = [float(k * max_num_batched_tokens) for k in index]
     chunk_rows = [(0.0, 0.0, float(chunk), chunk * (start + (chunk + 1) / 2), 1.0)
                   for start, chunk in ((start, min(max_num_batched_tokens, input_tokens - start)) for start in starts)]
     decode_row = (micro_batch, micro_batch * mean_context, 0.0, 0.0)
@@ -404,38 +405,61 @@ def model_dtype_bytes(weights: str | WeightRecipe) -> int:
     return 4 if resolve_recipe(weights).format_of(EMBEDDING) == "fp32" else 2
 
 
+@dataclass(frozen=True, slots=True)
+class _Deployment:
+    """A deployment's accounting whatever the lengths (`worst`: max_model_len requests fitting one rank)."""
+
+    engine: ResolvedEngine
+    memory: MemoryBudget
+    kv_tokens: int
+    kv_blocks: int
+    worst: int
+    per_token: int
+    max_context_tokens: int
+
+
+@lru_cache(maxsize=512)
+def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, pp: int,
+                weight_dtype: str | WeightRecipe, kv_dtype: str, dp: int, ep: int) -> _Deployment:
+    """`_account`'s length-independent part, memoized: requests to one deployment and suggestions reuse it."""
+    engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype))
+    memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
+                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
+    budget = memory.kv_budget_bytes_per_gpu
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
+    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
+    kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
+    if engine.max_num_seqs is None:
+        derived = ENGINES[engine.engine].derived_max_num_seqs(rank_tokens, engine.max_model_len)
+        engine = replace(engine, max_num_seqs=derived)
+    return _Deployment(
+        engine, memory, kv_tokens, kv_blocks, requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout),
+        kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp),
+        longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout))
+
+
 def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
              pipeline_parallel: int, weight_dtype: str | WeightRecipe, kv_dtype: str, input_tokens: int,
              output_tokens: int, data_parallel: int = 1, expert_parallel: int = 1) -> _Accounting:
     """Memory and concurrency of a replica. With attention data parallelism each of the dp ranks is an
     engine of its own (its KV cache, its scheduler and max_num_seqs): one rank's figures, times dp."""
     tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
-    engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype))
-    memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
-                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=expert_parallel)
-    budget, block = memory.kv_budget_bytes_per_gpu, engine.block_size
-    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": block}
-    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
-    kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
-    if engine.max_num_seqs is None:
-        derived = ENGINES[engine.engine].derived_max_num_seqs(rank_tokens, engine.max_model_len)
-        engine = replace(engine, max_num_seqs=derived)
+    deployment = _deployment(model, gpu, config, tp, pp, weight_dtype, kv_dtype, dp, expert_parallel)
+    engine, memory, budget = deployment.engine, deployment.memory, deployment.memory.kv_budget_bytes_per_gpu
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
     request_tokens = input_tokens + output_tokens
-    worst = requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout)
     admission = requests_fitting(model, budget, request_tokens, kv_dtype, **layout)
     mean_bytes = steady_state_kv_bytes(model, input_tokens, output_tokens, kv_dtype, **layout)
     steady = int(budget / mean_bytes) if budget > 0 else 0  # Fraction division: an exact floor
-    per_token = kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp)
-    mean_live_tokens = float(mean_bytes / per_token)  # full-attention-equivalent tokens
+    mean_live_tokens = float(mean_bytes / deployment.per_token)  # full-attention-equivalent tokens
     concurrency = MaxConcurrency(
-        worst_case=_capped(worst, engine.max_num_seqs, engine.max_model_len, dp),
+        worst_case=_capped(deployment.worst, engine.max_num_seqs, engine.max_model_len, dp),
         admission=_capped(admission, engine.max_num_seqs, request_tokens, dp),
         steady_state=_capped(steady, engine.max_num_seqs, mean_live_tokens, dp),
     )
-    max_context = longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout)
-    reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, kv_tokens,
-                       admission, max_context)
-    return _Accounting(engine, memory, kv_tokens, kv_blocks, concurrency, max_context, reasons)
+    max_context, kv_tokens = deployment.max_context_tokens, deployment.kv_tokens
+    reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, kv_tokens, admission, max_context)
+    return _Accounting(engine, memory, kv_tokens, deployment.kv_blocks, concurrency, max_context, reasons)
 
 
 def _gb(value: float) -> str:
