@@ -304,10 +304,9 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
                     max_num_batched_tokens: int, activation_dtype: str = "bf16", data_parallel: int = 1,
                     expert_parallel: int = 1, decode_only: bool = False) -> OperatingPoint:
     """Decode step, prefill and the steady-state rates at `batch_size` running requests (see
-    `OperatingPoint`), timed with the step-time model of this deployment. The requests are spread over
-    the data-parallel ranks and, within a rank, over the pp micro-batches in flight. `decode_only`: a
-    disaggregated decode worker, whose prompts arrive prefilled (`disaggregation`): no prefill (0) and
-    tpot = the decode step."""
+    `OperatingPoint`), timed with the step-time model of this deployment. The requests are spread over the
+    data-parallel ranks and, within a rank, over the pp micro-batches in flight. `decode_only`: a disaggregated
+    decode worker, whose prompts arrive prefilled (`disaggregation`): no prefill (0), tpot = the decode step."""
     if batch_size < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("batch_size, input_tokens and output_tokens must be >= 1")
     steps = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel,
@@ -317,8 +316,7 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
                                   expert_parallel=expert_parallel)
     # The step producing output token t+1 reads the prompt and t-1 generated tokens, t = 1..output-1.
     mean_context = input_tokens + max(output_tokens - 2, 0) / 2
-    rank_batch = batch_size / data_parallel
-    micro_batch = rank_batch / pipeline_parallel
+    rank_batch, micro_batch = batch_size / data_parallel, batch_size / data_parallel / pipeline_parallel
     # The prompt in chunks of at most max_num_batched_tokens; chunk k (n_k tokens after a prefix p_k)
     # attends n_k·(p_k + (n_k+1)/2) positions (causal). A chunk's time is piecewise linear in k, so beyond
     # MAX_PREFILL_CHUNKS_TIMED chunks an evenly spaced sample stands for all of them (its mean x count).
@@ -542,12 +540,12 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
              weight_recipe: WeightRecipe | None = None, decode_only: bool = False) -> CapacityResult:
     """How many concurrent requests of `input_tokens` + `output_tokens` fit, and how fast they go.
 
-    `weight_recipe`, when given, decides the weight bytes and the step-time model's weight reads (each
-    parameter group in its own format); `weight_dtype` then only the default compute precision.
-    `decode_only`: the operating point of a disaggregated decode worker (`operating_point`).
-    Impossible configurations are answers (fits False, reasons, a suggestion), not errors; only
-    inconsistent input (TP not dividing the heads, PP above the layers, unknown dtypes, a compute
-    precision the GPU lacks, max_model_len beyond the model) raises ValueError.
+    `weight_recipe`, when given, decides the weight bytes and the step-time model's weight reads (each parameter
+    group in its own format); `weight_dtype` then only the default compute precision. `decode_only`: the
+    operating point of a disaggregated decode worker (`operating_point`). Impossible configurations are
+    answers (fits False, reasons, a suggestion), not errors; only inconsistent input (TP not dividing the
+    heads, PP above the layers, unknown dtypes, a compute precision the GPU lacks, max_model_len beyond the
+    model) raises ValueError.
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"unknown weight dtype {weight_dtype!r}")
@@ -571,8 +569,7 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
              "output_tokens": output_tokens}
     accounting = _account(model, gpu, engine, **shape, data_parallel=data_parallel,
                           expert_parallel=expert_parallel)
-    fits = not accounting.reasons
-    point = None
+    fits, point = not accounting.reasons, None
     if fits:
         view = accounting.engine.running_view
         point = operating_point(
