@@ -210,8 +210,8 @@ class StepTimeModel:
     def __call__(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                  prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None = None) -> float | np.ndarray:
         """`step_time_s`: the model is a step-time function (and offers `decode_run` beside it)."""
-        return self.step_time_s(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
-                                prefill_seqs)
+        return self._evaluate(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                              prefill_seqs, expected=True)
 
     def step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                     prefill_context_tokens: ArrayLike,
@@ -266,8 +266,21 @@ class StepTimeModel:
             raise ValueError(_PREFILL_SEQS_ERROR)
         forms = self._forms
         tokens, sampled = seqs + new, seqs + prefilling
-        parts = self._window_parts(seqs, context, new, positions, prefilling)
-        features = self._features(tokens, sampled, [(attended, decode + read, decode) for decode, attended, read in parts])
+        # `_window_parts` on plain floats, written out: this is the simulator's call for every step that
+        # carries prompt tokens, and the array-capable helpers cost more than the arithmetic.
+        decode_positions = context + seqs
+        chunk = new / max(prefilling, 1.0)
+        prefix = max(positions / max(new, 1.0) - (chunk + 1) / 2, 0.0)
+        prefill_read = new + prefilling * prefix
+        windows = []
+        for window in self.cost_model.windows:
+            if window is None:
+                windows.append((positions, decode_positions + prefill_read, decode_positions))
+            else:
+                decode = min(decode_positions, seqs * window)
+                windows.append((min(positions, new * window),
+                                decode + min(prefill_read, new + prefilling * (window - 1)), decode))
+        features = self._features(tokens, sampled, windows)
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -417,29 +430,28 @@ class StepTimeModel:
         """
         if not (0 < seqs <= _TABLE_ROWS and seqs == int(seqs) and steps >= 1):
             return None
-        form = self._decode_form(seqs)
-        first, first_sides = self._decode_point(form, seqs, context)
-        last, last_sides = (first, first_sides) if steps == 1 else self._decode_point(form, seqs,
-                                                                                      context + seqs * (steps - 1))
+        form = self._decode_forms.get(seqs) or self._decode_form(seqs)
+        decode_point = self._decode_point
+        first, first_sides = decode_point(form, seqs, context)
+        last, last_sides = (first, first_sides) if steps == 1 else decode_point(form, seqs, context + seqs * (steps - 1))
         if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
             return None
         slope = (last - first) / (steps - 1) if steps > 1 else 0.0
-
-        def elapsed(run: int) -> float:
-            return run * first + slope * run * (run - 1) / 2
-
-        if elapsed(steps) < budget_s:
-            return steps, elapsed(steps), last
+        # elapsed(run) = run * first + slope * run * (run - 1) / 2, the seconds of the first `run` steps,
+        # written out where it is evaluated (this is the simulator's call between any two events).
+        elapsed = steps * first + slope * steps * (steps - 1) / 2
+        if elapsed < budget_s:
+            return steps, elapsed, last
         # The smallest run with elapsed(run) >= budget: the root of slope/2 r² + (first - slope/2) r = budget,
         # then a step either way for rounding.
         a, b = slope / 2, first - slope / 2
         root = budget_s / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
         run = min(max(1, math.ceil(root)), steps)
-        while run > 1 and elapsed(run - 1) >= budget_s:
+        while run > 1 and (run - 1) * first + slope * (run - 1) * (run - 2) / 2 >= budget_s:
             run -= 1
-        while run < steps and elapsed(run) < budget_s:
+        while run < steps and run * first + slope * run * (run - 1) / 2 < budget_s:
             run += 1
-        return run, elapsed(run), first + slope * (run - 1)
+        return run, run * first + slope * run * (run - 1) / 2, first + slope * (run - 1)
 
     def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
         """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""
