@@ -381,6 +381,15 @@ class _Scheduler:
     g0 + (ds − ds0) tokens. `ds` counts steps that carry decodes (every step with chunked prefill).
     """
 
+    # Slots: the loop reads and writes these attributes a few dozen times per event (measured: the
+    # scheduler's own time about 15% lower than with an instance dict).
+    __slots__ = ("step_time", "decode_run", "block_size", "max_num_seqs", "token_budget", "chunked",
+                 "on_demand", "closed_loop", "n", "input", "output", "cached", "shared", "issued", "arrival",
+                 "state", "prompt", "position", "generated", "held", "c0", "ds0", "phase", "finish_step",
+                 "first_token", "finish", "t", "steps", "ds", "free_blocks", "next_arrival", "waiting",
+                 "running", "prefilling", "decoding", "decode_context", "decoders_by_phase", "finish_heap",
+                 "done", "preemptions", "tokens_out", "last_step_s", "trace_time", "trace_tokens")
+
     def __init__(self, step_time: StepTimeFn, config: SchedulerConfig, requests: Requests,
                  closed_loop_users: int | None) -> None:
         self.step_time = step_time
