@@ -280,7 +280,7 @@ class StepTimeModel:
                 decode = min(decode_positions, seqs * window)
                 windows.append((min(positions, new * window),
                                 decode + min(prefill_read, new + prefilling * (window - 1)), decode))
-        features = self._features(tokens, sampled, windows)
+        features = self._features(tokens, sampled, windows, slowed=expected)
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -288,7 +288,6 @@ class StepTimeModel:
             for feature, seconds in forms.ideal_memory:
                 memory += seconds * features[feature]
             return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
-        self._slow(features, tokens, sampled)
         total = 0.0
         for feature, seconds in forms.linear:
             total += seconds * features[feature]
@@ -301,37 +300,36 @@ class StepTimeModel:
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
         return total
 
-    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]]) -> list[float]:
-        """The evaluation features of one step, before the slowed ones: row counts, "any", per window the
-        positions prompt tokens attend, KV tokens read and positions decoding tokens attend, distinct
-        experts and routed tokens."""
+    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]],
+                  slowed: bool) -> list[float]:
+        """The evaluation features of one step: row counts, "any", per window the positions prompt tokens
+        attend, KV tokens read and positions decoding tokens attend, distinct experts and routed tokens;
+        then, when `slowed`, the slowed features (see `_Forms`)."""
         forms = self._forms
         features = [tokens, sampled, tokens > 0, sampled > 0]
         for window in windows:
             features += window
-        if forms.experts is not None:
-            tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+        experts = forms.experts
+        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+        if experts is not None:
             if tokens_row == tokens:
                 features += (forms.distinct_experts_list[tokens_row],  # type: ignore[index]
                              forms.routed_tokens_list[tokens_row])  # type: ignore[index]
             else:
-                features += (float(forms.experts.distinct_experts(tokens)), float(forms.experts.routed_tokens(tokens)))
-        return features
-
-    def _slow(self, features: list[float], tokens: float, sampled: float) -> None:
-        """Append the slowed features (see `_Forms`)."""
-        forms = self._forms
-        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1
+                features += (float(experts.distinct_experts(tokens)), float(experts.routed_tokens(tokens)))
+        if not slowed:
+            return features
         sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
-        slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
-                     forms.slowdown_list[sampled_row] if sampled_row == sampled
-                     else _slowdown(self.efficiency, sampled))
-        if forms.experts is not None:
+        slowdown_list = forms.slowdown_list
+        slowdowns = (slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
+                     slowdown_list[sampled_row] if sampled_row == sampled else _slowdown(self.efficiency, sampled))
+        if experts is not None:
             slowdowns += (forms.expert_slowdown_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                          else _expert_slowdown(self.efficiency, forms.experts, tokens),)
+                          else _expert_slowdown(self.efficiency, experts, tokens),)
         features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
         for feature, by_rows in forms.slowed:
             features.append(features[feature] * slowdowns[by_rows])
+        return features
 
     def _decode_form(self, seqs: float) -> _DecodeForm:
         """Decode-only steps of `seqs` sequences as a function of their context c alone.
@@ -348,9 +346,7 @@ class StepTimeModel:
         forms, windows = self._forms, self.cost_model.windows
 
         def features_at(positions: list[float]) -> list[float]:
-            features = self._features(seqs, seqs, [(0.0, d, d) for d in positions])
-            self._slow(features, seqs, seqs)
-            return features
+            return self._features(seqs, seqs, [(0.0, d, d) for d in positions], slowed=True)
 
         base = features_at([0.0] * len(windows))
         units = [[unit - at_zero for unit, at_zero in zip(
