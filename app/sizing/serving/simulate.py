@@ -451,6 +451,7 @@ class _Scheduler:
     def run(self) -> None:
         # Names that never change bound once: this loop turns two to three times per request.
         arrival, waiting, state, n, chunked = self.arrival, self.waiting, self.state, self.n, self.chunked
+        max_num_seqs, token_budget, running = self.max_num_seqs, self.token_budget, self.running
         trace_time, trace_tokens = self.trace_time.append, self.trace_tokens.append
         while self.done < n:
             next_arrival, t = self.next_arrival, self.t
@@ -463,7 +464,11 @@ class _Scheduler:
                 raise SimulationLimitError(
                     f"simulation passed {MAX_STEPS} engine steps with {n - self.done} requests "
                     f"unfinished; simulate fewer requests")
-            head_admissible = bool(waiting) and self._head_admissible()
+            # The oldest waiting request can enter now: a free sequence slot, token budget left after the
+            # decodes (chunked prefill), and KV blocks for it.
+            head_admissible = (bool(waiting) and len(running) < max_num_seqs
+                               and not (chunked and self.decoding >= token_budget)
+                               and self._admission_blocks(waiting[0]) <= self.free_blocks)
             if self.prefilling or head_admissible:
                 self._step(with_decodes=chunked or not head_admissible)
             elif self.decoding:
@@ -475,13 +480,6 @@ class _Scheduler:
                 raise RuntimeError("scheduler stalled with requests waiting and nothing running")
             trace_time(self.t)
             trace_tokens(self.tokens_out)
-
-    def _head_admissible(self) -> bool:
-        if not self.waiting or len(self.running) >= self.max_num_seqs:
-            return False
-        if self.chunked and self.decoding >= self.token_budget:
-            return False
-        return self._admission_blocks(self.waiting[0]) <= self.free_blocks
 
     def _admission_blocks(self, j: int) -> int:
         own = (self.prompt[j] if self.on_demand else self.input[j] + self.output[j]) - self.shared[j]
