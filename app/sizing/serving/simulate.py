@@ -383,12 +383,12 @@ class _Scheduler:
 
     # Slots: the loop reads and writes these attributes a few dozen times per event (measured: the
     # scheduler's own time about 15% lower than with an instance dict).
-    __slots__ = ("step_time", "decode_run", "block_size", "max_num_seqs", "token_budget", "chunked",
-                 "on_demand", "closed_loop", "n", "input", "output", "cached", "shared", "issued", "arrival",
-                 "state", "prompt", "position", "generated", "held", "c0", "ds0", "phase", "finish_step",
-                 "first_token", "finish", "t", "steps", "ds", "free_blocks", "next_arrival", "waiting",
-                 "running", "prefilling", "decoding", "decode_context", "decoders_by_phase", "finish_heap",
-                 "done", "preemptions", "tokens_out", "last_step_s", "trace_time", "trace_tokens")
+    __slots__ = ("arrival", "block_size", "c0", "cached", "chunked", "closed_loop", "decode_context",
+                 "decode_run", "decoders_by_phase", "decoding", "done", "ds", "ds0", "finish", "finish_heap",
+                 "finish_step", "first_token", "free_blocks", "generated", "held", "input", "issued",
+                 "last_step_s", "max_num_seqs", "n", "next_arrival", "on_demand", "output", "phase",
+                 "position", "preemptions", "prefilling", "prompt", "running", "shared", "state", "step_time",
+                 "steps", "t", "token_budget", "tokens_out", "trace_time", "trace_tokens", "waiting")
 
     def __init__(self, step_time: StepTimeFn, config: SchedulerConfig, requests: Requests,
                  closed_loop_users: int | None) -> None:
@@ -537,7 +537,7 @@ class _Scheduler:
                 running[j] = None
                 self.free_blocks -= blocks
                 self.held[j] = blocks
-                chunk = remaining if remaining < budget else budget  # min(), as a call, costs more
+                chunk = remaining if remaining < budget else budget  # noqa: FURB136 (min(), as a call, costs more)
                 prefill_tokens += chunk
                 prefill_context += chunk * at + chunk * (chunk + 1) // 2
                 at = position[j] = at + chunk
@@ -665,9 +665,7 @@ class _Scheduler:
             last_step_s = self.last_step_s
             if last_step_s > 0 and next_arrival < math.inf:
                 # size the window to reach about the arrival, not far beyond it
-                reach = int((next_arrival - t) / last_step_s * 1.25) + 2
-                if reach < steps:
-                    steps = reach
+                steps = min(steps, int((next_arrival - t) / last_step_s * 1.25) + 2)
 
         if self.on_demand and self.free_blocks < decodes * -(-steps // self.block_size):
             steps = self._steps_before_kv_shortage(steps)
