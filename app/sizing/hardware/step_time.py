@@ -433,9 +433,7 @@ class StepTimeModel:
         if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
             return None
         slope = (last - first) / (steps - 1) if steps > 1 else 0.0
-        # elapsed(run) = run * first + slope * run * (run - 1) / 2, the seconds of the first `run` steps,
-        # written out where it is evaluated (this is the simulator's call between any two events).
-        elapsed = steps * first + slope * steps * (steps - 1) / 2
+        elapsed = _series_s(steps, first, slope)
         if elapsed < budget_s:
             return steps, elapsed, last
         # The smallest run with elapsed(run) >= budget: the root of slope/2 r² + (first - slope/2) r = budget,
@@ -443,11 +441,11 @@ class StepTimeModel:
         a, b = slope / 2, first - slope / 2
         root = budget_s / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
         run = min(max(1, math.ceil(root)), steps)
-        while run > 1 and (run - 1) * first + slope * (run - 1) * (run - 2) / 2 >= budget_s:
+        while run > 1 and _series_s(run - 1, first, slope) >= budget_s:
             run -= 1
-        while run < steps and run * first + slope * run * (run - 1) / 2 < budget_s:
+        while run < steps and _series_s(run, first, slope) < budget_s:
             run += 1
-        return run, run * first + slope * run * (run - 1) / 2, first + slope * (run - 1)
+        return run, _series_s(run, first, slope), first + slope * (run - 1)
 
     def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
         """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""
@@ -555,6 +553,12 @@ class StepTimeModel:
                 else (minimum(decode_positions, seqs * window), minimum(positions, new * window),
                       minimum(prefill_read, new + prefilling * (window - 1)))
                 for window in self.cost_model.windows]
+
+
+def _series_s(run: int, first: float, slope: float) -> float:
+    """Seconds of the first `run` steps of a decode run whose step times start at `first` and grow by
+    `slope` a step (`StepTimeModel.decode_run`): an arithmetic series."""
+    return run * first + slope * run * (run - 1) / 2
 
 
 # Immutable and a pure function of its arguments, so one model serves every request and plan candidate
