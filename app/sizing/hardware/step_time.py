@@ -210,8 +210,8 @@ class StepTimeModel:
     def __call__(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                  prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None = None) -> float | np.ndarray:
         """`step_time_s`: the model is a step-time function (and offers `decode_run` beside it)."""
-        return self.step_time_s(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
-                                prefill_seqs)
+        return self._evaluate(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens,
+                              prefill_seqs, expected=True)
 
     def step_time_s(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                     prefill_context_tokens: ArrayLike,
@@ -266,8 +266,21 @@ class StepTimeModel:
             raise ValueError(_PREFILL_SEQS_ERROR)
         forms = self._forms
         tokens, sampled = seqs + new, seqs + prefilling
-        parts = self._window_parts(seqs, context, new, positions, prefilling)
-        features = self._features(tokens, sampled, [(attended, decode + read, decode) for decode, attended, read in parts])
+        # `_window_parts` on plain floats, written out: this is the simulator's call for every step that
+        # carries prompt tokens, and the array-capable helpers cost more than the arithmetic.
+        decode_positions = context + seqs
+        chunk = new / max(prefilling, 1.0)
+        prefix = max(positions / max(new, 1.0) - (chunk + 1) / 2, 0.0)
+        prefill_read = new + prefilling * prefix
+        windows = []
+        for window in self.cost_model.windows:
+            if window is None:
+                windows.append((positions, decode_positions + prefill_read, decode_positions))
+            else:
+                decode = min(decode_positions, seqs * window)
+                windows.append((min(positions, new * window),
+                                decode + min(prefill_read, new + prefilling * (window - 1)), decode))
+        features = self._features(tokens, sampled, windows, slowed=expected)
         if not expected:
             compute = memory = 0.0
             for feature, seconds in forms.ideal_compute:
@@ -275,7 +288,6 @@ class StepTimeModel:
             for feature, seconds in forms.ideal_memory:
                 memory += seconds * features[feature]
             return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
-        self._slow(features, tokens, sampled)
         total = 0.0
         for feature, seconds in forms.linear:
             total += seconds * features[feature]
@@ -288,37 +300,36 @@ class StepTimeModel:
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
         return total
 
-    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]]) -> list[float]:
-        """The evaluation features of one step, before the slowed ones: row counts, "any", per window the
-        positions prompt tokens attend, KV tokens read and positions decoding tokens attend, distinct
-        experts and routed tokens."""
+    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]],
+                  slowed: bool) -> list[float]:
+        """The evaluation features of one step: row counts, "any", per window the positions prompt tokens
+        attend, KV tokens read and positions decoding tokens attend, distinct experts and routed tokens;
+        then, when `slowed`, the slowed features (see `_Forms`)."""
         forms = self._forms
         features = [tokens, sampled, tokens > 0, sampled > 0]
         for window in windows:
             features += window
-        if forms.experts is not None:
-            tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+        experts = forms.experts
+        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
+        if experts is not None:
             if tokens_row == tokens:
                 features += (forms.distinct_experts_list[tokens_row],  # type: ignore[index]
                              forms.routed_tokens_list[tokens_row])  # type: ignore[index]
             else:
-                features += (float(forms.experts.distinct_experts(tokens)), float(forms.experts.routed_tokens(tokens)))
-        return features
-
-    def _slow(self, features: list[float], tokens: float, sampled: float) -> None:
-        """Append the slowed features (see `_Forms`)."""
-        forms = self._forms
-        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1
+                features += (float(experts.distinct_experts(tokens)), float(experts.routed_tokens(tokens)))
+        if not slowed:
+            return features
         sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
-        slowdowns = (forms.slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
-                     forms.slowdown_list[sampled_row] if sampled_row == sampled
-                     else _slowdown(self.efficiency, sampled))
-        if forms.experts is not None:
+        slowdown_list = forms.slowdown_list
+        slowdowns = (slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
+                     slowdown_list[sampled_row] if sampled_row == sampled else _slowdown(self.efficiency, sampled))
+        if experts is not None:
             slowdowns += (forms.expert_slowdown_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                          else _expert_slowdown(self.efficiency, forms.experts, tokens),)
+                          else _expert_slowdown(self.efficiency, experts, tokens),)
         features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
         for feature, by_rows in forms.slowed:
             features.append(features[feature] * slowdowns[by_rows])
+        return features
 
     def _decode_form(self, seqs: float) -> _DecodeForm:
         """Decode-only steps of `seqs` sequences as a function of their context c alone.
@@ -335,9 +346,7 @@ class StepTimeModel:
         forms, windows = self._forms, self.cost_model.windows
 
         def features_at(positions: list[float]) -> list[float]:
-            features = self._features(seqs, seqs, [(0.0, d, d) for d in positions])
-            self._slow(features, seqs, seqs)
-            return features
+            return self._features(seqs, seqs, [(0.0, d, d) for d in positions], slowed=True)
 
         base = features_at([0.0] * len(windows))
         units = [[unit - at_zero for unit, at_zero in zip(
@@ -417,29 +426,26 @@ class StepTimeModel:
         """
         if not (0 < seqs <= _TABLE_ROWS and seqs == int(seqs) and steps >= 1):
             return None
-        form = self._decode_form(seqs)
-        first, first_sides = self._decode_point(form, seqs, context)
-        last, last_sides = (first, first_sides) if steps == 1 else self._decode_point(form, seqs,
-                                                                                      context + seqs * (steps - 1))
+        form = self._decode_forms.get(seqs) or self._decode_form(seqs)
+        decode_point = self._decode_point
+        first, first_sides = decode_point(form, seqs, context)
+        last, last_sides = (first, first_sides) if steps == 1 else decode_point(form, seqs, context + seqs * (steps - 1))
         if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
             return None
         slope = (last - first) / (steps - 1) if steps > 1 else 0.0
-
-        def elapsed(run: int) -> float:
-            return run * first + slope * run * (run - 1) / 2
-
-        if elapsed(steps) < budget_s:
-            return steps, elapsed(steps), last
+        elapsed = _series_s(steps, first, slope)
+        if elapsed < budget_s:
+            return steps, elapsed, last
         # The smallest run with elapsed(run) >= budget: the root of slope/2 r² + (first - slope/2) r = budget,
         # then a step either way for rounding.
         a, b = slope / 2, first - slope / 2
         root = budget_s / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
         run = min(max(1, math.ceil(root)), steps)
-        while run > 1 and elapsed(run - 1) >= budget_s:
+        while run > 1 and _series_s(run - 1, first, slope) >= budget_s:
             run -= 1
-        while run < steps and elapsed(run) < budget_s:
+        while run < steps and _series_s(run, first, slope) < budget_s:
             run += 1
-        return run, elapsed(run), first + slope * (run - 1)
+        return run, _series_s(run, first, slope), first + slope * (run - 1)
 
     def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
         """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""
@@ -547,6 +553,12 @@ class StepTimeModel:
                 else (minimum(decode_positions, seqs * window), minimum(positions, new * window),
                       minimum(prefill_read, new + prefilling * (window - 1)))
                 for window in self.cost_model.windows]
+
+
+def _series_s(run: int, first: float, slope: float) -> float:
+    """Seconds of the first `run` steps of a decode run whose step times start at `first` and grow by
+    `slope` a step (`StepTimeModel.decode_run`): an arithmetic series."""
+    return run * first + slope * run * (run - 1) / 2
 
 
 # Immutable and a pure function of its arguments, so one model serves every request and plan candidate
