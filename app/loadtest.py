@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -186,7 +187,13 @@ def locust_load(base_url: str, endpoint: Endpoint, seconds: float) -> LoadResult
                        env=env, capture_output=True, check=False)
         with open(Path(folder) / "load_stats.csv", newline="") as stats:
             row = next(row for row in csv.DictReader(stats) if row["Name"] == "Aggregated")
-    return LoadResult(float(row["Requests/s"]), float(row["50%"]), float(row["99%"]), int(row["Failure Count"]))
+    return LoadResult(_locust_number(row["Requests/s"]), _locust_number(row["50%"]), _locust_number(row["99%"]),
+                      int(row["Failure Count"]))
+
+
+def _locust_number(cell: str) -> float:
+    """A locust statistic; "N/A" (no request finished, as in a warm-up shorter than locust's start-up) is NaN."""
+    return math.nan if cell == "N/A" else float(cell)
 
 
 def pick_load_generator() -> tuple[str, LoadGenerator]:
