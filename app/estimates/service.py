@@ -61,7 +61,7 @@ from app.sizing.hardware.roofline import (
 )
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
-from app.sizing.model.flops import ATTENTION, DECODE, PREFILL, decode_cost, prefill_cost
+from app.sizing.model.flops import ATTENTION, DECODE, PREFILL, decode_cost, prefill_cost, score_matrix_bytes
 from app.sizing.model.kv import (
     KvCacheSize,
     kv_breakpoints,
@@ -263,12 +263,12 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
         else:
             cost = decode_cost(model, cached, batch_size, **dtypes)
         result = roofline(cost, gpu, precisions.compute_dtype, efficiency, tp, model)
-        # A decode step is a one-token prefill after the cached context: the same step, naive attention.
-        naive = prefill_cost(model, new_tokens, cached, batch_size, **dtypes, flash_attention=False)
+        # A decode step is a one-token prefill after the cached context: naive attention adds its scores.
+        score_bytes = score_matrix_bytes(model, new_tokens, cached, batch_size, **dtypes)
     except ValueError as exc:
         raise core_problem(exc) from None
     flash_bytes = cost.operator(ATTENTION).bytes
-    naive_bytes = naive.operator(ATTENTION).bytes
+    naive_bytes = flash_bytes + score_bytes
     return RooflineResponse(
         model=model_label, gpu=gpu_label, phase=phase, batch_size=batch_size,
         prompt_tokens=prompt_tokens if phase == PREFILL else None, context_tokens=cached, tensor_parallel=tp,
@@ -288,7 +288,7 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
             for op in result.operators
         ],
         attention_traffic=AttentionTraffic(flash_bytes=flash_bytes, naive_bytes=naive_bytes,
-                                           score_matrix_bytes=naive_bytes - flash_bytes,
+                                           score_matrix_bytes=score_bytes,
                                            naive_to_flash_ratio=naive_bytes / flash_bytes,
                                            note=ATTENTION_TRAFFIC_NOTE),
         warnings=sequence_warnings(model, cached + new_tokens, "The sequence (context_tokens + this step's "

@@ -34,6 +34,7 @@ from app.sizing.model.flops import (
     expected_rows_per_expert,
     kv_tokens_read,
     prefill_cost,
+    score_matrix_bytes,
     step_cost_model,
 )
 from app.sizing.model.params import ceil_div
@@ -256,6 +257,16 @@ def test_flash_attention_never_writes_the_score_matrix() -> None:
     6,442,450,944; scores 2 x 32 x 8,192² x 2 x 32 = 274,877,906,944 -> naive 281,320,357,888 (43.7x)."""
     assert attention_traffic(LLAMA_3_8B, 1000) == (786_432_000, 4_882_432_000)
     assert attention_traffic(LLAMA_3_8B, 8192) == (6_442_450_944, 281_320_357_888)
+
+
+def test_score_matrix_bytes_of_a_batch_after_a_cached_prefix() -> None:
+    """Llama-3-8B, 4 sequences of 100 new tokens after 900 cached: each holds 100 x (900 + 100) = 100,000
+    score entries per head; written and read back in bf16 over 32 heads and 32 layers:
+    4 x 100,000 x 2 x 2 B x 32 x 32 = 1,638,400,000 B. At TP2 a GPU holds 16 heads: 819,200,000 B. Without a
+    cache and batch 1, 1,000 tokens: 1,000² x 2 x 2 x 32 x 32 = 4,096,000,000 B, the gap in the test above."""
+    assert score_matrix_bytes(LLAMA_3_8B, 100, 900, 4) == 1_638_400_000
+    assert score_matrix_bytes(LLAMA_3_8B, 100, 900, 4, tensor_parallel=2) == 819_200_000
+    assert score_matrix_bytes(LLAMA_3_8B, 1000) == 4_096_000_000
 
 
 def test_tensor_parallel_splits_work_and_replicates_kv_heads() -> None:

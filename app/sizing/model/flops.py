@@ -502,12 +502,21 @@ def attention_traffic(model: ModelSpec, tokens: int, kv_dtype: str = "bf16",
     """HBM bytes of the attention operator prefilling one `tokens`-token prompt (whole model, one GPU):
     (with FlashAttention, naive). The gap is the n x n score matrix, written and read back per head and
     layer by naive attention and kept on chip by FlashAttention (the seed's FlashAttention lesson)."""
-    flash, naive = (
-        prefill_cost(model, tokens, kv_dtype=kv_dtype, activation_dtype=activation_dtype,
-                     flash_attention=flash_attention).operator(ATTENTION).bytes
-        for flash_attention in (True, False)
-    )
-    return flash, naive
+    flash = prefill_cost(model, tokens, kv_dtype=kv_dtype, activation_dtype=activation_dtype).operator(ATTENTION).bytes
+    return flash, flash + score_matrix_bytes(model, tokens, kv_dtype=kv_dtype, activation_dtype=activation_dtype)
+
+
+def score_matrix_bytes(model: ModelSpec, new_tokens: int, cached_tokens: int = 0, batch_size: int = 1,
+                       weight_dtype: str | WeightRecipe = "bf16", kv_dtype: str = "bf16",
+                       activation_dtype: str = "bf16", tensor_parallel: int = 1, data_parallel: int = 1,
+                       expert_parallel: int = 1) -> float:
+    """HBM bytes naive attention adds to a step over FlashAttention (one GPU, all layers): each sequence's
+    n·(p+n) score entries per head, written and read back (`SCORE_ENTRIES`). The same term `prefill_cost(...,
+    flash_attention=False)` adds to its attention operator, without pricing the rest of the step again."""
+    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
+                                  data_parallel, expert_parallel)
+    per_entry = model_costs.activation_bytes[model_costs.operator_names.index(ATTENTION), SCORE_ENTRIES]
+    return float(per_entry) * batch_size * new_tokens * (cached_tokens + new_tokens)
 
 
 # Internals ----------------------------------------------------------------------------------------
