@@ -72,6 +72,7 @@ from app.sizing.model.kv import (
 )
 from app.sizing.model.params import ceil_div
 from app.sizing.model.weights import weight_bytes_per_gpu
+from app.sizing.serving.disaggregation import first_token_s
 from app.sizing.specs import GpuSpec, ModelSpec, bits_per_value
 
 # /v1/kv-cache
@@ -337,7 +338,7 @@ def _disaggregated_roofline(session: Session, request: RooflineRequest, model: M
     return decode.model_copy(update={"deployment": DISAGGREGATED, "disaggregation": RooflineDisaggregationOut(
         prefill=_pool_step_out(prefill, prefill_pool), decode=_pool_step_out(decode, decode_pool),
         kv_transfer=kv_transfer_out(transfer),
-        ttft_ms=prefill.expected_time_ms + transfer.time_s * 1e3 + decode.expected_time_ms)})
+        ttft_ms=first_token_s(prefill.expected_time_ms / 1e3, transfer.time_s, decode.expected_time_ms / 1e3) * 1e3)})
 
 
 def _pool_step_out(step: RooflineResponse, pool: ResolvedPool) -> PoolStepOut:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -90,6 +91,9 @@ NVLINK_TRANSFER_LATENCY_S = (8.4 + 3.4) * 1e-6
 NETWORK_TRANSFER_LATENCY_S = (8.4 + 14.0) * 1e-6
 TRANSFER_LATENCY_SOURCE = ("NCCL tuner latency model, Simple protocol: base 8.4 us + one hop (NVLink 3.4 us, "
                            "network 14 us); NVIDIA/nccl src/graph/tuning.cc")
+
+
+Seconds = TypeVar("Seconds", float, np.ndarray)  # one request, or one per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,9 +235,15 @@ class Combined:
         return float(np.percentile(values, q)) if len(values) else math.nan
 
 
+def first_token_s(prefill_ttft_s: Seconds, transfer_s: Seconds, decode_first_s: Seconds) -> Seconds:
+    """A disaggregated request's TTFT: its time on the prefill worker (queueing + prefill) + the KV transfer +
+    the decode worker's delay to its first step. Numbers or arrays."""
+    return prefill_ttft_s + transfer_s + decode_first_s
+
+
 def combine(times: PoolTimes) -> Combined:
-    """TTFT = prefill TTFT + transfer + decode first-step delay; E2E = TTFT + the rest of the decode."""
-    ttft = times.prefill_ttft_s + times.transfer_s + times.decode_first_s
+    """TTFT (`first_token_s`); E2E = TTFT + the rest of the decode."""
+    ttft = first_token_s(times.prefill_ttft_s, times.transfer_s, times.decode_first_s)
     e2e = ttft + times.decode_rest_s
     gaps = times.output_tokens - 1
     with np.errstate(invalid="ignore", divide="ignore"):
