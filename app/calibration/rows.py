@@ -29,6 +29,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +51,9 @@ REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.i
 VOCABULARY_COLUMNS = ("model", "gpu", "weight_dtype", "compute_dtype", "kv_dtype", "engine", "scenario", "metric",
                       "stat")
 MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
+# `stated_version`: a version at the start, after an engine's name or after a 'v'; a year of the install.
+_STATED_VERSION = re.compile(r"(?:^|vllm[ _-]?|tensorrt-llm[ _-]?|sglang[ _-]?|\bv)(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
+_STATED_YEAR = re.compile(r"\b(20\d\d)\b")
 
 
 class RowsInvalid(ValueError):
@@ -292,7 +296,7 @@ def _schema_cells(cells: Mapping[str, str]) -> dict[str, str]:
 def _observed_row(row: MeasurementRowIn) -> ObservedRow:
     measurement = Measurement(
         scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
-        engine=row.engine, stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
+        engine=row.engine, engine_version=stated_version(row.engine_version), stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
         disaggregated=row.deployment == "disaggregated", prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
         compute_dtype=row.compute_dtype, weight_recipe=CHECKPOINT_RECIPES.get((row.model, row.weight_dtype)),
         kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
@@ -301,6 +305,18 @@ def _observed_row(row: MeasurementRowIn) -> ObservedRow:
     return ObservedRow(row_id=row.row_id, source_id=row.source_id, model=row.model, gpu=row.gpu, engine=row.engine,
                        scenario=row.scenario, metric=row.metric, stat=row.stat, value=row.value,
                        measurement=measurement)
+
+
+def stated_version(text: str) -> str | None:
+    """The engine version a row's free-text `engine_version` states: the first major.minor[.patch] at its
+    start or after the engine's name or a 'v' ('0.5.3.post1 (...)' -> '0.5.3', 'rocm/vllm:rocm6.3.1_vllm0.8.3'
+    -> '0.8.3', 'TensorRT-LLM 0.17' -> '0.17'); else the year of the install when the text gives one
+    ('not pinned (pip install vllm, 2024)' -> '2024'); else None."""
+    found = _STATED_VERSION.search(text)
+    if found:
+        return ".".join(part for part in found.groups() if part is not None)
+    year = _STATED_YEAR.search(text)
+    return year[1] if year else None
 
 
 def _pool(row: MeasurementRowIn, role: str) -> PoolLayout | None:

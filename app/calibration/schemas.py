@@ -278,6 +278,7 @@ PROFILE_ENTRY_EXAMPLE = {
                       {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
+    "per_sequence_overhead_ms": 0.0,
     "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
               "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
 }
@@ -330,6 +331,9 @@ class ProfileEntryOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
+    per_sequence_overhead_ms: float = Field(0.0, description=(
+        "Host work per sequence per engine step that the engine does not overlap with the GPU (vLLM before "
+        "0.8, the V0 engine); charged only for such engines, 0 for the others"))
     source: str
 
 

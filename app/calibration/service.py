@@ -72,7 +72,7 @@ from app.estimates.schemas import ComputeCurvePoint
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import (
     DEFAULT_EVALUATIONS,
-    FITTED_PARAMETERS,
+    GLOBAL_PARAMETERS,
     MAX_FIT_ROWS_PER_ENTRY,
     MIN_ROWS_PER_ENTRY,
     PRIOR_WEIGHT,
@@ -441,9 +441,9 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
                       else "the most specific level shipped")),
         "objective": (f"mean |ln(predicted / measured)| over the entry's rows + {PRIOR_WEIGHT} x mean over "
                       "parameters of ((value - prior) / range)^2"),
-        "parameter_bounds": {bound.name: [bound.low, bound.high] for bound in FITTED_PARAMETERS},
+        "parameter_bounds": {bound.name: [bound.low, bound.high] for bound in GLOBAL_PARAMETERS},
         "parameter_priors": {bound.name: {"prior": bound.prior, "source": bound.source}
-                             for bound in FITTED_PARAMETERS},
+                             for bound in GLOBAL_PARAMETERS},
         "parameters_at_bounds": [
             {"gpu_family": family, "compute_dtype": dtype, "parameter": parameter, "value": value, "bound": side}
             for family, dtype, parameter, value, side in parameters_at_bounds(profile)],
@@ -578,5 +578,6 @@ def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
         per_step_overhead_ms=entry["per_step_overhead_s"] * 1e3,
         per_layer_overhead_ms=entry["per_layer_overhead_s"] * 1e3,
         allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
+        per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
         source=entry["source"],
     )

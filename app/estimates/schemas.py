@@ -207,7 +207,7 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
                       {"tokens": 256, "compute_fraction_ratio": 0.78}, {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
-    "allreduce_latency_ms": 0.0075,
+    "allreduce_latency_ms": 0.0075, "per_sequence_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
               "7.5 us. Uncalibrated for this GPU and precision.",
@@ -261,6 +261,9 @@ class EfficiencyOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
+    per_sequence_overhead_ms: float = Field(0.0, description=(
+        "Host work per sequence per engine step that the engine does not overlap with the GPU (vLLM before "
+        "0.8, the V0 engine); charged only for such engines, 0 for the others"))
     source: str
 
 

@@ -51,6 +51,7 @@ from app.estimates.schemas import (
     RooflineResponse,
 )
 from app.sizing import CALCULATION_VERSION
+from app.sizing.engines import host_adjusted
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     COMPUTE,
@@ -376,8 +377,8 @@ def decode_batch_sweep(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batc
     """The batch-sweep's pure calculation: every batch evaluated at once by the vectorized step-time
     model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the analytic knee."""
     step_model = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype,
-                                       kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
-                                       activation_dtype=activation_dtype)
+                                       kv_dtype=kv_dtype, compute_dtype=compute_dtype, activation_dtype=activation_dtype,
+                                       efficiency=host_adjusted(efficiency, None))  # the GPU's time: no engine loop
     sequences = np.asarray(batch_sizes, dtype=float)
     contexts = sequences * context_tokens
     ideal = np.atleast_1d(step_model.ideal_step_time_s(sequences, contexts, 0, 0))

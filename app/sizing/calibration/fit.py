@@ -86,6 +86,21 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
                     "SIZING.md section 5: below the sweep's first point (M = 64) the curve is proportional to M "
                     "(prior 0); 1 = flat"),
 )
+# Fitted once per profile, in its global entry (every family entry takes the global value): a property of
+# the engine's host loop, not of the GPU. Host work per sequence per step that an engine does not overlap
+# with the GPU (`engines.host_adjusted`: vLLM's V0 engine, before 0.8.0) -- scheduler bookkeeping, the
+# sampler's metadata, detokenization -- is Python run once per sequence in the step loop: a few thousand
+# interpreter operations at tens of nanoseconds each, i.e. tens to hundreds of microseconds per sequence;
+# the range runs to 1 ms. Prior 0: without evidence, nothing beyond the per-step overhead.
+HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
+    ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
+                    "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
+                    "scheduling, sampling metadata, detokenization in the step loop): Python, tens to hundreds "
+                    "of us per sequence by its operation count; range to 1 ms; prior 0 (nothing beyond the "
+                    "per-step overhead)"),
+)
+GLOBAL_PARAMETERS = FITTED_PARAMETERS + HOST_PARAMETERS
+
 # Weight of the priors: the objective adds PRIOR_WEIGHT x the mean over parameters of
 # ((value - prior) / range)^2, so a parameter at the far end of its range costs as much as a 2% worse fit
 # (mean |ln| error 0.02): the data moves a parameter only where it pays for itself.
@@ -356,8 +371,13 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
         rows = spread(rows, max_rows_per_entry)
         start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
+        bounds = GLOBAL_PARAMETERS if key == (ANY, ANY) else FITTED_PARAMETERS
+        if key != (ANY, ANY):  # the host parameters are the profile's, from its global entry
+            start = with_parameters(start, {bound.name: parameter_value(entries[(ANY, ANY)].efficiency, bound.name)
+                                            for bound in HOST_PARAMETERS})
         before = mean_abs_log_error(rows, start)
-        fitted, _ = fit_efficiency(rows, start, max_evaluations=max_evaluations, source=describe(*key, len(rows)))
+        fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
+                                   source=describe(*key, len(rows)))
         entries[key] = ProfileEntry(*key, fitted, len(rows))
         fits.append(EntryFit(*key, len(rows), before, mean_abs_log_error(rows, fitted)))
         return fitted
@@ -445,7 +465,7 @@ def parameters_at_bounds(profile: CalibrationProfile,
     for entry in profile.entries:
         if entry.rows == 0:
             continue
-        for bound in bounds:
+        for bound in (*bounds, *HOST_PARAMETERS) if entry.key == (ANY, ANY) else bounds:
             value = parameter_value(entry.efficiency, bound.name)
             side = bound.at_bound(value)
             if side:

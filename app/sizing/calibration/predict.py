@@ -164,6 +164,9 @@ class Measurement:
     num_gpus: int
     weight_dtype: str
     engine: str
+    # major.minor[.patch] as the run states it, or the year of the install where only that is stated
+    # ('2024'); None: not stated (the engine's current behaviour)
+    engine_version: str | None = None
     stat: str | None = None  # for latencies: mean, median/p50, p90, p99; None = not stated (the mean)
     tp: int | None = None  # None: the source does not say (the best layout on num_gpus is compared)
     pp: int | None = None  # None: 1
@@ -254,6 +257,8 @@ class PreparedPrediction:
         self.measurement = measurement
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
+        engine = MODELLED_AS[measurement.engine]
+        self._engine_version = engine, measurement.engine_version or engines.ENGINES[engine].default_version
 
     @property
     def timing_invariant(self) -> bool:
@@ -270,12 +275,14 @@ class PreparedPrediction:
         return self.runs[0].compute_dtype
 
     def predict(self, efficiency: Efficiency) -> float:
+        efficiency = engines.host_adjusted(efficiency, *self._engine_version)
         values = [run.metric(self.measurement.metric, self.measurement.stat, efficiency) for run in self.runs]
         return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
 
     def utilization(self, efficiency: Efficiency) -> float | None:
         """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
         the same lengths); None for every other scenario."""
+        efficiency = engines.host_adjusted(efficiency, *self._engine_version)
         values = [run.utilization(efficiency) for run in self.runs]
         return None if None in values else min(values)  # type: ignore[type-var]
 

@@ -4,11 +4,12 @@ defaults from its engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
 from app.sizing.engines.base import Engine, ResolvedEngine, parse_version
+from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
 from app.sizing.model.recipes import RECIPES
@@ -79,6 +80,16 @@ def published_run_kv_dtype(engine: str, weight_dtype: str) -> str:
     checkpoint = weight_dtype if weight_dtype in RECIPES else dict(rules.published_checkpoints).get(weight_dtype)
     dtype, _ = rules.kv_dtype(rules.default_version, RECIPES[checkpoint] if checkpoint else None, "bf16")
     return dtype if dtype in KV_DTYPES else "bf16"
+
+
+def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "") -> Efficiency:
+    """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
+    overlap host work with the GPU (`Engine.overlaps_host_work`), zero elsewhere and where no engine runs
+    the steps (`engine` None: the GPU's own time)."""
+    if efficiency.per_sequence_overhead_s == 0 or (engine is not None
+                                                   and not ENGINES[engine].overlaps_host_work(version)):
+        return efficiency
+    return replace(efficiency, per_sequence_overhead_s=0.0)
 
 
 def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:

@@ -178,6 +178,12 @@ class Engine(Protocol):
         """Whether prompt chunks ride in decode steps (chunked prefill) by default."""
         ...
 
+    def overlaps_host_work(self, version: str) -> bool:
+        """Whether the engine prepares the next step on the host while the GPU runs this one (False: its
+        per-sequence host work, `Efficiency.per_sequence_overhead_s`, adds to every step). `version` is
+        major.minor[.patch], or a year ('2024') where a published run states only when it was installed."""
+        ...
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         """Why the engine would refuse to start with this KV cache (empty: it starts)."""
         ...

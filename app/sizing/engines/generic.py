@@ -51,6 +51,9 @@ class Generic:
     def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
         return True
 
+    def overlaps_host_work(self, version: str) -> bool:
+        return True  # unknown engine: nothing charged beyond the per-step overhead
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()
 

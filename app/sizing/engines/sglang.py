@@ -105,6 +105,9 @@ class Sglang:
         request could need a prefill longer than its chunk."""
         return max_model_len > max_num_batched_tokens
 
+    def overlaps_host_work(self, version: str) -> bool:
+        return True  # the overlap scheduler (default since 0.4) prepares the next batch while the GPU runs
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()
 

@@ -75,6 +75,9 @@ class Trtllm:
     def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
         return True
 
+    def overlaps_host_work(self, version: str) -> bool:
+        return True  # the executor loop runs in C++ and overlaps the next step's scheduling
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()
 

@@ -141,6 +141,14 @@ class Vllm:
     def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
         return True
 
+    def overlaps_host_work(self, version: str) -> bool:
+        """The V1 engine (the default from 0.8.0, March 2025) schedules in its own process and prepares the
+        next step while the GPU runs; V0 (every release before, so every 2024 install) ran the scheduler,
+        the sampler's bookkeeping and detokenization in the step loop, between GPU steps."""
+        if version.isdigit():  # only the year of the install is known
+            return int(version) > 2024
+        return parse_version(version) >= V1_FROM
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         if max_context_tokens < max_model_len:
             return ((f"vLLM refuses to start: max_model_len {max_model_len} needs more KV cache than the "

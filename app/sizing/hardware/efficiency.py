@@ -38,6 +38,10 @@ class Efficiency:
     per_step_overhead_s: float  # scheduling, sampling, launches: once per engine step
     per_layer_overhead_s: float  # kernel launches and small ops: once per decoder layer per step
     allreduce_latency_s: float  # alpha: fixed cost of one communication call
+    # Host work per sequence per step that the engine does not overlap with the GPU (scheduling, sampling
+    # metadata, detokenization in the step loop). 0 for engines that prepare the next step while the GPU
+    # runs this one; `engines.host_adjusted` keeps it only for those that do not (vLLM's V0 engine).
+    per_sequence_overhead_s: float = 0.0
     source: str
     # The curve as arrays, for interpolation (derived once, on construction).
     _curve_tokens: np.ndarray = field(init=False, repr=False, compare=False)
@@ -64,7 +68,7 @@ class Efficiency:
             raise ValueError("compute_scale must be positive")
         if not 0 < self.attention_fraction <= 1:
             raise ValueError("attention_fraction must be in (0, 1]")
-        for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s"):
+        for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)

@@ -605,6 +605,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     latency = efficiency.allreduce_latency_s
     linear = structure.linear_memory_row / bandwidth_fraction
     linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers)
+    linear[_SAMPLED_AT] += efficiency.per_sequence_overhead_s  # host work per sequence the step samples
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
         linear[_STEP_AT] += step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth, latency)

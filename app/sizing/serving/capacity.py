@@ -40,7 +40,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, resolve_engine
 from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
@@ -571,14 +571,14 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
                           expert_parallel=expert_parallel)
     fits, point = not accounting.reasons, None
     if fits:
-        view = accounting.engine.running_view
+        view, resolved = accounting.engine.running_view, accounting.engine
         point = operating_point(
             model, gpu, batch_size=accounting.max_concurrency.view(view).sequences, concurrency_view=view,
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
-            pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype,
-            compute_dtype=compute_dtype, efficiency=efficiency, activation_dtype=activation_dtype,
-            max_num_batched_tokens=accounting.engine.max_num_batched_tokens, data_parallel=data_parallel,
-            expert_parallel=expert_parallel, decode_only=decode_only)
+            pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
+            efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version),
+            activation_dtype=activation_dtype, max_num_batched_tokens=resolved.max_num_batched_tokens,
+            data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only)
     return CapacityResult(
         fits=fits,
         reasons=accounting.reasons,

@@ -55,7 +55,7 @@ from typing import Protocol
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, layout_problems, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, layout_problems, resolve_engine
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
@@ -670,6 +670,7 @@ class _Planner:
                               max_num_batched_tokens=configuration.max_num_batched_tokens,
                               max_model_len=self.max_model_len)
         engine = resolve_engine(config, model, gpu, tp, pp)
+        efficiency = host_adjusted(efficiency, engine.engine, engine.engine_version)
         engine = replace(engine, sources=tuple(
             (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
         memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
@@ -756,9 +757,9 @@ class _Planner:
         draft_per_token = kv_bytes_per_token_per_gpu(draft.model, configuration.kv_dtype,
                                                      tensor_parallel=draft_tp, pipeline_parallel=1)
         share = remaining * target_per_token // (target_per_token + draft_per_token) if remaining > 0 else 0
-        steps = build_step_time_model(
+        steps = build_step_time_model(  # the host loop's per-sequence work is the target's step's
             draft.model, gpu, tensor_parallel=draft_tp, weight_dtype=draft.weight_dtype,
-            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency)
+            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=host_adjusted(efficiency, None))
         return share, steps
 
     def _chunked_prefill(self, engine: ResolvedEngine) -> bool:

@@ -1,0 +1,160 @@
+"""Host work per sequence per step in engines that do not overlap it with the GPU (vLLM's V0 engine):
+which engines and versions pay it, how the step-time model charges it, how a measured run's version is
+read, and how a fit gives it one value per profile. Every expected value is worked by hand below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from app.calibration.rows import stated_version
+from app.sizing.calibration.fit import (
+    ANY,
+    FITTED_PARAMETERS,
+    HOST_PARAMETERS,
+    CalibrationProfile,
+    ProfileEntry,
+    fit_profile,
+    parameters_at_bounds,
+    single_entry_profile,
+    with_parameters,
+)
+from app.sizing.engines import ENGINES, host_adjusted
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.step_time import build_step_time_model
+from tests.domain.models_for_tests import LLAMA_3_8B
+from tests.domain.test_predict import HOPPER, predict
+
+C = 1e-4  # 100 us of host work per sequence per step
+V0 = dataclasses.replace(DEFAULT_EFFICIENCY, per_sequence_overhead_s=C)
+
+
+# Which engines pay it ---------------------------------------------------------------------------------
+
+def test_only_vllm_before_the_v1_engine_runs_host_work_between_gpu_steps() -> None:
+    """vLLM's V1 engine is the default from 0.8.0; 0.7.3 and every 2024 install ran V0. The other engines
+    overlap the next step's scheduling with the GPU at every version."""
+    vllm = ENGINES["vllm"]
+    assert [vllm.overlaps_host_work(v) for v in ("0.5.4", "0.6.3", "0.7.3", "2024")] == [False] * 4
+    assert [vllm.overlaps_host_work(v) for v in ("0.8.0", "0.19.0", "2025")] == [True] * 3
+    for name in ("sglang", "trtllm", "generic"):
+        assert ENGINES[name].overlaps_host_work("0.1") and ENGINES[name].overlaps_host_work("2024")
+
+
+def test_host_adjusted_keeps_the_overhead_only_where_the_engine_pays_it() -> None:
+    assert host_adjusted(V0, "vllm", "0.5.4") is V0
+    assert host_adjusted(V0, "vllm", "0.19.0").per_sequence_overhead_s == 0.0
+    assert host_adjusted(V0, "trtllm", "0.17").per_sequence_overhead_s == 0.0
+    assert host_adjusted(V0, None).per_sequence_overhead_s == 0.0  # no engine: the GPU's own time
+    assert host_adjusted(DEFAULT_EFFICIENCY, "vllm", "0.19.0") is DEFAULT_EFFICIENCY  # nothing to take off
+    assert dataclasses.replace(host_adjusted(V0, None), source="") == dataclasses.replace(DEFAULT_EFFICIENCY,
+                                                                                       source="")
+
+
+# How a step is charged ----------------------------------------------------------------------------
+
+def _models():
+    shape = {"tensor_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16"}
+    return (build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=DEFAULT_EFFICIENCY, **shape),
+            build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=V0, **shape))
+
+
+def test_every_sequence_a_step_samples_adds_its_host_work() -> None:
+    """A step samples one token per decoding sequence and one per prompt it finishes:
+    64 decodes: 64 x 100 us = 6.4 ms; a 512-token prompt alone: 1 x 100 us = 0.1 ms;
+    3 decodes and a prompt: 4 x 100 us = 0.4 ms; a prompt of 2 sequences' chunks: 2 x 100 us = 0.2 ms."""
+    plain, charged = _models()
+    assert charged(64, 64 * 1000, 0, 0) - plain(64, 64 * 1000, 0, 0) == pytest.approx(6.4e-3, abs=1e-12)
+    assert charged(0, 0, 512, 512 * 256) - plain(0, 0, 512, 512 * 256) == pytest.approx(0.1e-3, abs=1e-12)
+    assert charged(3, 3000, 512, 512 * 256) - plain(3, 3000, 512, 512 * 256) == pytest.approx(0.4e-3, abs=1e-12)
+    assert (charged.step_time_s(0, 0, 512, 512 * 256, 2) - plain.step_time_s(0, 0, 512, 512 * 256, 2)
+            == pytest.approx(0.2e-3, abs=1e-12))
+
+
+def test_every_path_of_the_step_time_model_charges_it_alike() -> None:
+    """Arrays: 64 and 32 decodes, 6.4 and 3.2 ms more. A closed-form run of 100 decode steps of 64
+    sequences: 100 x 6.4 ms = 0.64 s more."""
+    plain, charged = _models()
+    seqs, contexts, zeros = np.array([64.0, 32.0]), np.array([64000.0, 32000.0]), np.zeros(2)
+    assert charged.step_time_s(seqs, contexts, zeros, zeros) - plain.step_time_s(seqs, contexts, zeros, zeros) == (
+        pytest.approx([6.4e-3, 3.2e-3], abs=1e-12))
+    ran_plain = plain.decode_run(64, 64000.0, 100, 1e9)
+    ran_charged = charged.decode_run(64, 64000.0, 100, 1e9)
+    assert ran_plain is not None and ran_charged is not None
+    assert ran_charged[0] == ran_plain[0] == 100
+    assert ran_charged[1] - ran_plain[1] == pytest.approx(0.64, abs=1e-9)
+
+
+def test_a_measured_v0_run_pays_it_and_a_v1_run_does_not() -> None:
+    """A batch-1 vLLM run of 128 output tokens on Llama-3-8B: each decode step samples one sequence, so
+    V0's TPOT is 0.1 ms longer than V1's; the end-to-end latency (one prefill step, 127 decode steps, each
+    sampling one sequence) 128 x 0.1 = 12.8 ms longer. Without a stated version vLLM runs as today (V1)."""
+    run = {"engine": "vllm", "isl": 128, "osl": 128}
+    v0 = predict(V0, metric="tpot_ms", engine_version="0.5.4", **run)
+    v1 = predict(V0, metric="tpot_ms", engine_version="0.19.0", **run)
+    assert v0 - v1 == pytest.approx(1e-4, rel=1e-6)
+    assert predict(V0, metric="tpot_ms", **run) == v1
+    e2e = {"scenario": "static_batch", "metric": "e2e_ms", **run}
+    assert (predict(V0, engine_version="2024", **e2e) - predict(V0, engine_version="0.8.0", **e2e)
+            == pytest.approx(12.8e-3, rel=1e-6))
+
+
+# Reading a measured run's version ---------------------------------------------------------------------
+
+def test_a_run_states_its_version_in_free_text() -> None:
+    """The first major.minor[.patch] at the start, after the engine's name or a 'v'; a ROCm image's own
+    version (rocm6.3.1) is not the engine's; with no number, the year of the install."""
+    assert stated_version("0.5.3.post1 (vLLM/GH200/run-throughput-bench.sh)") == "0.5.3"
+    assert stated_version("v0.6.1 built from source (Dockerfile.rocm)") == "0.6.1"
+    assert stated_version("vLLM 0.5.4") == "0.5.4"
+    assert stated_version("vLLM ROCm docker rocm/vllm:rocm6.3.1_instinct_vllm0.8.3_20250410") == "0.8.3"
+    assert stated_version("TensorRT-LLM 0.17 (trtllm-bench)") == "0.17"
+    assert stated_version("not pinned (pip install vllm, 2024; vLLM/H100|A100 README)") == "2024"
+    assert stated_version("not recorded") is None
+    assert stated_version("") is None
+
+
+# Fitting it ---------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Steps:
+    """A V0 run of `batch` sequences: `steps` decode steps of 5 ms on the GPU, plus the host's work."""
+
+    batch: int
+    measured: float
+    family: str
+    source_id: str = "v0"
+    compute_dtype: str = "bf16"
+    steps: int = 100
+
+    def predict(self, efficiency) -> float:
+        return self.steps * (5e-3 + efficiency.per_sequence_overhead_s * self.batch)
+
+
+def test_the_fit_finds_the_host_work_in_the_global_entry_and_every_family_takes_it() -> None:
+    """Made with 150 us per sequence: batch 16 → 100 x (5 + 2.4) ms = 0.74 s, batch 64 → 100 x (5 + 9.6) ms
+    = 1.46 s, batch 128 → 100 x (5 + 19.2) ms = 2.42 s. The global entry fits it back (the prior pulls
+    toward 0 only by 0.02 x (0.15 / 1)^2 / 7 of the objective); the family entry, fitted with the GPU
+    parameters only, keeps the global's value exactly."""
+    rows = [_Steps(batch, measured, family) for family in ("hopper", "ampere")
+            for batch, measured in ((16, 0.74), (64, 1.46), (128, 2.42))] * 2
+    fit = fit_profile(rows, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=True,
+                      max_evaluations=200, describe=lambda family, dtype, rows: "fit")
+    fitted = fit.profile.efficiency_for(ANY, ANY).per_sequence_overhead_s
+    assert fitted == pytest.approx(150e-6, abs=3e-6)
+    assert fit.levels["global"].efficiency_for("hopper", "bf16").per_sequence_overhead_s == fitted
+    assert fit.profile.entry_for("hopper", ANY).rows == 12  # a family entry of its own ...
+    assert fit.profile.efficiency_for("hopper", "bf16").per_sequence_overhead_s == fitted  # ... with the global's
+
+
+def test_the_host_parameter_at_a_bound_is_reported_for_the_global_entry_only() -> None:
+    """Range 0-1 ms: a fitted global entry at 0 sits at its low bound; a family entry inherits the value
+    and is not reported for it. The GPU parameters sit inside their ranges here."""
+    assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s"]
+    assert "per_sequence_overhead_s" not in {bound.name for bound in FITTED_PARAMETERS}
+    inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5})
+    profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, inside, 50), ProfileEntry("hopper", ANY, inside, 50)))
+    assert parameters_at_bounds(profile) == [(ANY, ANY, "per_sequence_overhead_s", 0.0, "low")]
