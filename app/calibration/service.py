@@ -179,6 +179,10 @@ class PreparedRow:
         return self.prediction.compute_dtype
 
     @property
+    def pays_host_work(self) -> bool:
+        return self.prediction.pays_host_work
+
+    @property
     def fittable(self) -> bool:
         return self.prediction.timing_invariant
 

@@ -8,7 +8,9 @@ the least specific entry: (family, precision), then (family, `*`), then (`*`, pr
 Fitting adjusts six physically meaningful parameters per entry, each inside sane bounds
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
-per-layer overheads, and the all-reduce latency. The objective is the mean absolute log error over the measurements of the entry,
+per-layer overheads, and the all-reduce latency; and a seventh, the host work per sequence per step of
+engines that do not overlap it with the GPU (`HOST_PARAMETERS`: fitted only where rows pay it; a family's
+is pulled toward the global entry's, which a family without such rows keeps). The objective is the mean absolute log error over the measurements of the entry,
 |ln(predicted / measured)|: symmetric in over- and under-prediction, scale-free (tokens/s and
 milliseconds weigh alike), and robust to a few outliers compared with squared errors. It is minimized by
 a bounded Nelder–Mead search (below); nothing is ever tuned per measurement.
@@ -86,18 +88,19 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
                     "SIZING.md section 5: below the sweep's first point (M = 64) the curve is proportional to M "
                     "(prior 0); 1 = flat"),
 )
-# Fitted once per profile, in its global entry (every family entry takes the global value): a property of
-# the engine's host loop, not of the GPU. Host work per sequence per step that an engine does not overlap
-# with the GPU (`engines.host_adjusted`: vLLM's V0 engine, before 0.8.0) -- scheduler bookkeeping, the
-# sampler's metadata, detokenization -- is Python run once per sequence in the step loop: a few thousand
-# interpreter operations at tens of nanoseconds each, i.e. tens to hundreds of microseconds per sequence;
-# the range runs to 1 ms. Prior 0: without evidence, nothing beyond the per-step overhead.
+# Host work per sequence per step that an engine does not overlap with the GPU (`engines.host_adjusted`:
+# vLLM's V0 engine, before 0.8.0) -- scheduler bookkeeping, the sampler's metadata, detokenization -- is
+# Python run once per sequence in the step loop: a few thousand interpreter operations at tens of
+# nanoseconds each, i.e. tens to hundreds of microseconds per sequence; the range runs to 1 ms. It is the
+# host's (its CPU and the engine build), which a GPU family stands in for. Global prior 0 (nothing beyond
+# the per-step overhead); a family entry starts from the global entry's value and, where its rows pay the
+# host work, is pulled toward it (`fit_profile`); an entry none of whose rows pays it does not fit it.
 HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
                     "scheduling, sampling metadata, detokenization in the step loop): Python, tens to hundreds "
-                    "of us per sequence by its operation count; range to 1 ms; prior 0 (nothing beyond the "
-                    "per-step overhead)"),
+                    "of us per sequence by its operation count; range to 1 ms; prior 0 in the global entry, the "
+                    "global entry's value in a family's"),
 )
 GLOBAL_PARAMETERS = FITTED_PARAMETERS + HOST_PARAMETERS
 
@@ -295,6 +298,11 @@ class FitTarget(Protocol):
     @property
     def compute_dtype(self) -> str: ...
 
+    @property
+    def pays_host_work(self) -> bool:
+        """Whether its engine adds host work per sequence to every step (what HOST_PARAMETERS measure)."""
+        ...
+
     def predict(self, efficiency: Efficiency) -> float: ...
 
 
@@ -371,10 +379,14 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
         rows = spread(rows, max_rows_per_entry)
         start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
-        bounds = GLOBAL_PARAMETERS if key == (ANY, ANY) else FITTED_PARAMETERS
-        if key != (ANY, ANY):  # the host parameters are the profile's, from its global entry
-            start = with_parameters(start, {bound.name: parameter_value(entries[(ANY, ANY)].efficiency, bound.name)
-                                            for bound in HOST_PARAMETERS})
+        host = HOST_PARAMETERS
+        if key != (ANY, ANY):  # the host parameters: the global entry's values, the prior where rows see them
+            global_values = {bound.name: parameter_value(entries[(ANY, ANY)].efficiency, bound.name) for bound in host}
+            start = with_parameters(start, global_values)
+            host = tuple(replace(bound, prior=global_values[bound.name]) for bound in host)
+        if not any(row.pays_host_work for row in rows):
+            host = ()  # no row measures them: kept as they are, not fitted
+        bounds = FITTED_PARAMETERS + host
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
                                    source=describe(*key, len(rows)))
@@ -458,14 +470,14 @@ def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitT
 
 
 def parameters_at_bounds(profile: CalibrationProfile,
-                         bounds: Sequence[ParameterBounds] = FITTED_PARAMETERS) -> list[tuple[str, str, str, float, str]]:
+                         bounds: Sequence[ParameterBounds] = GLOBAL_PARAMETERS) -> list[tuple[str, str, str, float, str]]:
     """(family, compute_dtype, parameter, value, 'low'|'high') for every fitted entry's parameter at a
     bound: each is a defect of the model (the parameter stands in for missing physics), not a result."""
     found = []
     for entry in profile.entries:
         if entry.rows == 0:
             continue
-        for bound in (*bounds, *HOST_PARAMETERS) if entry.key == (ANY, ANY) else bounds:
+        for bound in bounds:
             value = parameter_value(entry.efficiency, bound.name)
             side = bound.at_bound(value)
             if side:

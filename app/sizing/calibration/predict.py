@@ -261,6 +261,12 @@ class PreparedPrediction:
         self._engine_version = engine, measurement.engine_version or engines.ENGINES[engine].default_version
 
     @property
+    def pays_host_work(self) -> bool:
+        """Whether the measured engine adds host work per sequence to every step (`engines.host_adjusted`)."""
+        engine, version = self._engine_version
+        return not engines.ENGINES[engine].overlaps_host_work(version)
+
+    @property
     def timing_invariant(self) -> bool:
         """True when no simulation is needed per efficiency (what a fit can evaluate quickly)."""
         return all(run.timing_invariant for run in self.runs)
