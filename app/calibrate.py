@@ -45,7 +45,7 @@ from app.settings import Settings
 # Objective evaluations per entry: 21 cross-validation fits of up to 15 entries each plus the fit itself
 # took 11 minutes on two shared cores at 50 (each entry starts from the level above it, so the simplex
 # starts near its answer).
-CLI_EVALUATIONS = 50
+CLI_EVALUATIONS = 80
 
 
 def main(argv: list[str] | None = None) -> int:

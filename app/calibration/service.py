@@ -444,7 +444,8 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
                    + ("the level shipped chosen by cross-validated error" if cross_validation
                       else "the most specific level shipped")),
         "objective": (f"mean |ln(predicted / measured)| over the entry's rows + {PRIOR_WEIGHT} x mean over "
-                      "parameters of ((value - prior) / range)^2"),
+                      "parameters of ((value - prior) / range)^2; priors: the cited values below in the global "
+                      "entry, the values of the level above in a family's or a precision's entry"),
         "parameter_bounds": {bound.name: [bound.low, bound.high] for bound in GLOBAL_PARAMETERS},
         "parameter_priors": {bound.name: {"prior": bound.prior, "source": bound.source}
                              for bound in GLOBAL_PARAMETERS},

@@ -356,3 +356,16 @@ def test_a_profile_needs_a_global_entry_and_distinct_keys() -> None:
         CalibrationProfile("p", (ProfileEntry("hopper", "fp8", DEFAULT_EFFICIENCY),))
     with pytest.raises(ValueError, match="distinct"):
         CalibrationProfile("p", (ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY), ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY)))
+
+
+def test_an_entry_below_the_global_one_is_pulled_toward_the_level_above() -> None:
+    """Partial pooling: the toy decode steps cannot see the all-reduce latency. Fitted from a global entry at
+    25 us (a base profile, not refitted), a family entry keeps about 25 us (its prior is the level above;
+    a six-parameter search moves a direction no row sees by about a microsecond), where the global entry's
+    own fit, pulled toward the cited 7.5 us, would move it there (see the test above)."""
+    start = dataclasses.replace(DEFAULT_EFFICIENCY, allreduce_latency_s=25e-6)
+    rows = toy_targets() * 4  # 12 hopper rows: an entry of their own
+    fit = fit_profile(rows, single_entry_profile("base", start), name="x", fit_global=False, max_evaluations=100,
+                      describe=lambda family, dtype, rows: "fit")
+    assert fit.profile.entry_for("hopper", ANY).rows == 12
+    assert fit.profile.efficiency_for("hopper", "bf16").allreduce_latency_s == pytest.approx(25e-6, abs=1.5e-6)

@@ -10,7 +10,9 @@ Fitting adjusts six physically meaningful parameters per entry, each inside sane
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
 per-layer overheads, and the all-reduce latency; and a seventh, the host work per sequence per step of
 engines that do not overlap it with the GPU (`HOST_PARAMETERS`: fitted only where rows pay it; a family's
-is pulled toward the global entry's, which a family without such rows keeps). The objective is the mean absolute log error over the measurements of the entry,
+is pulled toward the global entry's, which a family without such rows keeps). Priors: the cited values in
+the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
+what its rows do not pin down stays where the wider data put it). The objective is the mean absolute log error over the measurements of the entry,
 |ln(predicted / measured)|: symmetric in over- and under-prediction, scale-free (tokens/s and
 milliseconds weigh alike), and robust to a few outliers compared with squared errors. It is minimized by
 a bounded Nelder–Mead search (below); nothing is ever tuned per measurement.
@@ -94,7 +96,8 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
 # nanoseconds each, i.e. tens to hundreds of microseconds per sequence; the range runs to 1 ms. It is the
 # host's (its CPU and the engine build), which a GPU family stands in for. Global prior 0 (nothing beyond
 # the per-step overhead); a family entry starts from the global entry's value and, where its rows pay the
-# host work, is pulled toward it (`fit_profile`); an entry none of whose rows pays it does not fit it.
+# host work, is pulled toward it (`fit_profile`, as every parameter of an entry below the global one is
+# pulled toward the level above); an entry none of whose rows pays it does not fit it.
 HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
@@ -379,14 +382,12 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
         rows = spread(rows, max_rows_per_entry)
         start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
-        host = HOST_PARAMETERS
-        if key != (ANY, ANY):  # the host parameters: the global entry's values, the prior where rows see them
-            global_values = {bound.name: parameter_value(entries[(ANY, ANY)].efficiency, bound.name) for bound in host}
-            start = with_parameters(start, global_values)
-            host = tuple(replace(bound, prior=global_values[bound.name]) for bound in host)
+        bounds = GLOBAL_PARAMETERS
+        if key != (ANY, ANY):  # partial pooling: pulled toward the level above (where it starts), not the cited priors
+            bounds = tuple(replace(bound, prior=min(max(parameter_value(start, bound.name), bound.low), bound.high))
+                           for bound in bounds)
         if not any(row.pays_host_work for row in rows):
-            host = ()  # no row measures them: kept as they are, not fitted
-        bounds = FITTED_PARAMETERS + host
+            bounds = bounds[:len(FITTED_PARAMETERS)]  # no row measures the host work: kept, not fitted
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
                                    source=describe(*key, len(rows)))
