@@ -388,10 +388,19 @@ class Scheduler:
         self._advance_decodes(run)
 
     def _steps_before_kv_shortage(self, steps: int) -> int:
-        """How many of the next `steps` decode steps get their blocks (on demand)."""
-        bs = self.block_size
-        # Each block_size steps cost one block per decoder, so a shortage comes within this many.
-        steps = min(steps, (self.free_blocks // self.decoding + 2) * bs)
-        by_phase = np.asarray(self.decoders_by_phase)
-        need = by_phase[-(self.ds + np.arange(steps)) % bs]
-        return int(np.searchsorted(np.cumsum(need), self.free_blocks, side="right"))
+        """How many of the next `steps` decode steps get their blocks (on demand): up to the first step at
+        which the blocks taken from now on would exceed the free ones.
+
+        Each block_size steps cost one block per decoder, so the whole cycles the free blocks cover are
+        skipped at once; the steps after them are counted one by one, and a shortage comes within about
+        one more cycle.
+        """
+        bs, free, by_phase, ds = self.block_size, self.free_blocks, self.decoders_by_phase, self.ds
+        cycles = min(steps // bs, free // self.decoding)
+        taken, step = cycles * self.decoding, cycles * bs
+        while step < steps:
+            taken += by_phase[-(ds + step) % bs]  # who needs a block at decode step ds + step
+            if taken > free:
+                return step
+            step += 1
+        return steps
