@@ -975,8 +975,8 @@ def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEng
 
 
 def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:
-    p50, p95, p99 = (result.percentile(metric, q) for q in PERCENTILES_REPORTED)
-    return Percentiles(p50, p95, p99, result.percentile(metric, slo_percentile))
+    p50, p95, p99, at_slo = result.percentiles(metric, (*PERCENTILES_REPORTED, slo_percentile))
+    return Percentiles(p50, p95, p99, at_slo)
 
 
 def _prediction(run: _Run, slo: Slo) -> Prediction:
