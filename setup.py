@@ -60,9 +60,12 @@ def _extensions() -> list:
 
     before = _digests()
     # Imported modules are type-checked only as far as the compiled ones need: errors in them do not fail
-    # the build (the compiled modules' own do). opt_level 3 is mypyc's default, stated.
-    extensions = mypycify(["--follow-imports=silent", *map(_relative_source, MODULES)], opt_level="3",
-                          group_name=GUARD["GROUP_NAME"])
+    # the build (the compiled modules' own do). Installed packages (numpy) are not looked at, so every build
+    # compiles the same code whether or not the environment already has them (a fresh venv builds the
+    # package before installing its dependencies): they are typed Any, which is how compiled code calls
+    # them anyway. opt_level 3 is mypyc's default, stated.
+    options = ["--follow-imports=silent", "--no-site-packages", "--ignore-missing-imports"]
+    extensions = mypycify([*options, *map(_relative_source, MODULES)], opt_level="3", group_name=GUARD["GROUP_NAME"])
     if _digests() != before:
         raise SystemExit("llm-sizing: a compiled module's source changed while it was being compiled; build again")
     BuildCompiled.digests = before
