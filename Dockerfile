@@ -1,10 +1,13 @@
 # syntax=docker/dockerfile:1
-# Build stage: install the pinned dependencies and the service into a virtualenv.
+# Build stage: install the pinned dependencies and the service into a virtualenv, compiling the simulator's
+# hot modules with mypyc (setup.py), which needs a C compiler; the runtime image gets the result, not gcc.
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
-COPY pyproject.toml constraints.txt ./
+COPY pyproject.toml constraints.txt setup.py ./
 COPY app ./app
 RUN /opt/venv/bin/pip install -c constraints.txt .
 

@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # `make run` installs the service's own dependencies; the test, lint and load tools only when asked for.
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
+# The modules setup.py compiles with mypyc (app/compiled.py's COMPILED_MODULES; a test keeps the two alike):
+# an edit rebuilds them before `make run` or `make test` uses them.
+COMPILED_SOURCES := app/sizing/hardware/step_scalar.py app/sizing/serving/scheduler.py
+COMPILED := $(VENV)/.installed-compiled
 HOST ?= 127.0.0.1
 PORT ?= 8000
 export HOST PORT
@@ -19,18 +23,24 @@ MEASUREMENTS := tests/data/measured-calibration.csv tests/data/measured-calibrat
 
 # Reinstall only when the dependency files change, so a second `make run` starts in seconds.
 # --no-compile: Python compiles each module on first import anyway, only those it imports.
-$(RUNTIME): pyproject.toml constraints.txt
+# Each install also builds the compiled modules (setup.py), so it leaves them up to date.
+$(RUNTIME): pyproject.toml constraints.txt setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e .
-	@touch $(RUNTIME)
+	@touch $(RUNTIME) $(COMPILED)
 
 $(DEV): $(RUNTIME)
 	$(PY) -m pip install -q --disable-pip-version-check --no-compile -c constraints.txt -e '.[dev]'
-	@touch $(DEV)
+	@touch $(DEV) $(COMPILED)
 
-venv: $(DEV)
+# A compiled module's source changed: build the package again (its dependencies are already there).
+$(COMPILED): $(RUNTIME) $(COMPILED_SOURCES)
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile --no-deps -e .
+	@touch $(COMPILED)
 
-migrate: $(RUNTIME)
+venv: $(DEV) $(COMPILED)
+
+migrate: $(RUNTIME) $(COMPILED)
 	$(PY) -m alembic upgrade head
 
 load-catalog: migrate
@@ -41,12 +51,12 @@ run: load-catalog
 
 test: test-sqlite test-postgres
 
-test-sqlite: $(DEV)
+test-sqlite: $(DEV) $(COMPILED)
 	@echo "== test suite on SQLite =="
 	env -u TEST_DATABASE_URL $(PY) -m pytest $(PYTEST_ARGS)
 
 # A throwaway database on the local server; the suite fails (never skips) if PostgreSQL is unusable.
-test-postgres: $(DEV)
+test-postgres: $(DEV) $(COMPILED)
 	@echo "== test suite on PostgreSQL =="
 	@db=sizing_test_$$$$; admin="$(PG_ADMIN_URL)"; \
 	$(PY) scripts/pgdb.py create "$$admin" $$db || exit 1; \
@@ -54,7 +64,7 @@ test-postgres: $(DEV)
 	TEST_DATABASE_URL="$${url%/*}/$$db" $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
 	$(PY) scripts/pgdb.py drop "$$admin" $$db; exit $$rc
 
-bench: $(DEV)
+bench: $(DEV) $(COMPILED)
 	$(PY) -m app.bench
 
 openapi: $(RUNTIME)
@@ -76,4 +86,5 @@ lint: $(DEV)
 	$(VENV)/bin/ruff check app tests scripts
 
 clean:
-	rm -rf $(VENV) data/*.db
+	rm -rf $(VENV) data/*.db build app/compiled-sources.json
+	find app -name '*.so' -delete

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from app.sizing.model.params import shared_expert_width
 from app.sizing.specs import ModelSpec
@@ -180,6 +181,9 @@ def layout_problems(model: ModelSpec, layout: Layout, gpus_per_node: int | None 
     return problems
 
 
+# A pure function of its arguments, asked for every GPU of a plan's search several times over (the configurations,
+# their count, the MoE layouts, the cross-node pipelines), each time checking every degree up to the node size.
+@lru_cache(maxsize=512)
 def valid_tensor_parallel(model: ModelSpec, gpus_per_node: int) -> tuple[int, ...]:
     """Plain TP degrees (dp = ep = pp = 1) the model accepts inside one node (plain TP passes every engine's
     own rules too: they concern expert and data parallelism)."""

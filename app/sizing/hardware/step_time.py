@@ -74,6 +74,7 @@ from app.sizing.hardware.roofline import (
     minimum,
     operator_peaks,
 )
+from app.sizing.hardware.step_scalar import PREFILL_SEQS_ERROR, TABLE_ROWS, ScalarStepTime
 from app.sizing.model.flops import (
     DISTINCT_EXPERTS,
     FIRST_WINDOW_GROUP,
@@ -108,7 +109,7 @@ _SLOWED_ROWS = ((_TOKENS_AT, 0), (_SAMPLED_AT, 1))  # the first slowed features:
 
 # Matmul row counts (tokens or sampled positions per step) tabulated: every batch size and
 # chunked-prefill budget in practice.
-_TABLE_ROWS = 16_384
+_TABLE_ROWS = TABLE_ROWS
 _TABLE_GRID = np.arange(_TABLE_ROWS + 1, dtype=float)
 _TABLE_GRID.setflags(write=False)
 
@@ -119,7 +120,6 @@ _BLOCK_STEPS = 2048
 _SEQS, _CONTEXT, _POSITIONS, _NEW, _PREFILLING = range(5)
 
 _NUMBERS = (int, float)
-_PREFILL_SEQS_ERROR = "prefill_seqs must be between 1 and prefill_tokens when tokens are prefilled"
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -157,33 +157,6 @@ class _Forms:
     expert_slowdown_list: memoryview | None
 
 
-# Batch sizes whose decode forms a model keeps (then it starts over): a simulation meets a few hundred.
-_DECODE_FORMS = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class _DecodeForm:
-    """Decode-only steps of one batch size: constant + sum of slopes x d_w + per context-dependent
-    operator max(compute + its slopes x d, memory + its slopes x d), d_w the positions attended in
-    window w (min with `caps[w]`, the batch size times the window; None: a global layer)."""
-
-    constant: float
-    slopes: tuple[float, ...]
-    operators: tuple[tuple[float, tuple[float, ...], float, tuple[float, ...]], ...]
-    caps: tuple[float | None, ...]
-    # Below the smallest cap every window attends the same positions: the slopes summed over windows.
-    first_cap: float = field(init=False)
-    open_slope: float = field(init=False)
-    open_operators: tuple[tuple[float, float, float, float], ...] = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "first_cap", min((cap for cap in self.caps if cap is not None), default=math.inf))
-        object.__setattr__(self, "open_slope", math.fsum(self.slopes))
-        object.__setattr__(self, "open_operators", tuple(
-            (compute, math.fsum(compute_slopes), memory, math.fsum(memory_slopes))
-            for compute, compute_slopes, memory, memory_slopes in self.operators))
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class StepTimeModel:
     """Step times of one deployment; build it with `build_step_time_model`."""
@@ -200,12 +173,13 @@ class StepTimeModel:
     expert_parallel: int = 1
     moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
-    # Decode-only steps of one batch size, as a function of the context alone (see `_decode_form`).
-    _decode_forms: dict[float, _DecodeForm] = field(init=False, repr=False)
+    # The same forms for one step at a time, and the decode forms it keeps (step_scalar.py, compiled).
+    scalar: ScalarStepTime = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_forms", _prepare(self))
-        object.__setattr__(self, "_decode_forms", {})
+        forms = _prepare(self)
+        object.__setattr__(self, "_forms", forms)
+        object.__setattr__(self, "scalar", _scalar(forms, self.cost_model.windows, self.efficiency))
 
     def __call__(self, decode_seqs: ArrayLike, decode_context_tokens: ArrayLike, prefill_tokens: ArrayLike,
                  prefill_context_tokens: ArrayLike, prefill_seqs: ArrayLike | None = None) -> float | np.ndarray:
@@ -240,177 +214,22 @@ class StepTimeModel:
                 and 0 < decode_seqs <= _TABLE_ROWS and decode_seqs == int(decode_seqs)):
             # Decode-only steps of one batch size (the simulator's runs between arrivals): context alone varies.
             if type(decode_context_tokens) in numbers:
-                return self._decode_step(decode_seqs, decode_context_tokens)
+                return self.scalar.decode_step(decode_seqs, decode_context_tokens)
             if isinstance(decode_context_tokens, np.ndarray) and decode_context_tokens.ndim == 1:
                 return self._decode_steps(decode_seqs, decode_context_tokens)
         if (type(decode_seqs) in numbers and type(decode_context_tokens) in numbers and type(prefill_tokens) in numbers
                 and type(prefill_context_tokens) in numbers and (prefill_seqs is None or type(prefill_seqs) in numbers)):
-            return self._scalar_step(float(decode_seqs), float(decode_context_tokens), float(prefill_tokens),
-                                     float(prefill_context_tokens),
-                                     None if prefill_seqs is None else float(prefill_seqs), expected=expected)
+            return self.scalar.scalar_step(float(decode_seqs), float(decode_context_tokens), float(prefill_tokens),
+                                           float(prefill_context_tokens),
+                                           None if prefill_seqs is None else float(prefill_seqs), expected)
         values = (decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens)
         if prefill_seqs is not None:
             values += (prefill_seqs,)
         if all(np.ndim(value) == 0 for value in values):  # numpy scalars
-            return self._scalar_step(*map(float, values), expected=expected)  # type: ignore[arg-type]
+            seqs, context, new, positions, *prefilling = map(float, values)
+            return self.scalar.scalar_step(seqs, context, new, positions, prefilling[0] if prefilling else None,
+                                           expected)
         return self._array_steps(values, expected)
-
-    def _scalar_step(self, seqs: float, context: float, new: float, positions: float,
-                     prefilling: float | None = None, *, expected: bool) -> float:
-        """One step, in plain float arithmetic."""
-        if prefilling is None:
-            prefilling = 1.0 if new > 0 else 0.0
-        if seqs < 0 or context < 0 or new < 0 or positions < 0 or prefilling < 0:
-            raise ValueError("step sizes must be >= 0")
-        if prefilling > new or (new > 0 and prefilling == 0):
-            raise ValueError(_PREFILL_SEQS_ERROR)
-        forms = self._forms
-        tokens, sampled = seqs + new, seqs + prefilling
-        # `_window_parts` on plain floats, written out: this is the simulator's call for every step that
-        # carries prompt tokens, and the array-capable helpers cost more than the arithmetic.
-        decode_positions = context + seqs
-        chunk = new / max(prefilling, 1.0)
-        prefix = max(positions / max(new, 1.0) - (chunk + 1) / 2, 0.0)
-        prefill_read = new + prefilling * prefix
-        windows = []
-        for window in self.cost_model.windows:
-            if window is None:
-                windows.append((positions, decode_positions + prefill_read, decode_positions))
-            else:
-                decode = min(decode_positions, seqs * window)
-                windows.append((min(positions, new * window),
-                                decode + min(prefill_read, new + prefilling * (window - 1)), decode))
-        features = self._features(tokens, sampled, windows, slowed=expected)
-        if not expected:
-            compute = memory = 0.0
-            for feature, seconds in forms.ideal_compute:
-                compute += seconds * features[feature]
-            for feature, seconds in forms.ideal_memory:
-                memory += seconds * features[feature]
-            return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
-        total = 0.0
-        for feature, seconds in forms.linear:
-            total += seconds * features[feature]
-        for compute_terms, memory_terms in forms.operators:
-            compute = memory = 0.0
-            for feature, seconds in compute_terms:
-                compute += seconds * features[feature]
-            for feature, seconds in memory_terms:
-                memory += seconds * features[feature]
-            total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
-        return total
-
-    def _features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]],
-                  slowed: bool) -> list[float]:
-        """The evaluation features of one step: row counts, "any", per window the positions prompt tokens
-        attend, KV tokens read and positions decoding tokens attend, distinct experts and routed tokens;
-        then, when `slowed`, the slowed features (see `_Forms`)."""
-        forms = self._forms
-        features = [tokens, sampled, tokens > 0, sampled > 0]
-        for window in windows:
-            features += window
-        experts = forms.experts
-        tokens_row = int(tokens) if tokens <= _TABLE_ROWS else -1  # (False for NaN: int() sees small numbers)
-        if experts is not None:
-            if tokens_row == tokens:
-                features += (forms.distinct_experts_list[tokens_row],  # type: ignore[index]
-                             forms.routed_tokens_list[tokens_row])  # type: ignore[index]
-            else:
-                features += (float(experts.distinct_experts(tokens)), float(experts.routed_tokens(tokens)))
-        if not slowed:
-            return features
-        sampled_row = int(sampled) if sampled <= _TABLE_ROWS else -1
-        slowdown_list = forms.slowdown_list
-        slowdowns = (slowdown_list[tokens_row] if tokens_row == tokens else _slowdown(self.efficiency, tokens),
-                     slowdown_list[sampled_row] if sampled_row == sampled else _slowdown(self.efficiency, sampled))
-        if experts is not None:
-            slowdowns += (forms.expert_slowdown_list[tokens_row] if tokens_row == tokens  # type: ignore[index]
-                          else _expert_slowdown(self.efficiency, experts, tokens),)
-        features += (tokens * slowdowns[0], sampled * slowdowns[1])  # _SLOWED_ROWS
-        for feature, by_rows in forms.slowed:
-            features.append(features[feature] * slowdowns[by_rows])
-        return features
-
-    def _decode_form(self, seqs: float) -> _DecodeForm:
-        """Decode-only steps of `seqs` sequences as a function of their context c alone.
-
-        Every feature is then affine in the windows' positions d_w = c + seqs (min(c + seqs, seqs·w) in a
-        window of w): the row counts, experts and slowdowns depend on seqs only, and a slowed window
-        feature is d_w times a slowdown of seqs. So each linear form is a constant plus a coefficient per
-        window, read off the features at d = 0 and at each unit d, and the operators whose forms do not
-        depend on d add max(compute, memory) to the constant once.
-        """
-        form = self._decode_forms.get(seqs)
-        if form is not None:
-            return form
-        forms, windows = self._forms, self.cost_model.windows
-
-        def features_at(positions: list[float]) -> list[float]:
-            return self._features(seqs, seqs, [(0.0, d, d) for d in positions], slowed=True)
-
-        base = features_at([0.0] * len(windows))
-        units = [[unit - at_zero for unit, at_zero in zip(
-            features_at([1.0 if w == v else 0.0 for v in range(len(windows))]), base, strict=True)]
-            for w in range(len(windows))]
-
-        def affine(terms: _Terms) -> tuple[float, tuple[float, ...]]:
-            return (sum(seconds * base[feature] for feature, seconds in terms),
-                    tuple(sum(seconds * unit[feature] for feature, seconds in terms) for unit in units))
-
-        constant, per_window = affine(forms.linear)
-        dependent = []
-        for compute_terms, memory_terms in forms.operators:
-            (compute, compute_slopes), (memory, memory_slopes) = affine(compute_terms), affine(memory_terms)
-            if any(compute_slopes) or any(memory_slopes):
-                dependent.append((compute, compute_slopes, memory, memory_slopes))
-            else:
-                constant += memory if memory > compute else compute  # noqa: FURB136
-        form = _DecodeForm(constant, per_window, tuple(dependent),
-                           tuple(None if window is None else seqs * window for window in windows))
-        if len(self._decode_forms) >= _DECODE_FORMS:
-            self._decode_forms.clear()
-        self._decode_forms[seqs] = form
-        return form
-
-    def _decode_step(self, seqs: float, context: float) -> float:
-        """One decode-only step (`_decode_form`), in plain float arithmetic."""
-        return self._decode_point(self._decode_form(seqs), seqs, context)[0]
-
-    def _decode_point(self, form: _DecodeForm, seqs: float, context: float) -> tuple[float, int]:
-        """A decode-only step's time, and which side of each kink it is on, as bits: per window whether
-        the positions attended reach its cap, per context-dependent operator whether memory binds."""
-        if context < 0:
-            raise ValueError("step sizes must be >= 0")
-        attended = context + seqs
-        sides = 0
-        if attended < form.first_cap:  # no window full yet (the common case): one position count for all
-            total = form.constant + form.open_slope * attended
-            for compute, compute_slope, memory, memory_slope in form.open_operators:
-                compute += compute_slope * attended
-                memory += memory_slope * attended
-                if memory > compute:
-                    total += memory
-                    sides = sides * 2 + 1
-                else:
-                    total += compute
-                    sides *= 2
-            return total, sides
-        positions = []
-        for cap in form.caps:
-            capped = cap is not None and attended >= cap
-            sides = sides * 2 + capped
-            positions.append(cap if capped else attended)
-        total = form.constant
-        for slope, d in zip(form.slopes, positions, strict=True):
-            total += slope * d
-        for compute, compute_slopes, memory, memory_slopes in form.operators:
-            for slope, d in zip(compute_slopes, positions, strict=True):
-                compute += slope * d
-            for slope, d in zip(memory_slopes, positions, strict=True):
-                memory += slope * d
-            sides = sides * 2 + (memory > compute)
-            total += memory if memory > compute else compute  # noqa: FURB136
-        return total, sides
 
     def decode_run(self, seqs: int, context: float, steps: int, budget_s: float) -> tuple[int, float, float] | None:
         """Up to `steps` decode-only steps of `seqs` sequences, their contexts summing to `context` and
@@ -424,34 +243,13 @@ class StepTimeModel:
         regime and the positions grow with k, so a run whose first and last steps are on the same side
         of every kink has none inside.
         """
-        if not (0 < seqs <= _TABLE_ROWS and seqs == int(seqs) and steps >= 1):
-            return None
-        form = self._decode_forms.get(seqs) or self._decode_form(seqs)
-        decode_point = self._decode_point
-        first, first_sides = decode_point(form, seqs, context)
-        last, last_sides = (first, first_sides) if steps == 1 else decode_point(form, seqs, context + seqs * (steps - 1))
-        if first_sides != last_sides or not (0 < first < math.inf and 0 < last < math.inf):
-            return None
-        slope = (last - first) / (steps - 1) if steps > 1 else 0.0
-        elapsed = _series_s(steps, first, slope)
-        if elapsed < budget_s:
-            return steps, elapsed, last
-        # The smallest run with elapsed(run) >= budget: the root of slope/2 r² + (first - slope/2) r = budget,
-        # then a step either way for rounding.
-        a, b = slope / 2, first - slope / 2
-        root = budget_s / b if a == 0 else (-b + math.sqrt(b * b + 4 * a * budget_s)) / (2 * a)
-        run = min(max(1, math.ceil(root)), steps)
-        while run > 1 and _series_s(run - 1, first, slope) >= budget_s:
-            run -= 1
-        while run < steps and _series_s(run, first, slope) < budget_s:
-            run += 1
-        return run, _series_s(run, first, slope), first + slope * (run - 1)
+        return self.scalar.decode_run(seqs, context, steps, budget_s)
 
     def _decode_steps(self, seqs: float, contexts: np.ndarray) -> np.ndarray:
         """Decode-only steps of one batch size at each of `contexts` (`_decode_form`), vectorized."""
         if np.count_nonzero(contexts < 0):
             raise ValueError("step sizes must be >= 0")
-        form = self._decode_form(seqs)
+        form = self.scalar.decode_form(seqs)
         attended = contexts + seqs
         positions = [attended if cap is None else np.minimum(attended, cap) for cap in form.caps]
 
@@ -502,7 +300,7 @@ class StepTimeModel:
             # An all-zero part is the number 0, which broadcasts alike and costs no array arithmetic.
             positions, new, prefilling = (row if np.count_nonzero(row) else 0.0 for row in inputs[_POSITIONS:])
             if _anywhere(prefilling > new) or _anywhere((new > 0) & (prefilling == 0)):
-                raise ValueError(_PREFILL_SEQS_ERROR)
+                raise ValueError(PREFILL_SEQS_ERROR)
             np.add(inputs[_NEW:], seqs, out=rows)
         else:  # decode-only steps
             positions = new = prefilling = 0.0
@@ -553,12 +351,6 @@ class StepTimeModel:
                 else (minimum(decode_positions, seqs * window), minimum(positions, new * window),
                       minimum(prefill_read, new + prefilling * (window - 1)))
                 for window in self.cost_model.windows]
-
-
-def _series_s(run: int, first: float, slope: float) -> float:
-    """Seconds of the first `run` steps of a decode run whose step times start at `first` and grow by
-    `slope` a step (`StepTimeModel.decode_run`): an arithmetic series."""
-    return run * first + slope * run * (run - 1) / 2
 
 
 # Immutable and a pure function of its arguments, so one model serves every request and plan candidate
@@ -650,6 +442,24 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         routed_tokens_list=None if routed is None else memoryview(routed),
         expert_slowdowns=expert_slowdowns,
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
+    )
+
+
+def _scalar(forms: _Forms, windows: tuple[int | None, ...], efficiency: Efficiency) -> ScalarStepTime:
+    """The forms as `step_scalar` evaluates them: tuples, the tables read as Python floats, and what a table
+    does not hold computed on the spot."""
+    experts = forms.experts
+    return ScalarStepTime(
+        windows=windows, slowed=forms.slowed, operators=forms.operators, linear=forms.linear,
+        ideal_compute=forms.ideal_compute, ideal_memory=forms.ideal_memory, slowdown_table=forms.slowdown_list,
+        slowdown=lambda rows: float(_slowdown(efficiency, rows)),
+        moe=experts is not None,
+        distinct_experts_table=forms.distinct_experts_list or (),
+        routed_tokens_table=forms.routed_tokens_list or (),
+        expert_slowdown_table=forms.expert_slowdown_list or (),
+        distinct_experts=lambda tokens: float(experts.distinct_experts(tokens)),  # type: ignore[union-attr]
+        routed_tokens=lambda tokens: float(experts.routed_tokens(tokens)),  # type: ignore[union-attr]
+        expert_slowdown=lambda tokens: float(_expert_slowdown(efficiency, experts, tokens)),  # type: ignore[arg-type]
     )
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -352,14 +353,19 @@ def expert_layouts(model: ModelSpec, gpu: GpuSpec, engine: str | None = None) ->
     degree, attention DP with one EP rank per GPU ("DEP g": tp 1, dp g, ep g) and TP with EP (tp g, ep g),
     the layouts TensorRT-LLM, SGLang and vLLM serve DeepSeek, Qwen3-MoE and gpt-oss with; those the engine
     or the model refuse are left out. Dense models: none."""
-    if not model.is_moe:
-        return ()
+    return _expert_layouts(model, gpu.gpus_per_node, engine) if model.is_moe else ()
+
+
+# A pure function of its arguments, asked for every GPU of a plan's search twice (its configurations and their
+# count), each time checking two layouts per valid TP degree against the model's and the engine's rules.
+@lru_cache(maxsize=512)
+def _expert_layouts(model: ModelSpec, gpus_per_node: int, engine: str | None) -> tuple[tuple[int, int, int], ...]:
     found = []
-    for size in default_tensor_parallel(model, gpu):
+    for size in valid_tensor_parallel(model, gpus_per_node):
         for tp, dp in ((1, size), (size, 1)):
             if size > 1 and size <= model.num_experts:
                 layout = Layout(tp, 1, dp, size)
-                if not layout_problems(model, layout, engine, gpu.gpus_per_node):
+                if not layout_problems(model, layout, engine, gpus_per_node):
                     found.append((tp, dp, size))
     return tuple(found)
 
@@ -970,8 +976,8 @@ def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEng
 
 
 def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:
-    p50, p95, p99 = (result.percentile(metric, q) for q in PERCENTILES_REPORTED)
-    return Percentiles(p50, p95, p99, result.percentile(metric, slo_percentile))
+    p50, p95, p99, at_slo = result.percentiles(metric, (*PERCENTILES_REPORTED, slo_percentile))
+    return Percentiles(p50, p95, p99, at_slo)
 
 
 def _prediction(run: _Run, slo: Slo) -> Prediction:
