@@ -17,6 +17,7 @@ from app.sizing.model.kv import (
     kv_cache_bytes_for_batch,
     kv_cache_size,
     kv_curve,
+    layer_mix,
     mha_equivalent_bytes_per_sequence,
 )
 from app.sizing.specs import ModelSpec
@@ -288,3 +289,14 @@ def test_slope_beyond_every_window_is_the_full_layers(model: ModelSpec, beyond: 
     grow = (kv_cache_size(model, context + 1, "bf16").bytes_per_sequence
             - kv_cache_size(model, context, "bf16").bytes_per_sequence)
     assert grow == kv_bytes_per_token_full(model, "bf16")
+
+
+def test_the_layer_mix_a_scheduler_counts_window_layers_apart_with() -> None:
+    """gpt-oss-120b: 36 layers alternating a 128-token window and full attention, 18 each. With blocks of
+    16 a window's live tokens straddle ceil(127 / 16) + 1 = 9 blocks = 144 slots; with blocks of 32,
+    ceil(127 / 32) + 1 = 5 = 160. Two pipeline stages of 18 layers hold 9 of each. Gemma-2-9B (42 layers,
+    4,096-token windows): 21 and 21, 4,096 + 16 = 4,112 slots. Llama-3-8B (all full): nothing apart."""
+    assert layer_mix(GPT_OSS_120B, 16) == (18, ((18, 144),))
+    assert layer_mix(GPT_OSS_120B, 32, 2) == (9, ((9, 160),))
+    assert layer_mix(GEMMA_2_9B, 16) == (21, ((21, 4112),))
+    assert layer_mix(LLAMA_3_8B, 16) == (0, ())

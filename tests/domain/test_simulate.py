@@ -638,3 +638,36 @@ def test_closed_loop_users_are_dealt_to_the_micro_batches():
     result = simulate_pipeline(constant_step(0.010), config, closed, 2, closed_loop_users=5)
     assert len(result.e2e_s) == 30
     assert list(result.e2e_s) == pytest.approx([0.020] * 30)
+
+
+# Window layers ------------------------------------------------------------------------------------
+
+def test_window_layers_hold_their_window_only_and_the_pool_counts_the_full_layers():
+    """Half the layers full, half a 128-token window (144 slots: 9 blocks of 16 straddled), as gpt-oss:
+    1,300 equivalent blocks (a block of tokens in every layer) are 1,300 x 2 / 1 = 2,600 blocks of the
+    full layers. A request of 9,216 tokens holds min(576, 9) = 9 window blocks per window layer, 1 x 9 / 1
+    = 9 full-layer blocks; one of 100 tokens min(7, 9) = 7. Without window layers nothing changes."""
+    config = SchedulerConfig(1300 * 16, full_layers=1, window_layers=((1, 144),))
+    assert config.pool_blocks == 2600
+    assert config.window_blocks(np.array([9216, 100])).tolist() == [9, 7]
+    plain = SchedulerConfig(1300 * 16)
+    assert plain.pool_blocks == 1300 and plain.window_blocks(np.array([9216])).tolist() == [0]
+    gemma = SchedulerConfig(1300 * 16, full_layers=23, window_layers=((23, 4112),))
+    assert gemma.pool_blocks == 2600  # 1,300 x 46 / 23
+    # 1,500 tokens: ceil(1500 / 16) = 94 blocks, under the window's 4,112 slots = 257 blocks; 9,000: 257
+    assert gemma.window_blocks(np.array([1500, 9000])).tolist() == [94, 257]
+
+
+def test_window_layers_let_more_requests_run_at_once():
+    """Reserved in full (TensorRT-LLM's admission), 40 requests of 1,024 + 1,024 tokens = 128 blocks each
+    at t = 0, 10 ms steps: counting every layer as full, 1,300 // 128 = 10 start in the first step (10 x 128
+    = 1,280 <= 1,300 < 1,408); with half the layers a 128-token window, each takes 128 + 9 = 137 of 2,600
+    full-layer blocks: 18 start (18 x 137 = 2,466 <= 2,600 < 2,603). Each of those gets its first token
+    when the first step ends, at 10 ms."""
+    reqs = requests([0.0] * 40, [1024] * 40, [1024] * 40)
+    shape = {"max_num_seqs": 256, "max_num_batched_tokens": 32768, "kv_tokens_reserved_per_request": "full"}
+    full = simulate(constant_step(TAU), SchedulerConfig(1300 * 16, **shape), reqs)
+    windowed = simulate(constant_step(TAU), SchedulerConfig(1300 * 16, full_layers=1, window_layers=((1, 144),),
+                                                            **shape), reqs)
+    assert int(np.sum(np.isclose(full.first_token_s, TAU))) == 10
+    assert int(np.sum(np.isclose(windowed.first_token_s, TAU))) == 18

@@ -72,6 +72,7 @@ from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.model.kv import layer_mix
 from app.sizing.model.recipes import RECIPES, WeightRecipe
 from app.sizing.serving import disaggregation
 from app.sizing.serving.capacity import kv_token_capacity, memory_budget
@@ -459,10 +460,12 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     # No sequence limit (generic engine): every running sequence still needs a token of the step budget.
     max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
     max_num_seqs = -(-max_num_seqs // pp)
+    full_layers, window_layers = layer_mix(model, resolved.block_size, pp)
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=resolved.max_num_batched_tokens, chunked_prefill=True,
-        kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL)
+        kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL,
+        full_layers=full_layers, window_layers=window_layers)
     return Layout(tp, pp, num_gpus // layout.gpus * dp * pp, kv_tokens, scheduler, dp, ep, num_gpus)
 
 

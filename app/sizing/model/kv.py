@@ -13,6 +13,7 @@ Everything is exact integer arithmetic: KV dtypes are whole bytes (bf16/fp16 2, 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -211,3 +212,42 @@ def _layer_groups_per_stage(model: ModelSpec,
             counts[key] = counts.get(key, 0) + 1
         stages.append(tuple(counts.items()))
     return tuple(stages)
+
+
+@lru_cache(maxsize=256)
+def window_layers_per_stage(model: ModelSpec,
+                             pipeline_parallel: int) -> tuple[tuple[tuple[int | None, int], ...], ...]:
+    """For each pipeline stage, (window, layers) pairs: how many of its layers cache at most that many
+    tokens (None: the whole context)."""
+    windows = [model.layer_window(layer_type) for layer_type in model.resolved_layer_types]
+    return tuple(tuple(Counter(windows[stage.start:stage.stop]).items())
+                 for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel))
+
+
+@lru_cache(maxsize=256)
+def window_slot_caps(model: ModelSpec, block_size: int) -> tuple[tuple[int | None, int | None], ...]:
+    """(window, token slots its layers hold at most per sequence; None: unbounded), read off
+    `kv_cache_size` at a context past every window."""
+    windows = {model.layer_window(layer_type) for layer_type in model.resolved_layer_types}
+    finite = [window for window in windows if window is not None]
+    if not finite:
+        return ((None, None),)
+    beyond = 2 * max(finite) + 2 * block_size
+    held = {group.window: group.tokens_cached
+            for group in kv_cache_size(model, beyond, "bf16", block_size=block_size).groups}
+    return tuple((window, None if window is None else held[window]) for window in windows)
+
+
+def layer_mix(model: ModelSpec, block_size: int, pipeline_parallel: int = 1) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """(full-attention layers, ((window layers, token slots one sequence holds there at most), ...)) of the
+    pipeline stage with the most full-attention layers, for a scheduler that counts window layers apart
+    (`simulate.SchedulerConfig`); (0, ()) when every layer attends the whole context or none does."""
+    caps = dict(window_slot_caps(model, block_size))
+    stage = max(window_layers_per_stage(model, pipeline_parallel),
+                key=lambda pairs: (sum(layers for window, layers in pairs if window is None),
+                                   sum(layers for _, layers in pairs)))
+    full = sum(layers for window, layers in stage if window is None)
+    windows = tuple((layers, caps[window]) for window, layers in stage if window is not None)
+    if not full or not windows:
+        return 0, ()
+    return full, tuple((layers, slots) for layers, slots in windows if slots is not None)

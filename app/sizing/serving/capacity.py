@@ -33,7 +33,6 @@ decode operating point is evaluated there with the step-time model (`hardware/st
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, replace
 from fractions import Fraction
 from functools import lru_cache
@@ -46,7 +45,12 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
-from app.sizing.model.kv import kv_bytes_per_token_per_layer, kv_cache_bytes_for_batch, kv_cache_size
+from app.sizing.model.kv import (
+    kv_bytes_per_token_per_layer,
+    kv_cache_bytes_for_batch,
+    window_layers_per_stage,
+    window_slot_caps,
+)
 from app.sizing.model.params import ceil_div, pipeline_stages
 from app.sizing.model.recipes import EMBEDDING, WeightRecipe, resolve_recipe
 from app.sizing.model.weights import GroupWeights, weight_bytes, weight_bytes_per_gpu, weight_groups_per_gpu
@@ -156,7 +160,7 @@ def requests_fitting(model: ModelSpec, kv_budget_bytes_per_gpu: int, context_tok
 
 def _cached_slots_sum(tokens: int, block_size: int, cap_slots: int | None) -> int:
     """Σ over contexts c = 1..tokens of the token slots one layer holds: ceil(c/b)·b, capped at
-    `cap_slots` for a window layer (the blocks its window can straddle, from `kv.kv_cache_size`).
+    `cap_slots` for a window layer (the blocks its window can straddle, from `kv.window_slot_caps`).
 
     Σ_{c=1..n} ceil(c/b) = b·q(q+1)/2 + r·(q+1) with q = n // b, r = n % b; past the cap every
     context holds `cap_slots`.
@@ -180,39 +184,15 @@ def steady_state_kv_bytes(model: ModelSpec, input_tokens: int, output_tokens: in
     loaded pipeline stage counts.
     """
     per_layer = kv_bytes_per_token_per_layer(model, 0, kv_dtype, tensor_parallel)
-    window_caps = _window_slot_caps(model, block_size)
+    window_caps = window_slot_caps(model, block_size)
     slot_sums = {
         window: _cached_slots_sum(input_tokens + output_tokens, block_size, cap)
         - _cached_slots_sum(input_tokens, block_size, cap)
         for window, cap in window_caps
     }
     heaviest = max(sum(layers * slot_sums[window] for window, layers in stage)
-                   for stage in _window_layers_per_stage(model, pipeline_parallel))
+                   for stage in window_layers_per_stage(model, pipeline_parallel))
     return Fraction(per_layer * heaviest, output_tokens)
-
-
-@lru_cache(maxsize=256)
-def _window_layers_per_stage(model: ModelSpec,
-                             pipeline_parallel: int) -> tuple[tuple[tuple[int | None, int], ...], ...]:
-    """For each pipeline stage, (window, layers) pairs: how many of its layers cache at most that many
-    tokens (None: the whole context)."""
-    windows = [model.layer_window(layer_type) for layer_type in model.resolved_layer_types]
-    return tuple(tuple(Counter(windows[stage.start:stage.stop]).items())
-                 for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel))
-
-
-@lru_cache(maxsize=256)
-def _window_slot_caps(model: ModelSpec, block_size: int) -> tuple[tuple[int | None, int | None], ...]:
-    """(window, token slots its layers hold at most per sequence; None: unbounded), read off
-    `kv.kv_cache_size` at a context past every window."""
-    windows = {model.layer_window(layer_type) for layer_type in model.resolved_layer_types}
-    finite = [window for window in windows if window is not None]
-    if not finite:
-        return ((None, None),)
-    beyond = 2 * max(finite) + 2 * block_size
-    held = {group.window: group.tokens_cached
-            for group in kv_cache_size(model, beyond, "bf16", block_size=block_size).groups}
-    return tuple((window, None if window is None else held[window]) for window in windows)
 
 
 @dataclass(frozen=True, slots=True)

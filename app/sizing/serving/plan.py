@@ -62,6 +62,7 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.layout import Layout, valid_tensor_parallel
+from app.sizing.model.kv import layer_mix
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -713,12 +714,14 @@ class _Planner:
             return infeasible(
                 f"the KV cache holds {kv_tokens:,} tokens {holder}, fewer than the longest request's "
                 f"{self.max_model_len:,} (prompt + answer){pinned}")
+        full_layers, window_layers = layer_mix(model, engine.block_size, pp)
         scheduler = micro_batch_config(SchedulerConfig(
             kv_capacity_tokens=rank_tokens, block_size=engine.block_size,
             max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
             max_num_batched_tokens=engine.max_num_batched_tokens,
             chunked_prefill=self._chunked_prefill(engine),
-            kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL), pp)
+            kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL,
+            full_layers=full_layers, window_layers=window_layers), pp)
         target = build_step_time_model(
             model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
             kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,

@@ -53,11 +53,11 @@ class Scheduler:
                  "last_step_s", "max_num_seqs", "max_steps", "n", "next_arrival", "on_demand", "output", "phase",
                  "position", "preemptions", "prefilling", "prompt", "running", "scalar", "shared", "state",
                  "step_time", "steps", "t", "token_budget", "tokens_out", "trace_time", "trace_tokens",
-                 "vector_min_steps", "waiting")
+                 "vector_min_steps", "waiting", "window")
 
     def __init__(self, step_time: Any, config: SchedulerConfig, requests: Requests, closed_loop_users: int | None,
-                 *, on_demand: bool, shared_tokens: list[int], free_blocks: int, max_steps: int,
-                 vector_min_steps: int) -> None:
+                 *, on_demand: bool, shared_tokens: list[int], window_blocks: list[int], free_blocks: int,
+                 max_steps: int, vector_min_steps: int) -> None:
         self.step_time: Any = step_time
         # The step-time model's scalar path (StepTimeModel.scalar): the same times, called directly rather
         # than through the model's dispatch on argument types.
@@ -80,6 +80,7 @@ class Scheduler:
         self.output: list[int] = requests.output_tokens.tolist()
         self.cached: list[int] = requests.cached_prefix_tokens.tolist()
         self.shared = shared_tokens
+        self.window = window_blocks  # blocks of its window layers a running request holds (reserved whole)
         self.arrival: list[float]
         if closed_loop_users is not None:  # the users' first requests at t = 0, the rest sent as these finish
             self.issued = min(closed_loop_users, n)
@@ -156,13 +157,13 @@ class Scheduler:
 
     def _admission_blocks(self, j: int) -> int:
         own = (self.prompt[j] if self.on_demand else self.input[j] + self.output[j]) - self.shared[j]
-        return -(-own // self.block_size)
+        return -(-own // self.block_size) + self.window[j]
 
     def _decoder_blocks(self, j: int) -> int:
         """Blocks a decoding request holds at the current decode step."""
         if not self.on_demand:
             return self.held[j]
-        return -(-(self.c0[j] - self.shared[j] + self.ds - self.ds0[j]) // self.block_size)
+        return -(-(self.c0[j] - self.shared[j] + self.ds - self.ds0[j]) // self.block_size) + self.window[j]
 
     # One step -------------------------------------------------------------------------------
 

@@ -107,10 +107,19 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
     kv_tokens_reserved_per_request: Literal["on_demand", "full"] = ON_DEMAND
+    # A model mixing full-attention and window layers (`capacity.layer_mix`): the layers that cache the
+    # whole context, and per window (its layers, the token slots one sequence holds there at most). The
+    # pool, `kv_capacity_tokens` in full-attention-equivalent tokens as capacity reports it, is then
+    # counted in blocks of the full layers (`pool_blocks`), and a request also holds its window layers'
+    # blocks at its final length, reserved at admission (`window_blocks`). Empty: every layer full.
+    full_layers: int = 0
+    window_layers: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.window_layers and (self.full_layers < 1 or min(min(pair) for pair in self.window_layers) < 1):
+            raise ValueError("window_layers need full_layers >= 1 and positive layers and slots")
         if self.kv_capacity_tokens < self.block_size:
             raise ValueError("kv_capacity_tokens must hold at least one block")
         if self.max_num_seqs < 1:
@@ -124,6 +133,24 @@ class SchedulerConfig:
     @property
     def kv_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size
+
+    @property
+    def pool_blocks(self) -> int:
+        """The pool in blocks of the full-attention layers: every layer's share of the equivalent blocks
+        goes to them once the window layers' blocks are counted per request (`window_blocks`)."""
+        if not self.window_layers:
+            return self.kv_blocks
+        return self.kv_blocks * (self.full_layers + sum(layers for layers, _ in self.window_layers)) // self.full_layers
+
+    def window_blocks(self, final_tokens: np.ndarray) -> np.ndarray:
+        """Per request, its window layers' blocks at its final length `final_tokens` (capped by each
+        window), in blocks of the full layers (rounded up); zeros without window layers."""
+        if not self.window_layers:
+            return np.zeros(len(final_tokens), dtype=np.int64)
+        bs = self.block_size
+        blocks = -(-np.asarray(final_tokens, dtype=np.int64) // bs)
+        held = sum(layers * np.minimum(blocks, -(-slots // bs)) for layers, slots in self.window_layers)
+        return -(-held // self.full_layers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +288,8 @@ def simulate(step_time: StepTimeFn, config: SchedulerConfig, requests: Requests 
     scheduler = Scheduler(step_time, config, requests, closed_loop_users,
                           on_demand=config.kv_tokens_reserved_per_request == ON_DEMAND,
                           shared_tokens=_shared_tokens(requests).tolist(),
-                          free_blocks=config.kv_blocks - _pinned_blocks(requests, config.block_size),
+                          window_blocks=config.window_blocks(requests.input_tokens + requests.output_tokens).tolist(),
+                          free_blocks=config.pool_blocks - _pinned_blocks(requests, config.block_size),
                           max_steps=MAX_STEPS, vector_min_steps=_VECTOR_MIN_STEPS)
     if not scheduler.run():
         raise SimulationLimitError(f"simulation passed {MAX_STEPS} engine steps with {n - scheduler.done} requests "
@@ -351,14 +379,15 @@ def _pinned_blocks(requests: Requests, block_size: int) -> int:
 def _check_servable(requests: Requests, config: SchedulerConfig) -> None:
     """Reject up front what would never finish (the livelock guard)."""
     bs = config.block_size
-    usable_blocks = config.kv_blocks - _pinned_blocks(requests, bs)
+    usable_blocks = config.pool_blocks - _pinned_blocks(requests, bs)
     if usable_blocks < 1:
         raise KvCapacityError(
             f"the shared prefix of {requests.shared_prefix_tokens} tokens fills the KV cache "
-            f"({config.kv_blocks} blocks of {bs} tokens)")
-    # Most KV a request can hold: its prompt and its whole answer, less its share of the shared prefix.
+            f"({config.pool_blocks} blocks of {bs} tokens)")
+    # Most KV a request can hold: its prompt and its whole answer, less its share of the shared prefix, and
+    # its window layers' blocks.
     own_tokens = requests.input_tokens + requests.output_tokens - _shared_tokens(requests)
-    own_blocks = -(-own_tokens // bs)
+    own_blocks = -(-own_tokens // bs) + config.window_blocks(requests.input_tokens + requests.output_tokens)
     worst = int(np.argmax(own_blocks))
     if own_blocks[worst] > usable_blocks:
         raise KvCapacityError(
