@@ -262,8 +262,8 @@ class EfficiencyOut(BaseModel):
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
     per_sequence_overhead_ms: float = Field(0.0, description=(
-        "Host work per sequence per engine step that the engine does not overlap with the GPU (vLLM before "
-        "0.8, the V0 engine); charged only for such engines, 0 for the others"))
+        "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
+        "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
     source: str
 
 

@@ -22,9 +22,10 @@ from app.sizing.calibration.fit import (
     single_entry_profile,
     with_parameters,
 )
-from app.sizing.engines import ENGINES, host_adjusted
+from app.sizing.engines import ENGINES, EngineConfig, host_adjusted
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.serving.capacity import capacity
 from tests.domain.models_for_tests import LLAMA_3_8B
 from tests.domain.test_predict import HOPPER, predict
 
@@ -171,3 +172,19 @@ def test_the_host_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     some = dataclasses.replace(inside, per_sequence_overhead_s=0.5e-3)
     profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, some, 50), ProfileEntry("hopper", ANY, inside, 50)))
     assert parameters_at_bounds(profile) == [("hopper", ANY, "per_sequence_overhead_s", 0.0, "low")]
+
+
+def test_capacity_charges_it_for_a_v0_engine_version_only() -> None:
+    """Llama-3-8B on one H100 under vLLM: the decode step at the operating point's batch B of sequences
+    costs B x 100 us more at 0.6.3 (V0) than without host work, and nothing more at 0.19.0 (V1). The two
+    versions size the KV cache alike here (both before 0.20), so B is the same."""
+    def point(version: str, efficiency):
+        return capacity(LLAMA_3_8B, HOPPER, tensor_parallel=1, pipeline_parallel=1, weight_dtype="bf16",
+                        kv_dtype="bf16", compute_dtype="bf16", input_tokens=1000, output_tokens=500,
+                        engine=EngineConfig(engine="vllm", engine_version=version),
+                        efficiency=efficiency).operating_point
+
+    v0, v0_plain = point("0.6.3", V0), point("0.6.3", DEFAULT_EFFICIENCY)
+    assert v0.batch_size == v0_plain.batch_size
+    assert v0.expected_decode_step_s - v0_plain.expected_decode_step_s == pytest.approx(v0.batch_size * C, rel=1e-9)
+    assert point("0.19.0", V0).expected_decode_step_s == point("0.19.0", DEFAULT_EFFICIENCY).expected_decode_step_s
