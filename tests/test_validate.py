@@ -22,7 +22,7 @@ from app.calibration.crossval import _hold_out_document
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
-from app.sizing.calibration.fit import FITTED_PARAMETERS, HeldOut, parameters_at_bounds
+from app.sizing.calibration.fit import GLOBAL_PARAMETERS, HeldOut, parameters_at_bounds
 from app.sizing.calibration.predict import Measurement, PoolLayout
 
 DATA = Path(__file__).parent / "data"
@@ -283,7 +283,7 @@ def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defect
     listed = [(item["gpu_family"], item["compute_dtype"], item["parameter"], item["value"], item["bound"])
               for item in provenance["parameters_at_bounds"]]
     assert listed == parameters_at_bounds(profile)
-    assert set(provenance["parameter_priors"]) == {bound.name for bound in FITTED_PARAMETERS}
+    assert set(provenance["parameter_priors"]) == {bound.name for bound in GLOBAL_PARAMETERS}
 
 
 def test_full_calibration_file_is_the_published_one() -> None:
