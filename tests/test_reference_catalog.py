@@ -387,6 +387,43 @@ def test_a_memory_only_lookup_needs_the_database_when_stale_or_missing(engine: E
         catalog_service.get_gpu_spec(memory_only, "h100-sxm")
 
 
+def test_one_revision_check_at_a_time(engine: Engine, fresh_catalog: None) -> None:
+    """The first memory-only lookup that finds the cache due claims the check (NeedsDatabase: it goes to
+    the database); the lookups after it answer from the cached revision until that check lands or its
+    claim is CHECK_CLAIM_S (1 s) old. Another replica's write meanwhile is therefore seen within
+    max_age_s + 1 s; a write of this replica's is never answered from before it."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    factory = make_session_factory(engine, info={"spec_cache": cache})
+    cache.watch_writes(factory)
+    memory_only = Session(info={"spec_cache": cache, MEMORY_ONLY: True})
+    with factory() as session:
+        first = catalog_service.get_gpu_spec(session, "h100-sxm")
+    clock.now += 0.25  # due
+    with pytest.raises(NeedsDatabase):  # claims the check
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is first  # the check is under way
+    with Session(engine, info={"spec_cache": catalog_service.SpecCache()}) as other, other.begin():
+        _reprice(other, "h100-sxm", 1.23)  # another replica writes
+    clock.now += 0.9  # the claim is 0.9 s old: still answered from the cache
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is first
+    clock.now += 0.2  # 1.1 s: the claim has lapsed, the next lookup claims again
+    with pytest.raises(NeedsDatabase):
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with factory() as session:  # the check lands
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 1.23
+    second = catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    assert second.price_per_hour_usd == 1.23
+    with factory() as session, session.begin():  # this replica writes
+        _reprice(session, "h100-sxm", 2.34)
+    with pytest.raises(NeedsDatabase):  # its own write: claims the check ...
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with pytest.raises(NeedsDatabase):  # ... and no lookup answers from before the write meanwhile
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with factory() as session:
+        assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 2.34
+
+
 def test_consistent_reads_check_the_revision_in_their_own_transaction(engine: Engine, fresh_catalog: None) -> None:
     """A session flagged CONSISTENT_READS (quotes) never answers from a revision it did not read itself."""
     clock = FakeClock()

@@ -60,9 +60,19 @@ class SpecCache:
 
     Coherence, with the bound stated: the revision is read at most once every `max_age_s`; in between,
     lookups are answered from memory. So a write by another replica (another process on the same
-    database) is seen within `max_age_s` of its commit; a write by this replica at once (its session
-    marks the cache stale when it commits, before the response is sent: `watch_writes`).
+    database) is seen within `max_age_s` of its commit, plus the one revision read under way then (at
+    most `CHECK_CLAIM_S`); a write by this replica at once (its session marks the cache stale when it
+    commits, before the response is sent: `watch_writes`).
+
+    One check at a time: the first memory-only lookup that finds the cache due claims the check and goes
+    to the database (`NeedsDatabase`); the memory-only lookups after it keep answering from the cached
+    revision until that check lands, instead of each taking a worker thread and a database connection to
+    read the same row (at thousands of requests a second that pile-up held a few requests for hundreds of
+    milliseconds). A claim older than `CHECK_CLAIM_S` (a check that failed or stalled) is claimed again;
+    after a write of this replica's no lookup answers from the cache before a check has landed.
     """
+
+    CHECK_CLAIM_S = 1.0
 
     def __init__(self, max_age_s: float = 0.25, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s = max_age_s
@@ -70,6 +80,8 @@ class SpecCache:
         self._lock = threading.Lock()
         self._revision: int | None = None
         self._checked_at = -math.inf
+        self._claimed_at = -math.inf  # when a memory-only lookup last sent a revision check to the database
+        self._invalidated = False  # a write of this replica's since the last check: never answer from before it
         self._generation = 0  # bumped by every invalidation: a check that overlapped one is not trusted
         self._specs: dict[tuple[str, str], Any] = {}
 
@@ -77,18 +89,25 @@ class SpecCache:
         """Read the revision again on the next lookup (after a write of this replica's)."""
         with self._lock:
             self._generation += 1
-            self._checked_at = -math.inf
+            self._checked_at = self._claimed_at = -math.inf
+            self._invalidated = True
 
     def revision(self, session: Session) -> int:
         """The catalog revision to answer from: the cached one while recently checked, else read now."""
+        memory_only = bool(session.info.get(MEMORY_ONLY))
         if not session.info.get(CONSISTENT_READS):
             with self._lock:
-                if self.clock() - self._checked_at < self.max_age_s and self._revision is not None:
-                    return self._revision
+                now = self.clock()
+                if self._revision is not None and (
+                        now - self._checked_at < self.max_age_s
+                        or (memory_only and not self._invalidated and now - self._claimed_at < self.CHECK_CLAIM_S)):
+                    return self._revision  # fresh, or another lookup's check is under way (and no write since)
+                if memory_only:
+                    self._claimed_at = now  # this lookup checks, on a database session
                 generation = self._generation
         else:
             generation = None
-        if session.info.get(MEMORY_ONLY):
+        if memory_only:
             raise NeedsDatabase
         revision = repository.catalog_revision(session)
         with self._lock:
@@ -97,6 +116,8 @@ class SpecCache:
                 self._revision = revision
             if generation == self._generation:
                 self._checked_at = self.clock()
+                self._claimed_at = -math.inf
+                self._invalidated = False
         return revision
 
     def get(self, revision: int, key: tuple[str, str]) -> Any:
