@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from app.planning import api as planning_api
 from app.planning import service as planning
-from app.planning.pool import PlanPool
+from app.planning.pool import WORKER_NICENESS, PlanPool
 from app.planning.schemas import SloPlanRequest
 
 PLAN = {
@@ -64,3 +65,17 @@ def test_a_search_runs_in_the_bounded_process_pool_and_answers_as_in_process(
 
 def test_the_default_pool_size_comes_from_the_settings(app: FastAPI) -> None:
     assert app.state.plan_pool.workers == app.state.settings.plan_workers >= 1
+
+
+def _own_niceness() -> int:
+    return os.nice(0)
+
+
+def test_the_workers_yield_the_cpu_to_the_serving_processes() -> None:
+    """A worker's niceness is the serving process's plus WORKER_NICENESS (10): under contention the
+    requests get the CPU first and the searches what is left."""
+    pool = PlanPool(workers=1)
+    try:
+        assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
+    finally:
+        pool.shutdown()
