@@ -17,6 +17,7 @@ from app.sizing.serving.plan import (
     PlanInputs,
     SearchSpaceTooLarge,
     Slo,
+    _Planner,
     configurations,
     cost_per_million_tokens,
     cross_node_pipelines,
@@ -27,6 +28,7 @@ from app.sizing.serving.plan import (
     replicas_needed,
     search_space_size,
 )
+from app.sizing.serving.simulate import SchedulerConfig
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
 from app.sizing.serving.workload import Fixed, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
@@ -393,3 +395,22 @@ def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cann
     assert len(default) == search_space_size(LLAMA_3_1_405B, [H100_SXM], None, None, ["bf16"], ["bf16"])
     assert {c.pipeline_parallel for c in configurations(LLAMA_3_1_405B, [H100_SXM], None, [1], ["bf16"],
                                                          ["bf16"])} == {1}
+
+
+def test_the_analytic_ceiling_counts_window_layers_as_the_simulator_does():
+    """A closed loop of 1,024 + 1,024-token requests, reserved in full, with steps so fast that the KV cache
+    binds: the ceiling is the largest batch that fits. 1,300 blocks of 16 (20,800 tokens) with every layer
+    full: 20,800 / 2,048 = 10.2 -> 10 users. With half the layers a 128-token window (9 blocks of 16 =
+    144 slots): 2,600 full-layer blocks = 41,600 slots, each request 2,048 + 144 = 2,192 of them: 41,600 /
+    2,192 = 18.98 -> 18 users, the 18 that start at once in the simulator
+    (test_simulate.test_window_layers_let_more_requests_run_at_once)."""
+    workload = Workload(Fixed(1024), Fixed(1024), concurrent_users=100)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=100.0), H100))
+
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 1e-3 + 0.0 * np.asarray(decode_seqs, dtype=float)
+
+    shape = {"block_size": 16, "max_num_seqs": 256, "kv_tokens_reserved_per_request": "full"}
+    assert planner._ceiling(step, SchedulerConfig(1300 * 16, **shape)) == 10
+    assert planner._ceiling(step, SchedulerConfig(1300 * 16, full_layers=1, window_layers=((1, 144),),
+                                                  **shape)) == 18

@@ -5,6 +5,7 @@ defaults from its engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
@@ -89,6 +90,12 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "")
     if efficiency.per_sequence_overhead_s == 0 or (engine is not None
                                                    and not ENGINES[engine].overlaps_host_work(version)):
         return efficiency
+    return _without_host_work(efficiency)
+
+
+@lru_cache(maxsize=64)
+def _without_host_work(efficiency: Efficiency) -> Efficiency:
+    # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
     return replace(efficiency, per_sequence_overhead_s=0.0)
 
 

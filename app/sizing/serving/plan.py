@@ -811,7 +811,12 @@ class _Planner:
         mean_context = lengths.input_mean + lengths.output_mean / 2
         held = (lengths.input_mean + lengths.output_mean if scheduler.kv_tokens_reserved_per_request == FULL
                 else mean_context)
-        largest = max(1, min(scheduler.max_num_seqs, int(scheduler.kv_capacity_tokens / held)))
+        capacity = scheduler.kv_capacity_tokens
+        if scheduler.window_layers:  # window layers counted apart, as the simulator counts them
+            final = np.array([round(lengths.input_mean + lengths.output_mean)])
+            held += scheduler.block_size * float(scheduler.window_blocks(final)[0])
+            capacity = scheduler.pool_blocks * scheduler.block_size
+        largest = max(1, min(scheduler.max_num_seqs, int(capacity / held)))
         batches = np.arange(1, largest + 1, dtype=float)
         contexts = batches * mean_context
         prompt = max(1, round(lengths.input_mean))
