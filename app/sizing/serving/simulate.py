@@ -107,7 +107,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     chunked_prefill: bool = True
     kv_tokens_reserved_per_request: Literal["on_demand", "full"] = ON_DEMAND
-    # A model mixing full-attention and window layers (`capacity.layer_mix`): the layers that cache the
+    # A model mixing full-attention and window layers (`kv.layer_mix`): the layers that cache the
     # whole context, and per window (its layers, the token slots one sequence holds there at most). The
     # pool, `kv_capacity_tokens` in full-attention-equivalent tokens as capacity reports it, is then
     # counted in blocks of the full layers (`pool_blocks`), and a request also holds its window layers'
