@@ -258,14 +258,10 @@ class PreparedPrediction:
         self.measurement = measurement
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
-        engine = MODELLED_AS[measurement.engine]
-        self._engine_version = engine, measurement.engine_version or engines.ENGINES[engine].default_version
-
-    @property
-    def pays_host_work(self) -> bool:
-        """Whether the measured engine adds host work per sequence to every step (`engines.host_adjusted`)."""
-        engine, version = self._engine_version
-        return not engines.ENGINES[engine].overlaps_host_work(version)
+        rules = engines.ENGINES[MODELLED_AS[measurement.engine]]
+        # Whether the measured engine adds host work per sequence to every step (read once: `predict` runs
+        # thousands of times in a fit).
+        self.pays_host_work = not rules.overlaps_host_work(measurement.engine_version or rules.default_version)
 
     @property
     def timing_invariant(self) -> bool:
@@ -282,14 +278,18 @@ class PreparedPrediction:
         return self.runs[0].compute_dtype
 
     def predict(self, efficiency: Efficiency) -> float:
-        efficiency = engines.host_adjusted(efficiency, *self._engine_version)
+        efficiency = self._host_adjusted(efficiency)
         values = [run.metric(self.measurement.metric, self.measurement.stat, efficiency) for run in self.runs]
         return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
+
+    def _host_adjusted(self, efficiency: Efficiency) -> Efficiency:
+        """`engines.host_adjusted` for the measured engine: the host work kept where it pays it."""
+        return efficiency if self.pays_host_work else engines.host_adjusted(efficiency, None)
 
     def utilization(self, efficiency: Efficiency) -> float | None:
         """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
         the same lengths); None for every other scenario."""
-        efficiency = engines.host_adjusted(efficiency, *self._engine_version)
+        efficiency = self._host_adjusted(efficiency)
         values = [run.utilization(efficiency) for run in self.runs]
         return None if None in values else min(values)  # type: ignore[type-var]
 
