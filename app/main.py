@@ -285,6 +285,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.spec_cache = spec_cache = SpecCache(max_age_s=settings.catalog_max_age_s)
     app.state.session_factory = make_session_factory(engine, info={"spec_cache": spec_cache})
     spec_cache.watch_writes(app.state.session_factory)
+    spec_cache.check_in_background(app.state.session_factory)  # no request waits for a revision check
     # Never queries (unbound), so one serves every request on the event loop (app.web.computed_answer).
     app.state.memory_only_session = memory_only_session(app.state.session_factory)
     app.state.plan_pool = PlanPool(settings.plan_workers)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session
 
 from app import web
@@ -422,6 +424,67 @@ def test_one_revision_check_at_a_time(engine: Engine, fresh_catalog: None) -> No
         catalog_service.get_gpu_spec(memory_only, "h100-sxm")
     with factory() as session:
         assert catalog_service.get_gpu_spec(session, "h100-sxm").price_per_hour_usd == 2.34
+
+
+def test_a_claimed_check_runs_in_the_background_and_never_beyond_the_bound(
+        engine: Engine, fresh_catalog: None, caplog: pytest.LogCaptureFixture) -> None:
+    """With check_in_background (the service), the lookup that claims a due check answers from the cache
+    too, and the check runs on its own (here: when the test runs it). Nothing answers from a revision
+    last read more than max_age_s + CHECK_CLAIM_S (0.25 + 1 s) ago, a failed check is logged without
+    its message and claimed again after CHECK_CLAIM_S, and this replica's own write is never answered
+    from before it."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.25, clock=clock)
+    factory = make_session_factory(engine, info={"spec_cache": cache})
+    cache.watch_writes(factory)
+    checks: list[Callable[[], None]] = []
+    cache.check_in_background(factory, start=checks.append)
+    memory_only = Session(info={"spec_cache": cache, MEMORY_ONLY: True})
+    with pytest.raises(NeedsDatabase):  # never checked: nothing to answer from
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with factory() as session:
+        first = catalog_service.get_gpu_spec(session, "h100-sxm")
+    with Session(engine, info={"spec_cache": catalog_service.SpecCache()}) as other, other.begin():
+        _reprice(other, "h100-sxm", 1.23)  # another replica writes
+    clock.now += 0.25  # due
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is first  # claims, answers from memory
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is first  # the check is under way
+    assert len(checks) == 1
+    checks.pop()()  # it lands: a new revision, so the spec is built again (on a database session) ...
+    with pytest.raises(NeedsDatabase):
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    with factory() as session:
+        catalog_service.get_gpu_spec(session, "h100-sxm")
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm").price_per_hour_usd == 1.23  # ... with the write
+    # A check that fails (here: its database is gone) is logged by its exception's class only.
+    broken = make_session_factory(create_engine("sqlite:////nonexistent/folder/catalog.db"))
+    cache.check_in_background(broken, start=checks.append)
+    clock.now += 0.25
+    second = catalog_service.get_gpu_spec(memory_only, "h100-sxm")  # claims, answers from memory
+    assert second.price_per_hour_usd == 1.23
+    logger = logging.getLogger("app.catalog")
+    logger.addHandler(caplog.handler)  # the app's logger does not propagate to the root
+    try:
+        checks.pop()()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "catalog revision check failed (OperationalError)" in caplog.text
+    assert "nonexistent" not in caplog.text
+    clock.now += 0.9  # 1.15 s since the last check landed; the claim 0.9 s old: still from memory
+    assert catalog_service.get_gpu_spec(memory_only, "h100-sxm") is second
+    assert not checks
+    clock.now += 0.2  # 1.35 s: past max_age_s + CHECK_CLAIM_S, nothing is answered from memory
+    with pytest.raises(NeedsDatabase):
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    assert not checks  # that lookup reads the revision itself, on a database session
+    with factory() as session:
+        catalog_service.get_gpu_spec(session, "h100-sxm")
+    cache.check_in_background(factory, start=checks.append)
+    with factory() as session, session.begin():  # this replica writes
+        _reprice(session, "h100-sxm", 2.34)
+    with pytest.raises(NeedsDatabase):  # its own write: never answered from before it, nor deferred
+        catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    assert not checks
 
 
 def test_consistent_reads_check_the_revision_in_their_own_transaction(engine: Engine, fresh_catalog: None) -> None:

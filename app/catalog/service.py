@@ -7,6 +7,7 @@ slug raises `NotFound` (a 404 problem).
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import threading
 import time
@@ -46,6 +47,8 @@ from app.errors import Conflict, NotFound, PreconditionFailed, Unprocessable, js
 from app.sizing.specs import GpuSpec, ModelSpec
 from app.web import Preconditions, etag_of
 
+log = logging.getLogger("app.catalog")
+
 # Spec cache ------------------------------------------------------------------------------
 
 # A session flagged with this reads the catalog revision in its own transaction on every lookup, so
@@ -64,12 +67,18 @@ class SpecCache:
     most `CHECK_CLAIM_S`); a write by this replica at once (its session marks the cache stale when it
     commits, before the response is sent: `watch_writes`).
 
-    One check at a time: the first memory-only lookup that finds the cache due claims the check and goes
-    to the database (`NeedsDatabase`); the memory-only lookups after it keep answering from the cached
-    revision until that check lands, instead of each taking a worker thread and a database connection to
-    read the same row (at thousands of requests a second that pile-up held a few requests for hundreds of
-    milliseconds). A claim older than `CHECK_CLAIM_S` (a check that failed or stalled) is claimed again;
-    after a write of this replica's no lookup answers from the cache before a check has landed.
+    One check at a time, off the request's way: the first memory-only lookup that finds the cache due
+    claims the check; the memory-only lookups after it keep answering from the cached revision until
+    that check lands, instead of each taking a worker thread and a database connection to read the same
+    row (at thousands of requests a second that pile-up held a few requests for hundreds of
+    milliseconds). With `check_in_background` (the service) the claiming lookup answers from the cache
+    too and the check runs on a thread of its own: a request never waits for it (on a busy process the
+    check's round trip waits for the interpreter lock a few times, and the request that made it used to
+    wait 0.1-1 s with it). Without it, the claiming lookup goes to the database (`NeedsDatabase`). A
+    claim older than `CHECK_CLAIM_S` (a check that failed or stalled) is claimed again; nothing answers
+    from a revision last read more than `max_age_s + CHECK_CLAIM_S` ago (a lookup then reads it on a
+    database session of its own, and fails loudly if the database is gone); after a write of this
+    replica's no lookup answers from the cache before a check has landed.
     """
 
     CHECK_CLAIM_S = 1.0
@@ -84,6 +93,23 @@ class SpecCache:
         self._invalidated = False  # a write of this replica's since the last check: never answer from before it
         self._generation = 0  # bumped by every invalidation: a check that overlapped one is not trusted
         self._specs: dict[tuple[str, str], Any] = {}
+        self._background: Callable[[], None] | None = None  # runs one revision check (check_in_background)
+
+    def check_in_background(self, session_factory: sessionmaker[Session],
+                            start: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Run the revision checks that memory-only lookups claim on a thread of their own (`start`, a
+        daemon thread per check by default), on sessions of `session_factory`."""
+        def check() -> None:
+            try:
+                with session_factory() as session:
+                    self.revision(session)
+            except Exception as exc:  # noqa: BLE001 - the claim lapses and a later lookup checks again
+                log.warning("catalog revision check failed (%s); retried after %.1f s",
+                            type(exc).__name__, self.CHECK_CLAIM_S)
+
+        run = start or (lambda task: threading.Thread(target=task, name="catalog-revision-check",
+                                                      daemon=True).start())
+        self._background = lambda: run(check)
 
     def invalidate(self) -> None:
         """Read the revision again on the next lookup (after a write of this replica's)."""
@@ -96,15 +122,25 @@ class SpecCache:
         """The catalog revision to answer from: the cached one while recently checked, else read now."""
         memory_only = bool(session.info.get(MEMORY_ONLY))
         if not session.info.get(CONSISTENT_READS):
+            background, cached_revision = None, 0
             with self._lock:
                 now = self.clock()
-                if self._revision is not None and (
-                        now - self._checked_at < self.max_age_s
-                        or (memory_only and not self._invalidated and now - self._claimed_at < self.CHECK_CLAIM_S)):
-                    return self._revision  # fresh, or another lookup's check is under way (and no write since)
+                age = now - self._checked_at
+                if self._revision is not None and age < self.max_age_s:
+                    return self._revision  # fresh
+                # May a memory-only lookup answer from the cache while a check is under way?
+                trusted = (memory_only and self._revision is not None and not self._invalidated
+                           and age < self.max_age_s + self.CHECK_CLAIM_S)
+                if trusted and now - self._claimed_at < self.CHECK_CLAIM_S:
+                    return self._revision  # another lookup's check is under way (and no write since)
                 if memory_only:
-                    self._claimed_at = now  # this lookup checks, on a database session
+                    self._claimed_at = now  # this lookup claims the check
+                    if trusted and self._background is not None:
+                        background, cached_revision = self._background, self._revision
                 generation = self._generation
+            if background is not None:
+                background()  # checks on its own thread; this lookup answers from the cached revision
+                return cached_revision
         else:
             generation = None
         if memory_only:

@@ -3,7 +3,8 @@ which sees its own writes at once and the other's within CATALOG_MAX_AGE_S (0.25
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -31,16 +32,22 @@ class FakeClock:
         return self.now
 
 
+Replicas = tuple[TestClient, TestClient, FakeClock, list[Callable[[], None]]]
+
+
 @pytest.fixture
-def replicas(app: FastAPI, settings: Settings, fresh_catalog: None) -> Iterator[tuple[TestClient, TestClient, FakeClock]]:
+def replicas(app: FastAPI, settings: Settings, fresh_catalog: None) -> Iterator[Replicas]:
     """Replica A (the suite's application) and replica B (a second application on the same database),
-    B's cache on a clock the test moves."""
+    B's cache on a clock the test moves, and B's revision checks held in a list until the test runs them
+    (the service runs each on a thread of its own as soon as a request claims it)."""
     other = create_app(settings)
     clock = FakeClock()
+    checks: list[Callable[[], None]] = []
     other.state.spec_cache.clock = clock
+    other.state.spec_cache.check_in_background(other.state.session_factory, start=checks.append)
     try:
         with TestClient(app) as a, TestClient(other) as b:
-            yield a, b, clock
+            yield a, b, clock, checks
     finally:
         other.state.engine.dispose()
 
@@ -63,22 +70,48 @@ def _halve_layers(client: TestClient) -> None:
     assert response.status_code == 200, response.text
 
 
-def test_a_replica_sees_its_own_write_at_once_and_anothers_within_the_bound(
-        replicas: tuple[TestClient, TestClient, FakeClock]) -> None:
-    a, b, clock = replicas
+def test_a_replica_sees_its_own_write_at_once_and_anothers_within_the_bound(replicas: Replicas) -> None:
+    a, b, clock, checks = replicas
     assert _kv_bytes(a) == BYTES_32_LAYERS
     assert _kv_bytes(b) == BYTES_32_LAYERS  # B has checked the revision and cached the spec
     _halve_layers(a)
     assert _kv_bytes(a) == BYTES_16_LAYERS  # A's own write: at once
     clock.now += 0.2
     assert _kv_bytes(b) == BYTES_32_LAYERS  # within B's bound: from memory
-    clock.now += 0.06
-    assert _kv_bytes(b) == BYTES_16_LAYERS  # 0.26 s after B's last check: seen
+    assert not checks
+    clock.now += 0.06  # 0.26 s after B's last check: due
+    assert _kv_bytes(b) == BYTES_32_LAYERS  # this request starts B's check and answers from memory meanwhile
+    assert _kv_bytes(b) == BYTES_32_LAYERS  # as does the next: one check at a time
+    assert len(checks) == 1
+    checks.pop()()  # the check lands
+    assert _kv_bytes(b) == BYTES_16_LAYERS  # seen
+
+
+def test_a_due_revision_check_runs_on_a_thread_of_its_own(app: FastAPI, settings: Settings,
+                                                           fresh_catalog: None) -> None:
+    """The service's own start: the check a due request claims runs on a thread, and the write is seen
+    once it has landed (the request that claimed it may see it too, if the check landed first)."""
+    other = create_app(settings)
+    clock = FakeClock()
+    other.state.spec_cache.clock = clock
+    try:
+        with TestClient(app) as a, TestClient(other) as b:
+            assert _kv_bytes(b) == BYTES_32_LAYERS
+            _halve_layers(a)
+            clock.now += 0.26
+            seen = [_kv_bytes(b)]
+            deadline = time.monotonic() + 10
+            while seen[-1] != BYTES_16_LAYERS and time.monotonic() < deadline:
+                time.sleep(0.01)
+                seen.append(_kv_bytes(b))
+            assert seen[-1] == BYTES_16_LAYERS
+    finally:
+        other.state.engine.dispose()
 
 
 def test_a_new_slug_written_elsewhere_is_found_at_once(replicas: tuple[TestClient, TestClient, FakeClock]) -> None:
     """A slug a replica has not cached is read from the database, whatever the bound."""
-    a, b, _ = replicas
+    a, b, _, _ = replicas
     body = _writable(a, "llama-3-8b")
     assert b.post("/v1/kv-cache", json={**KV, "model": "my-llama"}).status_code == 404
     assert a.put("/v1/models/my-llama", json=body, headers=WRITE).status_code == 201
