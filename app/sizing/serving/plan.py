@@ -27,7 +27,8 @@ How it stays fast (well under a second over the whole catalog):
    (`_Planner.settle`): a replica count R means a per-replica load of rate x peak-to-mean / (R x max
    utilization), simulated with the seeded simulator. The search starts at the count the ceiling
    implies; when that meets the SLO it tries the bound (CEILING_MARGIN), else it steps up (by the
-   miss ratio, at least LOAD_STEP); then it bisects until R passes and R − 1 fails, or the loads
+   miss ratio, at least LOAD_STEP; after a TTFT or E2E miss of a replica that fell behind its
+   arrivals, at most to the replicas its finishing rate carries); then it bisects until R passes and R − 1 fails, or the loads
    are within LOAD_TOLERANCE. Searching the replica count rather than the exact limit stops as soon
    as the cost is settled, usually after one or two runs. Every run draws the same requests (one
    seed, arrival times scaled to the load: common random numbers), so configurations and loads are
@@ -878,6 +879,17 @@ class _Planner:
         share = self.sized_load / replicas
         return float(math.ceil(share * (1 - 1e-9))) if self.closed_loop else share
 
+    def _replicas_served(self, run: _Run) -> int | None:
+        """After a latency miss of a replica that finished fewer requests than it was sent (its queue grew
+        through the run): the replicas that carry the sized load at the rate it did finish. The miss ratio
+        overstates the shortfall then (a queue growing through the run makes p95 TTFT many times its SLO
+        when the load is a few percent over what the replica serves). None (the miss ratio alone sets the
+        step) otherwise: a closed loop, a TPOT miss, a replica that kept up."""
+        served = run.result.requests_per_s * run.schedulers
+        if self.closed_loop or run.worst[0] not in (BINDING_TTFT, BINDING_E2E) or not 0 < served < run.load:
+            return None
+        return _base_replicas(self.sized_load, served)
+
     def settle(self, screened: _Screened) -> _Settled | Infeasible:
         """The fewest base replicas whose per-replica load meets the SLO (module docstring, step 3)."""
         runs: dict[float, _Run] = {}
@@ -905,7 +917,11 @@ class _Planner:
             most = _base_replicas(self.sized_load, light)
             while passing is None:  # more replicas, by the miss ratio, until the SLO holds
                 factor = min(max(at(failing).worst[3], LOAD_STEP), MAX_LOAD_STEP)
-                more = min(max(failing + 1, math.ceil(failing * factor)), max(most, failing + 1))
+                step = math.ceil(failing * factor)
+                served = self._replicas_served(at(failing))
+                if served is not None:
+                    step = min(step, served)
+                more = min(max(failing + 1, step), max(most, failing + 1))
                 if at(more).meets:
                     passing = more
                 elif more >= most:
