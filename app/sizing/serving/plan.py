@@ -580,6 +580,9 @@ def prefill_time_s(step_time: StepTimeFn, prompt_tokens: int, cached_tokens: int
 
     A chunk of n tokens starting at position s attends n·s + n(n+1)/2 positions (causal).
     """
+    if prompt_tokens - cached_tokens <= chunk_tokens:  # one chunk: the step time's scalar path
+        new = prompt_tokens - cached_tokens
+        return float(step_time(0, 0, new, new * cached_tokens + new * (new + 1) / 2))
     starts = np.arange(cached_tokens, prompt_tokens, chunk_tokens, dtype=float)
     chunks = np.minimum(chunk_tokens, prompt_tokens - starts)
     zeros = np.zeros_like(chunks)
@@ -824,9 +827,11 @@ class _Planner:
         new_tokens = prompt - cached_prompt_tokens(self.workload, prompt)
         prefix = prompt - new_tokens
         chunks = np.clip(np.minimum(new_tokens, scheduler.max_num_batched_tokens - batches), 1, None)
-        zeros = np.zeros_like(batches)
-        decode = np.asarray(step_time(batches, contexts, zeros, zeros))
-        with_chunk = np.asarray(step_time(batches, contexts, chunks, chunks * prefix + chunks * (chunks + 1) / 2))
+        # Each batch's decode step, then the same step with a chunk riding along, in one call.
+        both = np.asarray(step_time(np.concatenate((batches, batches)), np.concatenate((contexts, contexts)),
+                                    np.concatenate((np.zeros_like(chunks), chunks)),
+                                    np.concatenate((np.zeros_like(chunks), chunks * prefix + chunks * (chunks + 1) / 2))))
+        decode, with_chunk = both[:largest], both[largest:]
         prefill_per_request = (with_chunk - decode) / chunks * new_tokens
         tpot = decode + batches * prefill_per_request / max(lengths.output_mean - 1, 1.0)
         # TPOT(B) grows with B: the best batch is the last of the leading run of batches meeting the SLO.
