@@ -487,6 +487,23 @@ def test_a_claimed_check_runs_in_the_background_and_never_beyond_the_bound(
     assert not checks
 
 
+def test_max_age_zero_reads_the_revision_on_every_lookup(engine: Engine, fresh_catalog: None) -> None:
+    """CATALOG_MAX_AGE_S 0: no lookup answers from memory, not even while a check is under way, and none
+    is deferred to the background (so an outage is a 503 at once, not after CHECK_CLAIM_S)."""
+    clock = FakeClock()
+    cache = catalog_service.SpecCache(max_age_s=0.0, clock=clock)
+    factory = make_session_factory(engine, info={"spec_cache": cache})
+    checks: list[Callable[[], None]] = []
+    cache.check_in_background(factory, start=checks.append)
+    with factory() as session:
+        catalog_service.get_gpu_spec(session, "h100-sxm")
+    memory_only = Session(info={"spec_cache": cache, MEMORY_ONLY: True})
+    for _ in range(2):
+        with pytest.raises(NeedsDatabase):
+            catalog_service.get_gpu_spec(memory_only, "h100-sxm")
+    assert not checks
+
+
 def test_consistent_reads_check_the_revision_in_their_own_transaction(engine: Engine, fresh_catalog: None) -> None:
     """A session flagged CONSISTENT_READS (quotes) never answers from a revision it did not read itself."""
     clock = FakeClock()

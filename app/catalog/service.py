@@ -128,9 +128,10 @@ class SpecCache:
                 age = now - self._checked_at
                 if self._revision is not None and age < self.max_age_s:
                     return self._revision  # fresh
-                # May a memory-only lookup answer from the cache while a check is under way?
-                trusted = (memory_only and self._revision is not None and not self._invalidated
-                           and age < self.max_age_s + self.CHECK_CLAIM_S)
+                # May a memory-only lookup answer from the cache while a check is under way? (Never with
+                # max_age_s 0: every lookup then reads the revision itself.)
+                trusted = (memory_only and self.max_age_s > 0 and self._revision is not None
+                           and not self._invalidated and age < self.max_age_s + self.CHECK_CLAIM_S)
                 if trusted and now - self._claimed_at < self.CHECK_CLAIM_S:
                     return self._revision  # another lookup's check is under way (and no write since)
                 if memory_only:
