@@ -72,7 +72,8 @@ CAPACITY_FORMULAS = (
     ("MoE exchange per MoE layer (dp or ep > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
      "(ep-1)/ep x hidden x 2 B per token / tp, dp > 1 without ep: (dp-1) x hidden x 2 B per token; NVLink "
      "inside a node, the scale-out link across nodes"),
-    "TP beyond one node's GPUs runs its all-reduces over the scale-out link",
+    ("TP beyond one node's GPUs: each all-reduce's ring leaves a node through all its GPUs' NICs (min(NVLink, "
+     "GPUs per node x NIC) per GPU) and pays 2 x (nodes - 1) inter-node steps of 2.7 us (NCCL's Ring LL NET hop)"),
 )
 
 

@@ -7,6 +7,8 @@ GPU catalog's per-direction link bandwidths (H100 NVLink 4: 900 GB/s bidirection
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -18,6 +20,7 @@ from app.sizing.hardware.comm import (
     pipeline_hops_time_s,
     step_allreduce_time_s,
     tp_link_bandwidth,
+    tp_network_latency_s,
 )
 from tests.domain.test_roofline import H100_SXM
 
@@ -52,12 +55,28 @@ def test_allreduce_accepts_arrays() -> None:
     np.testing.assert_allclose(times, expected, rtol=1e-12)
 
 
-def test_tensor_parallel_link_is_nvlink_inside_a_node_and_scale_out_beyond() -> None:
-    """H100 SXM nodes hold 8 GPUs on NVLink (450e9 per direction); TP16 spans two nodes and its ring
-    crosses the 400 Gb/s NIC per GPU (50e9 B/s)."""
+def test_tensor_parallel_link_is_nvlink_inside_a_node_and_the_nodes_nics_beyond() -> None:
+    """H100 SXM nodes hold 8 GPUs on NVLink (450e9 B/s per direction) and one 400 Gb/s NIC each (50e9 B/s).
+    TP16 spans two nodes: its rings leave a node through its 8 NICs together, 8 x 50e9 = 400e9 B/s, below
+    NVLink's 450e9. With a quarter of the NICs' speed (12.5e9 each: 100e9 together) the NICs bound it
+    further; with eight times it (3.2e12 together) NVLink does. A single GPU's link is never the NIC."""
     assert tp_link_bandwidth(H100_SXM, 8) == 450e9
-    assert tp_link_bandwidth(H100_SXM, 16) == 50e9
+    assert tp_link_bandwidth(H100_SXM, 16) == 400e9
+    assert tp_link_bandwidth(H100_SXM, 64) == 400e9
+    assert tp_link_bandwidth(dataclasses.replace(H100_SXM, scale_out_bandwidth_bytes_per_s=12.5e9), 16) == 100e9
+    assert tp_link_bandwidth(dataclasses.replace(H100_SXM, scale_out_bandwidth_bytes_per_s=400e9), 16) == 450e9
     assert link_bandwidth(H100_SXM, 1) == 450e9
+    assert link_bandwidth(H100_SXM, 16) == 50e9  # one GPU's own traffic (MoE exchange, pipeline hop): its NIC
+
+
+def test_a_ring_across_nodes_adds_nccls_inter_node_steps_to_the_latency() -> None:
+    """NCCL's ring over k nodes crosses between them 2·(k − 1) times, each a NET hop of 2.7 µs (Ring LL,
+    tuning.cc): none inside a node (TP8), 2 x 2.7 = 5.4 µs for TP16 (2 nodes), 2 x 7 x 2.7 = 37.8 µs for
+    TP64 (8 nodes), 2 x 2 x 2.7 = 10.8 µs for TP24 (3 nodes, the last one partly filled)."""
+    assert tp_network_latency_s(H100_SXM, 8) == 0.0
+    assert tp_network_latency_s(H100_SXM, 16) == pytest.approx(5.4e-6, rel=1e-12)
+    assert tp_network_latency_s(H100_SXM, 64) == pytest.approx(37.8e-6, rel=1e-12)
+    assert tp_network_latency_s(H100_SXM, 24) == pytest.approx(10.8e-6, rel=1e-12)
 
 
 def test_pipeline_hops_by_hand() -> None:

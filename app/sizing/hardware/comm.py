@@ -17,6 +17,10 @@ from numpy.typing import ArrayLike
 from app.sizing.specs import GpuSpec
 
 ALLREDUCES_PER_LAYER = 2  # after attention-out and after MLP-down
+# What one step of a ring across nodes adds to the all-reduce's latency: NCCL's own model (the Ring LL
+# per-hop NET latency of src/graph/tuning.cc @5067397c, ENGINES.md section 5). A ring over k nodes takes
+# 2·(k − 1) such steps per all-reduce.
+NET_RING_HOP_S = 2.7e-6
 
 
 def allreduce_time_s(message_bytes: ArrayLike, tensor_parallel: int, link_bandwidth_bytes_per_s: float,
@@ -44,9 +48,27 @@ def link_bandwidth(gpu: GpuSpec, gpus_spanned: int) -> float:
     return gpu.scale_out_bandwidth_bytes_per_s
 
 
+def tp_network_latency_s(gpu: GpuSpec, tensor_parallel: int) -> float:
+    """Latency a tensor-parallel all-reduce adds to the in-node one (`allreduce_latency_s`'s alpha) when its
+    ring spans nodes: 2·(nodes − 1) inter-node steps of NET_RING_HOP_S each; 0 inside one node."""
+    nodes = -(-tensor_parallel // gpu.gpus_per_node)
+    return 2 * (nodes - 1) * NET_RING_HOP_S
+
+
 def tp_link_bandwidth(gpu: GpuSpec, tensor_parallel: int) -> float:
-    """Link a tensor-parallel group's all-reduces run over: NVLink inside a node, scale-out beyond."""
-    return link_bandwidth(gpu, tensor_parallel)
+    """Per-GPU bandwidth of a tensor-parallel group's ring all-reduce (the `link_bandwidth_bytes_per_s` of
+    `allreduce_time_s`): NVLink inside a node; beyond one, the node's NICs carry the inter-node hops together.
+
+    A ring over several nodes crosses between them only 2·(nodes − 1) times per pass (ENGINES.md section 5's
+    NCCL ring model), and the message is split over parallel rings (channels), each leaving the node
+    through a different GPU's NIC: the node's `gpus_per_node` NICs (one per GPU in the catalog) share the
+    traffic that crosses, while every GPU still sends its whole 2·(tp − 1)/tp · message over NVLink. The
+    slower of the two bounds the ring: min(NVLink, gpus_per_node × NIC). One NIC's bandwidth would be the
+    bound only if a single ring carried the whole message across.
+    """
+    if tensor_parallel <= gpu.gpus_per_node:
+        return link_bandwidth(gpu, tensor_parallel)
+    return min(gpu.interconnect_bandwidth_bytes_per_s, gpu.gpus_per_node * gpu.scale_out_bandwidth_bytes_per_s)
 
 
 def step_allreduce_time_s(tokens: ArrayLike, num_layers: int, message_bytes_per_token: float,

@@ -32,6 +32,7 @@ from app.sizing.hardware.comm import (
     moe_exchange_time_s,
     step_allreduce_time_s,
     tp_link_bandwidth,
+    tp_network_latency_s,
 )
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.model.flops import (
@@ -186,7 +187,7 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     expected = expected_time_s(compute, memory, fractions, efficiency.bandwidth_fraction)
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel),
-                                 efficiency.allreduce_latency_s)
+                                 efficiency.allreduce_latency_s + tp_network_latency_s(gpu, cost.tensor_parallel))
     comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
                                 link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel),
                                 efficiency.allreduce_latency_s)

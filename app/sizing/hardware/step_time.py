@@ -65,6 +65,7 @@ from app.sizing.hardware.comm import (
     pipeline_hops_time_s,
     step_allreduce_time_s,
     tp_link_bandwidth,
+    tp_network_latency_s,
 )
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import (
@@ -172,6 +173,7 @@ class StepTimeModel:
     data_parallel: int = 1
     expert_parallel: int = 1
     moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
+    tp_network_latency_s: float = 0.0  # added to each all-reduce's latency when the TP ring spans nodes
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
     # The same forms for one step at a time, and the decode forms it keeps (step_scalar.py, compiled).
     scalar: ScalarStepTime = field(init=False, repr=False)
@@ -384,6 +386,7 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
         data_parallel=data_parallel,
         expert_parallel=expert_parallel,
         moe_link_bandwidth_bytes_per_s=link_bandwidth(gpu, tensor_parallel * data_parallel),
+        tp_network_latency_s=tp_network_latency_s(gpu, tensor_parallel),
     )
 
 
@@ -400,7 +403,8 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     linear[_SAMPLED_AT] += efficiency.per_sequence_overhead_s  # host work per sequence the step samples
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
-        linear[_STEP_AT] += step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth, latency)
+        linear[_STEP_AT] += step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
+                                                  latency + steps.tp_network_latency_s)
         linear[_TOKENS_AT] += step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
     if steps.pipeline_parallel > 1:
         pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s

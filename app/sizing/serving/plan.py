@@ -390,9 +390,10 @@ def _layouts(model: ModelSpec, gpu: GpuSpec, tensor_parallel: Sequence[int] | No
 def cross_node_pipelines(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tensor_parallel: Sequence[int] | None,
                          engine: str | None = None) -> tuple[tuple[int, int], ...]:
     """(tp, pp) layouts the default search adds for a model one node of this GPU cannot hold: tensor
-    parallelism beyond one node's NVLink domain would run over the much slower scale-out network (SIZING.md
-    section 6), so such a model is split into pipeline stages across nodes, each stage a full node's TP (the
-    largest searched degree). "Cannot hold": its weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of
+    parallelism beyond one node's NVLink domain would send its two all-reduces per layer through the nodes'
+    NICs, each paying NCCL's inter-node steps (`comm.tp_network_latency_s`), where a pipeline crosses
+    between nodes once per stage boundary (SIZING.md section 6), so such a model is split into pipeline
+    stages across nodes, each stage a full node's TP (the largest searched degree). "Cannot hold": its weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of
     the GPU's memory. Then the fewest stages (of `PIPELINE_STAGES`) whose weights per GPU fall below that
     share, and twice as many (more room for the KV cache) where the layout is valid; () when the node holds
     the model."""
