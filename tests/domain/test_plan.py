@@ -4,6 +4,7 @@ the search itself. Expected values are derived by hand in each test's docstring.
 import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from app.sizing.serving.plan import (
     SearchSpaceTooLarge,
     Slo,
     _Planner,
+    _Run,
     configurations,
     cost_per_million_tokens,
     cross_node_pipelines,
@@ -414,3 +416,27 @@ def test_the_analytic_ceiling_counts_window_layers_as_the_simulator_does():
     assert planner._ceiling(step, SchedulerConfig(1300 * 16, **shape)) == 10
     assert planner._ceiling(step, SchedulerConfig(1300 * 16, full_layers=1, window_layers=((1, 144),),
                                                   **shape)) == 18
+
+
+def test_after_a_ttft_miss_of_a_replica_that_fell_behind_the_search_steps_to_its_finishing_rate():
+    """5 req/s sized load (peak-to-mean 1, utilization cap 1). A run at 2.5 req/s per replica that finished
+    2.445 req/s and missed TTFT: its queue grew, so the replicas that carry 5 req/s at 2.445 each are
+    ceil(5 / 2.445) = ceil(2.045) = 3 (the bound on the next step). With two schedulers side by side, each
+    finishing 1.2 req/s: 2.4 per replica, ceil(5 / 2.4) = ceil(2.083) = 3. No bound (None) after a TPOT
+    miss, for a replica that finished all it was sent (2.5 of 2.5), or in a closed loop."""
+    open_loop = _Planner(inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), requests_per_s=5.0),
+                                    Slo(ttft_s=1.0, tpot_s=0.05), H100))
+
+    def run(finished_per_s, worst, schedulers=1):
+        ttft = ("ttft", 6.9, 1.0, 6.9 if worst == "ttft" else 0.5)
+        tpot = ("tpot", 0.06, 0.05, 1.2 if worst == "tpot" else 0.5)
+        return _Run(2.5, SimpleNamespace(requests_per_s=finished_per_s), (ttft, tpot), schedulers)
+
+    assert open_loop.sized_load == 5.0
+    assert open_loop._replicas_served(run(2.445, "ttft")) == 3
+    assert open_loop._replicas_served(run(1.2, "ttft", schedulers=2)) == 3
+    assert open_loop._replicas_served(run(2.445, "tpot")) is None
+    assert open_loop._replicas_served(run(2.5, "ttft")) is None
+    closed_loop = _Planner(inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), concurrent_users=64),
+                                      Slo(ttft_s=1.0, tpot_s=0.05), H100))
+    assert closed_loop._replicas_served(run(2.445, "ttft")) is None
