@@ -58,11 +58,12 @@ def test_allreduce_accepts_arrays() -> None:
 def test_tensor_parallel_link_is_nvlink_inside_a_node_and_the_nodes_nics_beyond() -> None:
     """H100 SXM nodes hold 8 GPUs on NVLink (450e9 B/s per direction) and one 400 Gb/s NIC each (50e9 B/s).
     TP16 spans two nodes: its rings leave a node through its 8 NICs together, 8 x 50e9 = 400e9 B/s, below
-    NVLink's 450e9. With a quarter of the NICs' speed (12.5e9 each: 100e9 together) the NICs bound it
+    NVLink's 450e9; TP12 puts 4 GPUs in its second node, whose 4 NICs carry 200e9. With a quarter of the NICs' speed (12.5e9 each: 100e9 together) the NICs bound it
     further; with eight times it (3.2e12 together) NVLink does. A single GPU's link is never the NIC."""
     assert tp_link_bandwidth(H100_SXM, 8) == 450e9
     assert tp_link_bandwidth(H100_SXM, 16) == 400e9
     assert tp_link_bandwidth(H100_SXM, 64) == 400e9
+    assert tp_link_bandwidth(H100_SXM, 12) == 200e9  # 8 + 4 GPUs: the second node's 4 NICs, 4 x 50e9
     assert tp_link_bandwidth(dataclasses.replace(H100_SXM, scale_out_bandwidth_bytes_per_s=12.5e9), 16) == 100e9
     assert tp_link_bandwidth(dataclasses.replace(H100_SXM, scale_out_bandwidth_bytes_per_s=400e9), 16) == 450e9
     assert link_bandwidth(H100_SXM, 1) == 450e9

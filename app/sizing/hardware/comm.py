@@ -61,14 +61,17 @@ def tp_link_bandwidth(gpu: GpuSpec, tensor_parallel: int) -> float:
 
     A ring over several nodes crosses between them only 2·(nodes − 1) times per pass (ENGINES.md section 5's
     NCCL ring model), and the message is split over parallel rings (channels), each leaving the node
-    through a different GPU's NIC: the node's `gpus_per_node` NICs (one per GPU in the catalog) share the
-    traffic that crosses, while every GPU still sends its whole 2·(tp − 1)/tp · message over NVLink. The
-    slower of the two bounds the ring: min(NVLink, gpus_per_node × NIC). One NIC's bandwidth would be the
-    bound only if a single ring carried the whole message across.
+    through a different GPU's NIC: a node's NICs (one per GPU in the catalog) share the traffic that
+    crosses, while every GPU still sends its whole 2·(tp − 1)/tp · message over NVLink. The slower of the
+    two bounds the ring: min(NVLink, n × NIC), n the group's GPUs in its least filled node (gpus_per_node
+    when tp is a multiple of it). One NIC's bandwidth would be the bound only if a single ring carried the
+    whole message across.
     """
-    if tensor_parallel <= gpu.gpus_per_node:
+    per_node = gpu.gpus_per_node
+    if tensor_parallel <= per_node:
         return link_bandwidth(gpu, tensor_parallel)
-    return min(gpu.interconnect_bandwidth_bytes_per_s, gpu.gpus_per_node * gpu.scale_out_bandwidth_bytes_per_s)
+    least_filled = tensor_parallel % per_node or per_node
+    return min(gpu.interconnect_bandwidth_bytes_per_s, least_filled * gpu.scale_out_bandwidth_bytes_per_s)
 
 
 def step_allreduce_time_s(tokens: ArrayLike, num_layers: int, message_bytes_per_token: float,

@@ -28,12 +28,12 @@ How it stays fast (well under a second over the whole catalog):
    utilization), simulated with the seeded simulator. The search starts at the count the ceiling
    implies; when that meets the SLO it tries the bound (CEILING_MARGIN), else it steps up (by the
    miss ratio, at least LOAD_STEP; after a TTFT or E2E miss of a replica that fell behind its
-   arrivals, at most to the replicas its finishing rate carries); then it bisects until R passes and R − 1 fails, or the loads
-   are within LOAD_TOLERANCE. Searching the replica count rather than the exact limit stops as soon
-   as the cost is settled, usually after one or two runs. Every run draws the same requests (one
-   seed, arrival times scaled to the load: common random numbers), so configurations and loads are
-   compared on the same requests and the answer is deterministic. Every run uses the full request
-   count: short runs were measured to be optimistic near saturation, where the queue has not had
+   arrivals, at most to the replicas its finishing rate carries); then it bisects until R passes and
+   R − 1 fails, or the loads are within LOAD_TOLERANCE. Searching the replica count rather than the
+   exact limit stops as soon as the cost is settled, usually after one or two runs. Every run draws the
+   same requests (one seed, arrival times scaled to the load: common random numbers), so configurations
+   and loads are compared on the same requests and the answer is deterministic. Every run uses the full
+   request count: short runs were measured to be optimistic near saturation, where the queue has not had
    time to build.
 
 Fleet arithmetic, for a load λ (requests/s, or users), a peak-to-mean ratio p, a utilization cap u
@@ -393,8 +393,8 @@ def cross_node_pipelines(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tens
     parallelism beyond one node's NVLink domain would send its two all-reduces per layer through the nodes'
     NICs, each paying NCCL's inter-node steps (`comm.tp_network_latency_s`), where a pipeline crosses
     between nodes once per stage boundary (SIZING.md section 6), so such a model is split into pipeline
-    stages across nodes, each stage a full node's TP (the largest searched degree). "Cannot hold": its weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of
-    the GPU's memory. Then the fewest stages (of `PIPELINE_STAGES`) whose weights per GPU fall below that
+    stages across nodes, each stage a full node's TP (the largest searched degree). "Cannot hold": its
+    weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of the GPU's memory. Then the fewest stages (of `PIPELINE_STAGES`) whose weights per GPU fall below that
     share, and twice as many (more room for the KV cache) where the layout is valid; () when the node holds
     the model."""
     degrees = tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu)
