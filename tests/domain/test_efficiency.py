@@ -66,8 +66,19 @@ def test_compute_scale_multiplies_the_curve_and_is_clamped_at_one() -> None:
 
 
 def test_fraction_accepts_arrays() -> None:
-    fractions = DEFAULT_EFFICIENCY.compute_fraction(np.array([[0, 32], [64, 1024]]))
-    np.testing.assert_allclose(fractions, [[0.0, 0.165], [0.33, 0.835]], rtol=1e-12)
+    """The hand-derived values above, through the array path (0, 32, 64, 1024; 96 and 120 capped and not)."""
+    fractions = DEFAULT_EFFICIENCY.compute_fraction(np.array([[0, 32, 96], [64, 1024, 120]]))
+    np.testing.assert_allclose(fractions, [[0.0, 0.165, 0.495], [0.33, 0.835, 0.5929983]], rtol=1e-6)
+
+
+@given(st.one_of(st.integers(0, 10**6), st.floats(0, 1e7)))
+def test_a_number_and_an_array_get_the_same_fraction(tokens: float) -> None:
+    """A number takes plain float arithmetic, an array numpy's: the same operations (numpy's log may differ
+    from the C library's in the last bit, hence the tolerance of a few ulps)."""
+    scaled = efficiency(compute_scale=0.7)
+    for curve in (DEFAULT_EFFICIENCY, scaled):
+        assert curve.compute_fraction(tokens) == pytest.approx(curve.compute_fraction(np.array([tokens]))[0],
+                                                               rel=1e-14, abs=0)
 
 
 @given(st.integers(1, 10**6), st.integers(1, 10**6))

@@ -9,6 +9,8 @@ precision (mostly through `compute_scale`).
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -80,8 +82,11 @@ class Efficiency:
     def compute_fraction(self, tokens_per_step: ArrayLike) -> float | np.ndarray:
         """Achieved fraction of peak FLOP/s of a matmul of M rows (0 at M = 0, never above 1).
 
-        Accepts a number or an array; returns a float or an array of the same shape.
+        Accepts a number or an array; returns a float or an array of the same shape. A number takes
+        plain float arithmetic (the same steps as the array path; numpy's per-call cost dominates one value).
         """
+        if isinstance(tokens_per_step, int | float):
+            return self._scalar_compute_fraction(float(tokens_per_step))
         tokens = np.asarray(tokens_per_step, dtype=float)
         curve_tokens, curve_fractions = self._curve_tokens, self._curve_fractions
         at_least_first = np.maximum(tokens, curve_tokens[0])  # keeps log() finite; M < M0 is capped below
@@ -90,6 +95,23 @@ class Efficiency:
         proportional = curve_fractions[left] / curve_tokens[left] * tokens
         fraction = np.minimum(np.minimum(interpolated, proportional) * self.compute_scale, 1.0)
         return float(fraction) if fraction.ndim == 0 else fraction
+
+    def _scalar_compute_fraction(self, tokens: float) -> float:
+        """`compute_fraction` of one row count: np.interp's arithmetic (slope x (x - x_j) + y_j) on floats."""
+        curve = self.compute_curve
+        first_tokens = curve[0][0]
+        at_least_first = max(tokens, first_tokens)
+        left = bisect_right(curve, at_least_first, key=lambda point: point[0]) - 1
+        left_tokens, left_fraction = curve[left]
+        log_tokens, log_left = math.log(at_least_first), math.log(left_tokens)
+        if left == len(curve) - 1:
+            interpolated = float(left_fraction)
+        else:
+            right_tokens, right_fraction = curve[left + 1]
+            slope = (right_fraction - left_fraction) / (math.log(right_tokens) - log_left)
+            interpolated = slope * (log_tokens - log_left) + left_fraction
+        proportional = left_fraction / left_tokens * tokens
+        return min(min(interpolated, proportional) * self.compute_scale, 1.0)
 
     @property
     def attention_compute_fraction(self) -> float:

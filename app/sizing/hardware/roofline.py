@@ -92,10 +92,7 @@ def operator_peaks(operator_names: Sequence[str], gpu: GpuSpec, compute_dtype: s
 def compute_fractions(operator_names: Sequence[str], tokens: ArrayLike, sampled: ArrayLike,
                       efficiency: Efficiency) -> list[ArrayLike]:
     """Achieved fraction of peak of each operator (numbers, or arrays shaped like `tokens`)."""
-    if isinstance(tokens, int | float) and isinstance(sampled, int | float):  # one numpy call instead of two
-        by_tokens, by_sampled = efficiency.compute_fraction(np.array([tokens, sampled])).tolist()
-    else:
-        by_tokens, by_sampled = efficiency.compute_fraction(tokens), efficiency.compute_fraction(sampled)
+    by_tokens, by_sampled = efficiency.compute_fraction(tokens), efficiency.compute_fraction(sampled)
     by_rows = {TOKENS: by_tokens, SAMPLED: by_sampled}
     return [efficiency.attention_compute_fraction if MATMUL_ROWS[name] is None else by_rows[MATMUL_ROWS[name]]
             for name in operator_names]
@@ -171,45 +168,49 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
         raise ValueError(f"cost was computed for tensor_parallel={cost.tensor_parallel}, not {tensor_parallel}")
     if model is not None and model.num_hidden_layers != cost.num_layers:
         raise ValueError("cost was computed for a model with a different number of layers")
-    names = [op.name for op in cost.operators]
-    flops = np.array([op.flops for op in cost.operators])
-    bytes_ = np.array([op.bytes for op in cost.operators])
-    peaks = operator_peaks(names, gpu, compute_dtype, cost.activation_dtype)
-    compute = flops / peaks
-    memory = bytes_ / gpu.memory_bandwidth_bytes_per_s
-    fractions = np.array(compute_fractions(names, cost.tokens, cost.sequences, efficiency))
+    # Plain floats throughout: numpy's per-call cost dominates arithmetic on a step's ~8 operators.
+    operators = cost.operators
+    names = [op.name for op in operators]
+    peaks = operator_peaks(names, gpu, compute_dtype, cost.activation_dtype).tolist()
+    fractions = compute_fractions(names, cost.tokens, cost.sequences, efficiency)
     if cost.routed_expert_flops:  # the MoE operator: shared experts at the tokens' fraction, routed at theirs
         moe = names.index(MOE)
+        moe_compute = operators[moe].flops / peaks[moe]
         routed = cost.routed_expert_flops / peaks[moe]
-        slowed = (max(compute[moe] - routed, 0.0) / fractions[moe]
+        slowed = (max(moe_compute - routed, 0.0) / fractions[moe]
                   + routed / efficiency.compute_fraction(cost.rows_per_expert))
-        fractions[moe] = compute[moe] / slowed
-    expected = expected_time_s(compute, memory, fractions, efficiency.bandwidth_fraction)
+        fractions[moe] = moe_compute / slowed
+    bandwidth, bandwidth_fraction = gpu.memory_bandwidth_bytes_per_s, efficiency.bandwidth_fraction
+    flops, bytes_, compute, memory, expected = [], [], [], [], []
+    for op, peak, fraction in zip(operators, peaks, fractions, strict=True):
+        op_flops, op_bytes = op.flops, op.bytes
+        op_compute, op_memory = op_flops / peak, op_bytes / bandwidth
+        flops.append(op_flops)
+        bytes_.append(op_bytes)
+        compute.append(op_compute)
+        memory.append(op_memory)
+        expected.append(expected_time_s(op_compute, op_memory, float(fraction), bandwidth_fraction))
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel),
                                  efficiency.allreduce_latency_s + tp_network_latency_s(gpu, cost.tensor_parallel))
     comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
                                 link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel),
                                 efficiency.allreduce_latency_s)
-    overhead = efficiency.overhead_time_s(cost.tokens, cost.num_layers)
-    compute_time, memory_time = float(compute.sum()), float(memory.sum())
+    overhead = float(efficiency.overhead_time_s(cost.tokens, cost.num_layers))
+    compute_time, memory_time = math.fsum(compute), math.fsum(memory)
     ideal = max(compute_time, memory_time)
-    expected_total = float(expected.sum()) + comm + overhead
+    expected_total = math.fsum(expected) + comm + overhead
     assert expected_total >= ideal, "expected time below the ideal roofline"
-    total_flops, total_bytes = float(flops.sum()), float(bytes_.sum())
-    # Per operator on Python floats (the same values; numpy's per-element cost dominates 8 operators).
-    compute_each, memory_each, expected_each = compute.tolist(), memory.tolist(), expected.tolist()
+    total_flops, total_bytes = math.fsum(flops), math.fsum(bytes_)
     return RooflineResult(
         flops=total_flops, bytes=total_bytes, arithmetic_intensity=total_flops / total_bytes,
         ridge_point=ridge_point(gpu, compute_dtype), bound=_bound(compute_time, memory_time),
         ideal_time_s=ideal, expected_time_s=expected_total, comm_time_s=comm, overhead_time_s=overhead,
         operators=tuple(
-            OperatorTime(name=op.name, flops=op.flops, bytes=op.bytes,
-                         arithmetic_intensity=op.arithmetic_intensity,
-                         bound=_bound(compute_each[i], memory_each[i]),
-                         ideal_time_s=max(compute_each[i], memory_each[i]),
-                         expected_time_s=expected_each[i])
-            for i, op in enumerate(cost.operators)
+            OperatorTime(name=op.name, flops=flops[i], bytes=bytes_[i], arithmetic_intensity=op.arithmetic_intensity,
+                         bound=_bound(compute[i], memory[i]), ideal_time_s=max(compute[i], memory[i]),
+                         expected_time_s=expected[i])
+            for i, op in enumerate(operators)
         ),
         tokens=cost.tokens, compute_time_s=compute_time, memory_time_s=memory_time,
         compute_dtype=compute_dtype, efficiency=efficiency,

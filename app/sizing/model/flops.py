@@ -542,10 +542,10 @@ def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: in
         score_entries=0 if flash_attention else batch_size * new_tokens * (cached_tokens + new_tokens),
         decode_attended=attended if phase == DECODE else none,
     )
-    flops, weight, kv, activation = model_costs.evaluate(shape)
+    flops, weight, kv, activation = (values.tolist() for values in model_costs.evaluate(shape))
     moe = model_costs.operator_names.index(MOE) if MOE in model_costs.operator_names else None
     operators = tuple(
-        OperatorCost(name, float(flops[i]), float(weight[i]), float(kv[i]), float(activation[i]))
+        OperatorCost(name, flops[i], weight[i], kv[i], activation[i])
         for i, name in enumerate(model_costs.operator_names)
     )
     return PhaseCost(
