@@ -186,6 +186,13 @@ def _precision_arguments(precisions: ResolvedPrecisions) -> dict[str, str]:
             "compute_dtype": precisions.compute_dtype, "activation_dtype": precisions.activation_dtype}
 
 
+# Field names of the response models built from core results field by field (read once, not per request).
+_SUGGESTION_FIELDS = tuple(SuggestionOut.model_fields)
+_CONCURRENCY_VIEWS = tuple(MaxConcurrencyOut.model_fields)
+_CONCURRENCY_FIELDS = tuple(ConcurrencyOut.model_fields)
+_OPERATING_POINT_FIELDS = tuple(OperatingPointOut.model_fields)
+
+
 def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, layout: Layout,
                   result: capacity_core.CapacityResult, precisions: ResolvedPrecisions, efficiency: Efficiency,
                   profile: str, kv_source: str, formulas: Sequence[str]) -> CapacityResponse:
@@ -208,12 +215,12 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
         input_tokens=request.input_tokens, output_tokens=request.output_tokens,
         fits=result.fits, reasons=list(result.reasons),
         suggestion=None if result.suggestion is None else SuggestionOut(
-            **{name: getattr(result.suggestion, name) for name in SuggestionOut.model_fields}),
+            **{name: getattr(result.suggestion, name) for name in _SUGGESTION_FIELDS}),
         memory=_memory_out(result),
         kv_bytes_per_token_per_gpu=result.kv_bytes_per_token_per_gpu, kv_tokens=result.kv_tokens,
         kv_blocks=result.kv_blocks,
         max_concurrency=MaxConcurrencyOut(**{
-            view: _concurrency_out(getattr(result.max_concurrency, view)) for view in MaxConcurrencyOut.model_fields}),
+            view: _concurrency_out(getattr(result.max_concurrency, view)) for view in _CONCURRENCY_VIEWS}),
         max_context_tokens=result.max_context_tokens,
         operating_point=None if result.operating_point is None else _operating_point_out(result.operating_point),
         engine=_engine_out(resolved),
@@ -259,7 +266,7 @@ def _memory_out(result: capacity_core.CapacityResult) -> MemoryOut:
 
 
 def _concurrency_out(view: capacity_core.ConcurrencyView) -> ConcurrencyOut:
-    return ConcurrencyOut(**{name: getattr(view, name) for name in ConcurrencyOut.model_fields})
+    return ConcurrencyOut(**{name: getattr(view, name) for name in _CONCURRENCY_FIELDS})
 
 
 def _engine_out(resolved: ResolvedEngine) -> EngineOut:
@@ -277,6 +284,6 @@ def _operating_point_out(point: capacity_core.OperatingPoint) -> OperatingPointO
     """The core's seconds as milliseconds: `x_ms` is `x_s` x 1000; other fields carry over."""
     return OperatingPointOut(**{
         name: getattr(point, name[:-3] + "_s") * 1e3 if name.endswith("_ms") else getattr(point, name)
-        for name in OperatingPointOut.model_fields})
+        for name in _OPERATING_POINT_FIELDS})
 
 

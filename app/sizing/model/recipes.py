@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cache
 
 ATTENTION = "attention"  # Q/K/V/O projections (MLA: q path, kv down and up projections)
 DENSE_MLP = "dense_mlp"  # MLP of dense layers
@@ -118,6 +119,7 @@ class WeightRecipe:
         return min(linear, key=lambda f: f.bits).dtype
 
 
+@cache  # a handful of dtypes; the recipe is immutable
 def uniform_recipe(dtype: str) -> WeightRecipe:
     """A plain weight dtype: the decoder layers' linear matrices in `dtype`; the embedding, LM head,
     routers, norms and biases in bf16 (in `dtype` itself when it is 16-bit or wider)."""
