@@ -3,9 +3,10 @@
 Drives the ASGI application directly on one event loop (no client, no sockets, no other traffic), on a
 throwaway SQLite database migrated and loaded as `make run` does, with the load test's request bodies
 (app.loadtest.ENDPOINTS). Steadier than a load test on a shared machine: it counts the process's own CPU
-time. `--profile PATH` prints cProfile's top functions for one endpoint.
+time. `--profile PATH` prints cProfile's top functions for one endpoint (`--sort cumulative` by what
+they call too, `--top N` of them).
 
-    .venv/bin/python scripts/request_cost.py [--requests 1000] [--profile /v1/capacity]
+    .venv/bin/python scripts/request_cost.py [--requests 1000] [--profile /v1/capacity [--sort cumulative]]
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ async def call(app: Any, path: str, body: dict[str, Any] | None) -> int:
     return status[0]
 
 
-async def measure(app: Any, requests: int, profile: str | None) -> None:
+async def measure(app: Any, requests: int, profile: str | None, sort: str = "tottime", top: int = 30) -> None:
     endpoints = [endpoint for endpoint in ENDPOINTS if endpoint.connections > 1 and endpoint.background is None]
     for endpoint in endpoints:
         for _ in range(30):  # warm: caches filled, as in a long-running process
@@ -90,13 +91,16 @@ async def measure(app: Any, requests: int, profile: str | None) -> None:
         for _ in range(requests):
             await call(app, profile, body)
         profiler.disable()
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+        pstats.Stats(profiler).sort_stats(sort).print_stats(top)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--profile", help="an endpoint path to profile")
+    parser.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"),
+                        help="order of the profile's functions: own time, or with what they call")
+    parser.add_argument("--top", type=int, default=30, help="functions the profile lists")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         url = f"sqlite:///{folder}/cost.db"
@@ -106,7 +110,7 @@ def main() -> None:
         app = create_app(Settings(database_url=url, log_level="warning"))
         event.listen(app.state.engine, "before_cursor_execute",
                      lambda *_: counts.__setitem__("statements", counts["statements"] + 1))
-        asyncio.run(measure(app, arguments.requests, arguments.profile))
+        asyncio.run(measure(app, arguments.requests, arguments.profile, arguments.sort, arguments.top))
         app.state.engine.dispose()
 
 
