@@ -54,6 +54,9 @@ MAX_REPORTED_ERRORS = 100  # invalid cells listed in one problem
 # `stated_version`: a version at the start, after an engine's name or after a 'v'; a year of the install.
 _STATED_VERSION = re.compile(r"(?:^|vllm[ _-]?|tensorrt-llm[ _-]?|sglang[ _-]?|\bv)(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
 _STATED_YEAR = re.compile(r"\b(20\d\d)\b")
+# An NVIDIA Dynamo runtime image (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:X): X is Dynamo's release, and a
+# row whose version is X states Dynamo's, not the engine's (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
+_DYNAMO_IMAGE = re.compile(r"ai-dynamo/[\w.-]*runtime:v?(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
 
 
 class RowsInvalid(ValueError):
@@ -311,9 +314,14 @@ def stated_version(text: str) -> str | None:
     """The engine version a row's free-text `engine_version` states: the first major.minor[.patch] at its
     start or after the engine's name or a 'v' ('0.5.3.post1 (...)' -> '0.5.3', 'rocm/vllm:rocm6.3.1_vllm0.8.3'
     -> '0.8.3', 'TensorRT-LLM 0.17' -> '0.17'); else the year of the install when the text gives one
-    ('not pinned (pip install vllm, 2024)' -> '2024'); else None."""
+    ('not pinned (pip install vllm, 2024)' -> '2024'); else None. A version that is an NVIDIA Dynamo runtime
+    image's own ('0.8.1.post1 (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:0.8.1.post1)') states nothing of
+    the engine's: None; '1.2.0rc6.post1 (.../ai-dynamo/tensorrtllm-runtime:0.8.0)' -> '1.2.0'."""
     found = _STATED_VERSION.search(text)
     if found:
+        dynamo = _DYNAMO_IMAGE.search(text)
+        if dynamo and dynamo.groups() == found.groups():
+            return None  # the Dynamo image's release, which says nothing of the engine's version
         return ".".join(part for part in found.groups() if part is not None)
     year = _STATED_YEAR.search(text)
     return year[1] if year else None

@@ -183,6 +183,10 @@ class PreparedRow:
         return self.prediction.pays_host_work
 
     @property
+    def pays_prefill_overhead(self) -> bool:
+        return self.prediction.pays_prefill_overhead
+
+    @property
     def fittable(self) -> bool:
         return self.prediction.timing_invariant
 
@@ -584,5 +588,6 @@ def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
         per_layer_overhead_ms=entry["per_layer_overhead_s"] * 1e3,
         allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
         per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
+        prefill_moe_layer_overhead_ms=entry.get("prefill_moe_layer_overhead_s", 0.0) * 1e3,
         source=entry["source"],
     )

@@ -207,7 +207,7 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
                       {"tokens": 256, "compute_fraction_ratio": 0.78}, {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
-    "allreduce_latency_ms": 0.0075, "per_sequence_overhead_ms": 0.0,
+    "allreduce_latency_ms": 0.0075, "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
               "7.5 us. Uncalibrated for this GPU and precision.",
@@ -264,6 +264,10 @@ class EfficiencyOut(BaseModel):
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
+    prefill_moe_layer_overhead_ms: float = Field(0.0, description=(
+        "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
+        "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
+        "never in a roofline, never for a dense model"))
     source: str
 
 
@@ -400,7 +404,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.01.2",
+        "calculation_version": "2026.12.01.3",
     })
 
 
@@ -635,7 +639,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.01.2",
+        "calculation_version": "2026.12.01.3",
     })
 
 
@@ -720,5 +724,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.01.2",
+        "calculation_version": "2026.12.01.3",
     })

@@ -8,9 +8,10 @@ the least specific entry: (family, precision), then (family, `*`), then (`*`, pr
 Fitting adjusts six physically meaningful parameters per entry, each inside sane bounds
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
-per-layer overheads, and the all-reduce latency; and a seventh, the host work per sequence per step of
-engines that do not overlap it with the GPU (`HOST_PARAMETERS`: fitted only where rows pay it; a family's
-is pulled toward the global entry's, which a family without such rows keeps). Priors: the cited values in
+per-layer overheads, and the all-reduce latency; and two paid only by some engines (`HOST_PARAMETERS`:
+fitted only where rows pay them; a family's is pulled toward the global entry's, which a family without
+such rows keeps): the host work per sequence per step of engines that do not overlap it with the GPU, and
+the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA graphs. Priors: the cited values in
 the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
 what its rows do not pin down stays where the wider data put it). The objective is the mean absolute log error over the measurements of the entry,
 |ln(predicted / measured)|: symmetric in over- and under-prediction, scale-free (tokens/s and
@@ -45,6 +46,9 @@ class ParameterBounds:
     high: float
     prior: float
     source: str  # where the range and the prior come from
+    # The FitTarget flag that says a row pays this parameter (None: every row); an entry none of whose rows
+    # pays it keeps it as it starts, unfitted.
+    paid_by: str | None = None
 
     def __post_init__(self) -> None:
         if not self.low <= self.prior <= self.high or not self.low < self.high:
@@ -97,13 +101,21 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
 # host's (its CPU and the engine build), which a GPU family stands in for. Global prior 0 (nothing beyond
 # the per-step overhead); a family entry starts from the global entry's value and, where its rows pay the
 # host work, is pulled toward it (`fit_profile`, as every parameter of an entry below the global one is
-# pulled toward the level above); an entry none of whose rows pays it does not fit it.
+# pulled toward the level above); an entry none of whose rows pays it does not fit it. The same holds for the
+# fixed cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA graphs
+# (`engines.host_adjusted`): paid only by MoE rows of those engines.
 HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
                     "scheduling, sampling metadata, detokenization in the step loop): Python, tens to hundreds "
                     "of us per sequence by its operation count; range to 1 ms; prior 0 in the global entry, the "
-                    "global entry's value in a family's"),
+                    "global entry's value in a family's", paid_by="pays_host_work"),
+    ParameterBounds("prefill_moe_layer_overhead_s", 0.0, 5e-3, 0.0,
+                    "a step with prompt tokens that runs outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang "
+                    "before 0.5.10's piecewise graphs) launches each kernel of an MoE layer from the host: tens of "
+                    "kernels at SIZING.md section 5's few us each, plus the host work between them (routing, "
+                    "token permutation; ENGINES.md: DeepEP's normal mode cannot be captured in a CUDA graph); "
+                    "range 0-5 ms per MoE layer; prior 0", paid_by="pays_prefill_overhead"),
 )
 GLOBAL_PARAMETERS = FITTED_PARAMETERS + HOST_PARAMETERS
 
@@ -303,7 +315,12 @@ class FitTarget(Protocol):
 
     @property
     def pays_host_work(self) -> bool:
-        """Whether its engine adds host work per sequence to every step (what HOST_PARAMETERS measure)."""
+        """Whether its engine adds host work per sequence to every step (per_sequence_overhead_s)."""
+        ...
+
+    @property
+    def pays_prefill_overhead(self) -> bool:
+        """Whether its MoE model's steps with prompt tokens run outside CUDA graphs (prefill_moe_layer_overhead_s)."""
         ...
 
     def predict(self, efficiency: Efficiency) -> float: ...
@@ -386,8 +403,9 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         if key != (ANY, ANY):  # partial pooling: pulled toward the level above (where it starts), not the cited priors
             bounds = tuple(replace(bound, prior=min(max(parameter_value(start, bound.name), bound.low), bound.high))
                            for bound in bounds)
-        if not any(row.pays_host_work for row in rows):
-            bounds = bounds[:len(FITTED_PARAMETERS)]  # no row measures the host work: kept, not fitted
+        # A parameter no row pays is not measured by these rows: kept, not fitted.
+        bounds = tuple(bound for bound in bounds
+                       if bound.paid_by is None or any(getattr(row, bound.paid_by) for row in rows))
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
                                    source=describe(*key, len(rows)))

@@ -257,14 +257,19 @@ class PreparedPrediction:
     throughput, the lowest latency), as the source would have published its best configuration.
     """
 
-    def __init__(self, measurement: Measurement, runs: tuple[_Run, ...], assumptions: tuple[str, ...] = ()) -> None:
+    def __init__(self, measurement: Measurement, runs: tuple[_Run, ...], assumptions: tuple[str, ...] = (),
+                 moe: bool = False) -> None:
         self.measurement = measurement
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
         rules = engines.ENGINES[MODELLED_AS[measurement.engine]]
-        # Whether the measured engine adds host work per sequence to every step (read once: `predict` runs
-        # thousands of times in a fit).
-        self.pays_host_work = not rules.overlaps_host_work(measurement.engine_version or rules.default_version)
+        version = measurement.engine_version or rules.default_version
+        # Whether the measured engine adds host work per sequence to every step, and whether its steps with
+        # prompt tokens run outside CUDA graphs (read once: `predict` runs thousands of times in a fit).
+        self.pays_host_work = not rules.overlaps_host_work(version)
+        self.runs_prefill_outside_graphs = not rules.graphs_prefill_steps(version)
+        # Whether the overhead per MoE layer of such steps applies (what a fit can measure on this row).
+        self.pays_prefill_overhead = moe and self.runs_prefill_outside_graphs
 
     @property
     def timing_invariant(self) -> bool:
@@ -286,8 +291,9 @@ class PreparedPrediction:
         return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
 
     def _host_adjusted(self, efficiency: Efficiency) -> Efficiency:
-        """`engines.host_adjusted` for the measured engine: the host work kept where it pays it."""
-        return efficiency if self.pays_host_work else engines.host_adjusted(efficiency, None)
+        """`engines.host_adjusted` for the measured engine: each engine-dependent overhead kept where it pays it."""
+        return engines.engine_adjusted(efficiency, host_work=self.pays_host_work,
+                                       prefill_overhead=self.runs_prefill_outside_graphs)
 
     def utilization(self, efficiency: Efficiency) -> float | None:
         """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
@@ -336,7 +342,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
         return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype, weights, compute_dtype),),
-                                  tuple(assumptions))
+                                  tuple(assumptions), model.is_moe)
     key = (m.scenario, m.num_gpus, m.pp or 1, weights, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
     dp, ep = m.dp or 1, m.ep or 1
@@ -347,7 +353,8 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if m.tp is not None and m.moe_tp is not None and model.is_moe and m.tp * dp != ep * m.moe_tp:
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
-        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions))
+        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions),
+                                  model.is_moe)
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
@@ -356,7 +363,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
             reasons.append(f"TP{tp}: {exc}")
     if not runs:
         raise Unpredictable("no layout on the GPUs can run it: " + "; ".join(reasons or ["none divides the heads"]))
-    return PreparedPrediction(m, tuple(runs), tuple(assumptions))
+    return PreparedPrediction(m, tuple(runs), tuple(assumptions), model.is_moe)
 
 
 def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:

@@ -85,18 +85,27 @@ def published_run_kv_dtype(engine: str, weight_dtype: str) -> str:
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "") -> Efficiency:
     """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
-    overlap host work with the GPU (`Engine.overlaps_host_work`), zero elsewhere and where no engine runs
-    the steps (`engine` None: the GPU's own time)."""
-    if efficiency.per_sequence_overhead_s == 0 or (engine is not None
-                                                   and not ENGINES[engine].overlaps_host_work(version)):
+    overlap host work with the GPU (`Engine.overlaps_host_work`), its overhead per MoE layer of a step with
+    prompt tokens only where such steps run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero
+    elsewhere and where no engine runs the steps (`engine` None: the GPU's own time)."""
+    rules = ENGINES[engine] if engine is not None else None
+    return engine_adjusted(efficiency, host_work=rules is not None and not rules.overlaps_host_work(version),
+                           prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version))
+
+
+def engine_adjusted(efficiency: Efficiency, *, host_work: bool, prefill_overhead: bool) -> Efficiency:
+    """`efficiency` with the engine-dependent overheads it does not pay set to zero."""
+    if ((host_work or efficiency.per_sequence_overhead_s == 0)
+            and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)):
         return efficiency
-    return _without_host_work(efficiency)
+    return _without(efficiency, host_work, prefill_overhead)
 
 
 @lru_cache(maxsize=64)
-def _without_host_work(efficiency: Efficiency) -> Efficiency:
+def _without(efficiency: Efficiency, host_work: bool, prefill_overhead: bool) -> Efficiency:
     # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
-    return replace(efficiency, per_sequence_overhead_s=0.0)
+    return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
+                   prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0)
 
 
 def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:

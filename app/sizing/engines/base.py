@@ -184,6 +184,11 @@ class Engine(Protocol):
         major.minor[.patch], or a year ('2024') where a published run states only when it was installed."""
         ...
 
+    def graphs_prefill_steps(self, version: str) -> bool:
+        """Whether a step that carries prompt tokens replays CUDA graphs too (False: it launches its kernels from
+        the host, and pays `Efficiency.prefill_moe_layer_overhead_s` per MoE layer). `version` as above."""
+        ...
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         """Why the engine would refuse to start with this KV cache (empty: it starts)."""
         ...

@@ -54,6 +54,9 @@ class Generic:
     def overlaps_host_work(self, version: str) -> bool:
         return True  # unknown engine: nothing charged beyond the per-step overhead
 
+    def graphs_prefill_steps(self, version: str) -> bool:
+        return True  # unknown engine: nothing charged beyond the per-step and per-layer overheads
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()
 

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.sizing.engines.base import MIB, OF_TOTAL, ON_DEMAND, Default, LaunchSpec, checkpoint_kv, online_fp8
+from app.sizing.engines.base import (
+    MIB,
+    OF_TOTAL,
+    ON_DEMAND,
+    Default,
+    LaunchSpec,
+    checkpoint_kv,
+    online_fp8,
+    parse_version,
+)
 from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -19,6 +28,7 @@ if TYPE_CHECKING:
     from app.sizing.engines import EngineConfig
 
 SGLANG_KV_FROM_CHECKPOINT = (0, 5, 5)
+PIECEWISE_GRAPHS_FROM = (0, 5, 10)  # piecewise CUDA graphs on by default (ENGINES.md 1.2)
 SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
 _FRACTION_SOURCE = "SGLang 0.5 default mem_fraction_static for this GPU size and TP x PP"
 _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
@@ -107,6 +117,13 @@ class Sglang:
 
     def overlaps_host_work(self, version: str) -> bool:
         return True  # the overlap scheduler (default since 0.4) prepares the next batch while the GPU runs
+
+    def graphs_prefill_steps(self, version: str) -> bool:
+        """Piecewise CUDA graphs, which cover prefill (extend) batches, are on by default from 0.5.10
+        (ENGINES.md 1.2, SGL 0.5.10 `server_args.py`); before, only decode batches replayed graphs."""
+        if version.isdigit():  # only the year of the install is known
+            return False
+        return parse_version(version) >= PIECEWISE_GRAPHS_FROM
 
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()

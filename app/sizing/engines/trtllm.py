@@ -18,6 +18,7 @@ from app.sizing.engines.base import (
     LaunchSpec,
     model_dtype_kv,
     non_torch_default,
+    parse_version,
 )
 from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from app.sizing.engines import EngineConfig
 
 TRTLLM_FREE_GPU_MEMORY_FRACTION = 0.9
+PYTORCH_BACKEND_FROM = (1, 0, 0)  # the PyTorch backend is the default from 1.0
 # TensorRT-LLM LLM-API build defaults: max_batch_size 2048, max_num_tokens 8192, tokens_per_block 32.
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_NUM_TOKENS = 8192
@@ -77,6 +79,14 @@ class Trtllm:
 
     def overlaps_host_work(self, version: str) -> bool:
         return True  # the executor loop runs in C++ and overlaps the next step's scheduling
+
+    def graphs_prefill_steps(self, version: str) -> bool:
+        """The PyTorch backend (the default from 1.0) replays CUDA graphs for generation-only batches and runs
+        a batch with context requests eagerly; the TensorRT engines before it ran every step as one
+        compiled engine (no per-layer host work)."""
+        if version.isdigit():  # only the year of the install is known: before 1.0 (2025)
+            return int(version) < 2025
+        return parse_version(version) < PYTORCH_BACKEND_FROM
 
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()

@@ -149,6 +149,11 @@ class Vllm:
             return int(version) > 2024
         return parse_version(version) >= V1_FROM
 
+    def graphs_prefill_steps(self, version: str) -> bool:
+        """The V1 engine captures piecewise CUDA graphs around attention, which mixed and prefill steps
+        replay too; V0 replayed graphs for decode-only batches alone."""
+        return self.overlaps_host_work(version)  # both follow the engine generation (V1 from 0.8.0)
+
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         if max_context_tokens < max_model_len:
             return ((f"vLLM refuses to start: max_model_len {max_model_len} needs more KV cache than the "

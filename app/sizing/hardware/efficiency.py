@@ -44,6 +44,10 @@ class Efficiency:
     # metadata, detokenization in the step loop). 0 for engines that prepare the next step while the GPU
     # runs this one; `engines.host_adjusted` keeps it only for those that do not (vLLM's V0 engine).
     per_sequence_overhead_s: float = 0.0
+    # Fixed cost per MoE layer of a step that carries prompt tokens, in engines that run such steps outside
+    # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
+    # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for.
+    prefill_moe_layer_overhead_s: float = 0.0
     source: str
     # The curve as arrays, for interpolation (derived once, on construction).
     _curve_tokens: np.ndarray = field(init=False, repr=False, compare=False)
@@ -70,7 +74,8 @@ class Efficiency:
             raise ValueError("compute_scale must be positive")
         if not 0 < self.attention_fraction <= 1:
             raise ValueError("attention_fraction must be in (0, 1]")
-        for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s"):
+        for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s",
+                     "prefill_moe_layer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)

@@ -53,14 +53,16 @@ class ScalarStepTime:
 
     __slots__ = ("decode_forms", "distinct_experts", "distinct_experts_table", "expert_slowdown",
                  "expert_slowdown_table", "ideal_compute", "ideal_memory", "linear", "moe", "operators",
-                 "routed_tokens", "routed_tokens_table", "slowdown", "slowdown_table", "slowed", "windows")
+                 "prefill_overhead", "routed_tokens", "routed_tokens_table", "slowdown", "slowdown_table", "slowed",
+                 "windows")
 
     def __init__(self, *, windows: tuple[int | None, ...], slowed: tuple[tuple[int, int], ...],
                  operators: tuple[tuple[Terms, Terms], ...], linear: Terms, ideal_compute: Terms,
                  ideal_memory: Terms, slowdown_table: Sequence[float], slowdown: Callable[[float], float],
                  moe: bool, distinct_experts_table: Sequence[float], routed_tokens_table: Sequence[float],
                  expert_slowdown_table: Sequence[float], distinct_experts: Callable[[float], float],
-                 routed_tokens: Callable[[float], float], expert_slowdown: Callable[[float], float]) -> None:
+                 routed_tokens: Callable[[float], float], expert_slowdown: Callable[[float], float],
+                 prefill_overhead: float = 0.0) -> None:
         self.windows = windows
         self.slowed = slowed
         self.operators = operators
@@ -77,6 +79,8 @@ class ScalarStepTime:
         self.distinct_experts = distinct_experts
         self.routed_tokens = routed_tokens
         self.expert_slowdown = expert_slowdown
+        # Expected seconds a step pays once when it carries prompt tokens (`_Forms.prefill_overhead`).
+        self.prefill_overhead = prefill_overhead
         self.decode_forms: dict[float, DecodeForm] = {}
 
     def step_time_s(self, decode_seqs: float, decode_context_tokens: float, prefill_tokens: float,
@@ -122,7 +126,7 @@ class ScalarStepTime:
             for feature, seconds in self.ideal_memory:
                 memory += seconds * features[feature]
             return memory if memory > compute else compute  # noqa: FURB136 (max(), as a call, costs more)
-        total = 0.0
+        total = self.prefill_overhead if new > 0 else 0.0
         for feature, seconds in self.linear:
             total += seconds * features[feature]
         for compute_terms, memory_terms in self.operators:

@@ -156,6 +156,9 @@ class _Forms:
     routed_tokens_list: memoryview | None
     expert_slowdowns: np.ndarray | None  # the routed experts' slowdown at 0.._TABLE_ROWS tokens
     expert_slowdown_list: memoryview | None
+    # Expected seconds once per step that carries prompt tokens: the efficiency's overhead per MoE layer of
+    # such a step times this GPU's MoE layers (0 for dense models and engines that graph such steps).
+    prefill_overhead: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -337,7 +340,10 @@ class StepTimeModel:
             np.multiply(features[feature], by_rows_slowdowns[by_rows], out=features[at])
         seconds = forms.expected_matrix @ features
         compute, memory = seconds[:len(seconds) // 2], seconds[len(seconds) // 2:]
-        return np.maximum(compute, memory, out=compute).sum(axis=0)
+        times = np.maximum(compute, memory, out=compute).sum(axis=0)
+        if forms.prefill_overhead and np.ndim(new):  # (`new` is the number 0 when no step has prompt tokens)
+            times += forms.prefill_overhead * (new > 0)
+        return times
 
     def _window_parts(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
                       prefilling: ArrayLike) -> list[tuple[ArrayLike, ArrayLike, ArrayLike]]:
@@ -446,6 +452,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         routed_tokens_list=None if routed is None else memoryview(routed),
         expert_slowdowns=expert_slowdowns,
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
+        prefill_overhead=efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
     )
 
 
@@ -464,6 +471,7 @@ def _scalar(forms: _Forms, windows: tuple[int | None, ...], efficiency: Efficien
         distinct_experts=lambda tokens: float(experts.distinct_experts(tokens)),  # type: ignore[union-attr]
         routed_tokens=lambda tokens: float(experts.routed_tokens(tokens)),  # type: ignore[union-attr]
         expert_slowdown=lambda tokens: float(_expert_slowdown(efficiency, experts, tokens)),  # type: ignore[arg-type]
+        prefill_overhead=forms.prefill_overhead,
     )
 
 
