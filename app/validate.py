@@ -248,8 +248,10 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "predicting. A latency whose statistic the source does not state is predicted as the mean, and the row "
          "says so."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
-         "per-step and per-layer overhead, all-reduce latency, and the host work per sequence per step of engines "
-         "that do not overlap it with the GPU: vLLM before 0.8) are fitted inside cited physical ranges, the global "
+         "per-step and per-layer overhead, all-reduce latency, the host work per sequence per step of engines "
+         "that do not overlap it with the GPU: vLLM before 0.8, and the cost per MoE layer of a step with prompt "
+         "tokens in engines that run such steps outside CUDA graphs: TensorRT-LLM's PyTorch backend, SGLang before "
+         "0.5.10, vLLM before 0.8) are fitted inside cited physical ranges, the global "
          "entry pulled toward cited priors and each family or precision entry toward the level above it, minimizing "
          "the mean |ln(predicted / measured)|; never per row. Poisson rows are validated but not fitted on (their "
          "schedule depends on the step time)."),

@@ -88,6 +88,8 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "")
     overlap host work with the GPU (`Engine.overlaps_host_work`), its overhead per MoE layer of a step with
     prompt tokens only where such steps run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero
     elsewhere and where no engine runs the steps (`engine` None: the GPU's own time)."""
+    if efficiency.per_sequence_overhead_s == 0 and efficiency.prefill_moe_layer_overhead_s == 0:
+        return efficiency  # nothing engine-dependent to keep or drop (no version to read)
     rules = ENGINES[engine] if engine is not None else None
     return engine_adjusted(efficiency, host_work=rules is not None and not rules.overlaps_host_work(version),
                            prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version))

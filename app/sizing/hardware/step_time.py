@@ -4,7 +4,9 @@ Built once per deployment (model, GPU, tp, pp, precisions, efficiency) from `flo
 per-operator coefficients and evaluated with the roofline's own timing rules (per operator
 max(compute / achieved fraction, memory / bandwidth fraction), the TP all-reduces, the overheads), so
 for a uniform batch it reproduces `roofline(decode_cost(...))` and `roofline(prefill_cost(...))` to
-float rounding. Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
+float rounding, less the engine-dependent costs a roofline never charges (`engines.host_adjusted`: the
+host work per sequence, and the cost per MoE layer of a step with prompt tokens, added once to every
+such step). Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
 a float or an array.
 
 A step mixes `decode_seqs` sequences decoding one token each (their cached contexts summing to
