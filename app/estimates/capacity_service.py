@@ -69,9 +69,10 @@ CAPACITY_FORMULAS = (
     ("attention data parallelism: each of the dp ranks keeps its own requests' KV at the per-GPU bytes of its "
      "tensor-parallel split (replica KV = dp x one rank's) and holds the attention, dense and shared-expert "
      "weights; routed experts are dealt to the expert-parallel ranks and split over tp x dp / ep GPUs"),
-    ("MoE exchange per MoE layer (dp or ep > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
-     "(ep-1)/ep x hidden x 2 B per token / tp, dp > 1 without ep: (dp-1) x hidden x 2 B per token; NVLink "
-     "inside a node, the scale-out link across nodes"),
+    ("MoE exchange per MoE layer (dp > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
+     "(ep-1)/ep x hidden x 2 B per token / tp, without ep: (dp-1) x hidden x 2 B per token; NVLink "
+     "inside a node, the scale-out link across nodes. With dp = 1 (TP attention, with or without ep) every GPU "
+     "already holds every token and the TP all-reduce sums the experts' outputs: no exchange"),
     ("TP beyond one node's GPUs: each all-reduce's ring leaves a node through all its GPUs' NICs (min(NVLink, "
      "GPUs per node x NIC) per GPU) and pays 2 x (nodes - 1) inter-node steps of 2.7 us (NCCL's Ring LL NET hop)"),
 )

@@ -10,7 +10,8 @@ Vocabulary (ENGINES.md section 2), the same for every engine:
 - `expert_parallel` (ep): the MoE layers of one stage span all tp·dp ranks; `ep` of them own disjoint
   sets of routed experts and each expert is split over `moe_tensor_parallel = tp·dp / ep` ranks
   (TensorRT-LLM's `tp = moe_tp · moe_ep`, SGLang's `--ep` inside `--tp`, vLLM's
-  `--enable-expert-parallel`: ep = dp·tp, moe_tp = 1). Tokens reach their experts by an all-to-all.
+  `--enable-expert-parallel`: ep = dp·tp, moe_tp = 1). Under attention DP tokens reach their experts by an
+  all-to-all; with dp = 1 every GPU already holds every token after the attention's all-reduce.
 
 A replica uses tp·pp·dp GPUs (vLLM: TP·PP·DP; TensorRT-LLM and AIC's sample: tp·pp·attention_dp).
 A request that names only tp and pp means what it meant before layouts existed: dp = ep = 1, experts

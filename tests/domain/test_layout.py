@@ -203,10 +203,13 @@ def test_deepseek_v3_all_to_all_bytes_per_layer_at_batch_64():
     """DP8 + EP8, 64 decoding sequences on one rank (tp 1), bf16 activations (2 B), k = 8, h = 7168: each token
     sends its 8 expert copies, 7/8 of them to other GPUs: 64 · 8 · 7/8 · 7168 · 2 = 6,422,528 B per MoE layer
     in each direction (dispatch, then combine). Plain TP8 exchanges nothing (its all-reduces are counted
-    apart); DP8 without EP all-gathers the other 7 ranks' tokens: 64 · 7 · 7168 · 2 = 6,422,528 B too."""
+    apart), nor does TP8 attention with EP8 experts; DP8 without EP all-gathers the other 7 ranks' tokens: 64 · 7 · 7168 · 2 = 6,422,528 B too."""
     dep8 = step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 1, 8, 8)
     assert 64 * dep8.moe_exchange_bytes_per_token == 6_422_528
     assert step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 8).moe_exchange_bytes_per_token == 0
+    # TP8 attention with EP8 experts: the attention's all-reduce already left all 64 tokens on every GPU,
+    # each runs its own 32 experts on them and the TP all-reduce sums the outputs: no token exchange.
+    assert step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 8, 1, 8).moe_exchange_bytes_per_token == 0
     assert 64 * moe_exchange_bytes_per_token(7168, 2, 8, tensor_parallel=1, data_parallel=8,
                                              expert_parallel=1) == 6_422_528
 

@@ -110,22 +110,28 @@ def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, expe
                                  tensor_parallel: int, data_parallel: int, expert_parallel: int) -> float:
     """Bytes one GPU sends per token of its data-parallel rank, per MoE layer, in each direction.
 
-    - Expert parallelism (ep > 1), dispatch then combine: each of a token's k expert copies leaves the GPU
-      unless its expert is local, a share (ep-1)/ep under uniform routing, so k·(ep-1)/ep·h values per
-      token. A rank's tokens are split over its tp GPUs. (Engines that send a token once per destination
-      GPU rather than once per expert, as DeepEP does, send less: this is an upper bound.)
+    - Attention data parallelism with expert parallelism (dp > 1, ep > 1), dispatch then combine: each of a
+      token's k expert copies leaves the GPU unless its expert is local, a share (ep-1)/ep under uniform
+      routing, so k·(ep-1)/ep·h values per token. A rank's tokens are split over its tp GPUs. (Engines that
+      send a token once per destination GPU rather than once per expert, as DeepEP does, send less: this is
+      an upper bound.)
     - Attention data parallelism without EP (dp > 1, experts tensor-split over all tp·dp GPUs): vLLM's
       all-gather of every rank's tokens, then a reduce-scatter: (dp-1)·h values received per own token.
-    - Neither: 0 (the tensor-parallel all-reduces of `step_allreduce_time_s` cover plain TP).
+    - Tensor-parallel attention (dp = 1), with or without EP: 0. The attention's all-reduce leaves every
+      token of the step on every GPU of the group, so each GPU runs its own experts (or expert slices) on
+      the tokens routed to them without receiving any, and the partial outputs are summed by the same
+      all-reduce as a TP MoE layer (`step_allreduce_time_s`). ENGINES.md section 2: vLLM's default MoE
+      exchange (`allgather_reducescatter`) gathers across the DP ranks, of which there is one; TensorRT-LLM
+      and SGLang keep each attention rank's own requests apart only under attention DP.
     """
     if min(tensor_parallel, data_parallel, expert_parallel) < 1:
         raise ValueError("parallel degrees must be >= 1")
+    if data_parallel == 1:
+        return 0.0
     if expert_parallel > 1:
         return experts_per_token * (expert_parallel - 1) / expert_parallel * hidden_size * activation_bytes \
             / tensor_parallel
-    if data_parallel > 1:
-        return (data_parallel - 1) * hidden_size * activation_bytes
-    return 0.0
+    return (data_parallel - 1) * hidden_size * activation_bytes
 
 
 def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token: float,
