@@ -147,8 +147,9 @@ GOOD = "llama-3.1-8b,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4"
 
 
 def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file() -> None:
-    """A Hugging Face id, a GPU the catalog lacks, a capacity metric, an unstated or unpriced precision
-    and a disaggregated run without its worker counts each skip their row when read; data- and
+    """A Hugging Face id, a GPU the catalog lacks, a capacity metric, an unpriced precision and a
+    disaggregated run without its worker counts each skip their row when read (an unstated precision does
+    not: the predictor assumes the published one); data- and
     expert-parallel rows are read
     and handed to the predictor, which says why a layout it cannot run is skipped."""
     text = "\n".join([
@@ -170,7 +171,7 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
         "hf": "unknown model slug 'Qwen/Qwen2-7B'",
         "gpu": None,  # a slug: the catalog decides, when the rows are predicted
         "cap": "scenario not predicted: 'capacity'",
-        "nodtype": "weight_dtype not stated",
+        "nodtype": None,
         "fp32": "weight_dtype not predicted: 'fp32'",
         "disagg": "layout not stated: a disaggregated run without its worker counts",
         "adp": None,  # layouts are predicted (or refused by prepare, with the reason)
@@ -186,6 +187,9 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
     assert report.summary.skipped_reasons["layout not stated"] == 1  # the disaggregated row
     # The layout rows reach the predictor, which says why these two cannot run as stated; Llama-3.1-8B has
     # no experts, so its moe_tp means nothing and that row is predicted.
+    assert outcomes["nodtype"].assumption == ("the source does not state the statistic of e2e_ms: predicted as the "
+                                              "mean; the source does not state the weight dtype: predicted at the "
+                                              "published checkpoint's bf16 (not fitted on)")
     assert "dp" in outcomes["adp"].skipped_reason or "DP" in outcomes["adp"].skipped_reason
     assert outcomes["ep"].skipped_reason.startswith("expert_parallel 8 must divide tensor_parallel x data_parallel")
     assert outcomes["moetp"].predicted == outcomes["ok"].predicted
@@ -202,6 +206,27 @@ def test_a_gpu_or_model_outside_the_catalog_is_the_reason_before_an_unstated_cel
         "unknown GPU slug 'a100-variant-unstated'", "unknown model slug 'Qwen/Qwen2-7B'"]
 
 
+def test_an_unstated_weight_dtype_is_predicted_at_the_published_precision_and_not_fitted() -> None:
+    """Without a quantization flag an engine serves the checkpoint as published: Llama-3.1-8B in bf16,
+    DeepSeek-R1 in its FP8 (catalog `dtype`). A row that leaves weight_dtype empty predicts exactly what
+    the same row stating that precision does, says it assumed it, and is kept out of a fit."""
+    lines = ["row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,batch,metric,value",
+             "bf16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,static_batch,128,128,4,e2e_ms,900",
+             "none,llama-3.1-8b,h100-sxm,1,1,,vllm,static_batch,128,128,4,e2e_ms,900",
+             "fp8,deepseek-r1,h200-sxm,8,8,fp8,trtllm,static_batch,1024,128,8,e2e_ms,900",
+             "none8,deepseek-r1,h200-sxm,8,8,,trtllm,static_batch,1024,128,8,e2e_ms,900"]
+    text = "\n".join(lines) + "\n"
+    prepared, skipped = service.prepare_rows(read_rows(text, pointer="file.csv"), ReferenceCatalog())
+    assert skipped == {}
+    rows = {item.row.row_id: item for item in prepared}
+    efficiency = builtin_profile().efficiency_for("hopper", "bf16")
+    assert rows["none"].predict(efficiency) == rows["bf16"].predict(efficiency)
+    assert rows["none8"].predict(efficiency) == rows["fp8"].predict(efficiency)
+    assert "predicted at the published checkpoint's fp8" in rows["none8"].assumption
+    assert rows["bf16"].fittable and rows["fp8"].fittable
+    assert not rows["none"].fittable and not rows["none8"].fittable
+
+
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
     with pytest.raises(RowsInvalid) as raised:
         read_rows(HEADER + "\nr1,Qwen/Qwen2-7B,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4,tpot_ms,,fast,,,,\n",
@@ -211,12 +236,37 @@ def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
 
 def test_the_second_measurement_file_is_read_whole() -> None:
     """All 11,287 rows of measured-calibration-2.csv are read (none refuses the file); a row is skipped
-    up front only for a name outside the vocabulary or a disaggregated run without its worker counts."""
+    up front only for a name outside the vocabulary, a disaggregated run without its worker counts, or
+    layout columns that contradict the run."""
     rows = read_rows((DATA / "measured-calibration-2.csv").read_text(encoding="utf-8-sig"), pointer="file2")
     assert len(rows) == 11287
     kinds = {row.skipped_reason.split(":")[0].split("'")[0].strip() for row in rows if row.skipped_reason}
-    assert kinds == {"unknown model slug", "scenario not predicted", "weight_dtype not stated",
-                     "weight_dtype not predicted", "layout not stated"}
+    assert kinds == {"unknown model slug", "scenario not predicted", "weight_dtype not predicted", "layout not stated", "layout contradicts the run",
+                     "layout in its source"}
+
+
+def test_a_row_whose_layout_contradicts_its_run_id_is_skipped_not_guessed() -> None:
+    """AIC_SILICON_SAMPLE-8236's id says tp4 ep4; its columns say tp 16, ep 4, moe_tp 4 on 16 GPUs, and its
+    twin -4018 (tp 4, ep 4, moe_tp 1, 4 GPUs, the id's layout) measured the same 25.288749212016892 ms TPOT.
+    -4018 is predicted; -8236 is skipped naming both layouts, and so is -756, the same run without an id
+    (tp x dp = 16 = 4², moe_tp = ep = 4). An agreeing id with attention DP (tp1 x dp8 = the id's tp8) is kept."""
+    rows = {row.row_id: row for row in read_rows((DATA / "measured-calibration-2.csv").read_text(encoding="utf-8-sig"),
+                                                 pointer="file2")}
+    twins = [rows[f"AIC_SILICON_SAMPLE-{n}"] for n in (4018, 8236, 756)]
+    assert {row.value for row in twins} == {25.288749212016892}
+    assert twins[0].skipped_reason is None
+    assert twins[1].skipped_reason == ("layout contradicts the run's id: the id names tp4 ep4, the columns tp 16 x "
+                                       "dp 1 = 16 GPUs, ep 4, moe_tp 4")
+    assert twins[2].skipped_reason.startswith("layout in its source's inflated pattern: the columns tp 16 x dp 1")
+    header = "row_id,source_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,concurrency,metric,value,dp,ep,moe_tp,notes"
+    line = "r{n},{source},deepseek-r1,b200,{gpus},{tp},fp4,trtllm,closed_loop,1024,1024,64,tpot_ms,20,{dp},{ep},{moe_tp},id=x_c64_tp8_ep8_1"
+    text = "\n".join([header, line.format(n=1, source="AIC_SILICON_SAMPLE", gpus=8, tp=1, dp=8, ep=8, moe_tp=1),
+                      line.format(n=2, source="AIC_SILICON_SAMPLE", gpus=64, tp=64, dp=1, ep=8, moe_tp=8),
+                      line.format(n=3, source="upload", gpus=16, tp=16, dp=1, ep=4, moe_tp=4).replace("id=x_c64_tp8_ep8_1", "")])
+    read = {row.row_id: row.skipped_reason for row in read_rows(text, pointer="file.csv")}
+    assert read["r1"] is None  # tp 1 x dp 8 = the id's tp8, ep 8
+    assert read["r2"].startswith("layout contradicts the run's id: the id names tp8 ep8")
+    assert read["r3"] is None  # another source's 4 EP groups of TP4: a real layout
 
 
 def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path: Path) -> None:

@@ -10,11 +10,14 @@ skips a row:
   not positive), a repeated row id.
 - A row that names something the service does not predict is kept and skipped with the reason: a model
   or GPU the catalog lacks (a Hugging Face id, `a100-variant-unstated`), a metric, scenario, engine or
-  precision outside the vocabulary (capacity rows, `fp32`), a precision the source leaves unstated, or a
-  layout the model cannot express yet (`layout_skip_reason`). A file is never refused because some of
+  precision outside the vocabulary (capacity rows, `fp32`), or a layout the model cannot express yet
+  (`layout_skip_reason`) or whose columns contradict the run (`layout_conflict`). A weight dtype the source
+  leaves unstated is no reason: the row is predicted at the model's published checkpoint precision, says
+  so, and is not fitted on (`predict.prepare`). A file is never refused because some of
   its rows fall outside what can be predicted.
 
-Columns beyond the schema are read only by `layout_skip_reason`; a new column that changes how a row is
+Columns beyond the schema are read only by `layout_skip_reason`, and the notes' run id only by
+`layout_conflict` (a row whose layout columns contradict it); a new column that changes how a row is
 predicted plugs in here (its cell read in `_observed_row`, its meaning carried by `Measurement`).
 
 Two facts a row implies rather than states are read here too: the checkpoint recipe of a model whose
@@ -57,6 +60,10 @@ _STATED_YEAR = re.compile(r"\b(20\d\d)\b")
 # An NVIDIA Dynamo runtime image (nvcr.io/nvidia/ai-dynamo/tensorrtllm-runtime:X): X is Dynamo's release, and a
 # row whose version is X states Dynamo's, not the engine's (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
 _DYNAMO_IMAGE = re.compile(r"ai-dynamo/[\w.-]*runtime:v?(\d+)\.(\d+)(?:\.(\d+))?", re.IGNORECASE)
+# An aiconfigurator run's id names the layout it was launched with: `..._c32_tp8_ep8_922` or `..._tp4_0_ep1_0_185`
+# (tp = the GPUs of the attention group, tp x attention-DP; ids written `_epnone_` name no EP degree).
+_RUN_ID_LAYOUT = re.compile(r"\bid=[^;]*_tp(\d+)(?:_\d+)?_ep(\d+)(?:_|;|$)")
+INFLATED_LAYOUT_SOURCE = "AIC_SILICON_SAMPLE"  # `layout_conflict`
 
 
 class RowsInvalid(ValueError):
@@ -103,6 +110,38 @@ def layout_skip_reason(cells: Mapping[str, str]) -> str | None:
     parallel, pipeline, disaggregated pools) reaches it through `Measurement`."""
     if cells.get("deployment", "").strip() == "disaggregated":
         return "layout not stated: a disaggregated run without its worker counts"
+    return None
+
+
+def layout_conflict(cells: Mapping[str, str]) -> str | None:
+    """Why a row whose layout columns cannot be trusted is skipped (None: nothing contradicts them).
+
+    - Its own run id names another layout (aiconfigurator's `..._tp8_ep8_922`: tp = the attention group's
+      GPUs, tp x dp). AIC_SILICON_SAMPLE-8236 (id tp4 ep4) records tp 16, ep 4, moe_tp 4 on 16 GPUs; its twin
+      -4018, recorded as the id says (tp 4, ep 4, 4 GPUs), measures the same 25.2887 ms TPOT.
+    - An AIC_SILICON_SAMPLE row without such an id whose columns have that pattern, tp x dp = ep² with
+      moe_tp = ep > 1: of the 1,940 rows of that source whose id names a degree, the 232 with this pattern
+      all contradict their id and none of the 1,708 that agree has it (the db-dump rows, AIC_SILICON_SAMPLE-756,
+      are twins of -8236 too). Elsewhere the same columns are a real layout (4 EP groups of TP4), not a
+      conflict.
+    Which layout ran is not for the validator to guess: such a row is neither predicted nor fitted."""
+    if cells.get("deployment", "").strip() == "disaggregated":
+        return None
+
+    def degree(column: str) -> int:
+        value = cells.get(column, "").strip()
+        return int(value) if value.isdigit() and int(value) > 0 else 1
+
+    tp, dp, ep, moe_tp = degree("tp"), degree("dp"), degree("ep"), degree("moe_tp")
+    columns = f"the columns tp {tp} x dp {dp} = {tp * dp} GPUs, ep {ep}, moe_tp {moe_tp}"
+    named = _RUN_ID_LAYOUT.search(cells.get("notes", ""))
+    if named is not None:
+        if (int(named[1]), int(named[2])) == (tp * dp, ep):
+            return None
+        return f"layout contradicts the run's id: the id names tp{named[1]} ep{named[2]}, {columns}"
+    if cells.get("source_id") == INFLATED_LAYOUT_SOURCE and ep > 1 and moe_tp == ep and tp * dp == ep * ep:
+        return (f"layout in its source's inflated pattern: {columns} (tp x dp = ep², moe_tp = ep, as in every row "
+                "of the source that contradicts its id)")
     return None
 
 
@@ -217,7 +256,9 @@ def read_rows(text: str, *, pointer: str, sources: Collection[str] | None = None
             errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
             continue
         try:
-            rows.append(_observed_row(MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)))
+            row = MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
+            conflict = layout_conflict(cells)
+            rows.append(_observed_row(row) if conflict is None else _skipped_row(cells, conflict))
         except ValidationError as exc:
             # A layout the model cannot express skips the row whatever its other cells hold (a
             # disaggregated run has no single num_gpus); only its id and value must be readable.
@@ -346,7 +387,7 @@ def _skipped_row(cells: Mapping[str, str], reason: str) -> ObservedRow:
 
 def _vocabulary_reason(errors: Sequence[Any], cells: Mapping[str, str]) -> str:
     """The first name the service does not know, in the words the report counts by
-    (`unknown model slug`, `weight_dtype not stated`, `metric not predicted`)."""
+    (`unknown model slug`, `scenario not stated`, `metric not predicted`)."""
     columns = [str(error["loc"][0]) for error in errors]
     column = next(name for name in VOCABULARY_COLUMNS if name in columns)
     value = cells.get(column)

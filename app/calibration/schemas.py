@@ -27,7 +27,7 @@ MAX_CALIBRATE_ROWS = 500
 MAX_CALIBRATE_SIMULATED_RUNS = 250
 CSV_UPLOAD_DESCRIPTION = (
     "CSV with a header row in the measured-calibration.csv schema (at most {rows:,} rows); required "
-    "columns: row_id, model, gpu, num_gpus, weight_dtype, engine, scenario, metric, value. Empty cells are "
+    "columns: row_id, model, gpu, num_gpus, engine, scenario, metric, value. Empty cells are "
     "missing values; extra columns are ignored.")
 
 
@@ -111,7 +111,9 @@ class MeasurementRowIn(BaseModel):
         None, description="running sequences per attention data-parallel rank; null = the engine default")
     moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
         None, description="GPUs each expert is split over; when given, tp x dp must equal ep x moe_tp")
-    weight_dtype: WeightDtype
+    weight_dtype: WeightDtype | None = Field(
+        None, description="null = not stated: predicted at the model's published checkpoint precision (the result "
+                          "says so) and not fitted on")
     compute_dtype: ComputeDtype | None = Field(
         None, description="Differs from the weights for weight-only quantization (fp8 weights on A100: fp16)")
     kv_dtype: KvDtype | None = Field(None, description="null = not stated (the engine default, 16-bit)")

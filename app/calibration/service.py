@@ -188,7 +188,9 @@ class PreparedRow:
 
     @property
     def fittable(self) -> bool:
-        return self.prediction.timing_invariant
+        """A fit reads the row: its schedule does not depend on the step time (not a Poisson run), and its
+        precision is stated (an efficiency fitted to an assumed precision would turn the guess into a number)."""
+        return self.prediction.timing_invariant and self.prediction.measurement.weight_dtype is not None
 
     def predict(self, efficiency: Efficiency) -> float:
         """The prediction in the metric's published unit (ms for latencies)."""
@@ -395,8 +397,8 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     """Fit a profile to the rows, starting from `base` (see fit.fit_profile), with its provenance.
 
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
-    runs, which would need a fresh simulation for every trial efficiency); every predicted row is
-    reported before and after. With `cross_validation`, the profile's specificity level is the one with
+    runs, which would need a fresh simulation for every trial efficiency), and only rows that state their
+    weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With `cross_validation`, the profile's specificity level is the one with
     the lowest held-out error (crossval.py); without it, the most specific level.
     """
     now = now or datetime.now(UTC)

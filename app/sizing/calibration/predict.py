@@ -166,7 +166,7 @@ class Measurement:
     scenario: str
     metric: str
     num_gpus: int
-    weight_dtype: str
+    weight_dtype: str | None  # None: not stated (the model's published checkpoint precision, `ModelSpec.dtype`)
     engine: str
     # major.minor[.patch] as the run states it, or the year of the install where only that is stated
     # ('2024'); None: not stated (the engine's current behaviour)
@@ -193,9 +193,9 @@ class Measurement:
 
     def __post_init__(self) -> None:
         for name, allowed in (("scenario", SCENARIOS), ("metric", METRICS), ("engine", ENGINES),
-                              ("weight_dtype", WEIGHT_DTYPES)):
+                              ("weight_dtype", (*WEIGHT_DTYPES, None))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {', '.join(allowed)}")
+                raise ValueError(f"{name} must be one of {', '.join(filter(None, allowed))}")
         if self.weight_recipe is not None and (self.weight_recipe not in RECIPES
                                                or RECIPES[self.weight_recipe].dtype != self.weight_dtype):
             raise ValueError(f"weight_recipe must be a recipe whose weights are {self.weight_dtype}")
@@ -322,22 +322,29 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if m.scenario == POISSON and m.request_rate is None:
         raise Unpredictable("poisson without its request_rate")
     assumptions: list[str] = []
+    weight_dtype = m.weight_dtype
+    if weight_dtype is None:
+        # Without a quantization flag an engine serves the checkpoint as published (vLLM's `--dtype auto` and
+        # `--quantization` unset; TensorRT-LLM and SGLang alike): the catalog's published precision.
+        weight_dtype = model.dtype
+        assumptions.append(f"the source does not state the weight dtype: predicted at the published "
+                           f"checkpoint's {weight_dtype} (not fitted on)")
     compute_dtype = m.compute_dtype
     if compute_dtype is not None and not gpu.peak_flops_per_s(compute_dtype):
-        if compute_dtype != m.weight_dtype:
+        if compute_dtype != weight_dtype:
             raise Unpredictable(f"{gpu.slug or gpu.name} has no {compute_dtype} tensor rate")
         # The row gives its weights' format as the compute precision on a GPU that cannot multiply in it.
         # Engines then dequantize the weights and multiply at 16 bits (weight-only; vLLM runs MXFP4 MoE on
         # Hopper with Marlin/Triton W4A16 kernels, and FP8 checkpoints on A100 weight-only): the core's one
         # rule for it is `default_compute_dtype`, the same the API applies to such weights.
-        compute_dtype = default_compute_dtype(gpu, m.weight_dtype)
-        assumptions.append(f"{gpu.slug or gpu.name} has no {m.weight_dtype} tensor rate: {m.weight_dtype} weights "
+        compute_dtype = default_compute_dtype(gpu, weight_dtype)
+        assumptions.append(f"{gpu.slug or gpu.name} has no {weight_dtype} tensor rate: {weight_dtype} weights "
                            f"computed weight-only at {compute_dtype}")
     if m.lengths is not None:
         assumptions.append(f"lengths drawn from {m.lengths.name or 'the dataset'}; output lengths are the dataset's "
                            "completions (the benchmark's max_tokens: a model that stops earlier writes fewer)")
-    weights = RECIPES[m.weight_recipe] if m.weight_recipe else m.weight_dtype  # a recipe or a plain dtype
-    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or m.weight_dtype)
+    weights = RECIPES[m.weight_recipe] if m.weight_recipe else weight_dtype  # a recipe or a plain dtype
+    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or weight_dtype)
     if m.disaggregated:
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
