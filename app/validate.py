@@ -245,8 +245,10 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "(/v1/capacity), the step-time model (roofline with efficiencies), and the continuous-batching simulator "
          "(/v1/slo-plan) for offline, closed-loop and Poisson runs; a static batch is one prefill step and osl − 1 "
          "decode steps (its end-to-end latency is the whole run). The measured value is never read while "
-         "predicting. A latency whose statistic the source does not state is predicted as the mean, and the row "
-         "says so."),
+         "predicting. A latency whose statistic the source does not state is predicted as the mean, and a row that "
+         "does not state its weight dtype at the model's published checkpoint precision (what an engine serves "
+         "without a quantization flag); each such row says so. A row whose layout columns contradict the run "
+         "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
          "per-step and per-layer overhead, all-reduce latency, the host work per sequence per step of engines "
          "that do not overlap it with the GPU: vLLM before 0.8, and the cost per MoE layer of a step with prompt "
@@ -254,7 +256,7 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "0.5.10, vLLM before 0.8) are fitted inside cited physical ranges, the global "
          "entry pulled toward cited priors and each family or precision entry toward the level above it, minimizing "
          "the mean |ln(predicted / measured)|; never per row. Poisson rows are validated but not fitted on (their "
-         "schedule depends on the step time)."),
+         "schedule depends on the step time), nor are rows whose weight dtype is assumed."),
         ("- A profile can be one global entry, an entry per GPU family, or an entry per GPU family and compute "
          "precision. Which one ships is decided by the cross-validated error above, never by the error on the "
          "data it was fitted to."),
