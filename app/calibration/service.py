@@ -398,8 +398,9 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
 
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
     runs, which would need a fresh simulation for every trial efficiency), and only rows that state their
-    weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With `cross_validation`, the profile's specificity level is the one with
-    the lowest held-out error (crossval.py); without it, the most specific level.
+    weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With
+    `cross_validation`, the profile's specificity level is the one with the lowest held-out error
+    (crossval.py); without it, the most specific level.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
