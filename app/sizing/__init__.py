@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.01.4"  # no MoE token exchange under tensor-parallel attention (dp = 1)
+CALCULATION_VERSION = "2026.12.02.1"  # a full pipeline steps once per pp x its slowest stage (LM head, embedding, per-step overhead)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.01.3"  # + which engines run steps with prompt tokens outside CUDA graphs (TRT-LLM PyTorch, SGLang < 0.5.10, vLLM V0)

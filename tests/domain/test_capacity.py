@@ -529,6 +529,27 @@ def test_prefill_is_timed_chunk_by_chunk() -> None:
     assert many.expected_prefill_s == pytest.approx(exact, rel=2e-3)
 
 
+def test_a_pipelines_steady_state_steps_at_its_full_period() -> None:
+    """Llama-3.1-8B on 2 x H100 as PP2, 64 running requests (1,000 in, 500 out): two micro-batches of 32 in
+    flight, so a decode step of 32 sequences recurs once per period of the full pipeline, 2 x its slowest
+    stage (step_time.pipeline_period_scales): the trip plus, once more, the LM head, the embedding and the
+    per-step overhead (16 layers a stage: the layers' share is unchanged):
+      LM head: 128,256 x 4,096 x 2 B = 1,050,673,152 B once + 32 x (4,096 + 128,256) x 2 B = 8,470,528 B;
+      embedding: 32 x (4,096 x 2 + 4,096 x 2) B = 524,288 B; together 1,059,667,968 B / (3.35e12 x 0.70)
+      = 451.88 us (the head's 33.6 GFLOP take at most 206 us at 989.5 TFLOP/s x 0.165: memory-bound);
+      per-step overhead 300 us: 751.88 us over the trip. A lone request (batch 1) makes one trip."""
+    common = {"concurrency_view": STEADY_STATE, "input_tokens": 1000, "output_tokens": 500, "tensor_parallel": 1,
+              "pipeline_parallel": 2, "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16",
+              "efficiency": DEFAULT_EFFICIENCY, "max_num_batched_tokens": 8192}
+    trip = build_step_time_model(LLAMA_3_1_8B, H100, pipeline_parallel=2, weight_dtype="bf16", kv_dtype="bf16")
+    full = operating_point(LLAMA_3_1_8B, H100, batch_size=64, **common)
+    extra = 300e-6 + 1_059_667_968 / (3.35e12 * 0.70)
+    assert extra == pytest.approx(751.88e-6, rel=1e-5)
+    assert full.expected_decode_step_s - trip.step_time_s(32, 32 * 1249, 0, 0) == pytest.approx(extra, rel=1e-6)
+    alone = operating_point(LLAMA_3_1_8B, H100, batch_size=1, **common)
+    assert alone.expected_decode_step_s == trip.step_time_s(0.5, 0.5 * 1249, 0, 0)
+
+
 def test_tensor_parallel_beyond_one_node_uses_the_scale_out_link() -> None:
     """Llama-3-70B at TP16 is allowed (KV heads replicate: 2·1·128·2·80 = 40,960 B/token per GPU). With 8
     GPUs per node the ring crosses between the two nodes over their 8 NICs together: min(450e9 NVLink,

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from app.sizing.hardware.comm import link_bandwidth, pipeline_hops_time_s
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype, roofline
-from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
+from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model, pipeline_period_scales
 from app.sizing.model.flops import (
     DECODE,
     MOE,
@@ -225,6 +225,44 @@ def test_pipeline_across_nodes_uses_the_scale_out_link() -> None:
     flat, piped = step_model(LLAMA_3_70B, tp=8), step_model(LLAMA_3_70B, tp=8, pp=2)
     assert piped.step_time_s(32, 32_000, 0, 0) - flat.step_time_s(32, 32_000, 0, 0) == pytest.approx(
         7.5e-6 + 524_288 / 50e9, rel=1e-6)
+
+
+def test_a_full_pipeline_steps_once_per_pp_times_its_slowest_stage() -> None:
+    """Llama-3-70B TP4 x PP2 on H100, a decode step of 32 sequences at 1,000 tokens each. With both
+    micro-batches in flight each stage serves both in turn, so a micro-batch's period is 2 x the slowest
+    stage + the hop. The stages hold 40 layers each (80 / 2: the layers' terms scale by 2 x 40 / 80 = 1),
+    the last one also the LM head and the first the embedding, and each runs a step of its own. So the
+    period exceeds the trip by (2 - 1) x (LM head + embedding + per-step overhead):
+      LM head, TP4: a vocabulary shard of ceil(128,256 / 4) = 32,064 rows x 8,192 x 2 B = 525,336,576 B
+        of weights once, and (8,192 + 32,064) x 2 B = 80,512 B of hidden state in and logits out per
+        sampled sequence: 32 x 80,512 = 2,576,384 B; (525,336,576 + 2,576,384) / (3.35e12 x 0.70)
+        = 225.1228 us. Its compute, 2 x 32,064 x 8,192 x 32 = 16.81 GFLOP at 989.5 TFLOP/s x at least
+        0.165 (the curve's 0.33 at 64 rows, proportional below) = at most 103 us: memory-bound.
+      Embedding: per token 8,192 x 2 / 4 = 4,096 B of its table shard and 8,192 x 2 = 16,384 B of hidden
+        state: 32 x 20,480 = 655,360 B / 2.345e12 = 0.27947 us.
+      Per-step overhead: 0.3 ms.
+    Total: 300 + 225.1228 + 0.2795 = 525.402 us."""
+    trip = step_model(LLAMA_3_70B, tp=4, pp=2)
+    period = build_step_time_model(LLAMA_3_70B, H100_SXM, tensor_parallel=4, pipeline_parallel=2, weight_dtype="bf16",
+                                   kv_dtype="bf16", pipeline_period=True)
+    extra = 300e-6 + 527_912_960 / (3.35e12 * 0.70) + 655_360 / (3.35e12 * 0.70)
+    assert extra == pytest.approx(525.402e-6, rel=1e-6)
+    assert period.step_time_s(32, 32_000, 0, 0) - trip.step_time_s(32, 32_000, 0, 0) == pytest.approx(extra, rel=1e-6)
+    # The scalar and array paths agree, and one stage has no period to add.
+    assert float(period.step_time_s(np.array([32.0]), np.array([32_000.0]), 0, 0)[0]) == pytest.approx(
+        period.step_time_s(32, 32_000, 0, 0), rel=1e-12)
+    alone = build_step_time_model(LLAMA_3_70B, H100_SXM, tensor_parallel=4, weight_dtype="bf16", kv_dtype="bf16",
+                                  pipeline_period=True)
+    assert alone.step_time_s(32, 32_000, 0, 0) == step_model(LLAMA_3_70B, tp=4).step_time_s(32, 32_000, 0, 0)
+
+
+def test_the_period_takes_the_largest_stage() -> None:
+    """Llama-3.1-405B's 126 layers on 4 stages are 31, 32, 32, 31 (vLLM's split): the slowest stage is taken
+    as 32 layers with the model's ends, so the layers' terms scale by 4 x 32 / 126 and the per-step ones by
+    4; 80 layers on 8 stages are 10 each: 8 x 10 / 80 = 1. The trip (or one stage) scales nothing."""
+    assert pipeline_period_scales(126, 4) == (4 * 32 / 126, 4.0)
+    assert pipeline_period_scales(80, 8) == (1.0, 8.0)
+    assert pipeline_period_scales(80, 8, period=False) == pipeline_period_scales(80, 1) == (1.0, 1.0)
 
 
 @settings(max_examples=60, deadline=None)

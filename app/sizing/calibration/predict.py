@@ -385,8 +385,11 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
     """The efficiency-free part of a run (cached: the rows of one benchmark share it). Lengths: `isl` and
     `osl` for every request, or pairs drawn from a dataset's `lengths` (simulated scenarios only)."""
     layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine, dp, ep)
+    # A pipeline whose every micro-batch has requests steps at its period, one with idle stages at the trip.
+    requests_at_once = {BATCH1: 1, STATIC_BATCH: batch, CLOSED_LOOP: concurrency, OFFLINE: num_requests}.get(scenario)
+    full = pp > 1 and (requests_at_once is None or requests_at_once >= layout.replicas)
     try:
-        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep)
+        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep, full)
     except ValueError as exc:
         raise Unpredictable(str(exc)) from None
     if scenario == BATCH1:
@@ -431,11 +434,12 @@ def _requests(isl: int | None, osl: int | None, lengths: PairedLengths | None, c
 
 @lru_cache(maxsize=1024)
 def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str | WeightRecipe, kv_dtype: str,
-                compute_dtype: str | None, dp: int = 1, ep: int = 1) -> StepTimeModel:
-    """One deployment's step-time model (shared by every run on it)."""
+                compute_dtype: str | None, dp: int = 1, ep: int = 1, pipeline_period: bool = False) -> StepTimeModel:
+    """One deployment's step-time model (shared by every run on it): with `pipeline_period`, a full
+    pipeline's period (`step_time.pipeline_period_scales`)."""
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
                                  kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=DEFAULT_EFFICIENCY,
-                                 data_parallel=dp, expert_parallel=ep)
+                                 data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period)
 
 
 @lru_cache(maxsize=4096)

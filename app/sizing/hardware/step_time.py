@@ -21,8 +21,16 @@ A step mixes `decode_seqs` sequences decoding one token each (their cached conte
 
 Pipeline parallelism: a step passes through every stage in turn, so its latency is the whole model's
 time (each stage runs its L/pp layers on its own GPUs at the same per-layer cost) plus one
-point-to-point send of the step's hidden states per stage boundary. Engines keep up to pp steps in
-flight to fill the pipeline; that throughput overlap is for the caller (the simulator) to model.
+point-to-point send of the step's hidden states per stage boundary: the trip. Engines keep up to pp steps in
+flight to fill the pipeline; that throughput overlap is for the caller (the simulator) to model. With all
+pp micro-batches in flight (`pipeline_period`), a micro-batch's next step waits for its turn on the
+slowest stage, which serves each of the pp micro-batches once per period: the period is pp x the slowest
+stage plus the hand-offs (`pipeline_period_scales`). The stages are not equal: the largest holds
+ceil(L/pp) layers, the last one the LM head (and the sampling), the first the embedding (SIZING.md
+section 2), and each runs the engine's step of its own, paying the per-step overhead. So the period
+exceeds the trip by (pp - 1) x (the head, the embedding and the per-step overhead), plus pp x the layers
+the largest stage holds beyond L/pp: an LM head left in bf16 beside FP4 layers (ModelOpt's recipe) costs
+several layers' time, and at 8 stages of 10 layers that is a third of the period.
 
 Evaluation. The simulator times tens of thousands of steps per run, so a call must cost microseconds.
 Everything that does not depend on the step is prepared once per model and efficiency, from the same
@@ -80,7 +88,9 @@ from app.sizing.hardware.roofline import (
 from app.sizing.hardware.step_scalar import PREFILL_SEQS_ERROR, TABLE_ROWS, ScalarStepTime
 from app.sizing.model.flops import (
     DISTINCT_EXPERTS,
+    EMBEDDING,
     FIRST_WINDOW_GROUP,
+    LM_HEAD,
     MATMUL_ROWS,
     ROUTED_TOKENS,
     SAMPLED,
@@ -123,6 +133,9 @@ _BLOCK_STEPS = 2048
 _SEQS, _CONTEXT, _POSITIONS, _NEW, _PREFILLING = range(5)
 
 _NUMBERS = (int, float)
+
+# The operators at the model's ends (first and last pipeline stage), not in every layer.
+_MODEL_ENDS = frozenset({EMBEDDING, LM_HEAD})
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -179,6 +192,8 @@ class StepTimeModel:
     expert_parallel: int = 1
     moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
     tp_network_latency_s: float = 0.0  # added to each all-reduce's latency when the TP ring spans nodes
+    # pp > 1: time the period of a pipeline with all pp micro-batches in flight, not one step's trip.
+    pipeline_period: bool = False
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
     # The same forms for one step at a time, and the decode forms it keeps (step_scalar.py, compiled).
     scalar: ScalarStepTime = field(init=False, repr=False)
@@ -370,17 +385,22 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
                           pipeline_parallel: int = 1, weight_dtype: str | WeightRecipe, kv_dtype: str,
                           compute_dtype: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                           activation_dtype: str = "bf16", data_parallel: int = 1,
-                          expert_parallel: int = 1) -> StepTimeModel:
+                          expert_parallel: int = 1, pipeline_period: bool = False) -> StepTimeModel:
     """Step times of one GPU of one attention data-parallel rank (`data_parallel` ranks of
     `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens, `comm.py`).
-    `weight_dtype`: a plain dtype or a checkpoint's recipe (each operator reads its group's format)."""
-    pipeline_stages(model.num_hidden_layers, pipeline_parallel)  # validates 1 <= pp <= layers
+    `weight_dtype`: a plain dtype or a checkpoint's recipe (each operator reads its group's format).
+    `pipeline_period`: with pp > 1, the period of a full pipeline rather than one step's trip (see the
+    module docstring)."""
+    layer_scale, step_scale = pipeline_period_scales(model.num_hidden_layers, pipeline_parallel, pipeline_period)
     compute_dtype = compute_dtype or default_compute_dtype(gpu, resolve_recipe(weight_dtype).dtype)
     model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
                                   data_parallel, expert_parallel)
     peaks = operator_peaks(model_costs.operator_names, gpu, compute_dtype, activation_dtype)
     compute_seconds = model_costs.flops / peaks[:, np.newaxis]
     memory_seconds = model_costs.bytes / gpu.memory_bandwidth_bytes_per_s
+    if pipeline_period and pipeline_parallel > 1:  # the slowest stage, pp times
+        scales = np.array([step_scale if name in _MODEL_ENDS else layer_scale for name in model_costs.operator_names])
+        compute_seconds, memory_seconds = compute_seconds * scales[:, np.newaxis], memory_seconds * scales[:, np.newaxis]
     return StepTimeModel(
         cost_model=model_costs,
         operator_terms=tuple((_terms(compute_row), _terms(memory_row))
@@ -395,7 +415,23 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
         expert_parallel=expert_parallel,
         moe_link_bandwidth_bytes_per_s=link_bandwidth(gpu, tensor_parallel * data_parallel),
         tp_network_latency_s=tp_network_latency_s(gpu, tensor_parallel),
+        pipeline_period=pipeline_period,
     )
+
+
+def pipeline_period_scales(num_layers: int, pipeline_parallel: int, period: bool = True) -> tuple[float, float]:
+    """(per-layer, per-step) multipliers that turn a step's trip through the pipeline into the period of a
+    full one (module docstring): pp x the slowest stage, taken as the largest stage's layers with the
+    model's ends (embedding, LM head) and one engine step's overhead. The layers' terms scale by pp x
+    ceil-share / L (1 when pp divides L), the ends' and the per-step terms by pp; the hand-offs stay as
+    they are. (1, 1) for one stage or the trip. Taking the ends with the largest stage overstates the
+    period by at most one layer's time pp times when pp does not divide L (vLLM gives the leftover layers
+    to middle stages); an exact max over stages would not be one linear form per operator."""
+    stages = pipeline_stages(num_layers, pipeline_parallel)  # validates 1 <= pp <= layers
+    if not period or pipeline_parallel == 1:
+        return 1.0, 1.0
+    largest = max(len(stage) for stage in stages)
+    return pipeline_parallel * largest / num_layers, float(pipeline_parallel)
 
 
 def _prepare(steps: StepTimeModel) -> _Forms:
@@ -405,15 +441,18 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     # Overheads and communication are alpha per step plus a cost per token (comm.py), both 0 for an
     # empty step: evaluated at one token with the message, then the latency, zeroed.
     layers, message = steps.cost_model.num_layers, steps.cost_model.hidden_state_bytes_per_token
+    # A full pipeline's period: the per-layer terms pp x the largest stage's share, the per-step ones pp times.
+    layer_scale, step_scale = pipeline_period_scales(layers, steps.pipeline_parallel, steps.pipeline_period)
     latency = efficiency.allreduce_latency_s
     linear = structure.linear_memory_row / bandwidth_fraction
-    linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers)
-    linear[_SAMPLED_AT] += efficiency.per_sequence_overhead_s  # host work per sequence the step samples
+    linear[_STEP_AT] += (step_scale * efficiency.per_step_overhead_s
+                         + layer_scale * (efficiency.per_layer_overhead_s * layers))
+    linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
-        linear[_STEP_AT] += step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
-                                                  latency + steps.tp_network_latency_s)
-        linear[_TOKENS_AT] += step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
+        linear[_STEP_AT] += layer_scale * step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
+                                                                latency + steps.tp_network_latency_s)
+        linear[_TOKENS_AT] += layer_scale * step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
     if steps.pipeline_parallel > 1:
         pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s
         linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
@@ -421,10 +460,10 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     exchange = steps.cost_model.moe_exchange_bytes_per_token
     if exchange:  # the most loaded EP rank's share: per routed token (one past the distinct experts)
         moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s
-        per_token = moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
+        per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
         assert structure.experts is not None and structure.width - 1 == _FIRST_WINDOW_AT + WINDOW_FEATURES * len(
             steps.cost_model.windows) + 1  # the routed tokens
-        linear[_STEP_AT] += moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency) - per_token
+        linear[_STEP_AT] += layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency) - per_token
         linear[structure.width - 1] += per_token
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
@@ -454,7 +493,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         routed_tokens_list=None if routed is None else memoryview(routed),
         expert_slowdowns=expert_slowdowns,
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
-        prefill_overhead=efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
+        prefill_overhead=layer_scale * efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
     )
 
 

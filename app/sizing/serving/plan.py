@@ -727,17 +727,22 @@ class _Planner:
             chunked_prefill=self._chunked_prefill(engine),
             kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL,
             full_layers=full_layers, window_layers=window_layers), pp)
-        target = build_step_time_model(
-            model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
-            kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
-            data_parallel=dp, expert_parallel=ep)
-        step_time: StepTimeFn = target  # callable, and times runs of decode steps in closed form
-        if inputs.speculative is not None:
-            step_time = SpeculativeStepTime(target, inputs.speculative, draft_steps)
+        def timed(pipeline_period: bool) -> StepTimeFn:  # callable, and times runs of decode steps in closed form
+            target = build_step_time_model(
+                model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
+                kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
+                data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period)
+            return target if inputs.speculative is None else SpeculativeStepTime(target, inputs.speculative,
+                                                                                 draft_steps)
 
+        # The floors are one request alone: its steps make one trip through the stages. Under load every
+        # micro-batch of a pipeline is in flight and steps once per period (`step_time.pipeline_period_scales`).
+        step_time = timed(False)
         reasons = self._floor_reasons(step_time, scheduler, role)
         if reasons:
             return infeasible(*reasons)
+        if pp > 1:
+            step_time = timed(True)
         schedulers = dp * pp
         ceiling = self._ceiling(step_time, scheduler) * schedulers
         price, source = self._price(gpu)
