@@ -325,6 +325,22 @@ def test_data_parallel_ranks_and_pipeline_micro_batches_share_the_load() -> None
     assert per_gpu.predict(DEFAULT_EFFICIENCY) == pytest.approx(pp4.predict(DEFAULT_EFFICIENCY) / 8)
 
 
+def test_a_full_pipeline_decodes_at_its_period_a_lone_request_at_one_trip() -> None:
+    """Llama-3-8B as PP2 on 2 GPUs, every kernel at its roof. One request alone (batch 1) makes one trip through
+    both stages per token. Two closed-loop users fill both micro-batches (one each), so each steps once per
+    period: 2 x the slowest stage (16 layers each, the same layers' time in total) = the trip plus once more
+    the LM head and the embedding of one token (no per-step overhead here):
+      LM head: 128,256 x 4,096 x 2 B = 1,050,673,152 B + (4,096 + 128,256) x 2 B = 264,704 B of hidden state
+      and logits; embedding: 4,096 x 2 B of its row + 4,096 x 2 B of hidden state = 16,384 B; together
+      1,050,954,240 B / 3.35e12 B/s = 0.313718 ms (its 1.05 GFLOP take 1.06 us at 989.5 TFLOP/s).
+    One decode step each (isl 1, osl 2): the context is 1 token in both runs."""
+    shape = {"num_gpus": 2, "tp": 1, "pp": 2, "isl": 1, "osl": 2, "engine": "vllm"}
+    lone = predict(AT_THE_ROOF, metric="tpot_ms", scenario="batch1", **shape)
+    full = predict(AT_THE_ROOF, metric="tpot_ms", scenario="closed_loop", concurrency=2, batch=None, stat="mean",
+                   num_requests=8, **shape)
+    assert full - lone == pytest.approx(1_050_954_240 / 3.35e12, rel=1e-4)
+
+
 @pytest.mark.parametrize("fields, reason", [
     ({"tp": 8, "dp": 1, "ep": 8, "moe_tp": 2}, "inconsistent layout"),  # 8 x 1 != 8 x 2
     ({"tp": None, "dp": 8, "ep": 8, "num_gpus": 8}, "without its tensor-parallel degree"),
