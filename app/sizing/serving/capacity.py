@@ -256,7 +256,8 @@ class OperatingPoint:
     running request therefore waits one decode step plus its share of prefill work:
         tpot = decode_step + batch · prefill / (pp · output_tokens)
     (with pp pipeline stages, pp micro-batches of batch/pp are in flight, each stepping once per period of
-    the full pipeline, `step_time.pipeline_period_scales`, and each stage carries 1/pp of a prefill). Then per-user tokens/s = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output.
+    the full pipeline, `step_time.pipeline_period_scales`, and each stage carries 1/pp of a prefill). Then
+    per-user tokens/s = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output.
     Ideal figures use the roofline without efficiencies, communication or overheads; expected ones the
     calibrated step-time model.
     """
@@ -294,7 +295,7 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
                                   kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
                                   activation_dtype=activation_dtype, data_parallel=data_parallel,
                                   expert_parallel=expert_parallel,
-                                  pipeline_period=batch_size >= data_parallel * pipeline_parallel)
+                                  pipeline_period=1 < pipeline_parallel <= batch_size / data_parallel)
     # The step producing output token t+1 reads the prompt and t-1 generated tokens, t = 1..output-1.
     mean_context = input_tokens + max(output_tokens - 2, 0) / 2
     rank_batch, micro_batch = batch_size / data_parallel, batch_size / data_parallel / pipeline_parallel

@@ -727,6 +727,7 @@ class _Planner:
             chunked_prefill=self._chunked_prefill(engine),
             kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL,
             full_layers=full_layers, window_layers=window_layers), pp)
+
         def timed(pipeline_period: bool) -> StepTimeFn:  # callable, and times runs of decode steps in closed form
             target = build_step_time_model(
                 model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
