@@ -246,7 +246,7 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "(/v1/slo-plan) for offline, closed-loop and Poisson runs; a static batch is one prefill step and osl − 1 "
          "decode steps (its end-to-end latency is the whole run). The measured value is never read while "
          "predicting. A latency whose statistic the source does not state is predicted as the mean, and a row that "
-         "does not state its weight dtype at the model's published checkpoint precision (what an engine serves "
+         "does not state its weight dtype is predicted at the model's published checkpoint precision (what an engine serves "
          "without a quantization flag); each such row says so. A row whose layout columns contradict the run "
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
