@@ -49,7 +49,10 @@ load-catalog: migrate
 run: load-catalog
 	$(VENV)/bin/uvicorn --factory app.main:create_app --host "$(HOST)" --port "$(PORT)" --no-access-log --no-server-header
 
-test: test-sqlite test-postgres
+# The two suites are independent (each its own database, servers on free ports), so they run side by side,
+# one per core; each suite's output is printed whole when it ends, and both always run to their end.
+test:
+	@$(MAKE) --no-print-directory --keep-going --jobs=2 --output-sync=target test-sqlite test-postgres
 
 test-sqlite: $(DEV) $(COMPILED)
 	@echo "== test suite on SQLite =="
