@@ -123,10 +123,14 @@ class Efficiency:
         """Achieved fraction of peak FLOP/s in attention kernels (scaled, never above 1)."""
         return min(self.attention_fraction * self.compute_scale, 1.0)
 
-    def overhead_time_s(self, tokens_per_step: ArrayLike, num_layers: int) -> float | np.ndarray:
-        """Fixed cost of one engine step: per-step plus per-layer overhead (an empty step costs 0)."""
+    def overhead_time_s(self, tokens_per_step: ArrayLike, num_layers: int, step_scale: float = 1.0,
+                        layer_scale: float = 1.0) -> float | np.ndarray:
+        """Fixed cost of one engine step: per-step plus per-layer overhead (an empty step costs 0). A full
+        pipeline's period counts the per-step part `step_scale` times and the per-layer part `layer_scale`
+        times (`step_time.pipeline_period_scales`)."""
         tokens = np.asarray(tokens_per_step, dtype=float)
-        time = (tokens > 0) * (self.per_step_overhead_s + self.per_layer_overhead_s * num_layers)
+        time = (tokens > 0) * (step_scale * self.per_step_overhead_s
+                               + layer_scale * (self.per_layer_overhead_s * num_layers))
         return float(time) if time.ndim == 0 else time
 
 

@@ -445,8 +445,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     layer_scale, step_scale = pipeline_period_scales(layers, steps.pipeline_parallel, steps.pipeline_period)
     latency = efficiency.allreduce_latency_s
     linear = structure.linear_memory_row / bandwidth_fraction
-    linear[_STEP_AT] += (step_scale * efficiency.per_step_overhead_s
-                         + layer_scale * (efficiency.per_layer_overhead_s * layers))
+    linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, step_scale, layer_scale)
     linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
