@@ -271,16 +271,16 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
              f"usable by the fit, starting from `{provenance['base_profile']}`. {provenance['method']}."),
             "",
             ("| GPU family | compute | rows | HBM bandwidth fraction | compute scale | small-M flatness "
-             "| per step (ms) | per layer (µs) | all-reduce α (µs) | per sequence, V0 host loop (µs) "
+             "| per step (ms) | per layer (µs) | all-reduce α (µs) | PCIe link fraction | per sequence, V0 host loop (µs) "
              "| per MoE layer, prompt steps outside CUDA graphs (ms) |"),
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for entry in profile_from_entries(document["name"], document["entries"]).entries:
             e = entry.efficiency
             out.append(f"| {entry.family} | {entry.compute_dtype} | {entry.rows} | {e.bandwidth_fraction:.3f} | "
                        f"{e.compute_scale:.3f} | {parameter_value(e, SMALL_M_FLATNESS):.2f} | "
                        f"{e.per_step_overhead_s * 1e3:.3f} | {e.per_layer_overhead_s * 1e6:.1f} | "
-                       f"{e.allreduce_latency_s * 1e6:.1f} | {e.per_sequence_overhead_s * 1e6:.1f} | "
+                       f"{e.allreduce_latency_s * 1e6:.1f} | {e.pcie_link_fraction:.3f} | {e.per_sequence_overhead_s * 1e6:.1f} | "
                        f"{e.prefill_moe_layer_overhead_s * 1e3:.3f} |")
         out.append("")
         priors = provenance.get("parameter_priors") or {}

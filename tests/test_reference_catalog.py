@@ -185,6 +185,23 @@ def test_derived_gpu_topology(db_session: Session, slug: str, family: str, gpus_
     assert f"gpus_per_node = {gpus_per_node}" in record.notes
 
 
+@pytest.mark.parametrize(
+    ("slug", "pcie"),
+    [
+        ("l40s", True),  # "PCIe Gen4 x16 (64 GB/s bidir; no NVLink)"
+        ("rtx-pro-6000", True),  # "PCIe Gen5 x16 (no NVLink; GPUDirect P2P over PCIe)"
+        ("a100-80gb-pcie", True),  # "PCIe Gen4 x16 (optional 2-GPU NVLink bridge ...)": the catalog counts no bridge
+        ("h100-nvl", False),  # "PCIe Gen5 x16 + NVLink bridge": the bridged pair is the node (300e9 B/s)
+        ("h200-nvl", False),
+        ("h100-sxm", False),  # "NVLink 4 (18 links) + PCIe Gen5 x16"
+        ("mi300x", False),  # "AMD Infinity Fabric ..."
+        ("gaudi2", False),  # "24x 100 GbE RoCE v2 on-die ..."
+    ],
+)
+def test_gpus_whose_node_talks_over_pcie(db_session: Session, slug: str, pcie: bool) -> None:
+    assert gpu_spec_from_record(_gpu(db_session, slug)).pcie_links is pcie
+
+
 def test_every_gpu_has_a_known_family() -> None:
     assert set(GPU_FAMILY) == set(README_GPU_SLUGS)
     assert set(GPU_FAMILY.values()) <= {"ampere", "hopper", "blackwell", "ada", "turing", "volta", "cdna2",

@@ -262,7 +262,7 @@ class ErrorSummaryOut(BaseModel):
 
 class ValidationResponse(BaseModel):
     model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
-                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.02.1"})
+                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.02.2"})
 
     calibration_profile: str = Field(description="The profile whose efficiencies produced the predictions")
     rows: list[RowResultOut]
@@ -280,6 +280,7 @@ PROFILE_ENTRY_EXAMPLE = {
                       {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
+    "pcie_link_fraction_ratio": 1.0,
     "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
               "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
@@ -315,7 +316,7 @@ PROVENANCE_EXAMPLE: dict[str, Any] = {
     "fit_error": FIT_ERROR_EXAMPLE, "entries_fitted": [ENTRY_FIT_EXAMPLE],
     "parameter_priors": {"allreduce_latency_s": {"prior": 1e-05, "source": "NCCL tuner: 7.8-15.0 us in a node"}},
     "parameters_at_bounds": [BOUND_EXAMPLE],
-    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.02.1",
+    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.02.2",
 }
 
 
@@ -333,6 +334,10 @@ class ProfileEntryOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
+    pcie_link_fraction_ratio: float = Field(1.0, description=(
+        "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
+        "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the "
+        "catalog's interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate"))
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
@@ -496,7 +501,7 @@ class CalibrationResponse(BaseModel):
         "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
                     "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
         "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,
-        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.02.1"})
+        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.02.2"})
 
     profile: ProfileOut
     base_profile: str

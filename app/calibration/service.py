@@ -187,6 +187,10 @@ class PreparedRow:
         return self.prediction.pays_prefill_overhead
 
     @property
+    def pays_pcie_link(self) -> bool:
+        return self.prediction.pays_pcie_link
+
+    @property
     def fittable(self) -> bool:
         """A fit reads the row: its schedule does not depend on the step time (not a Poisson run), and its
         precision is stated (an efficiency fitted to an assumed precision would turn the guess into a number)."""
@@ -590,6 +594,7 @@ def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
         per_step_overhead_ms=entry["per_step_overhead_s"] * 1e3,
         per_layer_overhead_ms=entry["per_layer_overhead_s"] * 1e3,
         allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
+        pcie_link_fraction_ratio=entry.get("pcie_link_fraction", 1.0),  # absent: a profile before it
         per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
         prefill_moe_layer_overhead_ms=entry.get("prefill_moe_layer_overhead_s", 0.0) * 1e3,
         source=entry["source"],

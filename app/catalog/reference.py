@@ -67,8 +67,18 @@ def gpu_spec_from_record(record: Any, *, slug: str | None = None) -> GpuSpec:
         price_per_hour_usd=record.price_per_hour_usd,
         slug=slug if slug is not None else getattr(record, "slug", ""),
         family=record.family,
+        pcie_links=links_over_pcie(slug if slug is not None else getattr(record, "slug", ""),
+                                   getattr(record, "interconnect", "")),
         **compute,
     )
+
+
+def links_over_pcie(slug: str, interconnect: str) -> bool:
+    """Whether a node's GPUs talk over PCIe: the interconnect, in words, is PCIe first (the catalog's
+    PCIe cards: "PCIe Gen4 x16 (no NVLink)"), unless the card is one of the NVLink-bridged groups that
+    `node_topology` takes as the node (H100 NVL, H200 NVL). An optional bridge the catalog does not count
+    (A100/H100 PCIe: "optional NVLink bridge") leaves the link PCIe."""
+    return interconnect.startswith("PCIe") and slug not in NVLINK_BRIDGE_CARDS
 
 
 def model_spec_from_record(record: Any, *, slug: str | None = None, name: str | None = None) -> ModelSpec:

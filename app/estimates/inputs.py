@@ -210,6 +210,7 @@ def efficiency_out(efficiency: Efficiency, profile: str) -> EfficiencyOut:
         per_step_overhead_ms=round(efficiency.per_step_overhead_s * 1e3, 6),
         per_layer_overhead_ms=round(efficiency.per_layer_overhead_s * 1e3, 6),
         allreduce_latency_ms=round(efficiency.allreduce_latency_s * 1e3, 6),
+        pcie_link_fraction_ratio=efficiency.pcie_link_fraction,
         per_sequence_overhead_ms=round(efficiency.per_sequence_overhead_s * 1e3, 6),
         prefill_moe_layer_overhead_ms=round(efficiency.prefill_moe_layer_overhead_s * 1e3, 6),
         source=efficiency.source,

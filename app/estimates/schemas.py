@@ -207,10 +207,10 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
                       {"tokens": 256, "compute_fraction_ratio": 0.78}, {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
-    "allreduce_latency_ms": 0.0075, "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
-              "7.5 us. Uncalibrated for this GPU and precision.",
+              "7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
 }
 
 
@@ -261,6 +261,10 @@ class EfficiencyOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
+    pcie_link_fraction_ratio: float = Field(1.0, description=(
+        "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
+        "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the "
+        "catalog's interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate"))
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
@@ -404,7 +408,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.1",
+        "calculation_version": "2026.12.02.2",
     })
 
 
@@ -639,7 +643,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.1",
+        "calculation_version": "2026.12.02.2",
     })
 
 
@@ -724,5 +728,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.1",
+        "calculation_version": "2026.12.02.2",
     })

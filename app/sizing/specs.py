@@ -65,6 +65,9 @@ class GpuSpec:
     cuda_memory_bytes: int | None = None
     slug: str = ""
     family: str = ""  # vendor generation used to group calibration (e.g. "hopper", "ampere")
+    # The GPUs of a node talk over PCIe (no NVLink or other scale-up fabric): their collectives reach a
+    # fraction of the link's rate that a calibration fits (`Efficiency.pcie_link_fraction`).
+    pcie_links: bool = False
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

@@ -22,6 +22,11 @@ from app.sizing.hardware.comm import (
     tp_link_bandwidth,
     tp_network_latency_s,
 )
+from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.hardware.roofline import roofline
+from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.model.flops import decode_cost
+from tests.domain.models_for_tests import LLAMA_3_70B
 from tests.domain.test_roofline import H100_SXM
 
 
@@ -105,3 +110,40 @@ def test_invalid_degrees_and_links_are_rejected() -> None:
         pipeline_hops_time_s(1, 0, 16_384, 450e9, 7.5e-6)
     with pytest.raises(ValueError):
         link_bandwidth(H100_SXM, 0)
+
+
+# gpus.csv `l40s`: PCIe Gen4 x16, 32 GB/s per direction, no NVLink; 864 GB/s GDDR6; bf16 362.05 TFLOPS.
+L40S = dataclasses.replace(H100_SXM, name="NVIDIA L40S", slug="l40s", memory_bytes=48_305_799_168,
+                           memory_bandwidth_bytes_per_s=0.864e12, interconnect_bandwidth_bytes_per_s=32e9,
+                           bf16_flops_per_s=362.05e12, fp16_flops_per_s=362.05e12, fp8_flops_per_s=733e12,
+                           int8_ops_per_s=733e12, pcie_links=True)
+
+
+def test_a_pcie_link_at_half_its_rate_doubles_the_transfer_part_of_every_collective() -> None:
+    """Llama-3-70B (80 layers, h = 8192, bf16 activations: 16,384 B per token) on 8 x L40S (PCIe 32e9 B/s
+    per direction), a decode step of 64 sequences: each all-reduce moves 64 x 16,384 = 1,048,576 B,
+    2 x 7/8 x 1,048,576 / 32e9 = 57.344 us of transfer at the full rate, 114.688 us at half; 2 x 80 = 160
+    all-reduces a step: 9.17504 ms more at pcie_link_fraction 0.5, the latency alpha unchanged. The roofline
+    of the same step charges the same difference as communication time. On H100s (NVLink) the fraction
+    changes nothing."""
+    full, half = (dataclasses.replace(DEFAULT_EFFICIENCY, pcie_link_fraction=fraction) for fraction in (1.0, 0.5))
+    expected = 160 * 2 * 7 / 8 * 1_048_576 / 32e9
+    assert expected == pytest.approx(9.17504e-3, rel=1e-12)
+    steps = {efficiency.pcie_link_fraction: build_step_time_model(LLAMA_3_70B, L40S, tensor_parallel=8, weight_dtype="bf16",
+                                                             kv_dtype="bf16", efficiency=efficiency)
+             for efficiency in (full, half)}
+    assert float(steps[0.5](64, 64 * 1000, 0, 0)) - float(steps[1.0](64, 64 * 1000, 0, 0)) == pytest.approx(
+        expected, rel=1e-9)
+    cost = decode_cost(LLAMA_3_70B, 1000, batch_size=64, weight_dtype="bf16", kv_dtype="bf16", tensor_parallel=8)
+    slow, fast = (roofline(cost, L40S, "bf16", efficiency) for efficiency in (half, full))
+    assert slow.comm_time_s - fast.comm_time_s == pytest.approx(expected, rel=1e-9)
+    nvlink = [build_step_time_model(LLAMA_3_70B, H100_SXM, tensor_parallel=8, weight_dtype="bf16", kv_dtype="bf16",
+                                    efficiency=efficiency)(64, 64 * 1000, 0, 0) for efficiency in (full, half)]
+    assert nvlink[0] == nvlink[1]
+    assert roofline(cost, H100_SXM, "bf16", half).comm_time_s == roofline(cost, H100_SXM, "bf16", full).comm_time_s
+
+
+def test_a_link_fraction_outside_zero_to_one_is_rejected() -> None:
+    for bad in (0.0, 1.2):
+        with pytest.raises(ValueError, match="pcie_link_fraction"):
+            dataclasses.replace(DEFAULT_EFFICIENCY, pcie_link_fraction=bad)

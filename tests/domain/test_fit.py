@@ -57,6 +57,7 @@ class ToyTarget:
     compute_dtype: str = "bf16"
     pays_host_work: bool = False
     pays_prefill_overhead: bool = False
+    pays_pcie_link: bool = False
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.weight_bytes / (BANDWIDTH * efficiency.bandwidth_fraction) + efficiency.per_step_overhead_s
@@ -157,6 +158,7 @@ class ProductTarget:
     compute_dtype: str
     pays_host_work: bool = False  # gpt-fast: no engine host loop between steps
     pays_prefill_overhead: bool = False
+    pays_pcie_link: bool = False
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.prepared.predict(efficiency)  # type: ignore[attr-defined]
@@ -293,12 +295,13 @@ def test_a_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     """Within 1% of the range from a bound: range 0.42-0.90 (0.48 wide) gives a margin of 0.0048, so
     0.4248 and 0.8952 are at a bound, 0.43 is not. Only fitted entries (rows > 0) are inspected; the
     other parameters here sit inside their ranges (compute scale 0.8, flatness 0.5, 0.3 ms, 3 us, 7.5 us,
-    0.5 ms of host work per sequence, 1 ms per MoE layer of a step with prompt tokens)."""
+    0.5 ms of host work per sequence, 1 ms per MoE layer of a step with prompt tokens, links at 0.84 of
+    their rate)."""
     bound = ParameterBounds("bandwidth_fraction", 0.42, 0.90, 0.70, "test")
     assert (bound.at_bound(0.4248), bound.at_bound(0.8952), bound.at_bound(0.43)) == ("low", "high", None)
     inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5,
                                                   "per_sequence_overhead_s": 0.5e-3,
-                                                  "prefill_moe_layer_overhead_s": 1e-3})
+                                                  "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84})
     at_floor = dataclasses.replace(inside, bandwidth_fraction=0.42)
     profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, at_floor), ProfileEntry("cdna3", ANY, at_floor, 50)))
     assert parameters_at_bounds(profile) == [("cdna3", ANY, "bandwidth_fraction", 0.42, "low")]
@@ -372,3 +375,33 @@ def test_an_entry_below_the_global_one_is_pulled_toward_the_level_above() -> Non
                       describe=lambda family, dtype, rows: "fit")
     assert fit.profile.entry_for("hopper", ANY).rows == 12
     assert fit.profile.efficiency_for("hopper", "bf16").allreduce_latency_s == pytest.approx(25e-6, abs=1.5e-6)
+
+
+@dataclass(frozen=True)
+class _Ring:
+    """A TP step: 5 ms of kernels plus 1 MB moved over a 1e9 B/s link at the PCIe fraction (1 ms at the
+    full rate) on rows that pay it; 5 ms flat on the others."""
+
+    measured: float
+    family: str
+    source_id: str = "ring"
+    compute_dtype: str = "bf16"
+    pays_host_work: bool = False
+    pays_prefill_overhead: bool = False
+    pays_pcie_link: bool = True
+
+    def predict(self, efficiency) -> float:
+        return 5e-3 + (1e-3 / efficiency.pcie_link_fraction if self.pays_pcie_link else 0.0)
+
+
+def test_only_a_family_entry_fits_its_pcie_links_and_the_global_entry_keeps_the_prior() -> None:
+    """Ada's rows were made with its PCIe links at half their rate: 5 + 1 / 0.5 = 7 ms; hopper's rows pay
+    nothing (NVLink): 5 ms. Ada's entry fits 0.5 back; the global entry, fitted on both families' rows, does
+    not fit the PCIe fraction and keeps the start's cited 0.84, as hopper does (none of its rows pays it)."""
+    rows = [_Ring(7e-3, "ada") for _ in range(12)] + [_Ring(5e-3, "hopper", pays_pcie_link=False) for _ in range(12)]
+    fit = fit_profile(rows, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=True,
+                      max_evaluations=200, describe=lambda family, dtype, rows: "fit")
+    fraction = {family: fit.profile.efficiency_for(family, "bf16").pcie_link_fraction for family in ("ada", "hopper")}
+    assert fit.profile.efficiency_for(ANY, ANY).pcie_link_fraction == DEFAULT_EFFICIENCY.pcie_link_fraction == 0.84
+    assert fraction["ada"] == pytest.approx(0.5, abs=0.01)
+    assert fraction["hopper"] == 0.84

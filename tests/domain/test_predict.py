@@ -349,3 +349,20 @@ def test_a_full_pipeline_decodes_at_its_period_a_lone_request_at_one_trip() -> N
 def test_layouts_that_cannot_be_predicted_say_why(fields, reason) -> None:
     with pytest.raises(Unpredictable, match=reason):
         prepare(measurement(**{"num_gpus": 8, **fields}), MIXTRAL_8X7B, HOPPER)
+
+
+def test_only_a_layout_that_communicates_over_pcie_pays_the_pcie_link_fraction() -> None:
+    """A fit measures `pcie_link_fraction` only on rows of GPUs that talk over PCIe whose layout moves data
+    between GPUs every step in volume: TP2 (two all-reduces of every token's hidden state a layer) does; one
+    GPU does not, nor PP2 (one hand-off of a hidden state per token at its one stage boundary, 80 to 160
+    times less than TP2's all-reduces on a 40- to 80-layer model), nor a dense model's data parallelism
+    (replicas that never exchange), while an MoE model's attention-DP ranks exchange their tokens in every
+    MoE layer. The same layouts on NVLink GPUs never pay it."""
+    pcie = dataclasses.replace(HOPPER, pcie_links=True)
+    assert not prepare(measurement(), LLAMA_3_8B, pcie).pays_pcie_link
+    assert prepare(measurement(num_gpus=2, tp=2), LLAMA_3_8B, pcie).pays_pcie_link
+    assert not prepare(measurement(num_gpus=2, tp=1, pp=2), LLAMA_3_8B, pcie).pays_pcie_link
+    assert not prepare(measurement(num_gpus=2, tp=1, dp=2), LLAMA_3_8B, pcie).pays_pcie_link
+    assert prepare(measurement(num_gpus=2, tp=1, dp=2, ep=2), MIXTRAL_8X7B, pcie).pays_pcie_link
+    assert not prepare(measurement(num_gpus=2, tp=2), LLAMA_3_8B, HOPPER).pays_pcie_link
+    assert not prepare(measurement(num_gpus=2, tp=1, dp=2, ep=2), MIXTRAL_8X7B, HOPPER).pays_pcie_link

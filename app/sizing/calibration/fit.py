@@ -8,10 +8,12 @@ the least specific entry: (family, precision), then (family, `*`), then (`*`, pr
 Fitting adjusts six physically meaningful parameters per entry, each inside sane bounds
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
-per-layer overheads, and the all-reduce latency; and two paid only by some engines (`HOST_PARAMETERS`:
-fitted only where rows pay them; a family's is pulled toward the global entry's, which a family without
-such rows keeps): the host work per sequence per step of engines that do not overlap it with the GPU, and
-the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA graphs. Priors: the cited values in
+per-layer overheads, and the all-reduce latency; one paid only by layouts that communicate over PCIe
+(`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and two paid only by some
+engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
+GPU, and the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA
+graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
+global entry's, which a family without such rows keeps. Priors: the cited values in
 the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
 what its rows do not pin down stays where the wider data put it). The objective is the mean absolute log error over the measurements of the entry,
 |ln(predicted / measured)|: symmetric in over- and under-prediction, scale-free (tokens/s and
@@ -117,7 +119,23 @@ HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
                     "token permutation; ENGINES.md: DeepEP's normal mode cannot be captured in a CUDA graph); "
                     "range 0-5 ms per MoE layer; prior 0", paid_by="pays_prefill_overhead"),
 )
-GLOBAL_PARAMETERS = FITTED_PARAMETERS + HOST_PARAMETERS
+# Between GPUs that talk over PCIe (`GpuSpec.pcie_links`) the collectives of a layout (tensor-parallel
+# all-reduce, pipeline hand-off, MoE exchange) carry less than the link's datasheet rate. A link's one-way
+# rate in NVIDIA's p2p bandwidth test reaches 380 of 450 GB/s on H100 NVLink (ENGINES.md section 5: 0.84,
+# the one such measurement cited, hence the prior); a ring between PCIe cards also crosses switches and host
+# bridges that several cards share (two to four behind one x16 uplink: a half to a quarter of the rate each),
+# hence the floor 0.2. Only rows on such GPUs whose layout runs all-reduces or an MoE exchange (TP above 1,
+# an MoE model's data-parallel ranks) measure it; NVLink and other scale-up fabrics keep their datasheet rate.
+# It belongs to a GPU family's node design, so only a family's (or precision's) entry fits it: the global
+# entry, the fallback for GPUs without rows, keeps the cited prior (a few PCIe rows in its sample spread over
+# every GPU would set it for all of them).
+LINK_PARAMETERS: tuple[ParameterBounds, ...] = (
+    ParameterBounds("pcie_link_fraction", 0.2, 1.0, 0.84,
+                    "ENGINES.md section 5: a link's one-way rate in NVIDIA's p2pBandwidthLatencyTest, 380 of 450 "
+                    "GB/s on H100 NVLink (prior 0.84); 1 = the datasheet rate; floor 0.2: PCIe cards sharing a "
+                    "switch or host bridge uplink two to four at a time", paid_by="pays_pcie_link"),
+)
+GLOBAL_PARAMETERS = FITTED_PARAMETERS + LINK_PARAMETERS + HOST_PARAMETERS
 
 # Weight of the priors: the objective adds PRIOR_WEIGHT x the mean over parameters of
 # ((value - prior) / range)^2, so a parameter at the far end of its range costs as much as a 2% worse fit
@@ -323,6 +341,12 @@ class FitTarget(Protocol):
         """Whether its MoE model's steps with prompt tokens run outside CUDA graphs (prefill_moe_layer_overhead_s)."""
         ...
 
+    @property
+    def pays_pcie_link(self) -> bool:
+        """Whether its layout runs all-reduces or an MoE exchange between GPUs that talk over PCIe
+        (pcie_link_fraction)."""
+        ...
+
     def predict(self, efficiency: Efficiency) -> float: ...
 
 
@@ -386,7 +410,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     MIN_ROWS_PER_ENTRY targets, a family entry (family, `*`) on all of them, the fallback for its
     precisions without an entry; then each (family, compute precision) group with at least
     MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit: the same
-    rows). Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
+    rows). The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
+    Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
     writes each fitted entry's `source`. An entry fits at most `max_rows_per_entry` of its rows, spread
     evenly over them (`spread`). The profile after each level is kept (`levels`).
     """
@@ -400,7 +425,9 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         rows = spread(rows, max_rows_per_entry)
         start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
         bounds = GLOBAL_PARAMETERS
-        if key != (ANY, ANY):  # partial pooling: pulled toward the level above (where it starts), not the cited priors
+        if key == (ANY, ANY):  # a family's node design (its PCIe links) is measured in its own entry
+            bounds = tuple(bound for bound in bounds if bound not in LINK_PARAMETERS)
+        else:  # partial pooling: pulled toward the level above (where it starts), not the cited priors
             bounds = tuple(replace(bound, prior=min(max(parameter_value(start, bound.name), bound.low), bound.high))
                            for bound in bounds)
         # A parameter no row pays is not measured by these rows: kept, not fitted.

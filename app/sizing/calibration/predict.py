@@ -258,7 +258,7 @@ class PreparedPrediction:
     """
 
     def __init__(self, measurement: Measurement, runs: tuple[_Run, ...], assumptions: tuple[str, ...] = (),
-                 moe: bool = False) -> None:
+                 moe: bool = False, pcie_links: bool = False) -> None:
         self.measurement = measurement
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
@@ -270,6 +270,11 @@ class PreparedPrediction:
         self.runs_prefill_outside_graphs = not rules.graphs_prefill_steps(version)
         # Whether the overhead per MoE layer of such steps applies (what a fit can measure on this row).
         self.pays_prefill_overhead = moe and self.runs_prefill_outside_graphs
+        # Whether its layouts run all-reduces or an MoE exchange over PCIe in every step, what measures
+        # pcie_link_fraction. (A pipeline also hands each token's hidden state over PCIe at a stage boundary,
+        # but too few bytes for a row to measure the link by.)
+        self.pays_pcie_link = pcie_links and any(
+            layout.tensor_parallel > 1 or (moe and layout.data_parallel > 1) for layout in self.layouts)
 
     @property
     def timing_invariant(self) -> bool:
@@ -349,7 +354,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
         return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype, weights, compute_dtype),),
-                                  tuple(assumptions), model.is_moe)
+                                  tuple(assumptions), model.is_moe, gpu.pcie_links)
     key = (m.scenario, m.num_gpus, m.pp or 1, weights, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
     dp, ep = m.dp or 1, m.ep or 1
@@ -361,7 +366,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
         return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions),
-                                  model.is_moe)
+                                  model.is_moe, gpu.pcie_links)
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
@@ -370,7 +375,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
             reasons.append(f"TP{tp}: {exc}")
     if not runs:
         raise Unpredictable("no layout on the GPUs can run it: " + "; ".join(reasons or ["none divides the heads"]))
-    return PreparedPrediction(m, tuple(runs), tuple(assumptions), model.is_moe)
+    return PreparedPrediction(m, tuple(runs), tuple(assumptions), model.is_moe, gpu.pcie_links)
 
 
 def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:

@@ -40,6 +40,11 @@ class Efficiency:
     per_step_overhead_s: float  # scheduling, sampling, launches: once per engine step
     per_layer_overhead_s: float  # kernel launches and small ops: once per decoder layer per step
     allreduce_latency_s: float  # alpha: fixed cost of one communication call
+    # Achieved fraction of the PCIe link's per-direction rate in the collectives of a layout on GPUs that talk
+    # over PCIe (`GpuSpec.pcie_links`): tensor-parallel all-reduces, pipeline hand-offs, the MoE exchange.
+    # 1 = the datasheet rate. A ring between PCIe cards crosses switches and host bridges that several cards
+    # share; NVLink and other scale-up fabrics keep their datasheet rate.
+    pcie_link_fraction: float = 1.0
     # Host work per sequence per step that the engine does not overlap with the GPU (scheduling, sampling
     # metadata, detokenization in the step loop). 0 for engines that prepare the next step while the GPU
     # runs this one; `engines.host_adjusted` keeps it only for those that do not (vLLM's V0 engine).
@@ -74,6 +79,8 @@ class Efficiency:
             raise ValueError("compute_scale must be positive")
         if not 0 < self.attention_fraction <= 1:
             raise ValueError("attention_fraction must be in (0, 1]")
+        if not 0 < self.pcie_link_fraction <= 1:
+            raise ValueError("pcie_link_fraction must be in (0, 1]")
         for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s",
                      "prefill_moe_layer_overhead_s"):
             if getattr(self, name) < 0:
@@ -154,12 +161,16 @@ DEFAULT_EFFICIENCY = Efficiency(
     per_layer_overhead_s=3e-6,
     # alpha of one all-reduce: "roughly 5-10 us" (SIZING.md section 6); the midpoint.
     allreduce_latency_s=7.5e-6,
+    # Between PCIe cards: a link's one-way rate in NVIDIA's p2p bandwidth test, 380 of 450 GB/s on H100
+    # NVLink (ENGINES.md section 5), the one such measurement cited (NVLink itself keeps its catalog rate).
+    pcie_link_fraction=0.84,
     source=(
         "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64, 62% at 128, "
         "78% at 256, 89% at 4096, 93% at 16k; SIZING.md s5); attention 0.6 of peak (FlashAttention-2: "
         "50-73% on A100; FlashAttention-3: 75% on H100); bandwidth 0.70 = batch-1 decode on A100-80GB "
         "(gpt-fast Llama-3.1-8B 0.69, LMDeploy Llama-2-7B 0.65 end to end; SIZING.md range 0.52-0.80); "
         "overhead 0.3 ms/step + 3 us/layer (SIZING.md: 0.1-1 ms + a few us/layer); all-reduce alpha "
-        "7.5 us (SIZING.md: 5-10 us). Uncalibrated for this GPU and precision."
+        "7.5 us (SIZING.md: 5-10 us); PCIe links at 0.84 of their rate between cards without NVLink "
+        "(H100 p2p test: 380 of 450 GB/s). Uncalibrated for this GPU and precision."
     ),
 )

@@ -190,11 +190,12 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
         compute.append(op_compute)
         memory.append(op_memory)
         expected.append(expected_time_s(op_compute, op_memory, float(fraction), bandwidth_fraction))
+    link_fraction = efficiency.pcie_link_fraction if gpu.pcie_links else 1.0
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
-                                 cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel),
+                                 cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel) * link_fraction,
                                  efficiency.allreduce_latency_s + tp_network_latency_s(gpu, cost.tensor_parallel))
     comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
-                                link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel),
+                                link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel) * link_fraction,
                                 efficiency.allreduce_latency_s)
     overhead = float(efficiency.overhead_time_s(cost.tokens, cost.num_layers))
     compute_time, memory_time = math.fsum(compute), math.fsum(memory)

@@ -192,6 +192,7 @@ class StepTimeModel:
     expert_parallel: int = 1
     moe_link_bandwidth_bytes_per_s: float = 0.0  # the link of the tp·dp GPUs of the MoE exchange
     tp_network_latency_s: float = 0.0  # added to each all-reduce's latency when the TP ring spans nodes
+    pcie_links: bool = False  # the GPU's node links are PCIe: collectives at the efficiency's pcie_link_fraction
     # pp > 1: time the period of a pipeline with all pp micro-batches in flight, not one step's trip.
     pipeline_period: bool = False
     _forms: _Forms = field(init=False, repr=False)  # derived from the fields above, on construction
@@ -416,6 +417,7 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
         moe_link_bandwidth_bytes_per_s=link_bandwidth(gpu, tensor_parallel * data_parallel),
         tp_network_latency_s=tp_network_latency_s(gpu, tensor_parallel),
         pipeline_period=pipeline_period,
+        pcie_links=gpu.pcie_links,
     )
 
 
@@ -444,21 +446,22 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     # A full pipeline's period: the per-layer terms pp x the largest stage's share, the per-step ones pp times.
     layer_scale, step_scale = pipeline_period_scales(layers, steps.pipeline_parallel, steps.pipeline_period)
     latency = efficiency.allreduce_latency_s
+    link_fraction = efficiency.pcie_link_fraction if steps.pcie_links else 1.0
     linear = structure.linear_memory_row / bandwidth_fraction
     linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, step_scale, layer_scale)
     linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
     if steps.tensor_parallel > 1:
-        tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s
+        tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s * link_fraction
         linear[_STEP_AT] += layer_scale * step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
                                                                 latency + steps.tp_network_latency_s)
         linear[_TOKENS_AT] += layer_scale * step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
     if steps.pipeline_parallel > 1:
-        pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s
+        pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s * link_fraction
         linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
         linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
     exchange = steps.cost_model.moe_exchange_bytes_per_token
     if exchange:  # the most loaded EP rank's share: per routed token (one past the distinct experts)
-        moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s
+        moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s * link_fraction
         per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
         assert structure.experts is not None and structure.width - 1 == _FIRST_WINDOW_AT + WINDOW_FEATURES * len(
             steps.cost_model.windows) + 1  # the routed tokens
