@@ -14,7 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
-from app.estimates.schemas import ComputeCurvePoint, ComputeDtype, KvDtype, WeightDtype
+from app.estimates.schemas import (
+    PCIE_LINK_FRACTION_DESCRIPTION,
+    ComputeCurvePoint,
+    ComputeDtype,
+    KvDtype,
+    WeightDtype,
+)
 from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 
 # Uploads: each row can mean a simulation, so a request carries a bounded amount of work, sized to
@@ -334,10 +340,7 @@ class ProfileEntryOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
-    pcie_link_fraction_ratio: float = Field(1.0, description=(
-        "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
-        "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the "
-        "catalog's interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate"))
+    pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))

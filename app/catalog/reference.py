@@ -55,6 +55,7 @@ def gpu_spec_from_record(record: Any, *, slug: str | None = None) -> GpuSpec:
         spec_field: None if (tflops := getattr(record, column)) is None else tflops * TERA
         for column, spec_field in GPU_COMPUTE_COLUMNS.items()
     }
+    slug = slug if slug is not None else getattr(record, "slug", "")
     return GpuSpec(
         name=record.name,
         memory_bytes=record.memory_bytes,
@@ -65,10 +66,9 @@ def gpu_spec_from_record(record: Any, *, slug: str | None = None) -> GpuSpec:
         scale_out_bandwidth_bytes_per_s=float(record.scale_out_bandwidth_bytes_per_s),
         tdp_w=record.tdp_w,
         price_per_hour_usd=record.price_per_hour_usd,
-        slug=slug if slug is not None else getattr(record, "slug", ""),
+        slug=slug,
         family=record.family,
-        pcie_links=links_over_pcie(slug if slug is not None else getattr(record, "slug", ""),
-                                   getattr(record, "interconnect", "")),
+        pcie_links=links_over_pcie(slug, getattr(record, "interconnect", "")),
         **compute,
     )
 

@@ -249,6 +249,12 @@ class ComputeCurvePoint(BaseModel):
     compute_fraction_ratio: float = Field(description="Achieved fraction of peak FLOP/s at this many tokens")
 
 
+PCIE_LINK_FRACTION_DESCRIPTION = (
+    "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
+    "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
+    "interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate")
+
+
 class EfficiencyOut(BaseModel):
     """The efficiencies an expected time used, and where they came from."""
 
@@ -261,10 +267,7 @@ class EfficiencyOut(BaseModel):
     per_step_overhead_ms: float
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
-    pcie_link_fraction_ratio: float = Field(1.0, description=(
-        "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
-        "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the "
-        "catalog's interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate"))
+    pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))

@@ -130,6 +130,11 @@ class Efficiency:
         """Achieved fraction of peak FLOP/s in attention kernels (scaled, never above 1)."""
         return min(self.attention_fraction * self.compute_scale, 1.0)
 
+    def link_fraction(self, pcie_links: bool) -> float:
+        """Achieved fraction of a link's catalog rate in a layout's collectives: `pcie_link_fraction` between
+        GPUs that talk over PCIe (`GpuSpec.pcie_links`), 1 over NVLink and other scale-up fabrics."""
+        return self.pcie_link_fraction if pcie_links else 1.0
+
     def overhead_time_s(self, tokens_per_step: ArrayLike, num_layers: int, step_scale: float = 1.0,
                         layer_scale: float = 1.0) -> float | np.ndarray:
         """Fixed cost of one engine step: per-step plus per-layer overhead (an empty step costs 0). A full

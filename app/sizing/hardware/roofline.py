@@ -190,7 +190,7 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
         compute.append(op_compute)
         memory.append(op_memory)
         expected.append(expected_time_s(op_compute, op_memory, float(fraction), bandwidth_fraction))
-    link_fraction = efficiency.pcie_link_fraction if gpu.pcie_links else 1.0
+    link_fraction = efficiency.link_fraction(gpu.pcie_links)
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel) * link_fraction,
                                  efficiency.allreduce_latency_s + tp_network_latency_s(gpu, cost.tensor_parallel))

@@ -446,7 +446,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     # A full pipeline's period: the per-layer terms pp x the largest stage's share, the per-step ones pp times.
     layer_scale, step_scale = pipeline_period_scales(layers, steps.pipeline_parallel, steps.pipeline_period)
     latency = efficiency.allreduce_latency_s
-    link_fraction = efficiency.pcie_link_fraction if steps.pcie_links else 1.0
+    link_fraction = efficiency.link_fraction(steps.pcie_links)
     linear = structure.linear_memory_row / bandwidth_fraction
     linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, step_scale, layer_scale)
     linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
