@@ -8,6 +8,7 @@ simulator must reproduce exactly on random small cases.
 
 import math
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -269,20 +270,54 @@ def test_chunked_prefill_shares_steps_with_decodes():
     assert result.ttft_s[1] == pytest.approx(0.04 - 0.015)
 
 
-def test_without_chunked_prefill_decodes_pause_for_a_prefill():
-    """Same A and B (B's prompt 1000) without chunking: step 3 prefills B alone and A waits, so A's
-    tokens come at 10, 20, 40, 50 ms; with chunking A is never paused (done at 40 ms)."""
+def test_without_mixed_steps_decodes_pause_for_a_prefill():
+    """Same A and B (B's prompt 1000) without mixing (vLLM V0: whole prompts): step 3 prefills B alone
+    and A waits, so A's tokens come at 10, 20, 40, 50 ms; mixed in, A is never paused (done at 40 ms)."""
     trace = requests([0.0, 0.015], [10, 1000], [4, 2])
-    paused = simulate(constant_step(TAU), SchedulerConfig(100_000, chunked_prefill=False), trace)
+    paused = simulate(constant_step(TAU), SchedulerConfig(100_000, chunked_prefill=False, mixed_prefill=False),
+                      trace)
     mixed = simulate(constant_step(TAU), SchedulerConfig(100_000), trace)
     assert paused.finish_s[0] == pytest.approx(0.05)
     assert paused.ttft_s[1] == pytest.approx(0.03 - 0.015)
     assert mixed.finish_s[0] == pytest.approx(0.04)
 
 
+def test_prefill_first_chunks_pause_the_decodes():
+    """SGLang's schedule (chunked, not mixed): A decodes (prompt 10, answer 4); B (prompt 5000) arrives
+    during A's second step. Budget 4096: step 3 carries 4096 of B's prompt alone and step 4 B's last 904,
+    A waiting in both; step 5 decodes A and B, step 6 A alone.
+    A's tokens at 10, 20, 50, 60 ms; B's first token at 40 ms (arrived 15 ms: TTFT 25 ms), its second at
+    50 ms. Mixed in (the test above) A was done at 40 ms and B's chunks were 4095 and 905."""
+    step = RecordingStep()
+    config = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=4096, mixed_prefill=False)
+    result = simulate(step, config, requests([0.0, 0.015], [10, 5000], [4, 2]))
+    assert [call[:3] for call in step.prefill_steps] == [(0, 0, 10), (0, 0, 4096), (0, 0, 904)]
+    assert result.finish_s == pytest.approx([0.06, 0.05])
+    assert result.ttft_s[1] == pytest.approx(0.04 - 0.015)
+
+
+def test_prefill_first_keeps_a_fixed_length_closed_loop_in_step():
+    """Two users, prompts of 8192 = the budget, answers of 3, 10 ms steps. Prefill first: step 1 A's
+    prompt (first token 10 ms), step 2 B's (20 ms), steps 3-4 decode both: both done at 40 ms, so both
+    users send again at once and the second pair repeats the first: TTFTs 10, 20, 10, 20 ms, done at
+    40, 40, 80, 80 ms.
+    Mixed in, the users drift apart: step 2 carries A's decode and 8191 of B's prompt, step 3 A's last
+    token (A done at 30 ms) and B's last prompt token (B's first token at 30 ms); steps 4-5 B's decodes
+    with the next user's prompt beside them: B done at 50 ms."""
+    trace = requests([0.0] * 4, [8192] * 4, [3] * 4)
+    config = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192, mixed_prefill=False)
+    in_step = simulate(constant_step(TAU), config, trace, closed_loop_users=2, warmup_fraction=0.0)
+    assert in_step.ttft_s == pytest.approx([0.01, 0.02, 0.01, 0.02])
+    assert in_step.finish_s == pytest.approx([0.04, 0.04, 0.08, 0.08])
+    mixed = simulate(constant_step(TAU), replace(config, mixed_prefill=True), trace, closed_loop_users=2,
+                     warmup_fraction=0.0)
+    assert mixed.finish_s[:2] == pytest.approx([0.03, 0.05])
+    assert mixed.ttft_s[1] == pytest.approx(0.03)
+
+
 def test_without_chunked_prefill_a_prompt_above_the_budget_is_rejected():
     with pytest.raises(ValueError, match="chunked prefill"):
-        simulate(constant_step(TAU), SchedulerConfig(100_000, chunked_prefill=False),
+        simulate(constant_step(TAU), SchedulerConfig(100_000, chunked_prefill=False, mixed_prefill=False),
                  requests([0.0], [20_000], [3]))
 
 
@@ -467,10 +502,11 @@ def reference_simulate(step_time, config, trace):
             t = float(trace.arrival_s[next_arrival])
             continue
         prefill_only = False
-        if not config.chunked_prefill:
+        if not config.mixed_prefill:  # prompt work first, the decodes wait for it
             head = waiting[0] if waiting else None
-            prefill_only = (head is not None and len(running) < config.max_num_seqs
-                            and admission_blocks(head) <= free)
+            prefill_only = (any(phase[i] == "prefill" for i in running)
+                            or (head is not None and len(running) < config.max_num_seqs
+                                and admission_blocks(head) <= free))
         decoders = [] if prefill_only else [i for i in running if phase[i] == "decode"]
         preempted = False
         if on_demand:
@@ -498,7 +534,7 @@ def reference_simulate(step_time, config, trace):
             if phase[i] == "prefill" and budget > 0:
                 chunks[i] = min(target[i] - in_kv[i], budget)
                 budget -= chunks[i]
-        if not preempted and (config.chunked_prefill or prefill_only):
+        if not preempted and (config.mixed_prefill or prefill_only):
             while waiting and budget > 0 and len(running) < config.max_num_seqs:
                 i = waiting[0]
                 need = admission_blocks(i)
@@ -552,7 +588,7 @@ def small_cases(draw):
     pinned = -(-shared_prefix // block_size) if any(shared) else 0
     largest = max(-(-(p + a - s) // block_size) for p, a, s in zip(prompt, answer, shared, strict=True))
     blocks = pinned + largest + draw(st.integers(0, 12))
-    chunked = draw(st.booleans())
+    chunked, mixed = draw(st.booleans()), draw(st.booleans())
     reservation = draw(st.sampled_from(["on_demand", "full"]))
     max_num_seqs = draw(st.integers(1, 4))
     if chunked:
@@ -560,7 +596,7 @@ def small_cases(draw):
     else:
         budget = max(max_num_seqs, max(p + a for p, a in zip(prompt, answer, strict=True)))
     config = SchedulerConfig(blocks * block_size, block_size, max_num_seqs, budget, chunked,
-                             reservation)
+                             reservation, mixed_prefill=mixed)
     return trace, config
 
 

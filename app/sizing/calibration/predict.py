@@ -489,7 +489,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     full_layers, window_layers = layer_mix(model, resolved.block_size, pp)
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=resolved.max_num_batched_tokens, chunked_prefill=True,
+        max_num_batched_tokens=resolved.max_num_batched_tokens,
+        mixed_prefill=engines.ENGINES[resolved.engine].mixes_prefill_into_decode(),
         kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL,
         full_layers=full_layers, window_layers=window_layers)
     return Layout(tp, pp, num_gpus // layout.gpus * dp * pp, kv_tokens, scheduler, dp, ep, num_gpus)

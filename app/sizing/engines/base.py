@@ -174,8 +174,9 @@ class Engine(Protocol):
         """The sequence limit when it follows from the KV pool (None: no limit of its own)."""
         ...
 
-    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
-        """Whether prompt chunks ride in decode steps (chunked prefill) by default."""
+    def mixes_prefill_into_decode(self) -> bool:
+        """Whether the running decodes ride in the steps that carry prompt chunks by default (False: a step
+        with prompt work pauses the decodes)."""
         ...
 
     def overlaps_host_work(self, version: str) -> bool:

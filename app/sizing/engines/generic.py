@@ -48,7 +48,7 @@ class Generic:
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return None  # no limit: a step's token budget is then the only cap on running sequences
 
-    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+    def mixes_prefill_into_decode(self) -> bool:
         return True
 
     def overlaps_host_work(self, version: str) -> bool:

@@ -110,10 +110,12 @@ class Sglang:
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return sglang_max_running_requests(kv_tokens, max_model_len)
 
-    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
-        """SGLang runs prefill and decode in separate steps (mixed chunks are off by default), unless a
-        request could need a prefill longer than its chunk."""
-        return max_model_len > max_num_batched_tokens
+    def mixes_prefill_into_decode(self) -> bool:
+        """No: SGLang's scheduler runs a prefill batch (chunks of `chunked_prefill_size` tokens) whenever one
+        can be formed and the running decodes wait for it; decodes join prefill batches only under
+        `--enable-mixed-chunk`, off by default (SGLang `managers/scheduler.py` `get_next_batch_to_run`,
+        `server_args.py` `enable_mixed_chunk`)."""
+        return False
 
     def overlaps_host_work(self, version: str) -> bool:
         return True  # the overlap scheduler (default since 0.4) prepares the next batch while the GPU runs

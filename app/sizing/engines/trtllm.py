@@ -74,7 +74,7 @@ class Trtllm:
     def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
         return None  # max_batch_size is a fixed default, never derived
 
-    def mixes_prefill_into_decode(self, max_model_len: int, max_num_batched_tokens: int) -> bool:
+    def mixes_prefill_into_decode(self) -> bool:
         return True
 
     def overlaps_host_work(self, version: str) -> bool:

@@ -724,7 +724,7 @@ class _Planner:
             kv_capacity_tokens=rank_tokens, block_size=engine.block_size,
             max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
             max_num_batched_tokens=engine.max_num_batched_tokens,
-            chunked_prefill=self._chunked_prefill(engine),
+            mixed_prefill=ENGINES[engine.engine].mixes_prefill_into_decode(),
             kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL,
             full_layers=full_layers, window_layers=window_layers), pp)
 
@@ -781,9 +781,6 @@ class _Planner:
             draft.model, gpu, tensor_parallel=draft_tp, weight_dtype=draft.weight_dtype,
             kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=host_adjusted(efficiency, None))
         return share, steps
-
-    def _chunked_prefill(self, engine: ResolvedEngine) -> bool:
-        return ENGINES[engine.engine].mixes_prefill_into_decode(self.max_model_len, engine.max_num_batched_tokens)
 
     def _floor_reasons(self, step_time: StepTimeFn, scheduler: SchedulerConfig, role: str) -> list[str]:
         slo, lengths, p = self.slo, self.lengths, f"p{self.slo.percentile:g}"

@@ -42,7 +42,7 @@ class Scheduler:
 
     Decode bookkeeping is lazy: a decoding request joined at decode step `ds0` with `c0` tokens
     cached and `g0` generated; at decode step ds it has c0 + (ds − ds0) cached and has produced
-    g0 + (ds − ds0) tokens. `ds` counts steps that carry decodes (every step with chunked prefill).
+    g0 + (ds − ds0) tokens. `ds` counts steps that carry decodes (every step when prompts and decodes mix).
     """
 
     # Slots: the loop reads and writes these attributes a few dozen times per event (measured: the
@@ -50,7 +50,7 @@ class Scheduler:
     __slots__ = ("arrival", "block_size", "c0", "cached", "chunked", "closed_loop", "decode_context",
                  "decode_run", "decoders_by_phase", "decoding", "done", "ds", "ds0", "finish", "finish_heap",
                  "finish_step", "first_token", "free_blocks", "generated", "held", "input", "issued",
-                 "last_step_s", "max_num_seqs", "max_steps", "n", "next_arrival", "on_demand", "output", "phase",
+                 "last_step_s", "max_num_seqs", "max_steps", "mixed", "n", "next_arrival", "on_demand", "output", "phase",
                  "position", "preemptions", "prefilling", "prompt", "running", "scalar", "shared", "state",
                  "step_time", "steps", "t", "token_budget", "tokens_out", "trace_time", "trace_tokens",
                  "vector_min_steps", "waiting", "window")
@@ -71,6 +71,7 @@ class Scheduler:
         self.max_num_seqs: int = config.max_num_seqs
         self.token_budget: int = config.max_num_batched_tokens
         self.chunked: bool = config.chunked_prefill
+        self.mixed: bool = config.mixed_prefill
         self.on_demand = on_demand
         self.closed_loop = closed_loop_users is not None
 
@@ -125,7 +126,7 @@ class Scheduler:
     def run(self) -> bool:
         """Simulate until every request is done (True), or stop at `max_steps` engine steps (False)."""
         # Names that never change bound once: this loop turns two to three times per request.
-        arrival, waiting, state, n, chunked = self.arrival, self.waiting, self.state, self.n, self.chunked
+        arrival, waiting, state, n, mixed = self.arrival, self.waiting, self.state, self.n, self.mixed
         max_num_seqs, token_budget, running = self.max_num_seqs, self.token_budget, self.running
         trace_time, trace_tokens = self.trace_time.append, self.trace_tokens.append
         while self.done < n:
@@ -138,12 +139,13 @@ class Scheduler:
             if self.steps >= self.max_steps:
                 return False
             # The oldest waiting request can enter now: a free sequence slot, token budget left after the
-            # decodes (chunked prefill), and KV blocks for it.
+            # decodes (when they share the step), and KV blocks for it.
             head_admissible = (bool(waiting) and len(running) < max_num_seqs
-                               and not (chunked and self.decoding >= token_budget)
+                               and not (mixed and self.decoding >= token_budget)
                                and self._admission_blocks(waiting[0]) <= self.free_blocks)
             if self.prefilling or head_admissible:
-                self._step(with_decodes=chunked or not head_admissible)
+                # Prompt work first; the decodes ride along only in an engine that mixes them in.
+                self._step(with_decodes=mixed)
             elif self.decoding:
                 self._jump()
             elif next_arrival < n:  # idle until the next arrival
@@ -198,7 +200,7 @@ class Scheduler:
         if completed:
             self.prefilling = [j for j in self.prefilling if position[j] < prompt[j]]
 
-        if not preempted and (self.chunked or not with_decodes):
+        if not preempted and (self.mixed or not with_decodes):
             waiting, running, chunked, max_num_seqs = self.waiting, self.running, self.chunked, self.max_num_seqs
             while waiting and budget > 0 and len(running) < max_num_seqs:
                 j = waiting[0]

@@ -4,12 +4,17 @@ One engine iteration ("step") runs every admitted request forward together; its 
 a caller-supplied `StepTimeFn` (the roofline model, a calibrated fit, or a constant in tests). The
 scheduler reproduces the engine behaviour that decides latency under load:
 
-- Chunked prefill (vLLM V1): each step carries every running decode (one token each), then prompt
-  chunks FCFS (partially prefilled requests first, then newly admitted ones) up to
-  `max_num_batched_tokens` tokens in all. A request's first token comes out of the step that
-  completes its prompt. With `chunked_prefill=False` (vLLM V0, SGLang): when a waiting request can
-  be admitted the step prefills whole prompts only and the decodes pause for it; otherwise the step
-  is decode-only.
+- Prompt work, FCFS (partially prefilled requests first, then newly admitted ones), up to
+  `max_num_batched_tokens` tokens a step; a request's first token comes out of the step that
+  completes its prompt. Two engine choices shape it:
+  - `mixed_prefill` (vLLM V1, TensorRT-LLM): each step carries every running decode (one token each)
+    and the prompt work in what is left of the budget. Without it (SGLang, whose mixed chunks are off
+    by default; vLLM V0): a step with prompt work to do (a prompt part done, or a waiting request that
+    can be admitted) carries prompts only and the decodes pause for it; otherwise the step is
+    decode-only.
+  - `chunked_prefill` (vLLM V1, SGLang): a prompt may be split over several steps, the budget's worth
+    at a time. Without it (vLLM V0) a prompt is prefilled whole in one step, so it waits for a step
+    with room for all of it.
 - Admission, FCFS with head-of-line blocking: the oldest waiting request enters when a sequence
   slot is free (`max_num_seqs`), the step has token budget left, and the KV cache has free blocks:
   for its prompt (`"on_demand"`, vLLM) or for its prompt plus its whole answer (`"full"`,
@@ -105,7 +110,7 @@ class SchedulerConfig:
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
+    chunked_prefill: bool = True  # a prompt may be split over steps
     kv_tokens_reserved_per_request: Literal["on_demand", "full"] = ON_DEMAND
     # A model mixing full-attention and window layers (`kv.layer_mix`): the layers that cache the
     # whole context, and per window (its layers, the token slots one sequence holds there at most). The
@@ -114,6 +119,7 @@ class SchedulerConfig:
     # blocks at its final length, reserved at admission (`window_blocks`). Empty: every layer full.
     full_layers: int = 0
     window_layers: tuple[tuple[int, int], ...] = ()
+    mixed_prefill: bool = True  # decodes ride in the steps that carry prompt work
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
