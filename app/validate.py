@@ -256,7 +256,9 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "0.5.10, vLLM before 0.8) are fitted inside cited physical ranges, the global "
          "entry pulled toward cited priors and each family or precision entry toward the level above it, minimizing "
          "the mean |ln(predicted / measured)|; never per row. Poisson rows are validated but not fitted on (their "
-         "schedule depends on the step time), nor are rows whose weight dtype is assumed."),
+         "schedule depends on the step time), nor are rows whose weight dtype is assumed, nor the TTFT of a "
+         "closed loop of several users (mostly queueing behind the other users' prompts, which depends on "
+         "whether the harness keeps its users in step, which no source states)."),
         ("- A profile can be one global entry, an entry per GPU family, or an entry per GPU family and compute "
          "precision. Which one ships is decided by the cross-validated error above, never by the error on the "
          "data it was fitted to."),

@@ -227,6 +227,23 @@ def test_an_unstated_weight_dtype_is_predicted_at_the_published_precision_and_no
     assert not rows["none"].fittable and not rows["none8"].fittable
 
 
+def test_the_ttft_of_a_loaded_closed_loop_is_validated_but_not_fitted() -> None:
+    """How long a user of a closed loop waits for its first token depends on whether the harness keeps the
+    users in step, which no source states: such a TTFT is predicted but kept out of a fit. Its TPOT, the
+    TTFT of a single user (no one to queue behind) and the TTFT of an offline run (everyone sent at once,
+    nothing left to the harness) are fitted."""
+    lines = ["row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,concurrency,num_requests,metric,value",
+             "ttft16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,ttft_ms,300",
+             "tpot16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,tpot_ms,20",
+             "ttft1,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,1,,ttft_ms,60",
+             "offline,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,offline,1024,128,,64,ttft_ms,900"]
+    prepared, skipped = service.prepare_rows(read_rows("\n".join(lines) + "\n", pointer="file.csv"),
+                                             ReferenceCatalog())
+    assert skipped == {}
+    fittable = {item.row.row_id: item.fittable for item in prepared}
+    assert fittable == {"ttft16": False, "tpot16": True, "ttft1": True, "offline": True}
+
+
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:
     with pytest.raises(RowsInvalid) as raised:
         read_rows(HEADER + "\nr1,Qwen/Qwen2-7B,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4,tpot_ms,,fast,,,,\n",
