@@ -139,6 +139,9 @@ class Vllm:
         return None  # vLLM's max_num_seqs is a fixed default, never derived
 
     def mixes_prefill_into_decode(self) -> bool:
+        """Yes: the V1 engine (0.8 on) always chunks prompts into steps that carry every running decode.
+        The V0 engine before it chunked only when max_model_len exceeded 32,768 (ENGINES.md 1.1) and otherwise
+        prefilled whole prompts first; that older schedule is not modelled, every version is scheduled as V1."""
         return True
 
     def overlaps_host_work(self, version: str) -> bool:
