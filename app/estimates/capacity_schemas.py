@@ -10,6 +10,7 @@ from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
+    STEP_TOKENS_DESCRIPTION,
     BatchSize,
     BlockSize,
     CalibrationRef,
@@ -165,7 +166,8 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
     max_num_seqs: BatchSize | None = Field(None, description="Scheduler cap on running requests; null = the "
                                                              "engine's default")
     max_num_batched_tokens: ContextTokens | None = Field(
-        None, description="Tokens per engine step (prefill chunk); null = the engine's default")
+        None, description="Tokens per engine step (prefill chunk) as the engine is launched with it (sglang "
+                          "divides it among attention data-parallel ranks); null = the engine's default")
     block_size: BlockSize | None = Field(
         None, description="KV block (page) in tokens; null = vllm 16, trtllm 32, sglang 1, generic 16")
     input_tokens: ContextTokens = Field(description="Mean prompt tokens per request")
@@ -277,7 +279,7 @@ class EngineOut(BaseModel):
     gpu_memory_utilization: float
     utilization_of: Literal["total_memory", "free_memory_after_weights_and_activations"]
     max_num_seqs: int | None = Field(description="null = no limit")
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     block_size: int
     max_model_len: int
     kv_allocation: Literal["on_demand", "reserve_at_admission"]
@@ -395,5 +397,5 @@ class CapacityResponse(BaseModel):
         "kv_blocks": 26309, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
         "operating_point": OPERATING_POINT_EXAMPLE, "engine": ENGINE_EXAMPLE,
         "assumptions": ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.3",
+        "calculation_version": "2026.12.02.4",
     })

@@ -249,6 +249,12 @@ class ComputeCurvePoint(BaseModel):
     compute_fraction_ratio: float = Field(description="Achieved fraction of peak FLOP/s at this many tokens")
 
 
+STEP_TOKENS_DESCRIPTION = (
+    "Tokens per step of one scheduler (prefill chunk). Under attention data parallelism each rank has its own "
+    "scheduler: sglang divides the --chunked-prefill-size it is launched with among the ranks, the other engines "
+    "give each rank the whole of it")
+
+
 PCIE_LINK_FRACTION_DESCRIPTION = (
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
@@ -411,7 +417,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.3",
+        "calculation_version": "2026.12.02.4",
     })
 
 
@@ -646,7 +652,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.3",
+        "calculation_version": "2026.12.02.4",
     })
 
 
@@ -731,5 +737,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.3",
+        "calculation_version": "2026.12.02.4",
     })

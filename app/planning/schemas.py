@@ -15,6 +15,7 @@ from app.common import Slug
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
+    STEP_TOKENS_DESCRIPTION,
     CalibrationRef,
     DataParallel,
     Deployment,
@@ -437,7 +438,7 @@ class PoolOut(BaseModel):
     load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst")
     kv_tokens_per_worker: int
     max_num_seqs: int | None
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     cost_per_hour_usd: float | None
     launch: LaunchOut
 
@@ -471,7 +472,7 @@ class PlanOut(BaseModel):
     compute_dtype: str
     engine: Engine
     max_num_seqs: int | None = Field(description="null = no limit (generic engine)")
-    max_num_batched_tokens: int
+    max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     block_size: int
     gpu_memory_utilization_ratio: float
     max_model_len: int
@@ -559,7 +560,7 @@ class SloPlanResponse(BaseModel):
         "feasible": True, "model": "llama-3.1-70b",
         "slo": {"ttft_ms": 1000, "tpot_ms": 50, "e2e_ms": None, "percentile": 95, "goodput_ratio": None},
         "plans": [PLAN_EXAMPLE], "pareto": [PARETO_EXAMPLE], "infeasible": [INFEASIBLE_EXAMPLE],
-        "search": SEARCH_EXAMPLE, "assumptions": SLO_PLAN_ASSUMPTIONS_EXAMPLE, "calculation_version": "2026.12.02.3",
+        "search": SEARCH_EXAMPLE, "assumptions": SLO_PLAN_ASSUMPTIONS_EXAMPLE, "calculation_version": "2026.12.02.4",
     })
 
     feasible: bool = Field(description="false when no configuration meets the SLO (see infeasible)")

@@ -269,6 +269,27 @@ def test_sglang_mem_fraction_static_reproduces_its_rule() -> None:
     assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None) == (0.818, 8192, 512)
 
 
+def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_ranks() -> None:
+    """ENGINES.md 1.2: under --enable-dp-attention SGLang's tp is the whole group (tp·dp GPUs), it reserves
+    3·cuda_graph_max_bs·dp MiB more (another 1.5·cuda_graph_max_bs·dp above 300), and divides
+    chunked_prefill_size by dp.
+    H200 143,771 MiB, DP8 of TP1 (SGLang tp 8: cuda_graph_max_bs 512, chunk 8192):
+    512 + 1.5·8192 + 2·512 + 8/8·1024 = 14,848; + 3·512·8 = 12,288; + 1.5·512·8 = 6,144 -> 33,280 MiB;
+    (143,771 − 33,280) / 143,771 = 0.76852 -> 0.769. Each rank's chunk: 8192 / 8 = 1,024.
+    H100 81,559 MiB, DP2 of TP1 (SGLang tp 2 < 4: cuda_graph_max_bs 256): 512 + 12,288 + 512 + 2/8·1024 =
+    13,568; + 3·256·2 = 1,536 (256 <= 300: nothing more) -> 15,104; 66,455 / 81,559 = 0.81481 -> 0.815.
+    A given chunk of 4,096 is divided too: 4,096 / 4 = 1,024 per rank. vLLM gives each rank the whole budget.
+    """
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, 8) == (0.769, 8192, 512)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, 2) == (0.815, 8192, 256)
+    sglang = resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H200, 1, data_parallel=8)
+    assert (sglang.gpu_memory_utilization, sglang.max_num_batched_tokens) == (0.769, 1024)
+    given = resolve_engine(EngineConfig(engine="sglang", max_num_batched_tokens=4096), LLAMA_3_1_8B, H200, 1,
+                           data_parallel=4)
+    assert given.max_num_batched_tokens == 1024
+    assert resolve_engine(EngineConfig(), LLAMA_3_1_8B, H200, 1, data_parallel=8).max_num_batched_tokens == 8192
+
+
 def test_sglang_pool_holds_weights_and_kv_only() -> None:
     """SGLang, Llama-3.1-8B on H100: KV = 0.835 x 85,520,809,984 − weights
     = 71,409,876,336 (.64 dropped) − 16,060,522,496 = 55,349,353,840 B; page size 1, so

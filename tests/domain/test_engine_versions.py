@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from app.sizing.calibration.predict import Measurement, prepare
 from app.sizing.engines import ENGINES, EngineConfig, published_run_kv_dtype, resolve_version
 from app.sizing.engines.base import parse_version
-from app.sizing.engines.vllm import SamplerFit, activation_peak_bytes
+from app.sizing.engines.vllm import SamplerFit, activation_peak_bytes, scheduler_defaults
 from app.sizing.model.recipes import RECIPES, uniform_recipe
+from app.sizing.specs import GpuSpec
 from tests.domain.models_for_tests import LLAMA_3_8B, QWEN2_5_72B
 
 
@@ -55,6 +59,9 @@ def test_measured_runs_without_a_kv_dtype_take_the_engines_checkpoint_default() 
     assert published_run_kv_dtype("trtllm", "bf16") == "bf16"
     assert published_run_kv_dtype("vllm", "fp8") == "bf16"
     assert published_run_kv_dtype("generic", "fp8") == "bf16"
+    # At the run's own version: SGLang adopts a ModelOpt checkpoint's FP8 KV from 0.5.5, not in 0.5.2.
+    assert published_run_kv_dtype("sglang", "modelopt_fp8", "0.5.2") == "bf16"
+    assert published_run_kv_dtype("sglang", "modelopt_fp8", "0.5.5") == "fp8"
 
 
 def test_vllm_activation_is_the_larger_of_forward_and_sampler() -> None:
@@ -70,3 +77,54 @@ def test_vllm_activation_is_the_larger_of_forward_and_sampler() -> None:
     assert activation_peak_bytes(LLAMA_3_8B, model_dtype_bytes=4, **common) == 2_013_266_020
     assert activation_peak_bytes(QWEN2_5_72B, max_num_batched_tokens=16_384, max_num_seqs=256,
                                  values_per_token=100_000, model_dtype_bytes=2, fit=fit) == 3_276_800_100
+
+
+def _gpu(name: str, slug: str, gib: float) -> GpuSpec:
+    return GpuSpec(name=name, slug=slug, memory_bytes=round(gib * 2**30), memory_bandwidth_bytes_per_s=3e12,
+                   interconnect_bandwidth_bytes_per_s=450e9, bf16_flops_per_s=1e15)
+
+
+H100 = _gpu("NVIDIA H100 SXM5 80GB", "h100-sxm", 79.65)
+A100_80GB = _gpu("NVIDIA A100 80GB SXM4", "a100-80gb-sxm", 80)
+MI300X = _gpu("AMD Instinct MI300X", "mi300x", 191.69)
+B200 = _gpu("NVIDIA B200", "b200", 178.4)
+LLAMA_3_1_8B = dataclasses.replace(LLAMA_3_8B, max_position_embeddings=131_072)  # Llama-3-8B, longer context
+
+
+def test_vllm_scheduler_defaults_follow_the_release() -> None:
+    """`vllm serve` defaults by release (ENGINES.md 1.1 defaults table):
+    - V0 (0.5.4, 0.6.x): 256 sequences; chunked prefill only above a 32,768-token max_model_len, at 512 tokens
+      (Llama-3.1's 131,072 positions); below, a whole prompt per step: max(4,096, 2,048) = 4,096 tokens for
+      Llama-2's 4,096 positions. 0.7.x chunks at 2,048.
+    - 0.8.3: 1,024 sequences; 8,192 tokens only where the GPU's name says H100/H200: MI300X gets 2,048.
+    - 0.8.5: by memory, >= 70 GiB: 1,024 / 8,192, A100 80GB included; from 0.9.0 A100 takes 256 / 2,048.
+    - B200 (178 GiB): 8,192 through 0.25; 16,384 in 0.33 (its >= 160 GiB tier)."""
+    def at(version: str, gpu: GpuSpec, max_model_len: int = 131_072) -> tuple[int, int]:
+        seqs, tokens, _ = scheduler_defaults(gpu, parse_version(version), max_model_len)
+        return seqs, tokens
+
+    assert at("0.5.4", H100) == (256, 512)
+    assert at("0.6.1", MI300X, max_model_len=4096) == (256, 4096)
+    assert at("0.6.1", MI300X, max_model_len=1000) == (256, 2048)
+    assert at("0.7.3", H100) == (256, 2048)
+    assert at("0.8.3", MI300X) == (1024, 2048)
+    assert at("0.8.3", H100) == (1024, 8192)
+    assert at("0.8.5", A100_80GB) == (1024, 8192)
+    assert at("0.9.0", A100_80GB) == (256, 2048)
+    assert at("0.25.0", B200) == (1024, 8192)
+    assert at("0.33.0", B200) == (1024, 16384)
+    assert at("0.33.0", H100) == (1024, 8192)
+
+
+def test_a_measured_run_is_predicted_with_its_own_releases_defaults() -> None:
+    """The validator resolves the engine at the version the run states: vLLM 0.5.4 runs at most 256
+    sequences per step where 0.19.0 runs 1,024 (H100), and caps the chunk at 512 tokens for Llama-3.1."""
+    def scheduler(version: str | None):
+        measured = Measurement(scenario="offline", metric="output_tokens_per_s", num_gpus=1, weight_dtype="bf16",
+                               engine="vllm", engine_version=version, tp=1, isl=100, osl=100, num_requests=50)
+        return prepare(measured, LLAMA_3_1_8B, H100).layouts[0].scheduler
+
+    old, new = scheduler("0.5.4"), scheduler("0.19.0")
+    assert (old.max_num_seqs, old.max_num_batched_tokens) == (256, 512)
+    assert (new.max_num_seqs, new.max_num_batched_tokens) == (1024, 8192)
+    assert scheduler("2024").max_num_seqs == scheduler(None).max_num_seqs == 1024  # a year: the default release

@@ -376,6 +376,16 @@ def test_layouts_in_each_engines_own_flags():
     assert "--data-parallel-size" not in launch().command  # plain TP4 is unchanged
 
 
+def test_sglangs_prefill_chunk_flag_is_the_replicas_which_it_divides_among_the_dp_ranks():
+    """Each of 8 attention ranks schedules 1,024-token chunks (the plan's max_num_batched_tokens). SGLang
+    divides --chunked-prefill-size by dp_size, so the flag that gives them is 8 x 1,024 = 8,192; without DP the
+    flag is the chunk itself."""
+    dep8 = {"model_id": "deepseek-ai/DeepSeek-V3", "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8,
+            "max_num_batched_tokens": 1024}
+    assert "--chunked-prefill-size 8192 " in launch(engine="sglang", **dep8).command
+    assert "--chunked-prefill-size 1024 " in launch(engine="sglang", max_num_batched_tokens=1024).command
+
+
 def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cannot_hold_the_weights():
     """Llama-3.1-405B holds about 405e9 weights (its model card). An H100 reports 85,520,809,984 B; 90% of it
     (the share an engine budgets at all) is 76.97e9 B. The largest TP inside a node is 8 (128 heads, 8 KV

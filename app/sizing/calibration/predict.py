@@ -191,6 +191,15 @@ class Measurement:
     num_requests: int | None = None
     request_rate: float | None = None  # requests/s
 
+    @property
+    def release(self) -> str | None:
+        """The engine release whose memory accounting and defaults apply: the stated major.minor[.patch]; None
+        (the engine's default version) when none is stated, only the year of the install is, or the engine is
+        modelled as the generic one."""
+        if self.engine_version is None or self.engine_version.isdigit() or self.engine not in engines.ENGINES:
+            return None
+        return self.engine_version
+
     def __post_init__(self) -> None:
         for name, allowed in (("scenario", SCENARIOS), ("metric", METRICS), ("engine", ENGINES),
                               ("weight_dtype", (*WEIGHT_DTYPES, None))):
@@ -349,7 +358,8 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         assumptions.append(f"lengths drawn from {m.lengths.name or 'the dataset'}; output lengths are the dataset's "
                            "completions (the benchmark's max_tokens: a model that stops earlier writes fewer)")
     weights = RECIPES[m.weight_recipe] if m.weight_recipe else weight_dtype  # a recipe or a plain dtype
-    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or weight_dtype)
+    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or weight_dtype,
+                                                            m.release)
     if m.disaggregated:
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
@@ -365,12 +375,12 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if m.tp is not None and m.moe_tp is not None and model.is_moe and m.tp * dp != ep * m.moe_tp:
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
-        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths),), tuple(assumptions),
-                                  model.is_moe, gpu.pcie_links)
+        return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths, m.release),),
+                                  tuple(assumptions), model.is_moe, gpu.pcie_links)
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
-            runs.append(_prepared_run(model, gpu, tp, *key, 1, 1, m.lengths))
+            runs.append(_prepared_run(model, gpu, tp, *key, 1, 1, m.lengths, m.release))
         except Unpredictable as exc:
             reasons.append(f"TP{tp}: {exc}")
     if not runs:
@@ -386,10 +396,12 @@ def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:
 def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gpus: int, pp: int,
                   weight_dtype: str | WeightRecipe, compute_dtype: str | None, kv_dtype: str, engine: str, isl: int | None,
                   osl: int | None, batch: int | None, concurrency: int | None, num_requests: int | None,
-                  request_rate: float | None, dp: int = 1, ep: int = 1, lengths: PairedLengths | None = None) -> _Run:
+                  request_rate: float | None, dp: int = 1, ep: int = 1, lengths: PairedLengths | None = None,
+                  release: str | None = None) -> _Run:
     """The efficiency-free part of a run (cached: the rows of one benchmark share it). Lengths: `isl` and
-    `osl` for every request, or pairs drawn from a dataset's `lengths` (simulated scenarios only)."""
-    layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine, dp, ep)
+    `osl` for every request, or pairs drawn from a dataset's `lengths` (simulated scenarios only); `release`:
+    the engine's version (`Measurement.release`)."""
+    layout = _layout(model, gpu, tp, pp, num_gpus, weight_dtype, kv_dtype, engine, dp, ep, release)
     # A pipeline whose every micro-batch has requests steps at its period, one with idle stages at the trip.
     requests_at_once = {BATCH1: 1, STATIC_BATCH: batch, CLOSED_LOOP: concurrency, OFFLINE: num_requests}.get(scenario)
     full = pp > 1 and (requests_at_once is None or requests_at_once >= layout.replicas)
@@ -421,7 +433,7 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
     count = min(num_requests or MAX_SIMULATED_REQUESTS, MAX_SIMULATED_REQUESTS)
     requests = _requests(isl, osl, lengths, count, requests_per_s=request_rate / replicas)
     saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
-                              isl, osl, None, None, None, None, dp, ep, lengths)
+                              isl, osl, None, None, None, None, dp, ep, lengths, release)
     return _PoissonRun(layout, steps, requests, request_rate / replicas, saturated)
 
 
@@ -455,9 +467,9 @@ def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
 
 
 def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str | WeightRecipe,
-            kv_dtype: str, engine: str, dp: int = 1, ep: int = 1) -> Layout:
-    """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules), split into
-    the side-by-side schedulers of `Layout`."""
+            kv_dtype: str, engine: str, dp: int = 1, ep: int = 1, release: str | None = None) -> Layout:
+    """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules) at its
+    `release` (None: the default version), split into the side-by-side schedulers of `Layout`."""
     if model.num_attention_heads % tp:
         raise Unpredictable(f"TP{tp} does not divide the {model.num_attention_heads} attention heads")
     if pp > model.num_hidden_layers:
@@ -470,7 +482,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
         raise Unpredictable(f"EP{ep} on a model without experts")
     if num_gpus % layout.gpus:
         raise Unpredictable(f"{num_gpus} GPUs are not a whole number of {layout.label} replicas")
-    resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine]), model, gpu, tp, pp)
+    resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine], engine_version=release), model, gpu, tp, pp,
+                              data_parallel=dp)
     budget = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep).kv_budget_bytes_per_gpu
     rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
@@ -761,7 +774,7 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         if pool.pp > 1:
             raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
         rank_gpus = pool.tp * pool.dp
-        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep)
+        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep, m.release)
         scheduler = layout.scheduler
         if pool.batch is not None:  # the source's per-rank batch limit
             seqs = min(scheduler.max_num_seqs, pool.batch)

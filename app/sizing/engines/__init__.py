@@ -72,14 +72,14 @@ def resolve_version(config: EngineConfig) -> tuple[str, str]:
     return default, (f"the latest {config.engine} release the engine reference covers" if default else "none")
 
 
-def published_run_kv_dtype(engine: str, weight_dtype: str) -> str:
+def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None = None) -> str:
     """The KV dtype of a published run that does not state it: the engine's default for the checkpoint its
     published runs of that weight dtype serve (TensorRT-LLM's fp8/fp4 runs: ModelOpt exports, which cache
-    in fp8), or for the checkpoint recipe named instead of a dtype, at its default version; 16-bit
-    otherwise."""
+    in fp8), or for the checkpoint recipe named instead of a dtype, at the run's engine `version` (None: the
+    engine's default version); 16-bit otherwise."""
     rules = ENGINES[engine]
     checkpoint = weight_dtype if weight_dtype in RECIPES else dict(rules.published_checkpoints).get(weight_dtype)
-    dtype, _ = rules.kv_dtype(rules.default_version, RECIPES[checkpoint] if checkpoint else None, "bf16")
+    dtype, _ = rules.kv_dtype(version or rules.default_version, RECIPES[checkpoint] if checkpoint else None, "bf16")
     return dtype if dtype in KV_DTYPES else "bf16"
 
 
@@ -122,24 +122,30 @@ def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:
 
 
 def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                   pipeline_parallel: int = 1, model_dtype_bytes: int = 2) -> ResolvedEngine:
+                   pipeline_parallel: int = 1, model_dtype_bytes: int = 2, data_parallel: int = 1) -> ResolvedEngine:
     """Fill in every default of `config` for this model, GPU and parallel layout, naming each source
     ("given" for what the caller set). `model_dtype_bytes`: the unquantized parts' dtype (2; 4 for a model
-    served in fp32), which sizes vLLM's logits."""
-    if tensor_parallel < 1 or pipeline_parallel < 1:
-        raise ValueError("tensor_parallel and pipeline_parallel must be >= 1")
+    served in fp32), which sizes vLLM's logits. With `data_parallel` attention ranks, max_num_batched_tokens
+    is one rank's scheduler's: the replica's divided among them where the engine does so."""
+    if min(tensor_parallel, pipeline_parallel, data_parallel) < 1:
+        raise ValueError("tensor_parallel, pipeline_parallel and data_parallel must be >= 1")
     if config.max_model_len is not None and config.max_model_len > model.max_position_embeddings:
         raise ValueError(f"max_model_len {config.max_model_len} exceeds the model's "
                          f"{model.max_position_embeddings} positions")
     rules = ENGINES[config.engine]
     version, version_source = resolve_version(config)
-    settings = rules.defaults(config, model, gpu, tensor_parallel, pipeline_parallel, version, model_dtype_bytes)
+    settings = rules.defaults(config, model, gpu, tensor_parallel, pipeline_parallel, version, model_dtype_bytes,
+                              data_parallel)
     settings["max_model_len"] = (model.max_position_embeddings, "the model's max_position_embeddings")
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, (default, source) in settings.items():
         given = getattr(config, name)
         values[name], sources[name] = (default, source) if given is None else (given, "given")
+    if data_parallel > 1 and rules.divides_prefill_chunk_by_dp:
+        values["max_num_batched_tokens"] = max(1, values["max_num_batched_tokens"] // data_parallel)
+        sources["max_num_batched_tokens"] += (f"; per attention rank: the replica's {config.engine} chunk divided by "
+                                              f"its {data_parallel} data-parallel ranks")
     total, sources["total_bytes_per_gpu"] = total_memory(rules, gpu)
     sources["engine_version"] = version_source
     return ResolvedEngine(

@@ -159,11 +159,16 @@ class Engine(Protocol):
     utilization_of: str  # OF_TOTAL or OF_FREE: what its memory fraction is a fraction of
     kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
     speculative_flags: bool  # True when `launch_words` spells out speculative decoding
+    # True when its max_num_batched_tokens (prefill chunk) is the replica's, split among the attention
+    # data-parallel ranks; False when each rank's scheduler gets the whole of it.
+    divides_prefill_chunk_by_dp: bool
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int,
+                 data_parallel: int = 1) -> dict[str, Default]:
         """The engine's default for every setting of `EngineConfig` but `max_model_len`, with its source, at
-        `version`; `model_dtype_bytes` is the unquantized parts' dtype (4 for a model served in fp32)."""
+        `version`; `model_dtype_bytes` is the unquantized parts' dtype (4 for a model served in fp32);
+        `data_parallel` attention ranks of `tensor_parallel` GPUs each share one process group."""
         ...
 
     def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:

@@ -27,9 +27,11 @@ class Generic:
     utilization_of = OF_TOTAL
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
+    divides_prefill_chunk_by_dp = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int,
+                 data_parallel: int = 1) -> dict[str, Default]:
         only_given = (0, "generic engine: only what is given is subtracted")
         return {
             "gpu_memory_utilization": (GENERIC_GPU_MEMORY_UTILIZATION, "generic default: 0.9 of total memory"),

@@ -36,7 +36,7 @@ _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2,
 
 
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
-                               chunked_prefill_size: int | None) -> tuple[float, int, int]:
+                               chunked_prefill_size: int | None, data_parallel: int = 1) -> tuple[float, int, int]:
     """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies.
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
@@ -45,8 +45,14 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     512), then reserved = 512 + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs
     + tp·pp/8·1024 MiB, at least 10 GiB on GPUs over 60 GiB, and fraction = round((mem − reserved)/mem, 3).
     H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835; H200 (143,771 MiB): 0.907.
+
+    With attention data parallelism (`data_parallel` ranks, `--enable-dp-attention`) SGLang's tp is the
+    whole group, tensor_parallel · data_parallel GPUs, and it reserves 3·cuda_graph_max_bs·dp MiB more
+    (another 1.5·cuda_graph_max_bs·dp when cuda_graph_max_bs > 300), from the replica's chunked_prefill_size
+    before `_handle_data_parallelism` divides it among the ranks (ENGINES.md 1.2, SGL 0.5.5/0.5.10).
     """
     memory_mib = gpu_memory_bytes / MIB
+    tensor_parallel *= data_parallel  # SGLang's --tp-size spans the attention data-parallel ranks
     small_tp = tensor_parallel < 4
     buckets = (  # (memory below, MiB; chunked_prefill_size; cuda_graph_max_bs at tp < 4; at tp >= 4)
         (20 * 1024, 2048, 8, 8),
@@ -63,6 +69,8 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     graph_bs = graph_bs_small_tp if small_tp else graph_bs_large_tp
     reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
                     + tensor_parallel * pipeline_parallel / 8 * 1024)
+    if data_parallel > 1:
+        reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
     if memory_mib > 60 * 1024:
         reserved_mib = max(reserved_mib, 10 * 1024)
     return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
@@ -84,11 +92,16 @@ class Sglang:
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = False
+    # `_handle_data_parallelism` divides chunked_prefill_size by dp_size under --enable-dp-attention, given
+    # or default ("to avoid MoE kernel issues"; ENGINES.md 1.2, SGL 0.5.10 `server_args.py`).
+    divides_prefill_chunk_by_dp = True
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int,
+                 data_parallel: int = 1) -> dict[str, Default]:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
-                                                               pipeline_parallel, config.max_num_batched_tokens)
+                                                               pipeline_parallel, config.max_num_batched_tokens,
+                                                               data_parallel)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE} (chunked_prefill_size {chunk}, "
@@ -142,7 +155,8 @@ class Sglang:
             words += ["--ep-size", str(spec.expert_parallel)]
         if spec.max_num_seqs is not None:
             words += ["--max-running-requests", str(spec.max_num_seqs)]
-        words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens),
+        # The flag is the replica's: SGLang divides it among the attention data-parallel ranks.
+        words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens * spec.data_parallel),
                   "--context-length", str(spec.max_model_len),
                   "--mem-fraction-static", f"{spec.gpu_memory_utilization:g}"]
         if spec.kv_dtype == "fp8":

@@ -47,9 +47,11 @@ class Trtllm:
     utilization_of = OF_FREE
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
+    divides_prefill_chunk_by_dp = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int,
+                 data_parallel: int = 1) -> dict[str, Default]:
         batched = config.max_num_batched_tokens or TRTLLM_MAX_NUM_TOKENS
         return {
             "gpu_memory_utilization": (TRTLLM_FREE_GPU_MEMORY_FRACTION, _FRACTION_SOURCE),
@@ -58,7 +60,7 @@ class Trtllm:
             "block_size": (TRTLLM_BLOCK_SIZE, "TensorRT-LLM default tokens_per_block 32"),
             "activation_bytes_per_gpu": (activation_peak_bytes(model, batched, tensor_parallel),
                                          ACTIVATION_SOURCE),
-            "non_torch_bytes_per_gpu": non_torch_default(tensor_parallel * pipeline_parallel),
+            "non_torch_bytes_per_gpu": non_torch_default(tensor_parallel * pipeline_parallel * data_parallel),
             "cuda_graph_bytes_per_gpu": (0, "captured after the KV cache, inside the 10% left free"),
             "reserved_bytes_per_gpu": (0, "none"),
         }

@@ -8,6 +8,9 @@ demand as tokens arrive. Rules that changed between versions (ENGINES.md 1.1):
 - CUDA graphs: captured after the KV cache is sized through 0.19 (opt-in estimate in 0.18-0.19 through
   VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS, default 0), subtracted before it from 0.20 (default 1);
 - KV dtype 'auto' resolved from a ModelOpt checkpoint's kv_cache_quant_algo from 0.14 (utils/torch_utils.py);
+- max_num_seqs and max_num_batched_tokens (`scheduler_defaults`): 256 sequences and whole prompts (chunks
+  only above a 32k context) before V1, then tiers by the GPU's name (0.8.0), memory (0.8.5), A100 left out
+  (0.9.0) and a >= 160 GiB tier (0.33) (engine/arg_utils.py);
 - the V1 engine (0.8+) profile run: a dummy forward of `max_num_batched_tokens` tokens, then a sampler
   dummy run over `max_num_seqs` rows of logits (gpu_model_runner.py profile_run); the peak is the larger,
   which at default settings is the sampler's on every measured run (`activation_peak_bytes`). Before V1
@@ -45,6 +48,12 @@ UTILIZATION_092_FROM = (0, 20, 0)
 CUDA_GRAPHS_CHARGED_FROM = (0, 20, 0)
 KV_FROM_CHECKPOINT_FROM = (0, 14, 0)
 V1_FROM = (0, 8, 0)
+# Scheduler defaults of `vllm serve` by release (ENGINES.md 1.1, each wheel's engine/arg_utils.py).
+V0_CHUNKED_ABOVE = 32768  # V0 turns chunked prefill on only for a longer max_model_len
+V0_CHUNK_2048_FROM = (0, 7, 0)  # V0's chunked budget: 512 tokens in 0.6.x, 2048 in 0.7.x
+LARGE_GPU_TIER_FROM = (0, 8, 5)  # >= 70 GiB: 8192 tokens, 1024 sequences (0.8.0-0.8.4: by the GPU's name)
+A100_EXCLUDED_FROM = (0, 9, 0)  # the large tier leaves A100 out
+HUGE_GPU_TIER_FROM = (0, 33, 0)  # >= 160 GiB (B200, B300): 16384 tokens
 
 # Measured on vLLM 0.19.0, H100 80GB HBM3: the llm-d planner capacity runs (measured-calibration-2.csv,
 # LLMD_CAPACITY_V019) of models NOT in the catalog, so the catalog runs the capacity validation checks
@@ -93,6 +102,30 @@ def activation_peak_bytes(model: ModelSpec, *, max_num_batched_tokens: int, max_
     return fit.base_bytes + round(max(forward, sampler))
 
 
+def scheduler_defaults(gpu: GpuSpec, at: tuple[int, int, int], max_model_len: int) -> tuple[int, int, str]:
+    """`vllm serve`'s default max_num_seqs and max_num_batched_tokens at release `at`, and which rule gave them
+    (ENGINES.md 1.1 defaults table; each wheel's `engine/arg_utils.py`):
+    - before V1 (< 0.8.0): 256 sequences; chunked prefill only when max_model_len > 32768, with a budget of
+      512 tokens (2048 from 0.7.0), else one whole prompt per step: max(max_model_len, 2048);
+    - 0.8.0-0.8.4: 1024 sequences; 8192 tokens on a GPU whose name contains H100 or H200, else 2048;
+    - 0.8.5-0.8.x: 1024 / 8192 on GPUs with >= 70 GiB, else 256 / 2048; from 0.9.0 the same but A100 (80 GB
+      too) takes the small tier; from 0.33.0 GPUs with >= 160 GiB (B200, B300) get 16384 tokens."""
+    if at < V1_FROM:
+        if max_model_len > V0_CHUNKED_ABOVE:
+            chunk = 2048 if at >= V0_CHUNK_2048_FROM else 512
+            return 256, chunk, f"before V1 with max_model_len > {V0_CHUNKED_ABOVE} (chunked prefill)"
+        return 256, max(max_model_len, 2048), "before V1 (no chunked prefill: max(max_model_len, 2048) tokens)"
+    name = f"{gpu.name} {gpu.slug}".lower()
+    if at < LARGE_GPU_TIER_FROM:
+        return 1024, (8192 if "h100" in name or "h200" in name else 2048), "by the GPU's name (H100/H200: 8192)"
+    large = gpu.memory_bytes >= 70 * GIB and (at < A100_EXCLUDED_FROM or "a100" not in name)
+    if not large:
+        return 256, 2048, "on GPUs under 70 GiB" + (" or A100" if at >= A100_EXCLUDED_FROM else "")
+    if at >= HUGE_GPU_TIER_FROM and gpu.memory_bytes >= 160 * GIB:
+        return 1024, 16384, "on GPUs with >= 160 GiB"
+    return 1024, 8192, "on GPUs with >= 70 GiB" + (" other than A100" if at >= A100_EXCLUDED_FROM else "")
+
+
 class Vllm:
     name = "vllm"
     default_version = DEFAULT_VERSION
@@ -101,14 +134,16 @@ class Vllm:
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = True
+    divides_prefill_chunk_by_dp = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
-                 pipeline_parallel: int, version: str, model_dtype_bytes: int) -> dict[str, Default]:
-        large_gpu = gpu.memory_bytes >= 70 * GIB and "a100" not in f"{gpu.name} {gpu.slug}".lower()
-        which = "on GPUs with >= 70 GiB other than A100" if large_gpu else "on GPUs under 70 GiB or A100"
-        batched = config.max_num_batched_tokens or (8192 if large_gpu else 2048)
-        seqs = config.max_num_seqs or (1024 if large_gpu else 256)
+                 pipeline_parallel: int, version: str, model_dtype_bytes: int,
+                 data_parallel: int = 1) -> dict[str, Default]:
         at = parse_version(version)
+        default_seqs, default_batched, which = scheduler_defaults(
+            gpu, at, config.max_model_len or model.max_position_embeddings)
+        batched = config.max_num_batched_tokens or default_batched
+        seqs = config.max_num_seqs or default_seqs
         if at >= V1_FROM:
             activation: Default = (activation_peak_bytes(
                 model, max_num_batched_tokens=batched, max_num_seqs=seqs, model_dtype_bytes=model_dtype_bytes,
@@ -122,12 +157,12 @@ class Vllm:
                            (0, f"vLLM {version} captures CUDA graphs after sizing the KV cache (charged from v0.20)"))
         return {
             "gpu_memory_utilization": utilization,
-            "max_num_seqs": (seqs, f"vLLM default {which}"),
-            "max_num_batched_tokens": (batched, f"vLLM server default {which}"),
+            "max_num_seqs": (default_seqs, f"vLLM {version} default {which}"),
+            "max_num_batched_tokens": (default_batched, f"vLLM {version} server default {which}"),
             "block_size": (VLLM_BLOCK_SIZE, "vLLM default block of 16 tokens"),
             "activation_bytes_per_gpu": activation,
-            "non_torch_bytes_per_gpu": ((NON_TORCH_MULTI_GPU if tensor_parallel * pipeline_parallel > 1
-                                         else NON_TORCH_SINGLE_GPU), _NON_TORCH_SOURCE),
+            "non_torch_bytes_per_gpu": ((NON_TORCH_MULTI_GPU if tensor_parallel * pipeline_parallel * data_parallel
+                                         > 1 else NON_TORCH_SINGLE_GPU), _NON_TORCH_SOURCE),
             "cuda_graph_bytes_per_gpu": graphs,
             "reserved_bytes_per_gpu": (0, "none"),
         }

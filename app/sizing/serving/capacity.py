@@ -402,7 +402,7 @@ class _Deployment:
 def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, pp: int,
                 weight_dtype: str | WeightRecipe, kv_dtype: str, dp: int, ep: int) -> _Deployment:
     """`_account`'s length-independent part, memoized: requests to one deployment and suggestions reuse it."""
-    engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype))
+    engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype), dp)
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
     budget = memory.kv_budget_bytes_per_gpu
