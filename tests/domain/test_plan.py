@@ -239,6 +239,21 @@ def test_weights_that_do_not_fit_are_a_reason_not_an_error():
     assert reason.startswith("weights need 141.1 GB per GPU (bf16, TP1 x PP1)")
 
 
+def test_more_running_sequences_than_step_tokens_only_where_the_decodes_share_the_steps():
+    """512 sequences with 256 tokens per step: vLLM mixes the decodes into the steps that carry prompt chunks,
+    so it could not decode every running sequence in one step (and refuses to start); SGLang decodes in steps
+    of their own, which the prompt chunk does not bound."""
+    workload = Workload(Fixed(1000), Fixed(200), requests_per_s=1.0)
+    setting = Configuration(H100, 1, 1, "bf16", "bf16", max_num_seqs=512, max_num_batched_tokens=256)
+    vllm = plan(inputs_for(LLAMA_3_8B, workload, Slo(2.0, 0.05), H100, simulated_requests=100), [setting])
+    assert vllm.infeasible[0].reasons == (
+        "max_num_seqs 512 exceeds max_num_batched_tokens 256: a step could not decode every running sequence "
+        "(vLLM refuses this too)",)
+    sglang = plan(inputs_for(LLAMA_3_8B, workload, Slo(2.0, 0.05), H100, simulated_requests=100, engine="sglang"),
+                  [setting])
+    assert sglang.plans and not sglang.infeasible
+
+
 def test_tensor_parallelism_beyond_a_node_is_infeasible():
     inputs = inputs_for(LLAMA_3_70B, Workload(Fixed(1000), Fixed(500), requests_per_s=1.0), Slo(1.0, 0.05), H100)
     result = plan(inputs, [Configuration(H100, 16, 1, "bf16", "bf16")])

@@ -330,6 +330,21 @@ def test_data_parallel_ranks_and_pipeline_micro_batches_share_the_load() -> None
     assert per_gpu.predict(DEFAULT_EFFICIENCY) == pytest.approx(pp4.predict(DEFAULT_EFFICIENCY) / 8)
 
 
+def test_sglang_decodes_more_sequences_than_its_prompt_chunk() -> None:
+    """Mixtral-8x7B as DP8 x EP8 on H100s. SGLang divides its 8,192-token chunk among the 8 attention ranks:
+    1,024 prompt tokens per step each. Its decode batches are steps of their own, so a rank may run more
+    sequences than that: its derived max_running_requests (min(KV tokens // 2, a pool of 2,048 to 4,096 slots)
+    = 2,048 or more), uncapped. vLLM mixes the decodes into the prompt steps, so every running sequence needs
+    a token of the step's budget: its 1,024 sequences stay within its 8,192 tokens."""
+    dep8 = {"scenario": "closed_loop", "metric": "tpot_ms", "stat": None, "num_gpus": 8, "tp": 1, "dp": 8, "ep": 8,
+            "moe_tp": 1, "concurrency": 64, "batch": None}
+    (sglang,) = prepare(measurement(engine="sglang", **dep8), MIXTRAL_8X7B, HOPPER).layouts
+    assert sglang.scheduler.max_num_batched_tokens == 8192 // 8
+    assert sglang.scheduler.max_num_seqs >= 2048 and not sglang.scheduler.mixed_prefill
+    (vllm,) = prepare(measurement(engine="vllm", **dep8), MIXTRAL_8X7B, HOPPER).layouts
+    assert (vllm.scheduler.max_num_seqs, vllm.scheduler.max_num_batched_tokens) == (1024, 8192)
+
+
 def test_a_full_pipeline_decodes_at_its_period_a_lone_request_at_one_trip() -> None:
     """Llama-3-8B as PP2 on 2 GPUs, every kernel at its roof. One request alone (batch 1) makes one trip through
     both stages per token. Two closed-loop users fill both micro-batches (one each), so each steps once per

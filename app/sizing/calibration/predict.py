@@ -493,17 +493,20 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
         raise Unpredictable(
             f"by {resolved.engine}'s memory accounting the weights leave no KV cache on TP{tp} x PP{pp} "
             f"({budget / 1e9:.1f} GB per GPU after weights, activations and overhead)")
+    rules = engines.ENGINES[resolved.engine]
     max_num_seqs = resolved.max_num_seqs
     if max_num_seqs is None:
-        max_num_seqs = engines.ENGINES[resolved.engine].derived_max_num_seqs(rank_tokens, resolved.max_model_len)
-    # No sequence limit (generic engine): every running sequence still needs a token of the step budget.
-    max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
+        max_num_seqs = rules.derived_max_num_seqs(rank_tokens, resolved.max_model_len)
+    # No sequence limit (generic engine), or decodes that share the steps with prompt chunks: every running
+    # sequence needs a token of the step budget (SGLang's decode batches are not chunked).
+    if not max_num_seqs or rules.mixes_prefill_into_decode():
+        max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
     max_num_seqs = -(-max_num_seqs // pp)
     full_layers, window_layers = layer_mix(model, resolved.block_size, pp)
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=resolved.max_num_batched_tokens,
-        mixed_prefill=engines.ENGINES[resolved.engine].mixes_prefill_into_decode(),
+        mixed_prefill=rules.mixes_prefill_into_decode(),
         kv_tokens_reserved_per_request=ON_DEMAND if resolved.kv_allocation == ENGINE_ON_DEMAND else FULL,
         full_layers=full_layers, window_layers=window_layers)
     return Layout(tp, pp, num_gpus // layout.gpus * dp * pp, kv_tokens, scheduler, dp, ep, num_gpus)

@@ -705,7 +705,8 @@ class _Planner:
         rank_tokens, _ = kv_token_capacity(model, kv_budget, configuration.kv_dtype, tensor_parallel=tp,
                                            pipeline_parallel=pp, block_size=engine.block_size)
         engine = _resolve_max_num_seqs(engine, rank_tokens)
-        if engine.max_num_seqs is not None and engine.max_num_seqs > engine.max_num_batched_tokens:
+        shares_steps = ENGINES[engine.engine].mixes_prefill_into_decode()
+        if shares_steps and engine.max_num_seqs is not None and engine.max_num_seqs > engine.max_num_batched_tokens:
             return infeasible(f"max_num_seqs {engine.max_num_seqs} exceeds max_num_batched_tokens "
                               f"{engine.max_num_batched_tokens}: a step could not decode every running "
                               "sequence (vLLM refuses this too)")
@@ -724,7 +725,7 @@ class _Planner:
             kv_capacity_tokens=rank_tokens, block_size=engine.block_size,
             max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
             max_num_batched_tokens=engine.max_num_batched_tokens,
-            mixed_prefill=ENGINES[engine.engine].mixes_prefill_into_decode(),
+            mixed_prefill=shares_steps,
             kv_tokens_reserved_per_request=ON_DEMAND if engine.kv_allocation == ON_DEMAND else FULL,
             full_layers=full_layers, window_layers=window_layers), pp)
 
@@ -998,14 +999,18 @@ def _binding(settled: _Settled, slo: Slo, closed_loop: bool) -> tuple[str, str]:
 
 
 def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEngine:
-    """An engine whose limit follows from the KV pool (SGLang) gets it, capped by a step's token budget; an
+    """An engine whose limit follows from the KV pool (SGLang) gets it, capped by a step's token budget where
+    its decodes share the steps with prompt chunks (SGLang's do not: its decode batches are not chunked); an
     engine without a limit keeps none (a step's token budget is then the only cap on running sequences)."""
     if engine.max_num_seqs is not None:
         return engine
-    derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens, engine.max_model_len)
+    rules = ENGINES[engine.engine]
+    derived = rules.derived_max_num_seqs(kv_tokens, engine.max_model_len)
     if derived is None:
         return engine
-    return replace(engine, max_num_seqs=min(derived, engine.max_num_batched_tokens))
+    if rules.mixes_prefill_into_decode():
+        derived = min(derived, engine.max_num_batched_tokens)
+    return replace(engine, max_num_seqs=derived)
 
 
 def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:

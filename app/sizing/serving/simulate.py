@@ -130,9 +130,10 @@ class SchedulerConfig:
             raise ValueError("kv_capacity_tokens must hold at least one block")
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            # vLLM refuses the same: every running sequence must be able to decode in one step.
-            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.mixed_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM refuses the same: every running sequence must be able to decode in one step. Decodes that
+            # run in steps of their own (SGLang's) are not bounded by the prompt chunk.
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs when decodes share the steps")
         if self.kv_tokens_reserved_per_request not in KV_RESERVATIONS:
             raise ValueError(f"kv_tokens_reserved_per_request must be one of {KV_RESERVATIONS}")
 
