@@ -262,6 +262,23 @@ def test_the_second_measurement_file_is_read_whole() -> None:
                      "layout in its source"}
 
 
+def test_a_closed_loop_with_more_users_than_its_layouts_batch_is_skipped_not_guessed() -> None:
+    """AIC_SILICON_SAMPLE-1781: Qwen3-32B on one TP2 replica of batch 13 with 416 users and 15,000-token
+    prompts measured a 719 ms TTFT; the 403 users beyond the batch would queue for tens of seconds, so more
+    replicas ran than the columns say (416 = 32 x 13). -1769: DeepSeek-R1 tp 8, ep 8, dp n/a, batch 10, 80 users
+    (8 attention-DP ranks of 10, the DP unrecorded). Both are skipped naming the load; a row at its batch
+    (-1836: 16 users, batch 16) is kept, and so is a row whose dp holds its users (-5384: 256 = dp 8 x 32)."""
+    rows = {row.row_id: row for row in read_rows((DATA / "measured-calibration-2.csv").read_text(encoding="utf-8-sig"),
+                                                 pointer="file2")}
+    assert rows["AIC_SILICON_SAMPLE-1781"].skipped_reason == (
+        "layout contradicts the run's load: 416 users exceed the batch of 13 per rank x dp 1 that the columns state "
+        "(the source's concurrency is the whole deployment's: more attention ranks or replicas ran)")
+    assert rows["AIC_SILICON_SAMPLE-1769"].skipped_reason.startswith(
+        "layout contradicts the run's load: 80 users exceed the batch of 10 per rank x dp 1")
+    assert rows["AIC_SILICON_SAMPLE-1836"].skipped_reason is None
+    assert rows["AIC_SILICON_SAMPLE-5384"].skipped_reason is None
+
+
 def test_a_row_whose_layout_contradicts_its_run_id_is_skipped_not_guessed() -> None:
     """AIC_SILICON_SAMPLE-8236's id says tp4 ep4; its columns say tp 16, ep 4, moe_tp 4 on 16 GPUs, and its
     twin -4018 (tp 4, ep 4, moe_tp 1, 4 GPUs, the id's layout) measured the same 25.288749212016892 ms TPOT.

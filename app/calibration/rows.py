@@ -63,7 +63,7 @@ _DYNAMO_IMAGE = re.compile(r"ai-dynamo/[\w.-]*runtime:v?(\d+)\.(\d+)(?:\.(\d+))?
 # An aiconfigurator run's id names the layout it was launched with: `..._c32_tp8_ep8_922` or `..._tp4_0_ep1_0_185`
 # (tp = the GPUs of the attention group, tp x attention-DP; ids written `_epnone_` name no EP degree).
 _RUN_ID_LAYOUT = re.compile(r"\bid=[^;]*_tp(\d+)(?:_\d+)?_ep(\d+)(?:_|;|$)")
-INFLATED_LAYOUT_SOURCE = "AIC_SILICON_SAMPLE"  # `layout_conflict`
+INFLATED_LAYOUT_SOURCE = "AIC_SILICON_SAMPLE"  # `layout_conflict`: the source whose own patterns it knows
 
 
 class RowsInvalid(ValueError):
@@ -124,6 +124,12 @@ def layout_conflict(cells: Mapping[str, str]) -> str | None:
       all contradict their id and none of the 1,708 that agree has it (the db-dump rows, AIC_SILICON_SAMPLE-756,
       are twins of -8236 too). Elsewhere the same columns are a real layout (4 EP groups of TP4), not a
       conflict.
+    - An AIC_SILICON_SAMPLE closed loop whose concurrency (the whole deployment's) exceeds its batch (per
+      attention-DP rank) times the dp it states: the stated layout would queue the rest, yet such rows measure
+      the latency of a replica at its batch (AIC_SILICON_SAMPLE-1781: Qwen3-32B, 15,000-token prompts, 416
+      users on one TP2 replica of batch 13, TTFT 719 ms, where 403 prompts queued ahead would take tens of
+      seconds). More ranks or replicas ran than the columns say: attention DP recorded as n/a or 0
+      (DeepSeek-R1 tp 8, ep 8, batch 10, 80 users = 8 ranks x 10), or replicas (416 = 32 x 13).
     Which layout ran is not for the validator to guess: such a row is neither predicted nor fitted."""
     if cells.get("deployment", "").strip() == "disaggregated":
         return None
@@ -142,6 +148,12 @@ def layout_conflict(cells: Mapping[str, str]) -> str | None:
     if cells.get("source_id") == INFLATED_LAYOUT_SOURCE and ep > 1 and moe_tp == ep and tp * dp == ep * ep:
         return (f"layout in its source's inflated pattern: {columns} (tp x dp = ep², moe_tp = ep, as in every row "
                 "of the source that contradicts its id)")
+    batch, users = cells.get("batch", "").strip(), cells.get("concurrency", "").strip()
+    if (cells.get("source_id") == INFLATED_LAYOUT_SOURCE and cells.get("scenario", "").strip() == "closed_loop"
+            and batch.isdigit() and users.isdigit() and int(users) > int(batch) * dp):
+        return (f"layout contradicts the run's load: {users} users exceed the batch of {batch} per rank x dp {dp} "
+                "that the columns state (the source's concurrency is the whole deployment's: more attention ranks "
+                "or replicas ran)")
     return None
 
 

@@ -246,9 +246,9 @@ def test_more_running_sequences_than_step_tokens_only_where_the_decodes_share_th
     workload = Workload(Fixed(1000), Fixed(200), requests_per_s=1.0)
     setting = Configuration(H100, 1, 1, "bf16", "bf16", max_num_seqs=512, max_num_batched_tokens=256)
     vllm = plan(inputs_for(LLAMA_3_8B, workload, Slo(2.0, 0.05), H100, simulated_requests=100), [setting])
-    assert vllm.infeasible[0].reasons == (
-        "max_num_seqs 512 exceeds max_num_batched_tokens 256: a step could not decode every running sequence "
-        "(vLLM refuses this too)",)
+    refusal = ("max_num_seqs 512 exceeds max_num_batched_tokens 256: a step could not decode every running sequence "
+               "(vLLM refuses this too)")
+    assert vllm.infeasible[0].reasons == (refusal,)
     sglang = plan(inputs_for(LLAMA_3_8B, workload, Slo(2.0, 0.05), H100, simulated_requests=100, engine="sglang"),
                   [setting])
     assert sglang.plans and not sglang.infeasible
