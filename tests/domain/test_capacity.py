@@ -290,6 +290,19 @@ def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_
     assert resolve_engine(EngineConfig(), LLAMA_3_1_8B, H200, 1, data_parallel=8).max_num_batched_tokens == 8192
 
 
+def test_a_data_parallel_rank_of_one_gpu_joins_a_multi_gpu_group() -> None:
+    """Attention ranks of one GPU each still share a process group (the MoE exchange's communicators): vLLM
+    charges its 2+ GPU non-torch measurement, 2.07 GiB = 2,222,645,576 B, where one lone GPU takes 0.25 GiB
+    = 268,435,456 B; TensorRT-LLM, whose tp_size spans the ranks, likewise its multi-GPU figure."""
+    lone, rank = (resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1, data_parallel=dp) for dp in (1, 8))
+    assert (lone.non_torch_bytes_per_gpu, rank.non_torch_bytes_per_gpu) == (VLLM_NON_TORCH_TP1, VLLM_NON_TORCH_TP2)
+    trtllm = [resolve_engine(EngineConfig(engine="trtllm"), LLAMA_3_1_8B, H100, 1, data_parallel=dp)
+              for dp in (1, 8)]
+    assert trtllm[0].non_torch_bytes_per_gpu == NON_TORCH_TP1
+    assert trtllm[1].non_torch_bytes_per_gpu == resolve_engine(EngineConfig(engine="trtllm"), LLAMA_3_1_8B, H100,
+                                                               8).non_torch_bytes_per_gpu > NON_TORCH_TP1
+
+
 def test_sglang_pool_holds_weights_and_kv_only() -> None:
     """SGLang, Llama-3.1-8B on H100: KV = 0.835 x 85,520,809,984 − weights
     = 71,409,876,336 (.64 dropped) − 16,060,522,496 = 55,349,353,840 B; page size 1, so
