@@ -63,7 +63,7 @@ _DYNAMO_IMAGE = re.compile(r"ai-dynamo/[\w.-]*runtime:v?(\d+)\.(\d+)(?:\.(\d+))?
 # An aiconfigurator run's id names the layout it was launched with: `..._c32_tp8_ep8_922` or `..._tp4_0_ep1_0_185`
 # (tp = the GPUs of the attention group, tp x attention-DP; ids written `_epnone_` name no EP degree).
 _RUN_ID_LAYOUT = re.compile(r"\bid=[^;]*_tp(\d+)(?:_\d+)?_ep(\d+)(?:_|;|$)")
-INFLATED_LAYOUT_SOURCE = "AIC_SILICON_SAMPLE"  # `layout_conflict`: the source whose own patterns it knows
+AIC_SOURCE = "AIC_SILICON_SAMPLE"  # aiconfigurator: the source whose column patterns `layout_conflict` knows
 
 
 class RowsInvalid(ValueError):
@@ -145,11 +145,11 @@ def layout_conflict(cells: Mapping[str, str]) -> str | None:
         if (int(named[1]), int(named[2])) == (tp * dp, ep):
             return None
         return f"layout contradicts the run's id: the id names tp{named[1]} ep{named[2]}, {columns}"
-    if cells.get("source_id") == INFLATED_LAYOUT_SOURCE and ep > 1 and moe_tp == ep and tp * dp == ep * ep:
+    if cells.get("source_id") == AIC_SOURCE and ep > 1 and moe_tp == ep and tp * dp == ep * ep:
         return (f"layout in its source's inflated pattern: {columns} (tp x dp = ep², moe_tp = ep, as in every row "
                 "of the source that contradicts its id)")
     batch, users = cells.get("batch", "").strip(), cells.get("concurrency", "").strip()
-    if (cells.get("source_id") == INFLATED_LAYOUT_SOURCE and cells.get("scenario", "").strip() == "closed_loop"
+    if (cells.get("source_id") == AIC_SOURCE and cells.get("scenario", "").strip() == "closed_loop"
             and batch.isdigit() and users.isdigit() and int(users) > int(batch) * dp):
         return (f"layout contradicts the run's load: {users} users exceed the batch of {batch} per rank x dp {dp} "
                 "that the columns state (the source's concurrency is the whole deployment's: more attention ranks "
