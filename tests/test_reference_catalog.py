@@ -174,7 +174,7 @@ def test_every_model_row_matches_models_json(db_session: Session) -> None:
         # PCIe Gen3 x16: 16e9.
         ("t4", "turing", 8, 16e9),
         # PCIe Gen5 x16 (64e9) does not cap the 50e9 NIC.
-        ("rtx-pro-6000", "blackwell", 8, 50e9),
+        ("rtx-pro-6000", "blackwell-sm120", 8, 50e9),
     ],
 )
 def test_derived_gpu_topology(db_session: Session, slug: str, family: str, gpus_per_node: int,
@@ -204,8 +204,8 @@ def test_gpus_whose_node_talks_over_pcie(db_session: Session, slug: str, pcie: b
 
 def test_every_gpu_has_a_known_family() -> None:
     assert set(GPU_FAMILY) == set(README_GPU_SLUGS)
-    assert set(GPU_FAMILY.values()) <= {"ampere", "hopper", "blackwell", "ada", "turing", "volta", "cdna2",
-                                        "cdna3", "cdna4", "gaudi", "tpu"}
+    assert set(GPU_FAMILY.values()) <= {"ampere", "hopper", "blackwell", "blackwell-sm120", "ada", "turing",
+                                        "volta", "cdna2", "cdna3", "cdna4", "gaudi", "tpu"}
 
 
 @pytest.mark.parametrize(

@@ -111,14 +111,18 @@ def attention_kind(spec: ModelSpec) -> str:
 
 # Reference GPUs --------------------------------------------------------------------------
 
-# Architecture generation, used to group calibration. From each part's datasheet/product page.
+# Architecture generation, used to group calibration. From each part's datasheet/product page. Blackwell is
+# two architectures: the data-center parts (B200/B300/GB200/GB300: HBM, NVLink; the B200 is sm_100) and
+# the GB202 die of the RTX PRO 6000 (compute capability 12.0, "not the B200's sm_100", GDDR7, PCIe only; gpus.csv
+# notes, from NVIDIA's MIG user guide and aiconfigurator's rtx_pro_6000_server.yaml). Kernels are built per
+# compute capability, so one calibration entry for both would mix two kernel libraries and two memory systems.
 GPU_FAMILY = {
     "a100-40gb-sxm": "ampere", "a100-80gb-sxm": "ampere", "a100-80gb-pcie": "ampere",
     "a10g": "ampere", "a10": "ampere",
     "h100-sxm": "hopper", "h100-pcie": "hopper", "h100-nvl": "hopper", "h200-sxm": "hopper",
     "h200-nvl": "hopper", "h20": "hopper", "gh200-96gb": "hopper", "gh200-144gb": "hopper",
     "b200": "blackwell", "b300": "blackwell", "gb200": "blackwell", "gb300": "blackwell",
-    "rtx-pro-6000": "blackwell",
+    "rtx-pro-6000": "blackwell-sm120",
     "l4": "ada", "l40s": "ada", "rtx-4090": "ada", "rtx-6000-ada": "ada",
     "t4": "turing", "v100-sxm2-32gb": "volta", "v100-pcie-32gb": "volta",
     "mi250x": "cdna2", "mi300x": "cdna3", "mi325x": "cdna3", "mi355x": "cdna4",

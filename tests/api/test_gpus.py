@@ -52,7 +52,8 @@ def test_default_limit_is_50(client: TestClient) -> None:
     ({"vendor": "amd"}, 4),  # case-insensitive
     ({"vendor": "Google"}, 3),
     ({"family": "hopper"}, 8),  # h100-sxm h100-pcie h100-nvl h200-sxm h200-nvl h20 gh200-96gb gh200-144gb
-    ({"family": "blackwell"}, 5),  # b200 b300 gb200 gb300 rtx-pro-6000
+    ({"family": "blackwell"}, 4),  # b200 b300 gb200 gb300 (the data-center die)
+    ({"family": "blackwell-sm120"}, 1),  # rtx-pro-6000 (GB202, compute capability 12.0)
     ({"vendor": "NVIDIA", "family": "ada"}, 4),  # l4 l40s rtx-4090 rtx-6000-ada
     ({"vendor": "Nobody"}, 0),
 ])
