@@ -290,6 +290,36 @@ def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_
     assert resolve_engine(EngineConfig(), LLAMA_3_1_8B, H200, 1, data_parallel=8).max_num_batched_tokens == 8192
 
 
+def test_sglang_fraction_follows_the_release_asked_for() -> None:
+    """ENGINES.md 1.2, the rule of each release (memory in MiB as the driver reports it; H100 81,559,
+    H200 143,771, B200 183,359 = 192,265,846,784 B):
+    0.4.0, by TP alone: 0.88 at TP1, 0.81 at TP8; chunk 8192, cuda_graph_max_bs 160 (GPUs over 25 GB).
+    0.4.6: an H100 (81,559 <= 81,920) keeps 0.4.0's 0.87 at TP2; an H200 sets 13 GiB aside:
+    (143,771 − 13,312) / 143,771 = 0.90741 -> 0.907.
+    0.5.2 (the 0.4.9 rule): H100 TP1 reserves (9.5 + 1/2)·1024 = 10,240 -> 71,319 / 81,559 = 0.87445 -> 0.874;
+    H100 TP8 (9.5 + 8/2)·1024 = 13,824 -> 67,735 / 81,559 = 0.83050 -> 0.831 (0.818 from 0.5.5);
+    H200 TP8 (12 + 4)·1024 = 16,384 -> 127,387 / 143,771 = 0.88604 -> 0.886; B200 (>= 160 GiB) 32 GiB ->
+    150,591 / 183,359 = 0.82129 -> 0.821; H200 DP8 of TP1 (SGLang tp 8) 16,384 + 4 GiB = 20,480 ->
+    123,291 / 143,771 = 0.85755 -> 0.858. 0.5.3 and 0.5.4, between the two sourced releases, keep it.
+    """
+    b200_bytes = 192_265_846_784
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version="0.4.0") == (0.88, 8192, 160)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None, version="0.4.0")[0] == 0.81
+    assert sglang_mem_fraction_static(H100.memory_bytes, 2, 1, None, version="0.4.6")[0] == 0.87
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, version="0.4.6")[0] == 0.907
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version="0.5.2") == (0.874, 8192, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None, version="0.5.2")[0] == 0.831
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None, version="0.5.4")[0] == 0.831
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None, version="0.5.5")[0] == 0.818
+    assert sglang_mem_fraction_static(H200.memory_bytes, 8, 1, None, version="0.5.1")[0] == 0.886
+    assert sglang_mem_fraction_static(b200_bytes, 8, 1, None, version="0.5.2")[0] == 0.821
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, 8, version="0.5.2")[0] == 0.858
+    # Through the engine's defaults: the release a request names.
+    old = resolve_engine(EngineConfig(engine="sglang", engine_version="0.5.2"), LLAMA_3_1_8B, H100, 8)
+    assert old.gpu_memory_utilization == 0.831 and "SGLang 0.5.2" in dict(old.sources)["gpu_memory_utilization"]
+    assert resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H100, 8).gpu_memory_utilization == 0.818
+
+
 def test_a_data_parallel_rank_of_one_gpu_joins_a_multi_gpu_group() -> None:
     """Attention ranks of one GPU each still share a process group (the MoE exchange's communicators): vLLM
     charges its 2+ GPU non-torch measurement, 2.07 GiB = 2,222,645,576 B, where one lone GPU takes 0.25 GiB

@@ -2,8 +2,8 @@
 
 usable = mem_fraction_static × total, which holds weights + KV pool only; activations, CUDA graphs and
 the context live in the (1 − fraction) that SGLang's own default rule sets aside, so they default to 0
-here. The default fraction reproduces SGLang 0.5's `ServerArgs._handle_gpu_memory_settings`
-(`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
+here. The default fraction reproduces `ServerArgs._handle_gpu_memory_settings` of the release asked for,
+0.4.0 to 0.5.15 (`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
 """
 
 from __future__ import annotations
@@ -29,15 +29,24 @@ if TYPE_CHECKING:
 
 SGLANG_KV_FROM_CHECKPOINT = (0, 5, 5)
 PIECEWISE_GRAPHS_FROM = (0, 5, 10)  # piecewise CUDA graphs on by default (ENGINES.md 1.2)
+# The default mem_fraction_static's rule by release (ENGINES.md 1.2): by TP alone (0.4.0); the same up to 80 GiB
+# and 13 GiB set aside above it (0.4.6); a reserve by GPU size and TP x PP (0.4.9, still in 0.5.2); a reserve
+# by chunk and CUDA-graph batch (0.5.5 on). The reference covers no release between 0.5.2 and 0.5.5: 0.5.3 and
+# 0.5.4 take the earlier rule.
+LARGE_GPU_RESERVE_FROM = (0, 4, 6)
+RESERVE_BY_GPU_SIZE_FROM = (0, 4, 9)
+RESERVE_BY_CHUNK_FROM = (0, 5, 5)
 SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
-_FRACTION_SOURCE = "SGLang 0.5 default mem_fraction_static for this GPU size and TP x PP"
+_FRACTION_SOURCE = "SGLang {version} default mem_fraction_static for this GPU size and TP x PP"
 _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
                        "clamp(KV tokens / context_len x 512, 2048, 4096))")
 
 
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
-                               chunked_prefill_size: int | None, data_parallel: int = 1) -> tuple[float, int, int]:
-    """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies.
+                               chunked_prefill_size: int | None, data_parallel: int = 1,
+                               version: str | None = None) -> tuple[float, int, int]:
+    """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies, at
+    release `version` (None: 0.5.5 and later; earlier releases: `_earlier_mem_fraction_static`).
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
     buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (< 20 GiB: 2048 / 8; < 35: 2048 /
@@ -53,7 +62,22 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     """
     memory_mib = gpu_memory_bytes / MIB
     tensor_parallel *= data_parallel  # SGLang's --tp-size spans the attention data-parallel ranks
-    small_tp = tensor_parallel < 4
+    at = parse_version(version) if version is not None else RESERVE_BY_CHUNK_FROM
+    if at < RESERVE_BY_CHUNK_FROM:
+        return _earlier_mem_fraction_static(memory_mib, tensor_parallel, pipeline_parallel, chunked_prefill_size,
+                                            data_parallel > 1, at)
+    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size)
+    reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
+                    + tensor_parallel * pipeline_parallel / 8 * 1024)
+    if data_parallel > 1:
+        reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
+    if memory_mib > 60 * 1024:
+        reserved_mib = max(reserved_mib, 10 * 1024)
+    return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
+
+
+def _size_defaults(memory_mib: float, tensor_parallel: int, chunked_prefill_size: int | None) -> tuple[int, int]:
+    """SGLang 0.5's chunked_prefill_size (unless given) and cuda_graph_max_bs for the GPU's memory and its tp."""
     buckets = (  # (memory below, MiB; chunked_prefill_size; cuda_graph_max_bs at tp < 4; at tp >= 4)
         (20 * 1024, 2048, 8, 8),
         (35 * 1024, 2048, 16, 80),
@@ -66,14 +90,36 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
         if memory_mib < limit:
             break
     chunk = chunked_prefill_size if chunked_prefill_size is not None else default_chunk
-    graph_bs = graph_bs_small_tp if small_tp else graph_bs_large_tp
-    reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
-                    + tensor_parallel * pipeline_parallel / 8 * 1024)
-    if data_parallel > 1:
-        reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
-    if memory_mib > 60 * 1024:
-        reserved_mib = max(reserved_mib, 10 * 1024)
-    return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
+    return chunk, graph_bs_small_tp if tensor_parallel < 4 else graph_bs_large_tp
+
+
+def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeline_parallel: int,
+                                 chunked_prefill_size: int | None, dp_attention: bool,
+                                 at: tuple[int, int, int]) -> tuple[float, int, int]:
+    """The default fraction of SGLang releases before 0.5.5 (ENGINES.md 1.2; `tensor_parallel` is SGLang's,
+    the attention data-parallel ranks included):
+    - 0.4.0: by TP alone, 0.88 at TP1, 0.87 from 2, 0.85 from 4, 0.81 from 8, 0.79 from 16;
+    - 0.4.6: the same on GPUs of at most 80 GiB (81,920 MiB), above it (memory - 13 GiB) / memory;
+    - 0.4.9 (to 0.5.2): (memory - reserved) / memory, reserved = (2.8 + tp·pp/10) GiB below 35 GiB,
+      (9.5 + tp·pp/2) GiB below 90 GiB, (12 + tp·pp/2) GiB below 160 GiB, else 32 GiB; 4 GiB more under
+      attention data parallelism.
+    Fractions are rounded to three decimals, as SGLang does. Their chunk and CUDA-graph batch: 0.4.0's 8192
+    tokens and 160 (2048 and 8 below 25 GiB) before 0.4.9; from 0.4.9, for which the reference gives none,
+    0.5.10's buckets (`sglang_mem_fraction_static`)."""
+    if at < RESERVE_BY_GPU_SIZE_FROM:
+        small = memory_mib < 25 * 1024
+        chunk = chunked_prefill_size if chunked_prefill_size is not None else (2048 if small else 8192)
+        graph_bs = 8 if small else 160
+        if at >= LARGE_GPU_RESERVE_FROM and memory_mib > 80 * 1024:
+            return round((memory_mib - 13 * 1024) / memory_mib, 3), chunk, graph_bs
+        by_tp = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+        return next(fraction for least, fraction in by_tp if tensor_parallel >= least), chunk, graph_bs
+    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size)
+    gpus = tensor_parallel * pipeline_parallel
+    reserved_gib = (2.8 + gpus / 10 if memory_mib < 35 * 1024 else 9.5 + gpus / 2 if memory_mib < 90 * 1024
+                    else 12 + gpus / 2 if memory_mib < 160 * 1024 else 32.0)
+    reserved_gib += 4 if dp_attention else 0
+    return round((memory_mib - reserved_gib * 1024) / memory_mib, 3), chunk, graph_bs
 
 
 def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
@@ -101,10 +147,11 @@ class Sglang:
                  data_parallel: int = 1) -> dict[str, Default]:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens,
-                                                               data_parallel)
+                                                               data_parallel, version)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
-            "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE} (chunked_prefill_size {chunk}, "
+            "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "
+                                                  f"(chunked_prefill_size {chunk}, "
                                                   f"cuda_graph_max_bs {graph_bs})")),
             "max_num_seqs": (None, _MAX_RUNNING_SOURCE),
             "max_num_batched_tokens": (chunk, "SGLang default chunked_prefill_size for this GPU size"),
