@@ -357,9 +357,9 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
         ("Every group below was predicted by a fit that never saw it: leave one GPU out (its datasheet is all the "
          "fit knows of it), leave one model family out (a family is the publisher of the weights: Llama 2, 3 and 4 "
          "go together), leave one engine out. A held-out GPU whose family has other GPUs in the data (H100 among "
-         "H200 and GH200) still gets its family's entry, fitted on those siblings; one alone in its family (MI300X, "
-         "L40S, A100) falls back to the global entry. Median absolute error per metric, with the target; the 90th "
-         "percentile in brackets."),
+         "H200 and GH200, B200 beside GB200) still gets its family's entry, fitted on those siblings; one alone in "
+         "its family (MI300X, L40S, A100, the RTX PRO 6000: sm_120, not the data-center Blackwell) falls back to the "
+         "global entry. Median absolute error per metric, with the target; the 90th percentile in brackets."),
         "",
         "| held out | " + " | ".join(f"{METRIC_KIND_LABELS[kind]} (target ≤ {targets[kind]:g}%)"
                                      for kind in targets) + " | all rows |",

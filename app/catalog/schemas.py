@@ -180,7 +180,8 @@ class GpuSpecIn(BaseModel):
 
     name: Label = ""
     family: Annotated[str, Field(pattern=r"^[a-z0-9-]{0,32}$")] = Field(
-        "", description="Generation used to group calibration: ampere, hopper, blackwell, blackwell-sm120, ada, cdna3, ...")
+        "", description=("Generation used to group calibration: ampere, hopper, blackwell, blackwell-sm120, ada, "
+                         "cdna3, ..."))
     memory_bytes: Annotated[int, Field(ge=1, le=10**13)] = Field(description="Total as the driver reports it")
     cuda_memory_bytes: Annotated[int, Field(ge=1, le=10**13)] | None = Field(
         None, description="Total as CUDA reports it (torch.cuda.mem_get_info), what vLLM and TensorRT-LLM size "

@@ -104,7 +104,7 @@ def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeli
       (9.5 + tp·pp/2) GiB below 90 GiB, (12 + tp·pp/2) GiB below 160 GiB, else 32 GiB; 4 GiB more under
       attention data parallelism.
     Fractions are rounded to three decimals, as SGLang does. Their chunk and CUDA-graph batch: 0.4.0's 8192
-    tokens and 160 (2048 and 8 below 25 GiB) before 0.4.9; from 0.4.9, for which the reference gives none,
+    tokens and 160 (2048 and 8 below 25 GB, taken as GiB: no catalog GPU lies between) before 0.4.9; from 0.4.9, for which the reference gives none,
     0.5.10's buckets (`sglang_mem_fraction_static`)."""
     if at < RESERVE_BY_GPU_SIZE_FROM:
         small = memory_mib < 25 * 1024
