@@ -2,8 +2,8 @@
 
 usable = mem_fraction_static × total, which holds weights + KV pool only; activations, CUDA graphs and
 the context live in the (1 − fraction) that SGLang's own default rule sets aside, so they default to 0
-here. The default fraction reproduces `ServerArgs._handle_gpu_memory_settings` of the release asked for,
-0.4.0 to 0.5.15 (`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
+here. The default fraction reproduces `ServerArgs._handle_gpu_memory_settings` of the release asked for, from
+0.4.0 on (`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeli
       (9.5 + tp·pp/2) GiB below 90 GiB, (12 + tp·pp/2) GiB below 160 GiB, else 32 GiB; 4 GiB more under
       attention data parallelism.
     Fractions are rounded to three decimals, as SGLang does. Their chunk and CUDA-graph batch: 0.4.0's 8192
-    tokens and 160 (2048 and 8 below 25 GB, taken as GiB: no catalog GPU lies between) before 0.4.9; from 0.4.9, for which the reference gives none,
-    0.5.10's buckets (`sglang_mem_fraction_static`)."""
+    tokens and 160 (2048 and 8 below 25 GB, taken as GiB: no catalog GPU lies between) before 0.4.9; from 0.4.9,
+    for which the reference gives none, 0.5.10's buckets (`_size_defaults`)."""
     if at < RESERVE_BY_GPU_SIZE_FROM:
         small = memory_mib < 25 * 1024
         chunk = chunked_prefill_size if chunked_prefill_size is not None else (2048 if small else 8192)
