@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import (
+    OVERLAPPED_HOST_DESCRIPTION,
     PCIE_LINK_FRACTION_DESCRIPTION,
     ComputeCurvePoint,
     ComputeDtype,
@@ -268,7 +269,7 @@ class ErrorSummaryOut(BaseModel):
 
 class ValidationResponse(BaseModel):
     model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
-                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.02.6"})
+                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.02.7"})
 
     calibration_profile: str = Field(description="The profile whose efficiencies produced the predictions")
     rows: list[RowResultOut]
@@ -287,7 +288,7 @@ PROFILE_ENTRY_EXAMPLE = {
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
     "pcie_link_fraction_ratio": 1.0,
-    "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "per_sequence_overhead_ms": 0.0, "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
               "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
 }
@@ -322,7 +323,7 @@ PROVENANCE_EXAMPLE: dict[str, Any] = {
     "fit_error": FIT_ERROR_EXAMPLE, "entries_fitted": [ENTRY_FIT_EXAMPLE],
     "parameter_priors": {"allreduce_latency_s": {"prior": 1e-05, "source": "NCCL tuner: 7.8-15.0 us in a node"}},
     "parameters_at_bounds": [BOUND_EXAMPLE],
-    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.02.6",
+    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.02.7",
 }
 
 
@@ -344,6 +345,7 @@ class ProfileEntryOut(BaseModel):
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
+    overlapped_host_per_sequence_ms: float = Field(0.0, description=OVERLAPPED_HOST_DESCRIPTION)
     prefill_moe_layer_overhead_ms: float = Field(0.0, description=(
         "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
         "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
@@ -504,7 +506,7 @@ class CalibrationResponse(BaseModel):
         "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
                     "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
         "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,
-        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.02.6"})
+        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.02.7"})
 
     profile: ProfileOut
     base_profile: str

@@ -184,6 +184,10 @@ class PreparedRow:
         return self.prediction.pays_host_work
 
     @property
+    def pays_overlapped_host_work(self) -> bool:
+        return self.prediction.pays_overlapped_host_work
+
+    @property
     def pays_prefill_overhead(self) -> bool:
         return self.prediction.pays_prefill_overhead
 
@@ -605,6 +609,7 @@ def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
         allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
         pcie_link_fraction_ratio=entry.get("pcie_link_fraction", 1.0),  # absent: a profile before it
         per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
+        overlapped_host_per_sequence_ms=entry.get("overlapped_host_per_sequence_s", 0.0) * 1e3,
         prefill_moe_layer_overhead_ms=entry.get("prefill_moe_layer_overhead_s", 0.0) * 1e3,
         source=entry["source"],
     )

@@ -207,7 +207,8 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
                       {"tokens": 256, "compute_fraction_ratio": 0.78}, {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
-    "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0,
+    "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
               "7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
@@ -255,6 +256,10 @@ STEP_TOKENS_DESCRIPTION = (
     "give each rank the whole of it")
 
 
+OVERLAPPED_HOST_DESCRIPTION = (
+    "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
+    "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
+    "least this times the sequences it samples; never in a roofline")
 PCIE_LINK_FRACTION_DESCRIPTION = (
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
@@ -277,6 +282,7 @@ class EfficiencyOut(BaseModel):
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
         "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
+    overlapped_host_per_sequence_ms: float = Field(0.0, description=OVERLAPPED_HOST_DESCRIPTION)
     prefill_moe_layer_overhead_ms: float = Field(0.0, description=(
         "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
         "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
@@ -417,7 +423,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.6",
+        "calculation_version": "2026.12.02.7",
     })
 
 
@@ -652,7 +658,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.6",
+        "calculation_version": "2026.12.02.7",
     })
 
 
@@ -737,5 +743,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.6",
+        "calculation_version": "2026.12.02.7",
     })

@@ -1,6 +1,7 @@
-"""Host work per sequence per step in engines that do not overlap it with the GPU (vLLM's V0 engine):
-which engines and versions pay it, how the step-time model charges it, how a measured run's version is
-read, and how a fit gives it one value per profile. Every expected value is worked by hand below.
+"""Host work per sequence per step in engines that do not overlap it with the GPU (vLLM's V0 engine), and
+in those that do (a step then lasts at least that long): which engines and versions pay which, how the
+step-time model charges each, how a measured run's version is read, and how a fit gives each one value per
+profile. Every expected value is worked by hand below.
 """
 
 from __future__ import annotations
@@ -142,6 +143,7 @@ class _Steps:
     compute_dtype: str = "bf16"
     steps: int = 100
     pays_host_work: bool = True
+    pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
 
@@ -177,12 +179,14 @@ def test_each_family_fits_its_hosts_work_and_a_family_without_such_rows_keeps_th
 
 def test_the_host_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     """Range 0-1 ms: a fitted entry at 0 sits at its low bound (within 1% of the range: 10 us); 0.5 ms
-    does not. The GPU parameters (and the MoE prompt-step overhead, 1 ms, and the links at 0.84 of their
-    rate) sit inside their ranges here."""
-    assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s", "prefill_moe_layer_overhead_s"]
+    does not. The GPU parameters (and the MoE prompt-step overhead, 1 ms, the overlapped host work, 0.1 ms, and
+    the links at 0.84 of their rate) sit inside their ranges here."""
+    assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s", "overlapped_host_per_sequence_s",
+                                                         "prefill_moe_layer_overhead_s"]
     assert "per_sequence_overhead_s" not in {bound.name for bound in FITTED_PARAMETERS}
     inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5,
-                                                  "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84})
+                                                  "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84,
+                                                  "overlapped_host_per_sequence_s": 0.1e-3})
     some = dataclasses.replace(inside, per_sequence_overhead_s=0.5e-3)
     profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, some, 50), ProfileEntry("hopper", ANY, inside, 50)))
     assert parameters_at_bounds(profile) == [("hopper", ANY, "per_sequence_overhead_s", 0.0, "low")]
@@ -203,3 +207,88 @@ def test_capacity_charges_it_for_a_v0_engine_version_only() -> None:
     assert v0.expected_decode_step_s - v0_plain.expected_decode_step_s == pytest.approx(v0.batch_size * C, rel=1e-9)
     assert point("0.19.0", V0).expected_decode_step_s == point("0.19.0", DEFAULT_EFFICIENCY).expected_decode_step_s
 
+
+
+# Host work an engine overlaps: the least a step lasts ------------------------------------------------
+
+F = 1e-4  # 100 us of overlapped host work per sequence per step
+OVERLAPPED = dataclasses.replace(DEFAULT_EFFICIENCY, overlapped_host_per_sequence_s=F)
+
+
+def test_an_engine_that_overlaps_host_work_keeps_it_as_a_floor_and_v0_as_an_addition() -> None:
+    """TensorRT-LLM, SGLang and vLLM from 0.8 (V1) keep the overlapped value; vLLM V0 pays its host work on top
+    of the step instead (`per_sequence_overhead_s`), so the floor is dropped there; without an engine (the
+    GPU's own time) neither."""
+    both = dataclasses.replace(OVERLAPPED, per_sequence_overhead_s=C)
+    for engine, version in (("trtllm", "1.0"), ("sglang", "0.5.6"), ("vllm", "0.19.0")):
+        adjusted = host_adjusted(both, engine, version)
+        assert (adjusted.overlapped_host_per_sequence_s, adjusted.per_sequence_overhead_s) == (F, 0.0)
+    v0 = host_adjusted(both, "vllm", "0.5.4")
+    assert (v0.overlapped_host_per_sequence_s, v0.per_sequence_overhead_s) == (0.0, C)
+    gpu_only = host_adjusted(both, None)
+    assert (gpu_only.overlapped_host_per_sequence_s, gpu_only.per_sequence_overhead_s) == (0.0, 0.0)
+
+
+def _floored_models():
+    shape = {"tensor_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16"}
+    return (build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=DEFAULT_EFFICIENCY, **shape),
+            build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=OVERLAPPED, **shape))
+
+
+def test_a_step_lasts_at_least_the_host_work_of_the_sequences_it_samples() -> None:
+    """Llama-3-8B bf16 on one H100 (989 TFLOP/s, 3.35 TB/s at the default 0.70: 2.345 TB/s).
+    16 decodes at 1,000 tokens each: the weights alone (16.06 GB) take 16.06 / 2.345 = 6.85 ms on the GPU,
+    far above the host's 16 x 100 us = 1.6 ms: the GPU's time, unchanged.
+    2,048 decodes at 10 tokens each: 2 x 8.03e9 x 2,048 = 32.9 TFLOP at no more than the curve's 93% of
+    989 TFLOP/s is about 36 ms, the weights and 20,480 x 128 KiB = 2.7 GB of KV read (18.8 GB / 2.345 TB/s)
+    8 ms: under 0.1 s, while the host needs 2,048 x 100 us = 204.8 ms: the step lasts 204.8 ms.
+    A 512-token prompt alone samples one sequence: 0.1 ms of host work under milliseconds of GPU time."""
+    plain, floored = _floored_models()
+    assert floored(16, 16 * 1000, 0, 0) == plain(16, 16 * 1000, 0, 0)
+    assert plain(2048, 2048 * 10, 0, 0) < 0.1
+    assert floored(2048, 2048 * 10, 0, 0) == pytest.approx(0.2048, rel=1e-12)
+    assert floored(0, 0, 512, 512 * 256) == plain(0, 0, 512, 512 * 256)
+    # The array path agrees with the scalar one.
+    seqs, contexts, zeros = np.array([16.0, 2048.0]), np.array([16000.0, 20480.0]), np.zeros(2)
+    assert floored.step_time_s(seqs, contexts, zeros, zeros) == pytest.approx(
+        [plain(16, 16000, 0, 0), 0.2048], rel=1e-12)
+
+
+def test_a_decode_run_sums_the_floor_and_is_stepped_where_the_gpu_overtakes_it() -> None:
+    """100 steps of 2,048 decodes from 10 to 109 tokens each: the last step reads 2,048 x 109 x 128 KiB = 29.3
+    GB of KV, (16.06 + 29.3) GB / 2.345 TB/s = 19 ms with the weights, still under the 204.8 ms floor, so
+    every step lasts 204.8 ms: 100 x 204.8 ms = 20.48 s, summed in closed form.
+    256 decodes: a floor of 25.6 ms; the GPU's step, 6.85 ms of weights plus 256 x c x 128 KiB of KV at 2.345
+    TB/s (plus overheads), crosses it near c = (25.6 - 6.85 - 0.4) ms x 2.345 TB/s / (256 x 128 KiB) = 1,280
+    tokens: a run from 500 to 2,499 tokens has that kink inside, so it is not summed in closed form, and
+    timed step by step each step is the larger of the GPU's time and 25.6 ms."""
+    plain, floored = _floored_models()
+    ran = floored.decode_run(2048, 2048 * 10.0, 100, 1e9)
+    assert ran is not None
+    assert ran[0] == 100 and ran[1] == pytest.approx(20.48, rel=1e-12) and ran[2] == pytest.approx(0.2048, rel=1e-12)
+    assert floored.decode_run(256, 256 * 500.0, 2000, 1e9) is None
+    contexts = 256.0 * np.arange(500, 2500)
+    gpu = plain.step_time_s(np.full(2000, 256.0), contexts, np.zeros(2000), np.zeros(2000))
+    assert gpu[0] < 0.0256 < gpu[-1]  # the kink is inside the run
+    assert floored.step_time_s(np.full(2000, 256.0), contexts, np.zeros(2000), np.zeros(2000)) == pytest.approx(
+        np.maximum(gpu, 0.0256), rel=1e-12)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OverlappedSteps(_Steps):
+    """The same run under an engine that overlaps host work: each step lasts max(5 ms, host work)."""
+
+    pays_host_work: bool = False
+
+    def predict(self, efficiency) -> float:
+        return self.steps * max(5e-3, efficiency.overlapped_host_per_sequence_s * self.batch)
+
+
+def test_a_fit_finds_the_overlapped_host_work_where_it_binds() -> None:
+    """Hosts made with 100 us per sequence: batch 16 -> 100 x max(5, 1.6) ms = 0.5 s, 128 -> 100 x 12.8 ms =
+    1.28 s, 256 -> 100 x 25.6 ms = 2.56 s. Only the two large batches measure it, and they give 100 us back
+    (the prior toward 0 costs at most 0.02 x (0.1 / 1)^2 / 8 of the objective)."""
+    rows = [_OverlappedSteps(batch, measured, "hopper", pays_overlapped_host_work=True) for batch, measured in ((16, 0.5), (128, 1.28), (256, 2.56))]
+    fit = fit_profile(rows * 4, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=True,
+                      max_evaluations=200, describe=lambda family, dtype, rows: "fit")
+    assert fit.profile.efficiency_for("hopper", "bf16").overlapped_host_per_sequence_s == pytest.approx(100e-6, abs=3e-6)

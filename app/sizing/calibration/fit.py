@@ -9,9 +9,9 @@ Fitting adjusts six physically meaningful parameters per entry, each inside sane
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
 per-layer overheads, and the all-reduce latency; one paid only by layouts that communicate over PCIe
-(`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and two paid only by some
+(`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and three paid only by some
 engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
-GPU, and the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA
+GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA
 graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
 global entry's, which a family without such rows keeps. Priors: the cited values in
 the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
@@ -105,13 +105,22 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
 # host work, is pulled toward it (`fit_profile`, as every parameter of an entry below the global one is
 # pulled toward the level above); an entry none of whose rows pays it does not fit it. The same holds for the
 # fixed cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA graphs
-# (`engines.host_adjusted`): paid only by MoE rows of those engines.
+# (`engines.host_adjusted`): paid only by MoE rows of those engines. An engine that prepares step n + 1 while
+# the GPU runs step n (TensorRT-LLM's and SGLang's overlap schedulers, vLLM's V1 engine) does the same kind of
+# per-sequence host work, but it costs nothing while the GPU takes longer: a step lasts max(GPU time, host
+# work), which binds at large batches of small models, where the GPU's step is short and the sequences many.
+# It is fitted apart (the engines' host loops differ from V0's, by their code), on the rows of such engines.
 HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
                     "scheduling, sampling metadata, detokenization in the step loop): Python, tens to hundreds "
                     "of us per sequence by its operation count; range to 1 ms; prior 0 in the global entry, the "
                     "global entry's value in a family's", paid_by="pays_host_work"),
+    ParameterBounds("overlapped_host_per_sequence_s", 0.0, 1e-3, 0.0,
+                    "host work per sequence per step of an engine that prepares the next step while the GPU runs "
+                    "this one (TensorRT-LLM's PyTorch backend and SGLang's overlap schedulers, vLLM's V1 engine): "
+                    "hidden while the GPU takes longer, the floor of a step when it does not; the same operations "
+                    "as the non-overlapped kind, hence its range; prior 0", paid_by="pays_overlapped_host_work"),
     ParameterBounds("prefill_moe_layer_overhead_s", 0.0, 5e-3, 0.0,
                     "a step with prompt tokens that runs outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang "
                     "before 0.5.10's piecewise graphs) launches each kernel of an MoE layer from the host: tens of "
@@ -334,6 +343,12 @@ class FitTarget(Protocol):
     @property
     def pays_host_work(self) -> bool:
         """Whether its engine adds host work per sequence to every step (per_sequence_overhead_s)."""
+        ...
+
+    @property
+    def pays_overlapped_host_work(self) -> bool:
+        """Whether its engine overlaps host work with the GPU, so that a step lasts at least that work
+        (overlapped_host_per_sequence_s)."""
         ...
 
     @property

@@ -88,25 +88,33 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "")
     overlap host work with the GPU (`Engine.overlaps_host_work`), its overhead per MoE layer of a step with
     prompt tokens only where such steps run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero
     elsewhere and where no engine runs the steps (`engine` None: the GPU's own time)."""
-    if efficiency.per_sequence_overhead_s == 0 and efficiency.prefill_moe_layer_overhead_s == 0:
+    if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
+            and efficiency.prefill_moe_layer_overhead_s == 0):
         return efficiency  # nothing engine-dependent to keep or drop (no version to read)
     rules = ENGINES[engine] if engine is not None else None
-    return engine_adjusted(efficiency, host_work=rules is not None and not rules.overlaps_host_work(version),
+    overlaps = rules is not None and rules.overlaps_host_work(version)
+    return engine_adjusted(efficiency, host_work=rules is not None and not overlaps, overlapped_host=overlaps,
                            prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version))
 
 
-def engine_adjusted(efficiency: Efficiency, *, host_work: bool, prefill_overhead: bool) -> Efficiency:
-    """`efficiency` with the engine-dependent overheads it does not pay set to zero."""
+def engine_adjusted(efficiency: Efficiency, *, host_work: bool, overlapped_host: bool,
+                    prefill_overhead: bool) -> Efficiency:
+    """`efficiency` with the engine-dependent overheads it does not pay set to zero: `host_work`, the host
+    work added to every step (an engine that does not overlap it); `overlapped_host`, the host work a step
+    lasts at least (one that does); `prefill_overhead`, the cost per MoE layer of a step with prompt tokens."""
     if ((host_work or efficiency.per_sequence_overhead_s == 0)
+            and (overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
             and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)):
         return efficiency
-    return _without(efficiency, host_work, prefill_overhead)
+    return _without(efficiency, host_work, overlapped_host, prefill_overhead)
 
 
 @lru_cache(maxsize=64)
-def _without(efficiency: Efficiency, host_work: bool, prefill_overhead: bool) -> Efficiency:
+def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, prefill_overhead: bool) -> Efficiency:
     # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
     return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
+                   overlapped_host_per_sequence_s=(efficiency.overlapped_host_per_sequence_s if overlapped_host
+                                                   else 0.0),
                    prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0)
 
 

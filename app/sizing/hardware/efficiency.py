@@ -49,6 +49,10 @@ class Efficiency:
     # metadata, detokenization in the step loop). 0 for engines that prepare the next step while the GPU
     # runs this one; `engines.host_adjusted` keeps it only for those that do not (vLLM's V0 engine).
     per_sequence_overhead_s: float = 0.0
+    # Host work per sequence per step of an engine that prepares the next step while the GPU runs this one
+    # (`Engine.overlaps_host_work`): hidden while the GPU takes longer, so a step takes at least this times
+    # the sequences it samples. 0 for engines that do not overlap (they pay `per_sequence_overhead_s` on top).
+    overlapped_host_per_sequence_s: float = 0.0
     # Fixed cost per MoE layer of a step that carries prompt tokens, in engines that run such steps outside
     # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
     # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for.
@@ -82,7 +86,7 @@ class Efficiency:
         if not 0 < self.pcie_link_fraction <= 1:
             raise ValueError("pcie_link_fraction must be in (0, 1]")
         for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s",
-                     "prefill_moe_layer_overhead_s"):
+                     "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)

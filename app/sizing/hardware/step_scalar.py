@@ -30,13 +30,15 @@ DecodeOperator = tuple[float, tuple[float, ...], float, tuple[float, ...]]
 class DecodeForm:
     """Decode-only steps of one batch size: constant + sum of slopes x d_w + per context-dependent
     operator max(compute + its slopes x d, memory + its slopes x d), d_w the positions attended in
-    window w (min with `caps[w]`, the batch size times the window; None: a global layer)."""
+    window w (min with `caps[w]`, the batch size times the window; None: a global layer); a step lasts at
+    least `host_floor` (the overlapped host work of its sequences)."""
 
-    __slots__ = ("caps", "constant", "first_cap", "open_operators", "open_slope", "operators", "slopes")
+    __slots__ = ("caps", "constant", "first_cap", "host_floor", "open_operators", "open_slope", "operators", "slopes")
 
     def __init__(self, constant: float, slopes: tuple[float, ...], operators: tuple[DecodeOperator, ...],
-                 caps: tuple[float | None, ...]) -> None:
+                 caps: tuple[float | None, ...], host_floor: float = 0.0) -> None:
         self.constant = constant
+        self.host_floor = host_floor  # the least a step lasts (overlapped host work; 0: none)
         self.slopes = slopes
         self.operators = operators
         self.caps = caps
@@ -52,7 +54,7 @@ class ScalarStepTime:
     """A `StepTimeModel`'s forms, evaluated one step at a time (see `step_time._Forms` for the features)."""
 
     __slots__ = ("decode_forms", "distinct_experts", "distinct_experts_table", "expert_slowdown",
-                 "expert_slowdown_table", "ideal_compute", "ideal_memory", "linear", "moe", "operators",
+                 "expert_slowdown_table", "host_floor", "ideal_compute", "ideal_memory", "linear", "moe", "operators",
                  "prefill_overhead", "routed_tokens", "routed_tokens_table", "slowdown", "slowdown_table", "slowed",
                  "windows")
 
@@ -62,7 +64,7 @@ class ScalarStepTime:
                  moe: bool, distinct_experts_table: Sequence[float], routed_tokens_table: Sequence[float],
                  expert_slowdown_table: Sequence[float], distinct_experts: Callable[[float], float],
                  routed_tokens: Callable[[float], float], expert_slowdown: Callable[[float], float],
-                 prefill_overhead: float = 0.0) -> None:
+                 prefill_overhead: float = 0.0, host_floor: float = 0.0) -> None:
         self.windows = windows
         self.slowed = slowed
         self.operators = operators
@@ -81,6 +83,8 @@ class ScalarStepTime:
         self.expert_slowdown = expert_slowdown
         # Expected seconds a step pays once when it carries prompt tokens (`_Forms.prefill_overhead`).
         self.prefill_overhead = prefill_overhead
+        # Seconds of overlapped host work per sampled sequence: the least a step lasts (`_Forms.host_floor`).
+        self.host_floor = host_floor
         self.decode_forms: dict[float, DecodeForm] = {}
 
     def step_time_s(self, decode_seqs: float, decode_context_tokens: float, prefill_tokens: float,
@@ -136,7 +140,8 @@ class ScalarStepTime:
             for feature, seconds in memory_terms:
                 memory += seconds * features[feature]
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
-        return total
+        floor = self.host_floor * sampled
+        return floor if floor > total else total  # noqa: FURB136
 
     def features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]],
                  slowed: bool) -> list[float]:
@@ -201,7 +206,8 @@ class ScalarStepTime:
             else:
                 constant += memory if memory > compute else compute  # noqa: FURB136
         form = DecodeForm(constant, per_window, tuple(dependent),
-                          tuple([None if window is None else seqs * window for window in self.windows]))
+                          tuple([None if window is None else seqs * window for window in self.windows]),
+                          self.host_floor * seqs)
         if len(self.decode_forms) >= _DECODE_FORMS:
             self.decode_forms.clear()
         self.decode_forms[seqs] = form
@@ -213,7 +219,8 @@ class ScalarStepTime:
 
     def decode_point(self, form: DecodeForm, seqs: float, context: float) -> tuple[float, int]:
         """A decode-only step's time, and which side of each kink it is on, as bits: per window whether
-        the positions attended reach its cap, per context-dependent operator whether memory binds."""
+        the positions attended reach its cap, per context-dependent operator whether memory binds, last
+        whether the host's floor does."""
         if context < 0:
             raise ValueError("step sizes must be >= 0")
         attended = context + seqs
@@ -232,7 +239,9 @@ class ScalarStepTime:
                 else:
                     total += compute
                     sides *= 2
-            return total, sides
+            if form.host_floor > total:
+                return form.host_floor, sides * 2 + 1
+            return total, sides * 2
         positions: list[float] = []
         for cap in form.caps:
             if cap is not None and attended >= cap:
@@ -251,7 +260,9 @@ class ScalarStepTime:
                 memory += slope * d
             sides = sides * 2 + (1 if memory > compute else 0)
             total += memory if memory > compute else compute  # noqa: FURB136
-        return total, sides
+        if form.host_floor > total:
+            return form.host_floor, sides * 2 + 1
+        return total, sides * 2
 
     def decode_run(self, seqs: float, context: float, steps: int, budget_s: float) -> tuple[int, float, float] | None:
         """`StepTimeModel.decode_run`: up to `steps` decode-only steps of `seqs` sequences, their contexts

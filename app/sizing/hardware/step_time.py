@@ -6,7 +6,7 @@ max(compute / achieved fraction, memory / bandwidth fraction), the TP all-reduce
 for a uniform batch it reproduces `roofline(decode_cost(...))` and `roofline(prefill_cost(...))` to
 float rounding, less the engine-dependent costs a roofline never charges (`engines.host_adjusted`: the
 host work per sequence, and the cost per MoE layer of a step with prompt tokens, added once to every
-such step). Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
+such step; the overlapped host work, the least a step lasts). Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
 a float or an array.
 
 A step mixes `decode_seqs` sequences decoding one token each (their cached contexts summing to
@@ -174,6 +174,9 @@ class _Forms:
     # Expected seconds once per step that carries prompt tokens: the efficiency's overhead per MoE layer of
     # such a step times this GPU's MoE layers (0 for dense models and engines that graph such steps).
     prefill_overhead: float = 0.0
+    # Seconds of overlapped host work per sequence a step samples: the step lasts at least that many
+    # (`Efficiency.overlapped_host_per_sequence_s`; 0: no floor).
+    host_floor: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -260,8 +263,8 @@ class StepTimeModel:
         (steps run, their seconds, the last one's seconds). None when this shortcut does not apply
         (then time the steps one by one).
 
-        Between two kinks (a window's cap reached, an operator turning from compute- to memory-bound)
-        the step time is affine in the step index k, so the steps sum as an arithmetic series and the
+        Between two kinks (a window's cap reached, an operator turning from compute- to memory-bound, the
+        GPU's time overtaking the host's floor) the step time is affine in the step index k, so the steps sum as an arithmetic series and the
         step reaching the budget solves a quadratic. Each kink side is affine in k within a window
         regime and the positions grow with k, so a run whose first and last steps are on the same side
         of every kink has none inside.
@@ -287,6 +290,8 @@ class StepTimeModel:
         for compute, compute_slopes, memory, memory_slopes in form.operators:
             compute_part = affine(compute, compute_slopes)
             total += np.maximum(compute_part, affine(memory, memory_slopes), out=compute_part)
+        if form.host_floor:
+            np.maximum(total, form.host_floor, out=total)
         return total
 
     def _array_steps(self, values: tuple[ArrayLike, ...], expected: bool) -> np.ndarray:
@@ -361,6 +366,8 @@ class StepTimeModel:
         times = np.maximum(compute, memory, out=compute).sum(axis=0)
         if forms.prefill_overhead and np.ndim(new):  # (`new` is the number 0 when no step has prompt tokens)
             times += forms.prefill_overhead * (new > 0)
+        if forms.host_floor:
+            np.maximum(times, forms.host_floor * features[_SAMPLED_AT], out=times)
         return times
 
     def _window_parts(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
@@ -496,6 +503,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         expert_slowdowns=expert_slowdowns,
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
         prefill_overhead=layer_scale * efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
+        host_floor=step_scale * efficiency.overlapped_host_per_sequence_s,
     )
 
 
@@ -515,6 +523,7 @@ def _scalar(forms: _Forms, windows: tuple[int | None, ...], efficiency: Efficien
         routed_tokens=lambda tokens: float(experts.routed_tokens(tokens)),  # type: ignore[union-attr]
         expert_slowdown=lambda tokens: float(_expert_slowdown(efficiency, experts, tokens)),  # type: ignore[arg-type]
         prefill_overhead=forms.prefill_overhead,
+        host_floor=forms.host_floor,
     )
 
 
