@@ -11,8 +11,8 @@ curve (the published GEMM sweep) and how flat that curve is below its first poin
 per-layer overheads, and the all-reduce latency; one paid only by layouts that communicate over PCIe
 (`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and three paid only by some
 engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
-GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of a step with prompt tokens in engines that run such steps outside CUDA
-graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
+GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of
+a step with prompt tokens in engines that run such steps outside CUDA graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
 global entry's, which a family without such rows keeps. Priors: the cited values in
 the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
 what its rows do not pin down stays where the wider data put it). The objective is the mean absolute log error over the measurements of the entry,

@@ -85,9 +85,10 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "") -> Efficiency:
     """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
-    overlap host work with the GPU (`Engine.overlaps_host_work`), its overhead per MoE layer of a step with
-    prompt tokens only where such steps run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero
-    elsewhere and where no engine runs the steps (`engine` None: the GPU's own time)."""
+    overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work (the least a step
+    lasts) only where it does, its overhead per MoE layer of a step with prompt tokens only where such steps
+    run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the
+    steps (`engine` None: the GPU's own time)."""
     if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
             and efficiency.prefill_moe_layer_overhead_s == 0):
         return efficiency  # nothing engine-dependent to keep or drop (no version to read)
