@@ -273,10 +273,11 @@ class PreparedPrediction:
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
         rules = engines.ENGINES[MODELLED_AS[measurement.engine]]
         version = measurement.engine_version or rules.default_version
-        # Whether the measured engine adds host work per sequence to every step, and whether its steps with
-        # prompt tokens run outside CUDA graphs (read once: `predict` runs thousands of times in a fit).
-        self.pays_host_work = not rules.overlaps_host_work(version)
-        self.pays_overlapped_host_work = not self.pays_host_work
+        # Whether the measured engine adds host work per sequence to every step (or, overlapping it with the GPU,
+        # lasts at least that work), and whether its steps with prompt tokens run outside CUDA graphs (read once:
+        # `predict` runs thousands of times in a fit).
+        self.pays_overlapped_host_work = rules.overlaps_host_work(version)
+        self.pays_host_work = not self.pays_overlapped_host_work
         self.runs_prefill_outside_graphs = not rules.graphs_prefill_steps(version)
         # Whether the overhead per MoE layer of such steps applies (what a fit can measure on this row).
         self.pays_prefill_overhead = moe and self.runs_prefill_outside_graphs
@@ -308,7 +309,7 @@ class PreparedPrediction:
     def _host_adjusted(self, efficiency: Efficiency) -> Efficiency:
         """`engines.host_adjusted` for the measured engine: each engine-dependent overhead kept where it pays it."""
         return engines.engine_adjusted(efficiency, host_work=self.pays_host_work,
-                                       overlapped_host=not self.pays_host_work,
+                                       overlapped_host=self.pays_overlapped_host_work,
                                        prefill_overhead=self.runs_prefill_outside_graphs)
 
     def utilization(self, efficiency: Efficiency) -> float | None:
