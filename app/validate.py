@@ -252,7 +252,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "reference covers where it states none or only the year. A row whose layout columns contradict the run "
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
-         "per-step and per-layer overhead, all-reduce latency, the host work per sequence per step of engines "
+         "per-step overhead (added to the step, or in engines that overlap host work with the GPU the least a step "
+         "lasts), per-layer overhead, all-reduce latency, the host work per sequence per step of engines "
          "that do not overlap it with the GPU: vLLM before 0.8, the host work per sequence per step that engines "
          "which do overlap it hide while the GPU takes longer (a step lasts at least that long), and the cost per "
          "MoE layer of a step with prompt "

@@ -260,6 +260,10 @@ OVERLAPPED_HOST_DESCRIPTION = (
     "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
     "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
     "least this times the sequences it samples; never in a roofline")
+PER_STEP_OVERHEAD_DESCRIPTION = (
+    "The profile's fixed cost of an engine step: added to the step's time, except in an engine that prepares the "
+    "next step while the GPU runs this one (TensorRT-LLM, SGLang, vLLM from 0.8), where it is host work: a step "
+    "lasts at least this plus the overlapped host work of its sequences, and no more when the GPU takes longer")
 PCIE_LINK_FRACTION_DESCRIPTION = (
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
@@ -275,7 +279,7 @@ class EfficiencyOut(BaseModel):
     bandwidth_fraction_ratio: float = Field(description="Achieved fraction of HBM bandwidth")
     compute_curve: list[ComputeCurvePoint] = Field(description="Achieved fraction of peak compute vs tokens per step")
     compute_scale_ratio: float = Field(description="Multiplies the compute curve (a fitted correction)")
-    per_step_overhead_ms: float
+    per_step_overhead_ms: float = Field(description=PER_STEP_OVERHEAD_DESCRIPTION)
     per_layer_overhead_ms: float
     allreduce_latency_ms: float
     pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
@@ -423,7 +427,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.7",
+        "calculation_version": "2026.12.02.8",
     })
 
 
@@ -658,7 +662,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.7",
+        "calculation_version": "2026.12.02.8",
     })
 
 
@@ -743,5 +747,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.02.7",
+        "calculation_version": "2026.12.02.8",
     })

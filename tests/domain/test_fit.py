@@ -174,12 +174,14 @@ TRUE_EFFICIENCY = dataclasses.replace(
 def product_targets(efficiency: Efficiency = TRUE_EFFICIENCY) -> list[ProductTarget]:
     """Decode (memory-bound) and prefill (compute-bound) latencies of two models 16x apart in size (so
     bandwidth and overheads separate) at several lengths on one H100, measured with `efficiency`:
-    2 x 4 x 2 = 16 rows, enough for an entry of their own."""
+    2 x 4 x 2 = 16 rows, enough for an entry of their own. The engine is vLLM's V0 (0.5.4), which adds its
+    per-step overhead to the GPU's time (one that overlaps it would hide it behind the larger model's steps)."""
     targets = []
     for model in (LLAMA_3_8B, QWEN2_5_0_5B):
         for index, isl in enumerate((128, 512, 2048, 4096)):
             for metric, osl in (("tpot_ms", 64), ("ttft_ms", 1)):
-                prepared = prepare(measurement(metric=metric, isl=isl, osl=osl), model, HOPPER)
+                prepared = prepare(measurement(metric=metric, isl=isl, osl=osl, engine="vllm", engine_version="0.5.4"),
+                                   model, HOPPER)
                 targets.append(ProductTarget(prepared, prepared.predict(efficiency), f"source-{index % 3}",
                                              "hopper", "bf16"))
     return targets

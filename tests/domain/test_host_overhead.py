@@ -51,7 +51,12 @@ def test_host_adjusted_keeps_the_overhead_only_where_the_engine_pays_it() -> Non
     assert host_adjusted(V0, "vllm", "0.19.0").per_sequence_overhead_s == 0.0
     assert host_adjusted(V0, "trtllm", "0.17").per_sequence_overhead_s == 0.0
     assert host_adjusted(V0, None).per_sequence_overhead_s == 0.0  # no engine: the GPU's own time
-    assert host_adjusted(DEFAULT_EFFICIENCY, "vllm", "0.19.0") is DEFAULT_EFFICIENCY  # nothing to take off
+    assert host_adjusted(DEFAULT_EFFICIENCY, "vllm", "0.5.4") is DEFAULT_EFFICIENCY  # nothing to take off or move
+    # An engine that overlaps host work does its per-step overhead while the GPU runs; V0 and no engine add it.
+    assert host_adjusted(DEFAULT_EFFICIENCY, "vllm", "0.19.0").step_overhead_overlapped
+    assert host_adjusted(V0, "trtllm", "0.17").step_overhead_overlapped
+    assert not host_adjusted(V0, "vllm", "0.5.4").step_overhead_overlapped
+    assert not host_adjusted(V0, None).step_overhead_overlapped
     assert dataclasses.replace(host_adjusted(V0, None), source="") == dataclasses.replace(DEFAULT_EFFICIENCY,
                                                                                        source="")
 
@@ -91,17 +96,20 @@ def test_every_path_of_the_step_time_model_charges_it_alike() -> None:
 
 
 def test_a_measured_v0_run_pays_it_and_a_v1_run_does_not() -> None:
-    """A batch-1 vLLM run of 128 output tokens on Llama-3-8B: each decode step samples one sequence, so
-    V0's TPOT is 0.1 ms longer than V1's; the end-to-end latency (one prefill step, 127 decode steps, each
-    sampling one sequence) 128 x 0.1 = 12.8 ms longer. Without a stated version vLLM runs as today (V1)."""
+    """A batch-1 vLLM run of 128 output tokens on Llama-3-8B: each decode step samples one sequence, and V0
+    adds its 0.1 ms of host work and the 0.3 ms per-step overhead to the GPU's time, where V1 does both while
+    the GPU runs (its step of 16 GB of weights at 0.7 x 3.35 TB/s, 6.8 ms, is far longer than the 0.4 ms):
+    V0's TPOT is 0.4 ms longer than V1's; the end-to-end latency (one prefill step of 128 tokens, itself
+    longer than 0.4 ms on the GPU, and 127 decode steps) 128 x 0.4 = 51.2 ms longer. Without a stated
+    version vLLM runs as today (V1)."""
     run = {"engine": "vllm", "isl": 128, "osl": 128}
     v0 = predict(V0, metric="tpot_ms", engine_version="0.5.4", **run)
     v1 = predict(V0, metric="tpot_ms", engine_version="0.19.0", **run)
-    assert v0 - v1 == pytest.approx(1e-4, rel=1e-6)
+    assert v0 - v1 == pytest.approx(0.1e-3 + 0.3e-3, rel=1e-6)
     assert predict(V0, metric="tpot_ms", **run) == v1
     e2e = {"scenario": "static_batch", "metric": "e2e_ms", **run}
     assert (predict(V0, engine_version="2024", **e2e) - predict(V0, engine_version="0.8.0", **e2e)
-            == pytest.approx(12.8e-3, rel=1e-6))
+            == pytest.approx(128 * 0.4e-3, rel=1e-6))
 
 
 # Reading a measured run's version ---------------------------------------------------------------------
@@ -272,6 +280,35 @@ def test_a_decode_run_sums_the_floor_and_is_stepped_where_the_gpu_overtakes_it()
     assert gpu[0] < 0.0256 < gpu[-1]  # the kink is inside the run
     assert floored.step_time_s(np.full(2000, 256.0), contexts, np.zeros(2000), np.zeros(2000)) == pytest.approx(
         np.maximum(gpu, 0.0256), rel=1e-12)
+
+
+STEP_10MS = dataclasses.replace(DEFAULT_EFFICIENCY, per_step_overhead_s=10e-3, per_layer_overhead_s=0.0)
+
+
+def test_an_overlapping_engines_per_step_overhead_is_the_least_a_step_lasts() -> None:
+    """Llama-3-8B bf16 on one H100 at 10 ms per step (no per-layer overhead). vLLM V1 does that work on the host
+    while the GPU runs the step; V0 adds it.
+    16 decodes at 1,000 tokens: 16.06 GB of weights / 2.345 TB/s = 6.85 ms, plus 16 x 1,001 x 128 KiB = 2.1 GB
+    of KV, 0.9 ms: under 10 ms, so V1's step lasts 10 ms, 10 + 16 x 0.1 = 11.6 ms with 100 us per sequence
+    overlapped too, and V0's the GPU's time + 10 ms. 2,048 decodes at 10 tokens (36 ms of compute: above) hide
+    it: V1's step is the GPU's, as with no overhead at all. 100 such steps of 16 decodes in closed form: 1 s."""
+    shape = {"tensor_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16"}
+
+    def model(efficiency):  # type: ignore[no-untyped-def]
+        return build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=efficiency, **shape)
+
+    v1, v0 = model(host_adjusted(STEP_10MS, "vllm", "0.19.0")), model(host_adjusted(STEP_10MS, "vllm", "0.5.4"))
+    without = model(dataclasses.replace(STEP_10MS, per_step_overhead_s=0.0))
+    small, large = (16, 16 * 1000.0, 0, 0), (2048, 2048 * 10.0, 0, 0)
+    assert v1(*small) == pytest.approx(10e-3, rel=1e-12)
+    assert v0(*small) == pytest.approx(without(*small) + 10e-3, rel=1e-12)
+    assert v1(*large) == pytest.approx(without(*large), rel=1e-12)
+    per_sequence = dataclasses.replace(STEP_10MS, overlapped_host_per_sequence_s=C)
+    assert model(host_adjusted(per_sequence, "vllm", "0.19.0"))(*small) == pytest.approx(11.6e-3, rel=1e-12)
+    arrays = [np.array([float(small[i]), float(large[i])]) for i in range(4)]
+    np.testing.assert_allclose(v1.step_time_s(*arrays), [10e-3, without(*large)], rtol=1e-12)
+    ran = v1.decode_run(16, 16 * 1000.0, 100, 1e9)
+    assert ran is not None and ran[0] == 100 and ran[1] == pytest.approx(1.0, rel=1e-12)
 
 
 @dataclasses.dataclass(frozen=True)

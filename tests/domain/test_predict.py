@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from app.sizing.engines import ENGINES, host_adjusted
 from app.sizing.calibration.predict import Measurement, Unpredictable, needs_simulation, prepare
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import build_step_time_model
@@ -118,10 +119,13 @@ def test_an_unstated_statistic_is_predicted_as_the_mean() -> None:
 # Scenarios through the simulator ---------------------------------------------------------------
 
 def direct_simulation(measured: Measurement, users: int, efficiency: Efficiency = DEFAULT_EFFICIENCY):
-    """The simulator run directly with the step-time model, on the layout `prepare` chose."""
+    """The simulator run directly with the step-time model, on the layout `prepare` chose, at the efficiency the
+    measured engine runs at (`engines.host_adjusted`: these engines do their per-step overhead while the GPU
+    runs)."""
     layout = prepare(measured, LLAMA_3_8B, HOPPER).layouts[0]
+    engine = ENGINES[measured.engine]
     steps = build_step_time_model(LLAMA_3_8B, HOPPER, weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16",
-                                  efficiency=efficiency)
+                                  efficiency=host_adjusted(efficiency, measured.engine, engine.default_version))
     workload = Workload(Fixed(measured.isl), Fixed(measured.osl), concurrent_users=users)
     count = measured.num_requests or users
     return simulate(steps.step_time_s, layout.scheduler, sample_requests(workload, count, 0),

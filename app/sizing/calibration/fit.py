@@ -7,8 +7,9 @@ the least specific entry: (family, precision), then (family, `*`), then (`*`, pr
 
 Fitting adjusts six physically meaningful parameters per entry, each inside sane bounds
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
-curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step and
-per-layer overheads, and the all-reduce latency; one paid only by layouts that communicate over PCIe
+curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step overhead
+(added to the step; in an engine that overlaps host work with the GPU, the least a step lasts, with the
+per-sequence host work), the per-layer overhead, and the all-reduce latency; one paid only by layouts that communicate over PCIe
 (`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and three paid only by some
 engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
 GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of
@@ -86,7 +87,9 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
                     "SIZING.md section 5: the published A100 fp16 GEMM sweep (scale 1, 93% of peak at 16k rows); "
                     "floor: peers' fixed MFU 0.30"),
     ParameterBounds("per_step_overhead_s", 0.0, 5e-3, 0.3e-3,
-                    "SIZING.md section 5: per-step overhead of order 0.1-1 ms; prior 0.3 ms (CUDA-graph decode)"),
+                    "SIZING.md section 5: per-step overhead of order 0.1-1 ms; prior 0.3 ms (CUDA-graph decode); "
+                    "in an engine that prepares the next step while the GPU runs this one it is host work: the "
+                    "least a step lasts (with the per-sequence host work), not added to the GPU's time"),
     ParameterBounds("per_layer_overhead_s", 0.0, 50e-6, 3e-6,
                     "SIZING.md section 5: a few us per layer; prior 3 us"),
     ParameterBounds("allreduce_latency_s", 2e-6, 30e-6, 7.5e-6,

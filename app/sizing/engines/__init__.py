@@ -90,8 +90,8 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "")
     run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the
     steps (`engine` None: the GPU's own time)."""
     if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
-            and efficiency.prefill_moe_layer_overhead_s == 0):
-        return efficiency  # nothing engine-dependent to keep or drop (no version to read)
+            and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
+        return efficiency  # nothing engine-dependent to keep, drop or move (no version to read)
     rules = ENGINES[engine] if engine is not None else None
     overlaps = rules is not None and rules.overlaps_host_work(version)
     return engine_adjusted(efficiency, host_work=rules is not None and not overlaps, overlapped_host=overlaps,
@@ -105,7 +105,8 @@ def engine_adjusted(efficiency: Efficiency, *, host_work: bool, overlapped_host:
     lasts at least (one that does); `prefill_overhead`, the cost per MoE layer of a step with prompt tokens."""
     if ((host_work or efficiency.per_sequence_overhead_s == 0)
             and (overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
-            and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)):
+            and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
+            and overlapped_host == efficiency.step_overhead_overlapped):
         return efficiency
     return _without(efficiency, host_work, overlapped_host, prefill_overhead)
 
@@ -116,7 +117,8 @@ def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, pre
     return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
                    overlapped_host_per_sequence_s=(efficiency.overlapped_host_per_sequence_s if overlapped_host
                                                    else 0.0),
-                   prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0)
+                   prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0,
+                   step_overhead_overlapped=overlapped_host)
 
 
 def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:

@@ -57,6 +57,11 @@ class Efficiency:
     # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
     # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for.
     prefill_moe_layer_overhead_s: float = 0.0
+    # Whether `per_step_overhead_s` is host work the engine does while the GPU runs the step (an engine that
+    # prepares step n + 1 during step n: `engines.host_adjusted` sets it): then a step lasts at least that plus
+    # the overlapped per-sequence work, and the overhead is not added to the GPU's time. False: added (an engine
+    # that does not overlap, and the GPU's own time where no engine runs the steps).
+    step_overhead_overlapped: bool = False
     source: str
     # The curve as arrays, for interpolation (derived once, on construction).
     _curve_tokens: np.ndarray = field(init=False, repr=False, compare=False)

@@ -31,7 +31,7 @@ class DecodeForm:
     """Decode-only steps of one batch size: constant + sum of slopes x d_w + per context-dependent
     operator max(compute + its slopes x d, memory + its slopes x d), d_w the positions attended in
     window w (min with `caps[w]`, the batch size times the window; None: a global layer); a step lasts at
-    least `host_floor` (the overlapped host work of its sequences)."""
+    least `host_floor` (the overlapped host work of the step and of its sequences)."""
 
     __slots__ = ("caps", "constant", "first_cap", "host_floor", "open_operators", "open_slope", "operators", "slopes")
 
@@ -54,9 +54,9 @@ class ScalarStepTime:
     """A `StepTimeModel`'s forms, evaluated one step at a time (see `step_time._Forms` for the features)."""
 
     __slots__ = ("decode_forms", "distinct_experts", "distinct_experts_table", "expert_slowdown",
-                 "expert_slowdown_table", "host_floor", "ideal_compute", "ideal_memory", "linear", "moe", "operators",
-                 "prefill_overhead", "routed_tokens", "routed_tokens_table", "slowdown", "slowdown_table", "slowed",
-                 "windows")
+                 "expert_slowdown_table", "host_constant", "host_floor", "ideal_compute", "ideal_memory", "linear",
+                 "moe", "operators", "prefill_overhead", "routed_tokens", "routed_tokens_table", "slowdown",
+                 "slowdown_table", "slowed", "windows")
 
     def __init__(self, *, windows: tuple[int | None, ...], slowed: tuple[tuple[int, int], ...],
                  operators: tuple[tuple[Terms, Terms], ...], linear: Terms, ideal_compute: Terms,
@@ -64,7 +64,7 @@ class ScalarStepTime:
                  moe: bool, distinct_experts_table: Sequence[float], routed_tokens_table: Sequence[float],
                  expert_slowdown_table: Sequence[float], distinct_experts: Callable[[float], float],
                  routed_tokens: Callable[[float], float], expert_slowdown: Callable[[float], float],
-                 prefill_overhead: float = 0.0, host_floor: float = 0.0) -> None:
+                 prefill_overhead: float = 0.0, host_floor: float = 0.0, host_constant: float = 0.0) -> None:
         self.windows = windows
         self.slowed = slowed
         self.operators = operators
@@ -85,6 +85,8 @@ class ScalarStepTime:
         self.prefill_overhead = prefill_overhead
         # Seconds of overlapped host work per sampled sequence: the least a step lasts (`_Forms.host_floor`).
         self.host_floor = host_floor
+        # Seconds of overlapped host work per step that has any (`_Forms.host_constant`), on top of host_floor's.
+        self.host_constant = host_constant
         self.decode_forms: dict[float, DecodeForm] = {}
 
     def step_time_s(self, decode_seqs: float, decode_context_tokens: float, prefill_tokens: float,
@@ -140,7 +142,7 @@ class ScalarStepTime:
             for feature, seconds in memory_terms:
                 memory += seconds * features[feature]
             total += memory if memory > compute else compute  # noqa: FURB136 (the hot loop)
-        floor = self.host_floor * sampled
+        floor = self.host_floor * sampled + self.host_constant if sampled > 0 else 0.0
         return floor if floor > total else total  # noqa: FURB136
 
     def features(self, tokens: float, sampled: float, windows: list[tuple[float, float, float]],
@@ -207,7 +209,7 @@ class ScalarStepTime:
                 constant += memory if memory > compute else compute  # noqa: FURB136
         form = DecodeForm(constant, per_window, tuple(dependent),
                           tuple([None if window is None else seqs * window for window in self.windows]),
-                          self.host_floor * seqs)
+                          self.host_floor * seqs + self.host_constant)
         if len(self.decode_forms) >= _DECODE_FORMS:
             self.decode_forms.clear()
         self.decode_forms[seqs] = form

@@ -175,8 +175,10 @@ class _Forms:
     # such a step times this GPU's MoE layers (0 for dense models and engines that graph such steps).
     prefill_overhead: float = 0.0
     # Seconds of overlapped host work per sequence a step samples: the step lasts at least that many
-    # (`Efficiency.overlapped_host_per_sequence_s`; 0: no floor).
+    # (`Efficiency.overlapped_host_per_sequence_s`; 0: no floor) plus `host_constant`, the per-step overhead
+    # of an engine that overlaps it (`Efficiency.step_overhead_overlapped`; 0 otherwise). An empty step: 0.
     host_floor: float = 0.0
+    host_constant: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -366,8 +368,9 @@ class StepTimeModel:
         times = np.maximum(compute, memory, out=compute).sum(axis=0)
         if forms.prefill_overhead and np.ndim(new):  # (`new` is the number 0 when no step has prompt tokens)
             times += forms.prefill_overhead * (new > 0)
-        if forms.host_floor:
-            np.maximum(times, forms.host_floor * features[_SAMPLED_AT], out=times)
+        if forms.host_floor or forms.host_constant:
+            sampled = features[_SAMPLED_AT]
+            np.maximum(times, forms.host_floor * sampled + forms.host_constant * (sampled > 0), out=times)
         return times
 
     def _window_parts(self, seqs: ArrayLike, context: ArrayLike, new: ArrayLike, positions: ArrayLike,
@@ -455,7 +458,9 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     latency = efficiency.allreduce_latency_s
     link_fraction = efficiency.link_fraction(steps.pcie_links)
     linear = structure.linear_memory_row / bandwidth_fraction
-    linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, step_scale, layer_scale)
+    # The per-step overhead: added to the step, or host work the step lasts at least (an overlapping engine's).
+    overlapped = efficiency.step_overhead_overlapped
+    linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, 0.0 if overlapped else step_scale, layer_scale)
     linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s * link_fraction
@@ -504,6 +509,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
         prefill_overhead=layer_scale * efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
         host_floor=step_scale * efficiency.overlapped_host_per_sequence_s,
+        host_constant=step_scale * efficiency.per_step_overhead_s if overlapped else 0.0,
     )
 
 
@@ -524,6 +530,7 @@ def _scalar(forms: _Forms, windows: tuple[int | None, ...], efficiency: Efficien
         expert_slowdown=lambda tokens: float(_expert_slowdown(efficiency, experts, tokens)),  # type: ignore[arg-type]
         prefill_overhead=forms.prefill_overhead,
         host_floor=forms.host_floor,
+        host_constant=forms.host_constant,
     )
 
 
