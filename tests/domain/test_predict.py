@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from app.sizing.engines import ENGINES, host_adjusted
 from app.sizing.calibration.predict import Measurement, Unpredictable, needs_simulation, prepare
+from app.sizing.engines import ENGINES, host_adjusted
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.serving.simulate import simulate

@@ -9,9 +9,9 @@ Fitting adjusts six physically meaningful parameters per entry, each inside sane
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
 curve (the published GEMM sweep) and how flat that curve is below its first point, the per-step overhead
 (added to the step; in an engine that overlaps host work with the GPU, the least a step lasts, with the
-per-sequence host work), the per-layer overhead, and the all-reduce latency; one paid only by layouts that communicate over PCIe
-(`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives; and three paid only by some
-engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
+per-sequence host work), the per-layer overhead, and the all-reduce latency; one paid only by layouts that
+communicate over PCIe (`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives;
+and three paid only by some engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
 GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of
 a step with prompt tokens in engines that run such steps outside CUDA graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
 global entry's, which a family without such rows keeps. Priors: the cited values in

@@ -6,8 +6,9 @@ max(compute / achieved fraction, memory / bandwidth fraction), the TP all-reduce
 for a uniform batch it reproduces `roofline(decode_cost(...))` and `roofline(prefill_cost(...))` to
 float rounding, less the engine-dependent costs a roofline never charges (`engines.host_adjusted`: the
 host work per sequence, and the cost per MoE layer of a step with prompt tokens, added once to every
-such step; the overlapped host work, the least a step lasts). Calls take numbers or numpy arrays of any broadcastable shapes (vectorized) and return
-a float or an array.
+such step; for an engine that overlaps host work with the GPU, that work and the per-step overhead as the
+least a step lasts instead of time added to it). Calls take numbers or numpy arrays of any broadcastable
+shapes (vectorized) and return a float or an array.
 
 A step mixes `decode_seqs` sequences decoding one token each (their cached contexts summing to
 `decode_context_tokens`) with `prefill_tokens` prompt tokens whose attended positions sum to
