@@ -72,7 +72,7 @@ def main() -> int:
     from alembic.config import Config
     from fastapi.testclient import TestClient
 
-    from app.catalog import load_reference_catalog
+    from app.catalog.reference import load_reference_catalog
     from app.db import MIGRATIONS_DIR
     from app.main import create_app
     from app.settings import Settings
