@@ -88,7 +88,8 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "")
     overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work (the least a step
     lasts) only where it does, its overhead per MoE layer of a step with prompt tokens only where such steps
     run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the
-    steps (`engine` None: the GPU's own time)."""
+    steps (`engine` None: the GPU's own time). Where the engine overlaps host work, its per-step overhead is
+    host work too: the least a step lasts (`Efficiency.step_overhead_overlapped`), not time added to it."""
     if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
             and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
         return efficiency  # nothing engine-dependent to keep, drop or move (no version to read)
@@ -102,7 +103,8 @@ def engine_adjusted(efficiency: Efficiency, *, host_work: bool, overlapped_host:
                     prefill_overhead: bool) -> Efficiency:
     """`efficiency` with the engine-dependent overheads it does not pay set to zero: `host_work`, the host
     work added to every step (an engine that does not overlap it); `overlapped_host`, the host work a step
-    lasts at least (one that does); `prefill_overhead`, the cost per MoE layer of a step with prompt tokens."""
+    lasts at least (one that does), its per-step overhead included (`Efficiency.step_overhead_overlapped`);
+    `prefill_overhead`, the cost per MoE layer of a step with prompt tokens."""
     if ((host_work or efficiency.per_sequence_overhead_s == 0)
             and (overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
             and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)

@@ -54,7 +54,7 @@ class Generic:
         return True
 
     def overlaps_host_work(self, version: str) -> bool:
-        return True  # unknown engine: nothing charged beyond the per-step overhead
+        return True  # unknown engine: no host work added to a step (the per-step overhead is the least it lasts)
 
     def graphs_prefill_steps(self, version: str) -> bool:
         return True  # unknown engine: nothing charged beyond the per-step and per-layer overheads
