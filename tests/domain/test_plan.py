@@ -426,6 +426,38 @@ def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cann
                                                          ["bf16"])} == {1}
 
 
+def test_the_analytic_ceiling_is_the_rate_at_the_largest_batch_within_the_tpot_slo():
+    """1,000-token prompts, 101-token answers (100 decode steps each), TPOT SLO 50 ms, a step of
+    10 ms + 1 ms per decoding sequence + 10 us per prompt token. A whole 1,000-token prompt rides along
+    each decode step (chunk = min(1,000, 8,192 - B)), so a prompt's prefill costs p = 1,000 x 10 us =
+    10 ms beside any batch, and TPOT(B) = decode(B) + B p / 100 = 10 + B + 0.1 B = 10 + 1.1 B ms:
+    B = 36 gives 49.6 ms, B = 37 gives 50.7 ms. The KV cache (1M tokens) and max_num_seqs (256) do not
+    bind. At B = 36 each request costs 100 steps of 46 ms shared by 36, plus its prefill:
+    100 x 0.046 / 36 + 0.010 = 0.13778 s, so the ceiling is 36 / 4.96 = 7.2581 req/s."""
+    workload = Workload(Fixed(1000), Fixed(101), requests_per_s=1.0)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=0.050), H100))
+
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 0.010 + 0.001 * decode_seqs + 1e-5 * prefill_tokens
+
+    assert planner._ceiling(step, SchedulerConfig(1_000_000)) == pytest.approx(36 / 4.96, rel=1e-12)
+
+
+def test_a_band_of_batches_missing_tpot_below_the_largest_does_not_cap_the_ceiling():
+    """A closed loop of 1,024 + 1,024-token requests reserved in full, 1,300 blocks of 16 = 20,800
+    tokens: 20,800 / 2,048 = 10.2 -> at most 10 users. Steps of 1 ms, except 1 s for batches of 4 to 6
+    (a band missing the 100 ms TPOT SLO). Batch 10 meets it, so the ceiling is all 10 users, not the 3
+    before the band."""
+    workload = Workload(Fixed(1024), Fixed(1024), concurrent_users=100)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=0.100), H100))
+
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 1.0 if 4 <= decode_seqs <= 6 else 1e-3
+
+    config = SchedulerConfig(1300 * 16, block_size=16, max_num_seqs=256, kv_tokens_reserved_per_request="full")
+    assert planner._ceiling(step, config) == 10
+
+
 def test_the_analytic_ceiling_counts_window_layers_as_the_simulator_does():
     """A closed loop of 1,024 + 1,024-token requests, reserved in full, with steps so fast that the KV cache
     binds: the ceiling is the largest batch that fits. 1,300 blocks of 16 (20,800 tokens) with every layer

@@ -815,6 +815,11 @@ class _Planner:
         finished ones: TPOT(B) = decode(B) + B·p(B)/(OSL − 1). The best batch is the largest with
         TPOT(B) within the SLO (and within KV capacity and max_num_seqs); the ceiling is
         1 / ((OSL − 1)·decode(B)/B + p(B)) requests/s, or B users.
+
+        B is found by bisection (a dozen step times, not one per batch size), which assumes TPOT(B)
+        grows with B. It can dip where a chunk rides along a compute-bound step (the chunk then costs
+        less beside a larger batch); the batch found then meets the SLO with the next one missing it,
+        the largest batch when that one meets.
         """
         lengths = self.lengths
         mean_context = lengths.input_mean + lengths.output_mean / 2
@@ -826,26 +831,38 @@ class _Planner:
             held += scheduler.block_size * float(scheduler.window_blocks(final)[0])
             capacity = scheduler.pool_blocks * scheduler.block_size
         largest = max(1, min(scheduler.max_num_seqs, int(capacity / held)))
-        batches = np.arange(1, largest + 1, dtype=float)
-        contexts = batches * mean_context
         prompt = max(1, round(lengths.input_mean))
         new_tokens = prompt - cached_prompt_tokens(self.workload, prompt)
         prefix = prompt - new_tokens
-        chunks = np.clip(np.minimum(new_tokens, scheduler.max_num_batched_tokens - batches), 1, None)
-        # Each batch's decode step, then the same step with a chunk riding along, in one call.
-        both = np.asarray(step_time(np.concatenate((batches, batches)), np.concatenate((contexts, contexts)),
-                                    np.concatenate((np.zeros_like(chunks), chunks)),
-                                    np.concatenate((np.zeros_like(chunks), chunks * prefix + chunks * (chunks + 1) / 2))))
-        decode, with_chunk = both[:largest], both[largest:]
-        prefill_per_request = (with_chunk - decode) / chunks * new_tokens
-        tpot = decode + batches * prefill_per_request / max(lengths.output_mean - 1, 1.0)
-        # TPOT(B) grows with B: the best batch is the last of the leading run of batches meeting the SLO.
-        meeting = tpot <= self.slo.tpot_s
-        batch = largest if meeting.all() else max(1, int(np.argmin(meeting)))
+        decode_steps = max(lengths.output_mean - 1, 1.0)
+
+        def at(batch: int) -> tuple[float, float, float]:
+            """The decode step of `batch` sequences, a prompt's prefill riding along it, and TPOT(batch)."""
+            context = batch * mean_context
+            chunk = float(max(1, min(new_tokens, scheduler.max_num_batched_tokens - batch)))
+            decode = float(step_time(batch, context, 0, 0))
+            with_chunk = float(step_time(batch, context, chunk, chunk * prefix + chunk * (chunk + 1) / 2))
+            prefill = (with_chunk - decode) / chunk * new_tokens
+            return decode, prefill, decode + batch * prefill / decode_steps
+
+        batch, best = 1, at(1)
+        if best[2] <= self.slo.tpot_s:
+            top = at(largest)
+            if top[2] <= self.slo.tpot_s:
+                batch, best = largest, top
+            else:
+                failing = largest  # batch meets, failing does not
+                while failing - batch > 1:
+                    middle = (batch + failing) // 2
+                    timed = at(middle)
+                    if timed[2] <= self.slo.tpot_s:
+                        batch, best = middle, timed
+                    else:
+                        failing = middle
         if self.closed_loop:
             return float(batch)
-        decode_per_request = max(lengths.output_mean - 1, 0.0) * decode[batch - 1] / batch
-        return float(1 / (decode_per_request + prefill_per_request[batch - 1]))
+        decode, prefill, _ = best
+        return float(1 / (max(lengths.output_mean - 1, 0.0) * decode / batch + prefill))
 
     def _price(self, gpu: GpuSpec) -> tuple[float | None, str | None]:
         if gpu.slug in self.inputs.prices:
