@@ -28,6 +28,7 @@ from app.estimates.schemas import (
     TensorParallel,
     WeightDtype,
 )
+from app.sizing.serving.plan import MIN_UTILIZATION_RATIO
 from app.sizing.serving.workload import MAX_ARRIVAL_CV, MIN_ARRIVAL_CV
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
@@ -267,8 +268,9 @@ class HaPolicyIn(BaseModel):
     model_config = INPUT_CONFIG | _examples({"extra_replicas": 1, "max_utilization_ratio": 0.8})
 
     extra_replicas: Annotated[int, Field(ge=0, le=1000)] = Field(0, description="Spare replicas (N+k)")
-    max_utilization_ratio: Annotated[float, Field(gt=0, le=1)] = Field(
-        1.0, description="Load each replica at most this fraction of what still meets the SLO")
+    max_utilization_ratio: Annotated[float, Field(ge=MIN_UTILIZATION_RATIO, le=1)] = Field(
+        1.0, description="Load each replica at most this fraction of what still meets the SLO (at least 0.01: "
+                         "a fleet of at most 100 times the load)")
 
 
 ISSUE_EXAMPLE = {

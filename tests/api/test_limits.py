@@ -7,6 +7,7 @@ Every refusal is an RFC 9457 problem (413, 422 or 503), never a 500 and never a 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -124,6 +125,28 @@ def test_non_finite_or_negative_rates_are_422(client: TestClient, raw_value: str
     assert raw_value in body
     assert_problem(client.post("/v1/slo-plan", content=body, headers=JSON_HEADERS), 422,
                    "/body/workload/requests_per_s")
+
+
+@pytest.mark.parametrize("ratio", [1e-300, 0.009, 0.0])
+def test_a_load_cap_below_one_percent_is_422(client: TestClient, ratio: float) -> None:
+    """A cap of 1e-300 asked for 5 req/s / 1e-300 = 5e300 req/s of fleet: 10^300 replicas, and the replica
+    search overflowed a float (a 500). Below 0.01 (a fleet of 100 times the load) the cap is refused."""
+    body = {**PLAN, "ha_policy": {"max_utilization_ratio": ratio}}
+    assert_problem(client.post("/v1/slo-plan", json=body), 422, "/body/ha_policy/max_utilization_ratio")
+
+
+def test_a_load_cap_of_one_percent_is_planned(client: TestClient) -> None:
+    """The lowest cap accepted: 2 req/s sized as 2 / 0.01 = 200 req/s, so replicas = ceil(200 / max_verified)
+    and each replica is offered 2 / replicas, at most 1% of its verified maximum."""
+    body = {**PLAN, "ha_policy": {"max_utilization_ratio": 0.01}, "candidates": {"gpus": ["h100-sxm"]}}
+    response = client.post("/v1/slo-plan", json=body)
+    assert response.status_code == 200, response.text
+    plans = response.json()["plans"]
+    assert plans
+    for plan in plans:
+        load = plan["load_per_replica"]
+        assert plan["replicas"] == math.ceil(200 / load["max_verified"] - 1e-9)
+        assert plan["utilization_ratio"] <= 0.01 + 1e-12
 
 
 def test_an_integer_with_thousands_of_digits_is_a_422_not_a_500(client: TestClient) -> None:

@@ -69,6 +69,15 @@ def test_an_exact_multiple_does_not_round_up():
     assert replicas_needed(0.1, 5, HaPolicy()) == 1  # a light load still needs one replica
 
 
+def test_a_load_cap_is_between_one_percent_and_one():
+    """0.01 sizes for 100 times the load (6 req/s over replicas of 2 x 0.01 = 0.02 req/s: 300); below it, or
+    above 1, is refused."""
+    assert replicas_needed(6, 2, HaPolicy(max_utilization_ratio=0.01)) == 300
+    for ratio in (0.0099, 0.0, 1.01):
+        with pytest.raises(ValueError, match="max_utilization_ratio"):
+            HaPolicy(max_utilization_ratio=ratio)
+
+
 def test_nodes_keep_tensor_parallelism_inside_a_node():
     """8-GPU nodes. TP2: 8 // 2 = 4 replicas per node, so 5 replicas need ceil(5/4) = 2 nodes.
     TP8 x PP2: one stage per node (8 // 8), so each replica spans ceil(2/1) = 2 nodes: 3 replicas, 6.

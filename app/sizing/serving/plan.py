@@ -152,6 +152,12 @@ class Slo:
             raise ValueError("goodput_ratio must be in (0, 1]")
 
 
+# The lowest load cap a plan sizes for: 1% of what meets the SLO already means a fleet of 100 times the
+# load. Lower caps size fleets past any arithmetic of counts and costs (a cap of 1e-300 asked for 10^300
+# replicas, whose bisection overflowed a float).
+MIN_UTILIZATION_RATIO = 0.01
+
+
 @dataclass(frozen=True, slots=True)
 class HaPolicy:
     """Spare replicas (N+k) and a cap on each replica's load as a fraction of what meets the SLO."""
@@ -162,8 +168,8 @@ class HaPolicy:
     def __post_init__(self) -> None:
         if self.extra_replicas < 0:
             raise ValueError("extra_replicas must be >= 0")
-        if not 0 < self.max_utilization_ratio <= 1:
-            raise ValueError("max_utilization_ratio must be in (0, 1]")
+        if not MIN_UTILIZATION_RATIO <= self.max_utilization_ratio <= 1:
+            raise ValueError(f"max_utilization_ratio must be in [{MIN_UTILIZATION_RATIO}, 1]")
 
 
 @dataclass(frozen=True, slots=True)
