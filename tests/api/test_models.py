@@ -257,6 +257,17 @@ def test_import_gpt_oss_120b(client: TestClient) -> None:
     assert (result["architecture"], result["attention_type"]) == ("moe", "gqa")
 
 
+def test_import_with_a_malformed_exclusion_list_still_reads_the_architecture(client: TestClient) -> None:
+    """gpt-oss-120b's config with `modules_to_not_convert` a number instead of a list (it crashed the import
+    with a 500): the architecture is read as published and the quantization note names no excluded module."""
+    config = {**GPT_OSS_120B, "quantization_config": {**GPT_OSS_120B["quantization_config"],
+                                                      "modules_to_not_convert": 3}}
+    result = _import(client, config)
+    assert (result["model"]["num_experts"], result["model"]["num_experts_per_tok"]) == (128, 4)
+    note = next(note for note in result["notes"] if "quantization_config" in note)
+    assert "quant_method 'mxfp4'" in note and "excluded modules" not in note
+
+
 def test_import_falcon_7b_ignores_the_misleading_num_kv_heads(client: TestClient) -> None:
     result = _import(client, FALCON_7B)
     model = result["model"]

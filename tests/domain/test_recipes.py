@@ -154,6 +154,19 @@ def test_quantization_config_names_its_recipe(config: dict[str, object], recipe:
     assert repr(config["quant_method"]) in read
 
 
+@pytest.mark.parametrize(("excluded", "named"), [
+    (3, None), (True, None), ({"lm_head": True}, None),  # no quantizer writes these: nothing is read as excluded
+    ("model.layers.0.self_attn", "['model.layers.0.self_attn']"),  # a lone name is a list of one
+    (["lm_head", 7], "['lm_head', '7']"),
+])
+def test_an_exclusion_list_of_another_shape_is_read_without_failing(excluded: object, named: str | None) -> None:
+    """fbgemm_fp8 is Meta's FP8 recipe only when an attention module is excluded; an exclusion that is not
+    a list (3 crashed the import with a TypeError) names no module, or the one name it is."""
+    name, read = recipe_from_quantization_config({"quant_method": "fbgemm_fp8", "modules_to_not_convert": excluded})
+    assert name == ("meta_fp8" if named and "self_attn" in named else "fp8_dynamic")
+    assert (f"excluded modules {named}" in read) if named else ("excluded" not in read)
+
+
 def test_the_step_model_reads_each_group_in_its_format() -> None:
     """gpt-oss-120b decode, one token: the Q/K/V projections per layer are Q 11,796,480 + K/V 2,949,120
     = 14,745,600 weights + 5,120 biases. As published (bf16 attention): (14,745,600 + 5,120) x 2 B x 36 layers

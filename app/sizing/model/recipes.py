@@ -213,8 +213,7 @@ def recipe_from_quantization_config(config: dict[str, object]) -> tuple[str | No
     and a sentence naming what it read: `quant_method`, the scheme, and the excluded modules
     (`modules_to_not_convert`, `ignore`, `exclude_modules`). ENGINES.md section 4 lists the keys."""
     method = str(config.get("quant_method", "")).lower()
-    excluded = [str(m) for key in ("modules_to_not_convert", "ignore", "exclude_modules")
-                for m in (config.get(key) or []) if isinstance(config.get(key), list)]
+    excluded = _excluded_modules(config)
     attention_excluded = any(marker in m for m in excluded for marker in _ATTENTION_MARKERS)
     name: str | None = None
     if method == "mxfp4":
@@ -234,6 +233,19 @@ def recipe_from_quantization_config(config: dict[str, object]) -> tuple[str | No
         name = _compressed_tensors_recipe(config)
     read = f"quant_method {method or 'missing'!r}" + (f", excluded modules {excluded}" if excluded else "")
     return name, read
+
+
+def _excluded_modules(config: dict[str, object]) -> list[str]:
+    """The module names each exclusion key lists (a lone name counts as a list of one; any other value, which
+    no quantizer writes, names none)."""
+    excluded: list[str] = []
+    for key in ("modules_to_not_convert", "ignore", "exclude_modules"):
+        value = config.get(key)
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list):
+            excluded += [str(module) for module in value]
+    return excluded
 
 
 def _nested(config: dict[str, object], *keys: str) -> object:
