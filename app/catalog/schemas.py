@@ -31,8 +31,10 @@ Width = Annotated[int, Field(ge=1, le=1_000_000)]  # hidden, head and projection
 Heads = Annotated[int, Field(ge=1, le=10_000)]
 Tokens = Annotated[int, Field(ge=1, le=1 << 30)]  # context lengths and windows
 Params = Annotated[int, Field(ge=1, le=10**14)]
-Tflops = Annotated[float, Field(gt=0, le=1e6, description="Dense peak, TFLOP/s (TOP/s for int8)")]
-BytesPerS = Annotated[float, Field(gt=0, le=1e15)]
+# Sanity bounds of a datasheet rate: below 1 GFLOP/s (a thousandth of a TFLOP/s) or 1 MB/s nothing is an
+# accelerator, and a step's seconds would overflow to infinity (a rate of 5e-324 TFLOP/s did).
+Tflops = Annotated[float, Field(ge=1e-3, le=1e6, description="Dense peak, TFLOP/s (TOP/s for int8)")]
+BytesPerS = Annotated[float, Field(ge=1e6, le=1e15)]
 
 
 def _as_utc(value: datetime) -> datetime:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from app.catalog import service as catalog_service
 from app.catalog.repository import catalog_revision
+from app.catalog.schemas import GPU_SPEC_EXAMPLE
 from app.errors import MAX_LISTED_ERRORS
 from app.estimates import service as estimates
 from app.main import MAX_BODY_BYTES, create_app
@@ -147,6 +148,18 @@ def test_a_load_cap_of_one_percent_is_planned(client: TestClient) -> None:
         load = plan["load_per_replica"]
         assert plan["replicas"] == math.ceil(200 / load["max_verified"] - 1e-9)
         assert plan["utilization_ratio"] <= 0.01 + 1e-12
+
+
+@pytest.mark.parametrize(("field", "value"), [("fp8_tflops", 5e-324), ("fp8_tflops", 0.0009),
+                                            ("memory_bandwidth_bytes_per_s", 999_999.0)])
+def test_a_datasheet_rate_below_a_gflop_or_a_megabyte_per_second_is_422(client: TestClient, field: str,
+                                                                        value: float) -> None:
+    """An inline GPU at 5e-324 TFLOP/s made a step's compute time overflow to infinity and the roofline's own
+    check fail (a 500). Rates start at 0.001 TFLOP/s (1 GFLOP/s) and 1 MB/s."""
+    gpu = {**GPU_SPEC_EXAMPLE, field: value}
+    body = {"model": "llama-3-8b", "gpu_spec": gpu, "phase": "decode", "batch_size": 8, "context_tokens": 1024,
+            "weight_dtype": "fp8", "kv_dtype": "fp8"}
+    assert_problem(client.post("/v1/roofline", json=body), 422, f"/body/gpu_spec/{field}")
 
 
 def test_an_integer_with_thousands_of_digits_is_a_422_not_a_500(client: TestClient) -> None:
