@@ -628,9 +628,12 @@ def _expert_slowdown(efficiency: Efficiency, cost_model: StepCostModel, tokens: 
     return _slowdown(efficiency, cost_model.rows_per_expert(tokens))
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=256)
 def _experts_table(cost_model: StepCostModel, quantity: str) -> np.ndarray:
-    """An MoE cost model's `distinct_experts` or `routed_tokens` at 0.._TABLE_ROWS tokens."""
+    """An MoE cost model's `distinct_experts`, `routed_tokens` or `rows_per_expert` at 0.._TABLE_ROWS tokens:
+    none depends on the efficiency, so each is computed once per cost model (a fit retimes the same cost
+    models under hundreds of efficiencies). 256 tables of 16,385 floats are 34 MB at most; at 64, a fit
+    entry's MoE rows (up to 80 cost models, three tables each) evicted every table before its next use."""
     table = np.asarray(getattr(cost_model, quantity)(_TABLE_GRID), dtype=float)
     table.setflags(write=False)
     return table
@@ -638,7 +641,8 @@ def _experts_table(cost_model: StepCostModel, quantity: str) -> np.ndarray:
 
 @lru_cache(maxsize=64)
 def _expert_slowdown_table(efficiency: Efficiency, cost_model: StepCostModel) -> np.ndarray:
-    table = np.asarray(_expert_slowdown(efficiency, cost_model, _TABLE_GRID))
+    """`_expert_slowdown` at 0.._TABLE_ROWS tokens."""
+    table = np.asarray(_slowdown(efficiency, _experts_table(cost_model, "rows_per_expert")))
     table.setflags(write=False)
     return table
 
