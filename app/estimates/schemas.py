@@ -259,11 +259,13 @@ STEP_TOKENS_DESCRIPTION = (
 OVERLAPPED_HOST_DESCRIPTION = (
     "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
     "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
-    "least this times the sequences it samples; never in a roofline")
+    "least this times the sequences it samples (TensorRT-LLM from 1.0 with pipeline stages does not hide it: "
+    "added to each micro-batch's step); never in a roofline")
 PER_STEP_OVERHEAD_DESCRIPTION = (
     "The profile's fixed cost of an engine step: added to the step's time, except in an engine that prepares the "
     "next step while the GPU runs this one (TensorRT-LLM, SGLang, vLLM from 0.8), where it is host work: a step "
-    "lasts at least this plus the overlapped host work of its sequences, and no more when the GPU takes longer")
+    "lasts at least this plus the overlapped host work of its sequences, and no more when the GPU takes longer. "
+    "TensorRT-LLM from 1.0 with pipeline stages runs without that overlap and adds it to each micro-batch's step")
 PCIE_LINK_FRACTION_DESCRIPTION = (
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
@@ -427,7 +429,7 @@ class KvCacheResponse(BaseModel):
         "sizes_for_people": KV_SIZES_FOR_PEOPLE_EXAMPLE,
         "mha_equivalent_bytes_per_sequence": 21474836480, "mha_saving_ratio": 0.875, "curve": None,
         "assumptions": KV_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.03.1",
+        "calculation_version": "2026.12.03.2",
     })
 
 
@@ -662,7 +664,7 @@ class RooflineResponse(BaseModel):
         ],
         "attention_traffic": ATTENTION_TRAFFIC_EXAMPLE,
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.03.1",
+        "calculation_version": "2026.12.03.2",
     })
 
 
@@ -747,5 +749,5 @@ class BatchSweepResponse(BaseModel):
                             "once per step, is shared by enough sequences that their FLOPs outlast the step's "
                             "memory traffic.",
         "assumptions": ROOFLINE_ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.03.1",
+        "calculation_version": "2026.12.03.2",
     })

@@ -220,7 +220,10 @@ def test_capacity_charges_it_for_a_v0_engine_version_only() -> None:
 # Host work an engine overlaps: the least a step lasts ------------------------------------------------
 
 F = 1e-4  # 100 us of overlapped host work per sequence per step
-OVERLAPPED = dataclasses.replace(DEFAULT_EFFICIENCY, overlapped_host_per_sequence_s=F)
+# An overlapping engine's efficiency (as `host_adjusted` marks it) with no per-step overhead, so that the floor is
+# the per-sequence work alone.
+OVERLAPPED = dataclasses.replace(DEFAULT_EFFICIENCY, overlapped_host_per_sequence_s=F, per_step_overhead_s=0.0,
+                                 step_overhead_overlapped=True)
 
 
 def test_an_engine_that_overlaps_host_work_keeps_it_as_a_floor_and_v0_as_an_addition() -> None:
@@ -239,7 +242,8 @@ def test_an_engine_that_overlaps_host_work_keeps_it_as_a_floor_and_v0_as_an_addi
 
 def _floored_models():
     shape = {"tensor_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16"}
-    return (build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=DEFAULT_EFFICIENCY, **shape),
+    plain = dataclasses.replace(DEFAULT_EFFICIENCY, per_step_overhead_s=0.0)
+    return (build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=plain, **shape),
             build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=OVERLAPPED, **shape))
 
 
@@ -267,7 +271,8 @@ def test_a_decode_run_sums_the_floor_and_is_stepped_where_the_gpu_overtakes_it()
     GB of KV, (16.06 + 29.3) GB / 2.345 TB/s = 19 ms with the weights, still under the 204.8 ms floor, so
     every step lasts 204.8 ms: 100 x 204.8 ms = 20.48 s, summed in closed form.
     256 decodes: a floor of 25.6 ms; the GPU's step, 6.85 ms of weights plus 256 x c x 128 KiB of KV at 2.345
-    TB/s (plus overheads), crosses it near c = (25.6 - 6.85 - 0.4) ms x 2.345 TB/s / (256 x 128 KiB) = 1,280
+    TB/s (plus 32 layers x 3 us of overhead), crosses it near c = (25.6 - 6.85 - 0.1) ms x 2.345 TB/s / (256 x
+    128 KiB) = 1,300
     tokens: a run from 500 to 2,499 tokens has that kink inside, so it is not summed in closed form, and
     timed step by step each step is the larger of the GPU's time and 25.6 ms."""
     plain, floored = _floored_models()
@@ -329,3 +334,63 @@ def test_a_fit_finds_the_overlapped_host_work_where_it_binds() -> None:
     fit = fit_profile(rows * 4, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=True,
                       max_evaluations=200, describe=lambda family, dtype, rows: "fit")
     assert fit.profile.efficiency_for("hopper", "bf16").overlapped_host_per_sequence_s == pytest.approx(100e-6, abs=3e-6)
+
+
+# Pipeline stages: TensorRT-LLM's PyTorch backend stops hiding host work ----------------------------
+
+def test_tensorrt_llms_pytorch_backend_does_not_hide_host_work_with_pipeline_stages() -> None:
+    """From 1.0 (the PyTorch backend; a year from 2025) TensorRT-LLM runs a loop of its own for pipeline stages,
+    without the overlap scheduler: the per-step overhead and the overlapped per-sequence work are added to each
+    micro-batch's step, and vLLM V0's per-sequence work is still not charged (it is another engine's loop). The
+    TensorRT engines before 1.0, vLLM, SGLang and an unknown engine keep hiding it; one stage hides it as before."""
+    trtllm = ENGINES["trtllm"]
+    assert [trtllm.overlaps_host_work_in_pipeline(v) for v in ("1.0", "1.2.0", "2025")] == [False] * 3
+    assert [trtllm.overlaps_host_work_in_pipeline(v) for v in ("0.17", "0.11.0", "2024")] == [True] * 3
+    for name in ("vllm", "sglang", "generic"):
+        assert ENGINES[name].overlaps_host_work_in_pipeline("0.19.0")
+    both = dataclasses.replace(STEP_10MS, overlapped_host_per_sequence_s=F, per_sequence_overhead_s=C)
+    staged = host_adjusted(both, "trtllm", "1.0", pipeline_parallel=4)
+    assert not staged.step_overhead_overlapped
+    assert (staged.overlapped_host_per_sequence_s, staged.per_sequence_overhead_s) == (F, 0.0)
+    assert host_adjusted(both, "trtllm", "1.0", pipeline_parallel=1).step_overhead_overlapped
+    assert host_adjusted(both, "trtllm", "0.17", pipeline_parallel=4).step_overhead_overlapped
+    assert host_adjusted(both, "vllm", "0.19.0", pipeline_parallel=4).step_overhead_overlapped
+    assert not host_adjusted(both, "vllm", "0.5.4", pipeline_parallel=4).step_overhead_overlapped  # V0: added anyway
+
+
+def test_a_pipeline_period_adds_the_host_work_of_each_micro_batch_where_it_is_not_hidden() -> None:
+    """Llama-3-8B bf16 on four H100s as PP4 with all four micro-batches in flight, 16 decodes of 1,000 tokens in
+    each, 10 ms per step and 100 us per sequence. Each GPU runs the step of every micro-batch in turn, so a period
+    holds four steps' host work: 4 x (10 ms + 16 x 0.1 ms) = 46.4 ms. The GPU's period is four times the largest
+    stage (8 of the 32 layers): about the whole model's 7.8 ms of weight and KV reads (above) plus the hand-offs,
+    well under 46.4 ms. Hidden (TensorRT-LLM 0.17), the period lasts the 46.4 ms of host work; not hidden (1.0),
+    the GPU's period plus 46.4 ms."""
+    shape = {"tensor_parallel": 1, "pipeline_parallel": 4, "weight_dtype": "bf16", "kv_dtype": "bf16",
+             "pipeline_period": True}
+    both = dataclasses.replace(STEP_10MS, overlapped_host_per_sequence_s=F)
+
+    def model(efficiency):  # type: ignore[no-untyped-def]
+        return build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=efficiency, **shape)
+
+    step = (16, 16 * 1000.0, 0, 0)
+    gpu = model(dataclasses.replace(STEP_10MS, per_step_overhead_s=0.0))(*step)
+    assert gpu < 20e-3
+    assert model(host_adjusted(both, "trtllm", "0.17", pipeline_parallel=4))(*step) == pytest.approx(46.4e-3, rel=1e-12)
+    added = model(host_adjusted(both, "trtllm", "1.0", pipeline_parallel=4))
+    assert added(*step) == pytest.approx(gpu + 46.4e-3, rel=1e-12)
+    arrays = [np.array([float(value)]) for value in step]
+    assert float(added.step_time_s(*arrays)[0]) == pytest.approx(gpu + 46.4e-3, rel=1e-12)
+
+
+def test_a_measured_pipeline_run_pays_it_per_layout() -> None:
+    """A batch-1 TensorRT-LLM run of Llama-3-8B on two H100s as PP2, 10 ms per step: one micro-batch in flight,
+    so each token takes one trip through both stages (about 4.5 ms of weight reads, the hand-off, the default
+    per-layer overhead), under 10 ms. At 1.0 the trip pays the 10 ms on top; at 0.17, and at 1.0 on one GPU,
+    the token takes the 10 ms the host needs."""
+    run = {"engine": "trtllm", "isl": 128, "osl": 128}
+    staged = {"num_gpus": 2, "tp": 1, "pp": 2, **run}
+    gpu = predict(dataclasses.replace(STEP_10MS, per_step_overhead_s=0.0), engine_version="1.0", **staged)
+    assert gpu < 10e-3
+    assert predict(STEP_10MS, engine_version="1.0", **staged) == pytest.approx(gpu + 10e-3, rel=1e-9)
+    assert predict(STEP_10MS, engine_version="0.17", **staged) == pytest.approx(10e-3, rel=1e-9)
+    assert predict(STEP_10MS, engine_version="1.0", **run) == pytest.approx(10e-3, rel=1e-9)

@@ -66,7 +66,8 @@ def test_the_protocol_has_the_members_the_callers_use() -> None:
         "divides_prefill_chunk_by_dp",
         "disaggregation_words", "graphs_prefill_steps", "kv_allocation", "kv_dtype", "launch_notes", "launch_words",
         "layout_problems",
-        "mixes_prefill_into_decode", "name", "overlaps_host_work", "published_checkpoints", "sizes_from_cuda_total",
+        "mixes_prefill_into_decode", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
+        "published_checkpoints", "sizes_from_cuda_total",
         "speculative_flags", "start_refusals", "utilization_of"])
 
 

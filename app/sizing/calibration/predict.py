@@ -278,6 +278,9 @@ class PreparedPrediction:
         # `predict` runs thousands of times in a fit).
         self.pays_overlapped_host_work = rules.overlaps_host_work(version)
         self.pays_host_work = not self.pays_overlapped_host_work
+        # Whether that work stays hidden under the GPU's step in a layout with pipeline stages.
+        self.hides_host_work_in_pipeline = self.pays_overlapped_host_work and rules.overlaps_host_work_in_pipeline(
+            version)
         self.runs_prefill_outside_graphs = not rules.graphs_prefill_steps(version)
         # Whether the overhead per MoE layer of such steps applies (what a fit can measure on this row).
         self.pays_prefill_overhead = moe and self.runs_prefill_outside_graphs
@@ -302,21 +305,23 @@ class PreparedPrediction:
         return self.runs[0].compute_dtype
 
     def predict(self, efficiency: Efficiency) -> float:
-        efficiency = self._host_adjusted(efficiency)
-        values = [run.metric(self.measurement.metric, self.measurement.stat, efficiency) for run in self.runs]
+        values = [run.metric(self.measurement.metric, self.measurement.stat, self._host_adjusted(efficiency, run))
+                  for run in self.runs]
         return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
 
-    def _host_adjusted(self, efficiency: Efficiency) -> Efficiency:
-        """`engines.host_adjusted` for the measured engine: each engine-dependent overhead kept where it pays it."""
+    def _host_adjusted(self, efficiency: Efficiency, run: _Run) -> Efficiency:
+        """`engines.host_adjusted` for the measured engine and the run's layout: each engine-dependent overhead
+        kept where it pays it, and hidden under the GPU's step where it is."""
         return engines.engine_adjusted(efficiency, host_work=self.pays_host_work,
                                        overlapped_host=self.pays_overlapped_host_work,
-                                       prefill_overhead=self.runs_prefill_outside_graphs)
+                                       prefill_overhead=self.runs_prefill_outside_graphs,
+                                       hidden=self.pays_overlapped_host_work and (
+                                           run.layout.pipeline_parallel == 1 or self.hides_host_work_in_pipeline))
 
     def utilization(self, efficiency: Efficiency) -> float | None:
         """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
         the same lengths); None for every other scenario."""
-        efficiency = self._host_adjusted(efficiency)
-        values = [run.utilization(efficiency) for run in self.runs]
+        values = [run.utilization(self._host_adjusted(efficiency, run)) for run in self.runs]
         return None if None in values else min(values)  # type: ignore[type-var]
 
 

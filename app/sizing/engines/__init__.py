@@ -83,44 +83,53 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
     return dtype if dtype in KV_DTYPES else "bf16"
 
 
-def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "") -> Efficiency:
+def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
+                  pipeline_parallel: int = 1) -> Efficiency:
     """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
-    overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work (the least a step
-    lasts) only where it does, its overhead per MoE layer of a step with prompt tokens only where such steps
-    run outside CUDA graphs (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the
-    steps (`engine` None: the GPU's own time). Where the engine overlaps host work, its per-step overhead is
-    host work too: the least a step lasts (`Efficiency.step_overhead_overlapped`), not time added to it."""
+    overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work only where it does,
+    its overhead per MoE layer of a step with prompt tokens only where such steps run outside CUDA graphs
+    (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the steps (`engine` None: the
+    GPU's own time). Where the engine hides host work under the GPU's step, its per-step overhead and
+    overlapped per-sequence work are the least a step lasts (`Efficiency.step_overhead_overlapped`), not time
+    added to it; with `pipeline_parallel` stages an engine may not (`Engine.overlaps_host_work_in_pipeline`),
+    and each micro-batch's step then pays them on top."""
     if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
             and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
         return efficiency  # nothing engine-dependent to keep, drop or move (no version to read)
     rules = ENGINES[engine] if engine is not None else None
     overlaps = rules is not None and rules.overlaps_host_work(version)
+    hidden = rules is not None and overlaps and (
+        pipeline_parallel == 1 or rules.overlaps_host_work_in_pipeline(version))
     return engine_adjusted(efficiency, host_work=rules is not None and not overlaps, overlapped_host=overlaps,
-                           prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version))
+                           prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version),
+                           hidden=hidden)
 
 
 def engine_adjusted(efficiency: Efficiency, *, host_work: bool, overlapped_host: bool,
-                    prefill_overhead: bool) -> Efficiency:
+                    prefill_overhead: bool, hidden: bool | None = None) -> Efficiency:
     """`efficiency` with the engine-dependent overheads it does not pay set to zero: `host_work`, the host
-    work added to every step (an engine that does not overlap it); `overlapped_host`, the host work a step
-    lasts at least (one that does), its per-step overhead included (`Efficiency.step_overhead_overlapped`);
-    `prefill_overhead`, the cost per MoE layer of a step with prompt tokens."""
+    work added to every step (an engine that does not overlap it); `overlapped_host`, the host work of an
+    engine that does; `prefill_overhead`, the cost per MoE layer of a step with prompt tokens. `hidden`
+    (default: `overlapped_host`): whether the per-step overhead and the overlapped host work are the least a
+    step lasts (`Efficiency.step_overhead_overlapped`) rather than added to it."""
+    hidden = overlapped_host if hidden is None else hidden
     if ((host_work or efficiency.per_sequence_overhead_s == 0)
             and (overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
             and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
-            and overlapped_host == efficiency.step_overhead_overlapped):
+            and hidden == efficiency.step_overhead_overlapped):
         return efficiency
-    return _without(efficiency, host_work, overlapped_host, prefill_overhead)
+    return _without(efficiency, host_work, overlapped_host, prefill_overhead, hidden)
 
 
 @lru_cache(maxsize=64)
-def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, prefill_overhead: bool) -> Efficiency:
+def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, prefill_overhead: bool,
+             hidden: bool) -> Efficiency:
     # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
     return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
                    overlapped_host_per_sequence_s=(efficiency.overlapped_host_per_sequence_s if overlapped_host
                                                    else 0.0),
                    prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0,
-                   step_overhead_overlapped=overlapped_host)
+                   step_overhead_overlapped=hidden)
 
 
 def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:

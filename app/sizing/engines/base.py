@@ -190,6 +190,12 @@ class Engine(Protocol):
         major.minor[.patch], or a year ('2024') where a published run states only when it was installed."""
         ...
 
+    def overlaps_host_work_in_pipeline(self, version: str) -> bool:
+        """Whether an engine that overlaps host work (`overlaps_host_work`) still does with pipeline stages
+        (False: each micro-batch's step pays its per-step overhead and per-sequence host work on top of the
+        GPU's time). `version` as above."""
+        ...
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """Whether a step that carries prompt tokens replays CUDA graphs too (False: it launches its kernels from
         the host, and pays `Efficiency.prefill_moe_layer_overhead_s` per MoE layer). `version` as above."""

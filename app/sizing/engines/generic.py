@@ -56,6 +56,9 @@ class Generic:
     def overlaps_host_work(self, version: str) -> bool:
         return True  # unknown engine: no host work added to a step (the per-step overhead is the least it lasts)
 
+    def overlaps_host_work_in_pipeline(self, version: str) -> bool:
+        return True  # unknown engine: as without pipeline stages
+
     def graphs_prefill_steps(self, version: str) -> bool:
         return True  # unknown engine: nothing charged beyond the per-step and per-layer overheads
 

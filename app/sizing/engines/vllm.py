@@ -187,6 +187,9 @@ class Vllm:
             return int(version) > 2024
         return parse_version(version) >= V1_FROM
 
+    def overlaps_host_work_in_pipeline(self, version: str) -> bool:
+        return True  # V1 keeps pipeline_parallel batches in flight from its own process (no published run differs)
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """The V1 engine captures piecewise CUDA graphs around attention, which mixed and prefill steps
         replay too; V0 replayed graphs for decode-only batches alone."""

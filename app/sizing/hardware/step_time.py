@@ -177,7 +177,8 @@ class _Forms:
     prefill_overhead: float = 0.0
     # Seconds of overlapped host work per sequence a step samples: the step lasts at least that many
     # (`Efficiency.overlapped_host_per_sequence_s`; 0: no floor) plus `host_constant`, the per-step overhead
-    # of an engine that overlaps it (`Efficiency.step_overhead_overlapped`; 0 otherwise). An empty step: 0.
+    # of an engine that hides them under the GPU's step (`Efficiency.step_overhead_overlapped`; 0 otherwise:
+    # both are then added to the step). An empty step: 0.
     host_floor: float = 0.0
     host_constant: float = 0.0
 
@@ -462,7 +463,10 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     # The per-step overhead: added to the step, or host work the step lasts at least (an overlapping engine's).
     overlapped = efficiency.step_overhead_overlapped
     linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, 0.0 if overlapped else step_scale, layer_scale)
-    linear[_SAMPLED_AT] += step_scale * efficiency.per_sequence_overhead_s  # host work per sequence it samples
+    # Host work per sequence it samples: the non-overlapping engine's, and an overlapping engine's where it is
+    # not hidden (pipeline stages, `engines.host_adjusted`).
+    linear[_SAMPLED_AT] += step_scale * (efficiency.per_sequence_overhead_s
+                                         + (0.0 if overlapped else efficiency.overlapped_host_per_sequence_s))
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s * link_fraction
         linear[_STEP_AT] += layer_scale * step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
@@ -509,7 +513,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         expert_slowdowns=expert_slowdowns,
         expert_slowdown_list=None if expert_slowdowns is None else memoryview(expert_slowdowns),
         prefill_overhead=layer_scale * efficiency.prefill_moe_layer_overhead_s * steps.cost_model.num_moe_layers,
-        host_floor=step_scale * efficiency.overlapped_host_per_sequence_s,
+        host_floor=step_scale * efficiency.overlapped_host_per_sequence_s if overlapped else 0.0,
         host_constant=step_scale * efficiency.per_step_overhead_s if overlapped else 0.0,
     )
 

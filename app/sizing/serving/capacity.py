@@ -558,7 +558,7 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             model, gpu, batch_size=accounting.max_concurrency.view(view).sequences, concurrency_view=view,
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
             pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
-            efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version),
+            efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version, pipeline_parallel),
             activation_dtype=activation_dtype, max_num_batched_tokens=resolved.max_num_batched_tokens,
             data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only)
     return CapacityResult(
