@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.03.2"  # + TensorRT-LLM from 1.0 with pipeline stages adds its per-step host work; profile refitted
+CALCULATION_VERSION = "2026.12.03.3"  # + a disaggregated closed loop starts its users together, as the aggregated one
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.03.1"  # + TensorRT-LLM (PyTorch backend) hides no host work with pipeline stages

@@ -189,42 +189,70 @@ def test_closed_loop_workloads_are_refused() -> None:
         plan_disaggregated(inputs, configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"]))
 
 
+def _step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+    """5 ms + 50 us per prompt token + 1 ms per decoding sequence."""
+    return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
+
+
 def test_one_user_in_a_closed_loop_through_both_pools() -> None:
-    """One user, 1,000 prompt and 201 output tokens; step time = 5 ms + 50 us per prompt token + 1 ms per
-    decoding sequence; transfer 10 ms.
+    """One user, three requests of 1,000 prompt and 201 output tokens in turn; step time as `_step_time`;
+    transfer 10 ms.
 
     - Prefill alone: 5 + 1,000 x 0.05 = 55 ms.
-    - Decode: the first step computes the last prompt token (5.05 ms) and streams the first token, then
-      osl - 1 - 1 = 199 steps of one sequence at 6 ms = 1,194 ms.
-    - Cycle: 55 + 10 + 5.05 + 1,194 = 1,264.05 ms, so prefills arrive at 1 / 1.26405 s (Poisson in the
-      estimate), utilization rho = 55 / 1,264.05 = 0.04351; the M/D/1 mean wait rho x 55 / (2 (1 - rho))
-      = 1.251 ms. Mean TTFT = 55 + 1.251 + 10 + 5.05 = 71.30 ms (the sampled wait varies by a few tenths
-      of a millisecond: 1% tolerance). TPOT = 1,194 / (201 - 1) = 5.97 ms exactly.
+    - Decode: the first step computes the last prompt token (5 + 0.05 = 5.05 ms) and streams the first
+      token, then osl - 1 - 1 = 199 steps of one sequence at 6 ms = 1,194 ms.
+    - Nothing else runs, so every request alike: TTFT = 55 + 10 + 5.05 = 70.05 ms, TPOT = 1,194 / (201 - 1)
+      = 5.97 ms, E2E = 70.05 + 1,194 = 1,264.05 ms.
     """
-    def step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
-        return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
-
     scheduler = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
-    pool = PoolRanks(step_time, scheduler, ranks=1)
-    combined = closed_loop(1, 1000, 201, pool, pool, transfer_s=0.010)
-    assert combined.ttft_s.mean() == pytest.approx(0.07130, rel=0.01)
-    assert combined.tpot_s.tolist() == pytest.approx([0.00597] * len(combined.tpot_s), abs=1e-12)
+    pool = PoolRanks(_step_time, scheduler, ranks=1)
+    combined = closed_loop(1, 1000, 201, pool, pool, transfer_s=0.010, requests=3)
+    assert combined.ttft_s.tolist() == pytest.approx([0.07005] * 3, abs=1e-9)
+    assert combined.tpot_s.tolist() == pytest.approx([0.00597] * 3, abs=1e-9)
+    assert combined.e2e_s.tolist() == pytest.approx([1.26405] * 3, abs=1e-9)
+
+
+def test_users_starting_together_queue_for_a_one_prompt_prefill_rank() -> None:
+    """Two users send their first request at t = 0 to one prefill rank that takes one prompt per step
+    (max_num_seqs 1); one round (two requests), 1,000 prompt and 201 output tokens, transfer 10 ms.
+
+    - Prefill: user 0's prompt 0-55 ms, user 1's 55-110 ms (it queued 55 ms).
+    - Decode (one rank, roomy): user 0 arrives at 65 ms; its first step (5.05 ms) streams its first token at
+      70.05 ms, then its decode steps of one sequence take 6 ms each, from 70.05 ms: the one that starts at
+      70.05 + 8 x 6 = 118.05 ms runs to 124.05 ms. User 1 arrives at 120 ms and waits for it, then its
+      first step runs beside user 0's decode: 5 + 0.05 + 1 = 6.05 ms, its first token at 130.10 ms.
+    - TTFT: user 0 70.05 ms; user 1 130.10 ms (110 on the prefill rank + 10 + 10.10 on the decode rank).
+    """
+    prefill = PoolRanks(_step_time, SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=1,
+                                                    max_num_batched_tokens=8192), ranks=1)
+    decode = PoolRanks(_step_time, SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192), ranks=1)
+    combined = closed_loop(2, 1000, 201, prefill, decode, transfer_s=0.010, requests=2)
+    assert combined.ttft_s.tolist() == pytest.approx([0.07005, 0.13010], abs=1e-9)
 
 
 def test_more_users_than_decode_slots_queue_for_the_first_step() -> None:
     """Eight users, one decode rank that runs at most two sequences: the other users wait for a slot, so
     the first step comes later than with eight slots, and TPOT is the same (a batch of two either way
     runs in steps of 5 + 2 ms at most)."""
-    def step_time(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
-        return 5e-3 + 50e-6 * np.asarray(prefill_tokens) + 1e-3 * np.asarray(decode_seqs)
-
     wide = SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=8, max_num_batched_tokens=8192)
     narrow = dataclasses.replace(wide, max_num_seqs=2)
-    prefill = PoolRanks(step_time, wide, ranks=1)
-    roomy = closed_loop(8, 1000, 101, prefill, PoolRanks(step_time, wide, ranks=1), transfer_s=0.0)
-    tight = closed_loop(8, 1000, 101, prefill, PoolRanks(step_time, narrow, ranks=1), transfer_s=0.0)
+    prefill = PoolRanks(_step_time, wide, ranks=1)
+    roomy = closed_loop(8, 1000, 101, prefill, PoolRanks(_step_time, wide, ranks=1), transfer_s=0.0, requests=40)
+    tight = closed_loop(8, 1000, 101, prefill, PoolRanks(_step_time, narrow, ranks=1), transfer_s=0.0, requests=40)
     assert tight.ttft_s.mean() > 2 * roomy.ttft_s.mean()
     assert np.nanmax(tight.tpot_s) <= 0.007 + 1e-12
+
+
+def test_the_users_are_spread_over_the_ranks_of_each_pool() -> None:
+    """Four users at t = 0 on two prefill ranks of one prompt per step, one round: each rank takes two users
+    (u mod 2), so two prompts finish at 55 ms and two at 110 ms (one rank would finish them at 55, 110,
+    165 and 220 ms). Four decode ranks, one user each: every first decode step runs alone, 5.05 ms.
+    TTFT: 55 + 10 + 5.05 = 70.05 ms twice and 110 + 10 + 5.05 = 125.05 ms twice."""
+    one_prompt = SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=1, max_num_batched_tokens=8192)
+    roomy = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
+    combined = closed_loop(4, 1000, 201, PoolRanks(_step_time, one_prompt, ranks=2),
+                           PoolRanks(_step_time, roomy, ranks=4), transfer_s=0.010, requests=4)
+    assert sorted(combined.ttft_s.tolist()) == pytest.approx([0.07005, 0.07005, 0.12505, 0.12505], abs=1e-9)
 
 
 # One pool's memory (/v1/capacity) --------------------------------------------------------------------

@@ -13,7 +13,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from app.sizing.calibration.predict import Measurement, Unpredictable, needs_simulation, prepare
+from app.sizing.calibration.predict import (
+    Measurement,
+    Unpredictable,
+    closed_loop_requests,
+    needs_simulation,
+    prepare,
+)
 from app.sizing.engines import ENGINES, host_adjusted
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.step_time import build_step_time_model
@@ -160,6 +166,20 @@ def test_closed_loop_prediction_is_the_simulation_of_that_many_users(engine: str
     assert predict(metric="output_tokens_per_s", **shape) == pytest.approx(result.output_tokens_per_s, rel=1e-3)
     assert predict(metric="ttft_ms", **shape) == pytest.approx(float(np.mean(result.ttft_s)), rel=1e-3)
     assert predict(metric="e2e_ms", **shape) == pytest.approx(float(np.mean(result.e2e_s)), rel=1e-3)
+
+
+def test_a_closed_loop_simulates_ten_requests_per_user_up_to_a_thousand_on_the_busiest_rank() -> None:
+    """Unstated request count: 10 per user. 50 users on one replica: 500. 150 users: 1,500 > 1,000, so
+    1,000. A disaggregated run of 576 users whose busiest pool has 72 users per rank (8 ranks): 5,760
+    requests, 720 on a rank, under the cap. 8,192 users on 4 prefill ranks (2,048 each): the cap allows
+    8,192 x 1,000 / 2,048 = 4,000, fewer than one per user, so 8,192. A stated count of 64 is kept; one of
+    5 for 16 users becomes 16 (every user sends at least one)."""
+    assert closed_loop_requests(50, 50, None) == 500
+    assert closed_loop_requests(150, 150, None) == 1000
+    assert closed_loop_requests(576, 72, None) == 5760
+    assert closed_loop_requests(8192, 2048, None) == 8192
+    assert closed_loop_requests(16, 16, 64) == 64
+    assert closed_loop_requests(16, 16, 5) == 16
 
 
 def test_a_trickle_of_poisson_arrivals_sees_the_single_stream_latencies() -> None:

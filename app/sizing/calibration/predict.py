@@ -32,7 +32,11 @@ queue. Per scenario:
   MAX_SIMULATED_REQUESTS (default when not given: that cap); every request of a fixed-length benchmark is
   identical, so simulating fewer only shortens the run, and the throughput is measured over the whole run
   as the published harnesses do.
-- `closed_loop`: `concurrency` users each sending the next request when the last finishes.
+- `closed_loop`: `concurrency` users each sending the next request when the last finishes, all starting at
+  t = 0; the row's num_requests, else CLOSED_LOOP_REQUESTS_PER_USER per user, at most MAX_SIMULATED_REQUESTS
+  for the simulated replica or rank (at least one per user); the statistic is over every request, the
+  first round's included. A disaggregated run is the same loop through its two pools
+  (`disaggregation.closed_loop`).
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
 Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
 joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
@@ -126,6 +130,9 @@ CONTINUOUS_ONLY_ENGINES = ("vllm", "sglang")
 MAX_SIMULATED_REQUESTS = 1000  # per replica and run: keeps one prediction in milliseconds
 # No limit on output tokens: the simulator jumps over runs of decode-only steps, so a run costs per event
 # (arrival, admission, finish), not per token; 1,000 requests of 32,768 output tokens take under a second.
+# A closed loop whose request count the source does not state: this many requests per user (the first round,
+# all sent at t = 0, is a tenth of the statistic).
+CLOSED_LOOP_REQUESTS_PER_USER = 10
 SEED = 0  # Poisson arrivals: fixed, so a prediction is reproducible
 LENGTHS_SEED = 1  # a dataset's drawn lengths: a stream of their own, independent of the arrivals'
 
@@ -371,7 +378,8 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if m.disaggregated:
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
-        return PreparedPrediction(m, (_disaggregated_run(model, gpu, m, kv_dtype, weights, compute_dtype),),
+        run = _disaggregated_run(model, gpu, replace(m, metric=TTFT_MS, stat=None), kv_dtype, weights, compute_dtype)
+        return PreparedPrediction(m, (run,),
                                   tuple(assumptions), model.is_moe, gpu.pcie_links)
     key = (m.scenario, m.num_gpus, m.pp or 1, weights, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
@@ -435,7 +443,7 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
         if users > MAX_SIMULATED_REQUESTS:
             raise Unpredictable(f"{users} users per replica: more than the {MAX_SIMULATED_REQUESTS} requests a "
                                 "prediction simulates")
-        count = max(users, min(num_requests or 10 * users, MAX_SIMULATED_REQUESTS))
+        count = closed_loop_requests(users, users, num_requests)
         return _ReplayedRun(layout, steps, _requests(isl, osl, lengths, count, concurrent_users=users), users)
     assert request_rate is not None
     count = min(num_requests or MAX_SIMULATED_REQUESTS, MAX_SIMULATED_REQUESTS)
@@ -443,6 +451,14 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
     saturated = _prepared_run(model, gpu, tp, OFFLINE, num_gpus, pp, weight_dtype, compute_dtype, kv_dtype, engine,
                               isl, osl, None, None, None, None, dp, ep, lengths, release)
     return _PoissonRun(layout, steps, requests, request_rate / replicas, saturated)
+
+
+def closed_loop_requests(users: int, busiest: float, num_requests: int | None) -> int:
+    """How many requests a closed loop of `users` users simulates: the source's `num_requests`, else
+    CLOSED_LOOP_REQUESTS_PER_USER per user; at most MAX_SIMULATED_REQUESTS for the simulated replica or rank
+    that serves `busiest` of the users, and never fewer than one per user."""
+    wanted = num_requests or users * CLOSED_LOOP_REQUESTS_PER_USER
+    return max(users, min(wanted, round(users * MAX_SIMULATED_REQUESTS / busiest)))
 
 
 def _requests(isl: int | None, osl: int | None, lengths: PairedLengths | None, count: int, **load) -> Requests:
@@ -773,8 +789,13 @@ class Replay:
 
 # Disaggregated runs --------------------------------------------------------------------------------
 
+DISAGGREGATED_MEMO = 4  # efficiencies whose latencies a disaggregated run keeps (a level's profile each)
+
+@lru_cache(maxsize=256)
 def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype: str, weights: str | WeightRecipe,
                        compute_dtype: str | None) -> _DisaggregatedRun:
+    """The run of a disaggregated measurement (cached: `m` with its metric and statistic set aside, so the
+    TTFT and TPOT rows of one run share its simulations)."""
     if m.prefill is None or m.decode is None:
         raise Unpredictable("disaggregated run without its prefill and decode pools (workers and tp of each)")
     if m.scenario != CLOSED_LOOP or m.concurrency is None:
@@ -801,8 +822,10 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
     transfer_s = float(disaggregation.transfer_times_s(
         model, np.array([m.isl]), kv_dtype, decode_tensor_parallel=m.decode.tp, decode_pipeline_parallel=1,
         bandwidth_bytes_per_s=bandwidth, latency_s=latency)[0])
+    busiest = max(m.concurrency / min(ranks, m.concurrency) for _, _, ranks in pools.values())
     return _DisaggregatedRun(pools["prefill"], pools["decode"], transfer_s, users=m.concurrency, isl=m.isl,
-                             osl=m.osl, num_gpus=deployment_gpus)
+                             osl=m.osl, num_gpus=deployment_gpus,
+                             requests=closed_loop_requests(m.concurrency, busiest, m.num_requests))
 
 
 class _DisaggregatedRun(_Run):
@@ -811,25 +834,29 @@ class _DisaggregatedRun(_Run):
     timing_invariant = False
 
     def __init__(self, prefill: tuple[Layout, StepTimeModel, int], decode: tuple[Layout, StepTimeModel, int],
-                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int) -> None:
+                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int) -> None:
         super().__init__(decode[0], decode[1])
         self._prefill, self._decode = prefill, decode
         self._transfer_s, self._users, self._isl, self._osl = transfer_s, users, isl, osl
+        self._requests = requests
         self._num_gpus = num_gpus
-        self._memo: tuple[Efficiency, disaggregation.Combined] | None = None
+        self._memo: dict[Efficiency, disaggregation.Combined] = {}
 
     def latencies(self, efficiency: Efficiency) -> disaggregation.Combined:
-        memo = self._memo
-        if memo is None or memo[0] != efficiency:
+        """The run's latencies under `efficiency`; the last DISAGGREGATED_MEMO efficiencies' are kept (the rows
+        of one run are predicted under each level's profile in turn)."""
+        combined = self._memo.get(efficiency)
+        if combined is None:
             pools = [disaggregation.PoolRanks(_retimed(steps, efficiency).step_time_s, layout.scheduler, ranks)
                      for layout, steps, ranks in (self._prefill, self._decode)]
             try:
-                combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s)
+                combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s,
+                                                      self._requests)
             except KvCapacityError as exc:
                 raise Unpredictable(str(exc)) from None
-            memo = (efficiency, combined)
-            self._memo = memo
-        return memo[1]
+            kept = list(self._memo.items())  # a new dict: another thread may be reading the old one
+            self._memo = dict([*kept[max(0, len(kept) + 1 - DISAGGREGATED_MEMO):], (efficiency, combined)])
+        return combined
 
     def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
         combined = self.latencies(efficiency)

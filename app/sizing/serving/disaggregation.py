@@ -614,8 +614,7 @@ def _combined_percentiles(combined: Combined, metric: str, slo_percentile: float
 
 # A measured closed loop -----------------------------------------------------------------------------
 
-CLOSED_LOOP_ITERATIONS = 3  # fixed-point passes: the share of users decoding, then the prefill rate
-CLOSED_LOOP_REQUESTS = 400  # requests per pool simulation (at least 4 per simulated decode user)
+CONVERGED_FRACTION = 0.01  # the closed loop's passes stop once arrivals move by this x an idle cycle on average
 
 
 @dataclass(frozen=True, slots=True)
@@ -629,45 +628,72 @@ class PoolRanks:
 
 
 def closed_loop(users: int, input_tokens: int, output_tokens: int, prefill: PoolRanks, decode: PoolRanks,
-                transfer_s: float) -> Combined:
-    """Per-request latencies of `users` users, each sending its next request the moment the last one ends,
-    through a disaggregated deployment.
+                transfer_s: float, requests: int) -> Combined:
+    """Per-request latencies of `requests` requests from `users` users, each sending its next request the
+    moment the last one ends, through a disaggregated deployment; all users send their first at t = 0 (as
+    the aggregated closed loop is simulated, `predict.py`: a harness starting its users together).
 
-    Every user cycles through prefill, the KV transfer and decode. The decode ranks hold the users that are
-    decoding: `users x share` in all, `share` = mean decode time / mean cycle, evenly spread, simulated as
-    a closed loop of that many per rank. The prefill ranks see the cycle rate users / mean cycle (Little's
-    law), evenly spread, simulated as a Poisson stream. Both means depend on each other, so the two
-    simulations alternate from share = 1 (all users decoding) for CLOSED_LOOP_ITERATIONS passes.
+    Request j is user j mod `users`'s (j div `users`)-th; every request goes through prefill, the KV transfer
+    and decode. The router spreads the users evenly: user u is served by prefill rank u mod (prefill ranks)
+    and decode rank u mod (decode ranks), at most `users` ranks of a pool busy. Each rank is simulated with
+    its users' requests at their arrival times there; a request reaches its decode rank when its first
+    token leaves the prefill rank plus the transfer, and the user's next request arrives when it finishes.
+    Arrivals and results depend on each other, so the passes repeat from a first guess (every user's
+    requests one idle cycle apart): pass k takes round k + 1's arrivals from round k's finishes and guesses
+    each later round one cycle after the user's previous, at the cycle of the user's last known round. They
+    stop when the arrivals move by less than CONVERGED_FRACTION of an idle cycle on average, or after
+    `requests / users` + 1 passes; once users fall out of step a pass also moves earlier rounds a little,
+    so the result is a fixed point only to within that (the mean TTFT of the last passes agrees to a few
+    percent). Ranks given the same arrivals are simulated once. TTFT = prefill queueing and prefill +
+    transfer + the wait for the first decode step.
     """
     if users < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("users, input_tokens and output_tokens must be >= 1")
+    total = max(users, requests)
     lengths = Workload(Fixed(input_tokens), Fixed(output_tokens), requests_per_s=1.0)
-    share = 1.0
-    prefill_mean_s = None
-    for _ in range(CLOSED_LOOP_ITERATIONS):
-        per_rank = max(1, round(users * share / decode.ranks))
-        count = max(CLOSED_LOOP_REQUESTS, 4 * per_rank)
-        decode_requests = decode_role_requests(sample_requests(lengths, count, 0))
-        decode_result = simulate(decode.step_time, decode.scheduler,
-                                 replace(decode_requests, arrival_s=np.full(count, np.nan)),
-                                 closed_loop_users=per_rank)
-        skip = decode_result.warmup_requests
-        decode_mean_s = float(decode_result.e2e_s[skip:].mean())
-        if prefill_mean_s is None:  # first pass: the prompt prefilled alone
-            prefill_mean_s = float(simulate(prefill.step_time, prefill.scheduler,
-                                            prefill_role_requests(sample_requests(lengths, 1, 0)),
-                                            warmup_fraction=0).ttft_s[0])
-        cycle_s = prefill_mean_s + transfer_s + decode_mean_s
-        rate_per_rank = users / cycle_s / prefill.ranks
-        prefill_requests = prefill_role_requests(sample_requests(lengths, CLOSED_LOOP_REQUESTS, 0))
-        prefill_result = simulate(prefill.step_time, prefill.scheduler,
-                                  replace(prefill_requests, arrival_s=prefill_requests.arrival_s / rate_per_rank))
-        prefill_mean_s = float(prefill_result.ttft_s[prefill_result.warmup_requests:].mean())
-        share = decode_mean_s / (prefill_mean_s + transfer_s + decode_mean_s)
-    prefill_ttft = prefill_result.ttft_s[prefill_result.warmup_requests:]
-    decode_first = decode_result.ttft_s[skip:]
-    decode_rest = (decode_result.e2e_s - decode_result.ttft_s)[skip:]
-    n = min(len(prefill_ttft), len(decode_first))
-    return combine(PoolTimes(prefill_ttft_s=prefill_ttft[:n], transfer_s=np.full(n, transfer_s),
-                             decode_first_s=decode_first[:n], decode_rest_s=decode_rest[:n],
-                             output_tokens=np.full(n, output_tokens)))
+    one = sample_requests(lengths, 1, 0)
+    idle_cycle_s = (simulate(prefill.step_time, prefill.scheduler, prefill_role_requests(one),
+                             warmup_fraction=0).ttft_s[0] + transfer_s
+                    + simulate(decode.step_time, decode.scheduler, decode_role_requests(one),
+                               warmup_fraction=0).e2e_s[0])
+    user = np.arange(total) % users
+    arrivals = np.arange(total) // users * idle_cycle_s
+    for settled_rounds in range(2, -(-total // users) + 3):
+        prefill_times = _ranks(prefill, prefill_role_requests, user, arrivals, lengths)
+        decode_times = _ranks(decode, decode_role_requests, user, prefill_times[0] + transfer_s, lengths)
+        moved = np.concatenate([arrivals[:users], decode_times[2][:total - users]])
+        # The first `settled_rounds` rounds of arrivals are now known; each later one is guessed a cycle after
+        # the user's previous, at the cycle the user's last known round took.
+        known = settled_rounds * users
+        if known < total:
+            cycle = moved[known - users:known] - moved[known - 2 * users:known - users]
+            later = np.arange(known, total)
+            rounds_ahead = later // users - settled_rounds + 1
+            moved[later] = moved[known - users + later % users] + rounds_ahead * cycle[later % users]
+        settled = float(np.mean(np.abs(moved - arrivals))) <= CONVERGED_FRACTION * idle_cycle_s
+        arrivals = moved
+        if settled:
+            break
+    return combine(PoolTimes(prefill_ttft_s=prefill_times[1], transfer_s=np.full(total, transfer_s),
+                             decode_first_s=decode_times[1], decode_rest_s=decode_times[2] - decode_times[0],
+                             output_tokens=np.full(total, output_tokens)))
+
+
+def _ranks(pool: PoolRanks, role: Callable[[Requests], Requests], user: np.ndarray, arrivals: np.ndarray,
+           lengths: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each request's first-token time, time from arrival to first token, and finish time on its rank of
+    `pool` (user u on rank u mod ranks), every rank simulated with its requests in arrival order."""
+    ranks = min(pool.ranks, int(user.max()) + 1)
+    first, waited, finish = (np.empty(len(user)) for _ in range(3))
+    done: dict[bytes, SimulationResult] = {}
+    for rank in range(ranks):
+        picked = np.flatnonzero(user % ranks == rank)
+        picked = picked[np.argsort(arrivals[picked], kind="stable")]
+        times = arrivals[picked]
+        result = done.get(times.tobytes())
+        if result is None:
+            requests = role(sample_requests(lengths, len(picked), 0))
+            result = simulate(pool.step_time, pool.scheduler, replace(requests, arrival_s=times), warmup_fraction=0)
+            done[times.tobytes()] = result
+        first[picked], waited[picked], finish[picked] = result.first_token_s, result.ttft_s, result.finish_s
+    return first, waited, finish
