@@ -270,7 +270,7 @@ class ErrorSummaryOut(BaseModel):
 
 class ValidationResponse(BaseModel):
     model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
-                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.03.3"})
+                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.03.4"})
 
     calibration_profile: str = Field(description="The profile whose efficiencies produced the predictions")
     rows: list[RowResultOut]
@@ -324,7 +324,7 @@ PROVENANCE_EXAMPLE: dict[str, Any] = {
     "fit_error": FIT_ERROR_EXAMPLE, "entries_fitted": [ENTRY_FIT_EXAMPLE],
     "parameter_priors": {"allreduce_latency_s": {"prior": 1e-05, "source": "NCCL tuner: 7.8-15.0 us in a node"}},
     "parameters_at_bounds": [BOUND_EXAMPLE],
-    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.03.3",
+    "cross_validation": CROSS_VALIDATION_EXAMPLE, "calculation_version": "2026.12.03.4",
 }
 
 
@@ -507,7 +507,7 @@ class CalibrationResponse(BaseModel):
         "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
                     "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
         "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,
-        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.03.3"})
+        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.03.4"})
 
     profile: ProfileOut
     base_profile: str

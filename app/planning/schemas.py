@@ -562,7 +562,7 @@ class SloPlanResponse(BaseModel):
         "feasible": True, "model": "llama-3.1-70b",
         "slo": {"ttft_ms": 1000, "tpot_ms": 50, "e2e_ms": None, "percentile": 95, "goodput_ratio": None},
         "plans": [PLAN_EXAMPLE], "pareto": [PARETO_EXAMPLE], "infeasible": [INFEASIBLE_EXAMPLE],
-        "search": SEARCH_EXAMPLE, "assumptions": SLO_PLAN_ASSUMPTIONS_EXAMPLE, "calculation_version": "2026.12.03.3",
+        "search": SEARCH_EXAMPLE, "assumptions": SLO_PLAN_ASSUMPTIONS_EXAMPLE, "calculation_version": "2026.12.03.4",
     })
 
     feasible: bool = Field(description="false when no configuration meets the SLO (see infeasible)")

@@ -36,7 +36,7 @@ SNAPSHOT_EXAMPLE: dict[str, Any] = {
                             "created_at": None, "updated_at": None, "written_by": None, "entries": [],
                             "provenance": None},
     "engine_rules_version": "2026.12.01",
-    "calculation_version": "2026.12.03.3",
+    "calculation_version": "2026.12.03.4",
 }
 
 
@@ -79,7 +79,7 @@ QUOTE_EXAMPLE: dict[str, Any] = {
     "id": QUOTE_ID_EXAMPLE,
     "created_at": CREATED_AT_EXAMPLE,
     "created_by": "sales-desk",
-    "calculation_version": "2026.12.03.3",
+    "calculation_version": "2026.12.03.4",
     "request_sha256": "5d41402abc4b2a76b9719d911017c592a9f3e0c1d2b3a4f5e6d7c8b9a0f1e2d3",
     "request": SloPlanRequest.model_validate(ISSUE_EXAMPLE).model_dump(mode="json"),  # defaults filled in
     "catalog_snapshot": SNAPSHOT_EXAMPLE,
@@ -101,7 +101,7 @@ class QuoteOut(StoredQuote):
 SUMMARY_EXAMPLE: dict[str, Any] = {
     "id": QUOTE_ID_EXAMPLE, "created_at": CREATED_AT_EXAMPLE, "created_by": "sales-desk", "model": "llama-3-70b",
     "feasible": True,
-    "cheapest_gpu": "h100-sxm", "cheapest_cost_per_hour_usd": 58.24, "calculation_version": "2026.12.03.3",
+    "cheapest_gpu": "h100-sxm", "cheapest_cost_per_hour_usd": 58.24, "calculation_version": "2026.12.03.4",
 }
 
 
@@ -178,7 +178,7 @@ class ReproduceOut(BaseModel):
     is stored)."""
 
     model_config = _examples({"quote_id": QUOTE_ID_EXAMPLE, "identical": True,
-                              "stored_calculation_version": "2026.12.03.3", "calculation_version": "2026.12.03.3",
+                              "stored_calculation_version": "2026.12.03.4", "calculation_version": "2026.12.03.4",
                               "result": SLO_PLAN_RESPONSE_EXAMPLE})
 
     quote_id: str = Field(pattern=QUOTE_ID_PATTERN, examples=[QUOTE_ID_EXAMPLE])

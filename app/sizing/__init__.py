@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.03.3"  # + a disaggregated closed loop starts its users together, as the aggregated one
+CALCULATION_VERSION = "2026.12.03.4"  # + TensorRT-LLM context servers add their host work to each prefill step
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.03.1"  # + TensorRT-LLM (PyTorch backend) hides no host work with pipeline stages
+ENGINE_RULES_VERSION = "2026.12.03.2"  # + TensorRT-LLM context servers run without the overlap scheduler

@@ -23,9 +23,12 @@ from app.sizing.calibration.fit import (
     single_entry_profile,
     with_parameters,
 )
+from app.sizing.calibration.predict import PoolLayout, _disaggregated_run
 from app.sizing.engines import ENGINES, EngineConfig, host_adjusted
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.step_time import build_step_time_model
+from app.sizing.layout import Layout
+from app.sizing.serving import disaggregation
 from app.sizing.serving.capacity import capacity
 from tests.domain.models_for_tests import LLAMA_3_8B
 from tests.domain.test_predict import HOPPER, predict
@@ -394,3 +397,74 @@ def test_a_measured_pipeline_run_pays_it_per_layout() -> None:
     assert predict(STEP_10MS, engine_version="1.0", **staged) == pytest.approx(gpu + 10e-3, rel=1e-9)
     assert predict(STEP_10MS, engine_version="0.17", **staged) == pytest.approx(10e-3, rel=1e-9)
     assert predict(STEP_10MS, engine_version="1.0", **run) == pytest.approx(10e-3, rel=1e-9)
+
+
+# Disaggregated prefill workers: TensorRT-LLM's context servers run without the overlap scheduler -------------
+
+def test_tensorrt_llms_context_servers_do_not_hide_host_work() -> None:
+    """TensorRT-LLM's disaggregation recipe starts its context servers with `disable_overlap_scheduler: True`
+    (ENGINES.md section 3): a prefill worker's steps pay the per-step overhead and the overlapped host work on
+    top of the GPU's time, at every version; its generation servers, an aggregated replica, and vLLM's, SGLang's
+    and an unknown engine's prefill workers keep hiding them."""
+    trtllm = ENGINES["trtllm"]
+    assert [trtllm.overlaps_host_work_in_prefill_pool(v) for v in ("0.17", "1.0", "1.2.0", "2025")] == [False] * 4
+    for name in ("vllm", "sglang", "generic"):
+        assert ENGINES[name].overlaps_host_work_in_prefill_pool("0.19.0")
+    both = dataclasses.replace(STEP_10MS, overlapped_host_per_sequence_s=F, per_sequence_overhead_s=C)
+    prefill = host_adjusted(both, "trtllm", "1.0", prefill_pool=True)
+    assert not prefill.step_overhead_overlapped
+    assert (prefill.overlapped_host_per_sequence_s, prefill.per_sequence_overhead_s) == (F, 0.0)
+    assert host_adjusted(both, "trtllm", "1.0").step_overhead_overlapped
+    assert host_adjusted(both, "sglang", "0.5.6", prefill_pool=True).step_overhead_overlapped
+    assert host_adjusted(both, "vllm", "0.19.0", prefill_pool=True).step_overhead_overlapped
+
+
+def test_a_context_servers_prefill_step_adds_the_step_overhead() -> None:
+    """Llama-3-8B bf16 on one H100, a prefill step of one 2,048-token prompt: 30.0 ms of tensor-core work at
+    the roof (test_predict.py's batch-1 TTFT), more at the default efficiency, so above the 10 ms per step.
+    Hidden, the step lasts the GPU's time (the overhead is the least it lasts); on a TensorRT-LLM context
+    server, the GPU's time plus 10 ms."""
+    def model(efficiency):  # type: ignore[no-untyped-def]
+        return build_step_time_model(LLAMA_3_8B, HOPPER, tensor_parallel=1, weight_dtype="bf16", kv_dtype="bf16",
+                                     efficiency=efficiency)
+
+    step = (0, 0.0, 2048, 0.0)  # no decodes, one 2,048-token prompt from position 0
+    gpu = model(dataclasses.replace(STEP_10MS, per_step_overhead_s=0.0))(*step)
+    assert gpu > 30.0e-3
+    assert model(host_adjusted(STEP_10MS, "trtllm", "1.0"))(*step) == pytest.approx(gpu, rel=1e-12)
+    assert model(host_adjusted(STEP_10MS, "trtllm", "1.0", prefill_pool=True))(*step) == pytest.approx(
+        gpu + 10e-3, rel=1e-12)
+
+
+def test_a_measured_disaggregated_run_charges_the_context_servers_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One user through one prefill and one decode worker (Llama-3-8B, one H100 each), 2,048 in / 4 out,
+    10 ms per step: each request's prompt is one prefill step and waits for nothing else, so its TTFT on
+    TensorRT-LLM, whose context server adds the 10 ms to that step, is 10 ms longer than with the overhead
+    hidden, every other part (transfer, first decode step) alike."""
+    run = {"scenario": "closed_loop", "metric": "ttft_ms", "engine": "trtllm", "engine_version": "1.0",
+           "num_gpus": 2, "tp": None, "batch": None, "concurrency": 1, "num_requests": 3, "isl": 2048, "osl": 4,
+           "disaggregated": True, "prefill": PoolLayout(workers=1, tp=1), "decode": PoolLayout(workers=1, tp=1)}
+    charged = predict(STEP_10MS, **run)
+    _disaggregated_run.cache_clear()
+    monkeypatch.setattr(type(ENGINES["trtllm"]), "overlaps_host_work_in_prefill_pool", lambda self, version: True)
+    hidden = predict(STEP_10MS, **run)
+    _disaggregated_run.cache_clear()
+    assert charged == pytest.approx(hidden + 10e-3, rel=1e-9)
+
+
+def test_a_prefill_pools_operating_point_charges_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/v1/capacity's prefill pool (`disaggregation.pool_capacity`): one 2,048-token prompt of Llama-3-8B on a
+    TensorRT-LLM context server is one step (under its 8,192-token max_num_tokens), so its expected prefill is
+    10 ms longer than with the overhead hidden under the step; the decode pool's steps are unchanged."""
+    def pool(role: str) -> disaggregation.PoolCapacity:
+        return disaggregation.pool_capacity(
+            role, LLAMA_3_8B, HOPPER, workers=1, layout=Layout(1), input_tokens=2048, output_tokens=128,
+            weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16", engine=EngineConfig(engine="trtllm"),
+            efficiency=STEP_10MS)
+
+    charged, decode = pool("prefill").worker.operating_point, pool("decode").worker.operating_point
+    monkeypatch.setattr(type(ENGINES["trtllm"]), "overlaps_host_work_in_prefill_pool", lambda self, version: True)
+    hidden = pool("prefill").worker.operating_point
+    assert charged is not None and hidden is not None and decode is not None
+    assert charged.expected_prefill_s == pytest.approx(hidden.expected_prefill_s + 10e-3, rel=1e-9)
+    assert pool("decode").worker.operating_point == decode

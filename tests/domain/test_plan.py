@@ -508,3 +508,21 @@ def test_after_a_ttft_miss_of_a_replica_that_fell_behind_the_search_steps_to_its
     closed_loop = _Planner(inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), concurrent_users=64),
                                       Slo(ttft_s=1.0, tpot_s=0.05), H100))
     assert closed_loop._replicas_served(run(2.445, "ttft")) is None
+
+
+def test_a_tensorrt_llm_prefill_pool_is_screened_with_its_host_work_added_to_each_step():
+    """The planner times a TensorRT-LLM prefill worker as its disaggregation recipe runs it, without the
+    overlap scheduler (`Engine.overlaps_host_work_in_prefill_pool`): with 10 ms per step, its prefill of one
+    1,000-token prompt is the GPU's time plus 10 ms, where the decode pool and an aggregated replica hide the
+    overhead under a step that long (the overhead is the least a step lasts)."""
+    efficiency = dataclasses.replace(DEFAULT_EFFICIENCY, per_step_overhead_s=10e-3, per_layer_overhead_s=0.0)
+    workload = Workload(Fixed(1000), Fixed(100), requests_per_s=1.0)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=100.0), H100, efficiency=efficiency,
+                                  engine="trtllm"))
+    configuration = configurations(LLAMA_3_8B, [H100], [1], [1], ["bf16"], ["bf16"], engine="trtllm")[0]
+    screened = {role: planner.screen(configuration, role) for role in ("aggregated", "prefill", "decode")}
+    assert [screened[role].efficiency.step_overhead_overlapped for role in screened] == [True, False, True]
+    prompt = (0, 0.0, 1000, 0.0)
+    hidden, added = screened["aggregated"].step_time(*prompt), screened["prefill"].step_time(*prompt)
+    assert hidden > 10e-3
+    assert added == pytest.approx(hidden + 10e-3, rel=1e-12)

@@ -823,9 +823,12 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         model, np.array([m.isl]), kv_dtype, decode_tensor_parallel=m.decode.tp, decode_pipeline_parallel=1,
         bandwidth_bytes_per_s=bandwidth, latency_s=latency)[0])
     busiest = max(m.concurrency / min(ranks, m.concurrency) for _, _, ranks in pools.values())
+    rules = engines.ENGINES[MODELLED_AS[m.engine]]
     return _DisaggregatedRun(pools["prefill"], pools["decode"], transfer_s, users=m.concurrency, isl=m.isl,
                              osl=m.osl, num_gpus=deployment_gpus,
-                             requests=closed_loop_requests(m.concurrency, busiest, m.num_requests))
+                             requests=closed_loop_requests(m.concurrency, busiest, m.num_requests),
+                             prefill_hides_host_work=rules.overlaps_host_work_in_prefill_pool(
+                                 m.engine_version or rules.default_version))
 
 
 class _DisaggregatedRun(_Run):
@@ -834,8 +837,10 @@ class _DisaggregatedRun(_Run):
     timing_invariant = False
 
     def __init__(self, prefill: tuple[Layout, StepTimeModel, int], decode: tuple[Layout, StepTimeModel, int],
-                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int) -> None:
+                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int,
+                 prefill_hides_host_work: bool = True) -> None:
         super().__init__(decode[0], decode[1])
+        self._prefill_hides_host_work = prefill_hides_host_work  # Engine.overlaps_host_work_in_prefill_pool
         self._prefill, self._decode = prefill, decode
         self._transfer_s, self._users, self._isl, self._osl = transfer_s, users, isl, osl
         self._requests = requests
@@ -847,8 +852,13 @@ class _DisaggregatedRun(_Run):
         of one run are predicted under each level's profile in turn)."""
         combined = self._memo.get(efficiency)
         if combined is None:
-            pools = [disaggregation.PoolRanks(_retimed(steps, efficiency).step_time_s, layout.scheduler, ranks)
-                     for layout, steps, ranks in (self._prefill, self._decode)]
+            # The efficiency comes host-adjusted for the measured engine (`PreparedPrediction._host_adjusted`); an
+            # engine whose prefill workers run without its overlap loop adds that work to their steps instead.
+            prefill = efficiency if self._prefill_hides_host_work else replace(efficiency,
+                                                                               step_overhead_overlapped=False)
+            pools = [disaggregation.PoolRanks(_retimed(steps, pool_efficiency).step_time_s, layout.scheduler, ranks)
+                     for (layout, steps, ranks), pool_efficiency in ((self._prefill, prefill),
+                                                                     (self._decode, efficiency))]
             try:
                 combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s,
                                                       self._requests)

@@ -84,7 +84,7 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
 
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
-                  pipeline_parallel: int = 1) -> Efficiency:
+                  pipeline_parallel: int = 1, prefill_pool: bool = False) -> Efficiency:
     """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
     overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work only where it does,
     its overhead per MoE layer of a step with prompt tokens only where such steps run outside CUDA graphs
@@ -92,14 +92,16 @@ def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
     GPU's own time). Where the engine hides host work under the GPU's step, its per-step overhead and
     overlapped per-sequence work are the least a step lasts (`Efficiency.step_overhead_overlapped`), not time
     added to it; with `pipeline_parallel` stages an engine may not (`Engine.overlaps_host_work_in_pipeline`),
-    and each micro-batch's step then pays them on top."""
+    and each micro-batch's step then pays them on top; nor may it on a disaggregated deployment's prefill
+    workers (`prefill_pool`, `Engine.overlaps_host_work_in_prefill_pool`)."""
     if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
             and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
         return efficiency  # nothing engine-dependent to keep, drop or move (no version to read)
     rules = ENGINES[engine] if engine is not None else None
     overlaps = rules is not None and rules.overlaps_host_work(version)
     hidden = rules is not None and overlaps and (
-        pipeline_parallel == 1 or rules.overlaps_host_work_in_pipeline(version))
+        pipeline_parallel == 1 or rules.overlaps_host_work_in_pipeline(version)) and (
+        not prefill_pool or rules.overlaps_host_work_in_prefill_pool(version))
     return engine_adjusted(efficiency, host_work=rules is not None and not overlaps, overlapped_host=overlaps,
                            prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version),
                            hidden=hidden)

@@ -196,6 +196,12 @@ class Engine(Protocol):
         GPU's time). `version` as above."""
         ...
 
+    def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
+        """Whether an engine that overlaps host work (`overlaps_host_work`) still does on the prefill workers of
+        a disaggregated deployment, as its disaggregation recipe launches them (False: each of their steps pays
+        its per-step overhead and per-sequence host work on top of the GPU's time). `version` as above."""
+        ...
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """Whether a step that carries prompt tokens replays CUDA graphs too (False: it launches its kernels from
         the host, and pays `Efficiency.prefill_moe_layer_overhead_s` per MoE layer). `version` as above."""

@@ -59,6 +59,9 @@ class Generic:
     def overlaps_host_work_in_pipeline(self, version: str) -> bool:
         return True  # unknown engine: as without pipeline stages
 
+    def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
+        return True  # unknown engine: as in an aggregated replica
+
     def graphs_prefill_steps(self, version: str) -> bool:
         return True  # unknown engine: nothing charged beyond the per-step and per-layer overheads
 

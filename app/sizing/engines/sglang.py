@@ -183,6 +183,9 @@ class Sglang:
     def overlaps_host_work_in_pipeline(self, version: str) -> bool:
         return True  # as without pipeline stages: no published SGLang pipeline run measures otherwise
 
+    def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
+        return True  # `--disaggregation-mode prefill` keeps the scheduler's defaults (ENGINES.md section 3)
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """Piecewise CUDA graphs, which cover prefill (extend) batches, are on by default from 0.5.10
         (ENGINES.md 1.2, SGL 0.5.10 `server_args.py`); before, only decode batches replayed graphs."""

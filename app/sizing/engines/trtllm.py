@@ -91,6 +91,12 @@ class Trtllm:
         (TRTLLM_PERF_V10). The TensorRT engines before 1.0 ran in the C++ executor: as without stages."""
         return not _pytorch_backend(version)
 
+    def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
+        """No: its disaggregation recipe starts the context servers with `disable_overlap_scheduler: True`
+        (ENGINES.md section 3; NVIDIA/TensorRT-LLM `examples/disaggregated/README.md` @c3c3d76e), the launch
+        this service prints for them (`disaggregation_notes`)."""
+        return False
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """The PyTorch backend (the default from 1.0) replays CUDA graphs for generation-only batches and runs
         a batch with context requests eagerly; the TensorRT engines before it ran every step as one

@@ -190,6 +190,9 @@ class Vllm:
     def overlaps_host_work_in_pipeline(self, version: str) -> bool:
         return True  # V1 keeps pipeline_parallel batches in flight from its own process (no published run differs)
 
+    def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
+        return True  # a KV-connector prefiller runs the same engine loop (ENGINES.md section 3 sets nothing else)
+
     def graphs_prefill_steps(self, version: str) -> bool:
         """The V1 engine captures piecewise CUDA graphs around attention, which mixed and prefill steps
         replay too; V0 replayed graphs for decode-only batches alone."""

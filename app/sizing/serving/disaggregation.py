@@ -196,7 +196,8 @@ def pool_capacity(role: str, model: ModelSpec, gpu: GpuSpec, *, workers: int, la
         weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype, engine=engine,
         input_tokens=input_tokens, output_tokens=1 if prefill else output_tokens, efficiency=efficiency,
         activation_dtype=activation_dtype, data_parallel=layout.data_parallel,
-        expert_parallel=layout.expert_parallel, weight_recipe=weight_recipe, decode_only=not prefill)
+        expert_parallel=layout.expert_parallel, weight_recipe=weight_recipe, decode_only=not prefill,
+        prefill_only=prefill)
     if not prefill:
         return PoolCapacity(role, workers, layout, worker, input_tokens + output_tokens,
                             worker.max_concurrency.admission)
