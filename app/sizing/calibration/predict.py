@@ -838,7 +838,7 @@ class _DisaggregatedRun(_Run):
 
     def __init__(self, prefill: tuple[Layout, StepTimeModel, int], decode: tuple[Layout, StepTimeModel, int],
                  transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int,
-                 prefill_hides_host_work: bool = True) -> None:
+                 prefill_hides_host_work: bool) -> None:
         super().__init__(decode[0], decode[1])
         self._prefill_hides_host_work = prefill_hides_host_work  # Engine.overlaps_host_work_in_prefill_pool
         self._prefill, self._decode = prefill, decode
