@@ -57,8 +57,7 @@ SECURITY_HEADERS = {
 }
 # Starlette tries the routes in this order for every request: the sizing endpoints, called in bulk, come right
 # after the probes, before the catalog's routes (matching them first was about 15% of a capacity request's CPU).
-ROUTERS = (ops_api.router, estimates_api.kv_cache_router, estimates_api.roofline_router,
-           estimates_api.capacity_router, planning_api.router, catalog_api.gpus_router, catalog_api.models_router,
+ROUTERS = (ops_api.router, estimates_api.router, planning_api.router, catalog_api.gpus_router, catalog_api.models_router,
            quotes_api.router, charts_api.router, calibration_api.router)
 
 access_log = logging.getLogger("app.access")

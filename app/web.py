@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Path, Query, Request
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
@@ -83,6 +84,38 @@ async def computed_answer(request: Request, compute: Callable[[Session, BodyT], 
 def json_response(answer: BaseModel) -> Response:
     """The answer as JSON, serialized once (FastAPI would validate a returned model again first)."""
     return Response(answer.model_dump_json(), media_type="application/json")
+
+
+class ComputedRoute(APIRoute):
+    """The route class of the sizing answers: endpoints `(request, body)` whose only dependency is the
+    open read access (`SizingRead`).
+
+    FastAPI's own handler decodes the body with `json.loads`, reads the content type through the email
+    package and solves the dependency graph on every request: about a fifth of a sizing request's CPU.
+    When reads are open and the request says exactly `application/json`, this handler validates the body
+    in one pass (`model_validate_json`) and calls the endpoint itself. Anything else (reads closed: a key
+    to check; another content type; a body that does not validate) goes to FastAPI's handler, so every
+    error is exactly FastAPI's.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        generic = super().get_route_handler()
+        checks = [dependency.call for dependency in self.dependant.dependencies]
+        if checks != [_sizing_read_check] or self.body_field is None:
+            raise TypeError(f"{self.path}: a computed route's only dependency is SizingRead, and it takes a body")
+        validate_json = self.body_field.field_info.annotation.model_validate_json
+        endpoint = self.endpoint
+
+        async def handle(request: Request) -> Response:
+            if request.app.state.settings.open_reads and request.headers.get("content-type") == "application/json":
+                try:
+                    body = validate_json(await request.body())
+                except ValidationError:
+                    return await generic(request)
+                return await endpoint(request, body)
+            return await generic(request)
+
+        return handle
 
 
 def _compute_with_session(factory: sessionmaker[Session], compute: Callable[[Session, BodyT], BaseModel],
@@ -159,6 +192,7 @@ CalibrationWriter = Annotated[ApiKey, requires("calibrations:write")]
 QuoteReader = requires("quotes:read")
 CatalogRead = open_unless_closed("catalog:read")
 SizingRead = open_unless_closed("sizing:read")
+_sizing_read_check = SizingRead.dependency
 
 # "*" or a comma-separated list of entity tags, weak or strong (RFC 9110 section 8.8.3).
 ETAG_LIST_PATTERN = r'^(\*|(W/)?"[^"\x00]*"(\s*,\s*(W/)?"[^"\x00]*")*)?$'

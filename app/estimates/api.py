@@ -17,14 +17,16 @@ from app.estimates.schemas import (
     RooflineRequest,
     RooflineResponse,
 )
-from app.web import SizingRead, computed_answer
+from app.web import ComputedRoute, SizingRead, computed_answer
+
+# One router for the three: Starlette tries the included routers in turn for every request (one is faster than
+# three), and ComputedRoute answers a well-formed JSON body without FastAPI's generic request handling.
+router = APIRouter(tags=["sizing"], dependencies=[SizingRead], route_class=ComputedRoute)
+
 
 # /v1/kv-cache: how much KV cache a model keeps for a batch of sequences.
-kv_cache_router = APIRouter(prefix="/v1/kv-cache", tags=["sizing"], dependencies=[SizingRead])
-
-
-@kv_cache_router.post("", response_model=KvCacheResponse, summary="KV-cache size",
-                      responses=problem_responses(404, 413, 422, 503))
+@router.post("/v1/kv-cache", response_model=KvCacheResponse, summary="KV-cache size",
+             responses=problem_responses(404, 413, 422, 503))
 async def kv_cache(request: Request, body: KvCacheRequest) -> Response:
     """KV-cache bytes per sequence, for the batch, and on the most loaded GPU under TP/PP, from the
     architecture: GQA/MQA KV heads (replicated when tp exceeds them), MLA's latent (replicated on every
@@ -35,11 +37,8 @@ async def kv_cache(request: Request, body: KvCacheRequest) -> Response:
 
 # /v1/roofline: one prefill or decode step against the GPU's roofline; /v1/roofline/batch-sweep:
 # decode time and throughput against batch size, with the knee where decode turns compute-bound.
-roofline_router = APIRouter(prefix="/v1/roofline", tags=["sizing"], dependencies=[SizingRead])
-
-
-@roofline_router.post("", response_model=RooflineResponse, summary="Roofline of one prefill or decode step",
-                      responses=problem_responses(404, 413, 422, 503))
+@router.post("/v1/roofline", response_model=RooflineResponse, summary="Roofline of one prefill or decode step",
+             responses=problem_responses(404, 413, 422, 503))
 async def roofline(request: Request, body: RooflineRequest) -> Response:
     """FLOPs and HBM bytes of one step on one GPU of the tensor-parallel group, per operator; the
     arithmetic intensity against the ridge point; the ideal time (every FLOP at peak, every byte at
@@ -48,8 +47,8 @@ async def roofline(request: Request, body: RooflineRequest) -> Response:
     return await computed_answer(request, estimates.roofline_step, body)
 
 
-@roofline_router.post("/batch-sweep", response_model=BatchSweepResponse, summary="Decode throughput against batch size",
-                      responses=problem_responses(404, 413, 422, 503))
+@router.post("/v1/roofline/batch-sweep", response_model=BatchSweepResponse, summary="Decode throughput against batch size",
+             responses=problem_responses(404, 413, 422, 503))
 async def batch_sweep(request: Request, body: BatchSweepRequest) -> Response:
     """Decode step time, aggregate and per-user tokens/s and the bound at each batch size (default
     1, 2, 4, ..., 1024), and the knee: the smallest batch whose ideal step is compute-bound, or null
@@ -58,11 +57,8 @@ async def batch_sweep(request: Request, body: BatchSweepRequest) -> Response:
 
 
 # /v1/capacity: how many concurrent requests fit on a deployment, and how fast they go.
-capacity_router = APIRouter(prefix="/v1/capacity", tags=["sizing"], dependencies=[SizingRead])
-
-
-@capacity_router.post("", response_model=CapacityResponse, summary="Concurrent requests that fit, and their speed",
-                      responses=problem_responses(404, 413, 422, 503))
+@router.post("/v1/capacity", response_model=CapacityResponse, summary="Concurrent requests that fit, and their speed",
+             responses=problem_responses(404, 413, 422, 503))
 async def capacity(request: Request, body: CapacityRequest) -> Response:
     """The serving engine's memory accounting per GPU (vLLM, SGLang, TensorRT-LLM or a generic budget:
     weights, activation peak, non-torch memory, CUDA graphs, reserve, KV budget), the KV capacity in
