@@ -17,6 +17,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from app.common import NO_NUL_PATTERN, SLUG_PATTERN
@@ -94,8 +95,8 @@ class ComputedRoute(APIRoute):
     package and solves the dependency graph on every request: about a fifth of a sizing request's CPU.
     When reads are open and the request says exactly `application/json`, this handler validates the body
     in one pass (`model_validate_json`) and calls the endpoint itself. Anything else (reads closed: a key
-    to check; another content type; a body that does not validate) goes to FastAPI's handler, so every
-    error is exactly FastAPI's.
+    to check; another content type; a body that does not validate; a client gone before its body arrived) goes
+    to FastAPI's handler, so every error is exactly FastAPI's.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -110,7 +111,7 @@ class ComputedRoute(APIRoute):
             if request.app.state.settings.open_reads and request.headers.get("content-type") == "application/json":
                 try:
                     body = validate_json(await request.body())
-                except ValidationError:
+                except (ValidationError, ClientDisconnect):  # FastAPI's handler answers both (422)
                     return await generic(request)
                 return await endpoint(request, body)
             return await generic(request)

@@ -3,12 +3,14 @@ FastAPI's generic request handling, and everything else gets exactly what FastAP
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import fastapi.routing
 import pytest
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 from starlette.responses import Response
@@ -62,6 +64,29 @@ def test_malformed_json_gets_fastapis_problem(client: TestClient) -> None:
     response = client.post("/v1/capacity", content=b'{"model": ', headers={"content-type": "application/json"})
     problem = assert_problem(response, 422, "/body")
     assert problem["errors"] == [{"pointer": "/body", "detail": "JSON decode error"}]
+
+
+def test_a_client_gone_before_its_body_gets_fastapis_answer(app: FastAPI, fresh_catalog: None,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """FastAPI's handler reads the body of a client that disconnected as no body (a 422: the body is required);
+    the direct path hands the disconnect to it rather than letting it reach the middleware as an unhandled
+    error (a logged 500)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/kv-cache", "raw_path": b"/v1/kv-cache", "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"test"), (b"content-type", b"application/json"), (b"content-length", b"64")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.ERROR, logger="app.errors"):
+        asyncio.run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 422
+    assert [record for record in caplog.records if record.name == "app.errors"] == []
 
 
 def test_closed_reads_still_need_the_key(settings: Settings, fresh_catalog: None) -> None:
