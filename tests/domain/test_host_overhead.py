@@ -7,6 +7,7 @@ profile. Every expected value is worked by hand below.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from app.sizing.calibration.fit import (
     with_parameters,
 )
 from app.sizing.calibration.predict import PoolLayout, _disaggregated_run
-from app.sizing.engines import ENGINES, EngineConfig, host_adjusted
+from app.sizing.engines import ENGINES, NO_ENGINE, EngineConfig, HostRules, host_adjusted, host_rules
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
@@ -418,6 +419,34 @@ def test_tensorrt_llms_context_servers_do_not_hide_host_work() -> None:
     assert host_adjusted(both, "sglang", "0.5.6", prefill_pool=True).step_overhead_overlapped
     assert host_adjusted(both, "vllm", "0.19.0", prefill_pool=True).step_overhead_overlapped
 
+
+
+def test_an_engines_host_rules_are_its_own_answers_at_the_version() -> None:
+    """`host_rules` reads the engine's answers at the version, nothing else: vLLM 0.5.4 (V0) adds host work
+    to each step and hides nothing; vLLM 0.19.0 overlaps it, also under pipeline stages and on prefill
+    workers; TensorRT-LLM 1.0 overlaps it but not on its context servers. No engine pays none of it."""
+    for engine, version in (("vllm", "0.5.4"), ("vllm", "0.19.0"), ("trtllm", "1.0"), ("sglang", "0.5.6"),
+                            ("generic", "")):
+        rules = ENGINES[engine]
+        overlaps = rules.overlaps_host_work(version)
+        assert host_rules(engine, version) == HostRules(
+            host_work=not overlaps, overlapped_host=overlaps, prefill_overhead=not rules.graphs_prefill_steps(version),
+            hidden_in_pipeline=rules.overlaps_host_work_in_pipeline(version),
+            hidden_in_prefill_pool=rules.overlaps_host_work_in_prefill_pool(version))
+    assert host_rules("vllm", "0.5.4").host_work and not host_rules("vllm", "0.5.4").overlapped_host
+    assert host_rules("vllm", "0.19.0").overlapped_host and host_rules("vllm", "0.19.0").hidden_in_prefill_pool
+    assert host_rules("trtllm", "1.0").overlapped_host and not host_rules("trtllm", "1.0").hidden_in_prefill_pool
+    assert host_rules(None) == NO_ENGINE == HostRules(False, False, False, False, False)
+
+
+def test_only_the_engine_rules_decide_whether_host_work_is_hidden() -> None:
+    """One place for the rule: no module but app/sizing/engines/__init__.py sets
+    `step_overhead_overlapped` on an efficiency (the validator's prefill pools once spelled it a second
+    time, with `replace(efficiency, step_overhead_overlapped=False)`)."""
+    app = Path(__file__).resolve().parents[2] / "app"
+    setters = sorted(str(path.relative_to(app)) for path in app.rglob("*.py")
+                     if "step_overhead_overlapped=" in path.read_text(encoding="utf-8"))
+    assert setters == ["sizing/engines/__init__.py"]
 
 def test_a_context_servers_prefill_step_adds_the_step_overhead() -> None:
     """Llama-3-8B bf16 on one H100, a prefill step of one 2,048-token prompt: 30.0 ms of tensor-core work at

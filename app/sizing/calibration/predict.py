@@ -279,18 +279,15 @@ class PreparedPrediction:
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
         rules = engines.ENGINES[MODELLED_AS[measurement.engine]]
-        version = measurement.engine_version or rules.default_version
-        # Whether the measured engine adds host work per sequence to every step (or, overlapping it with the GPU,
-        # lasts at least that work), and whether its steps with prompt tokens run outside CUDA graphs (read once:
-        # `predict` runs thousands of times in a fit).
-        self.pays_overlapped_host_work = rules.overlaps_host_work(version)
-        self.pays_host_work = not self.pays_overlapped_host_work
-        # Whether that work stays hidden under the GPU's step in a layout with pipeline stages.
-        self.hides_host_work_in_pipeline = self.pays_overlapped_host_work and rules.overlaps_host_work_in_pipeline(
-            version)
-        self.runs_prefill_outside_graphs = not rules.graphs_prefill_steps(version)
-        # Whether the overhead per MoE layer of such steps applies (what a fit can measure on this row).
-        self.pays_prefill_overhead = moe and self.runs_prefill_outside_graphs
+        # How the measured engine pays host work and prefill steps outside CUDA graphs (read once: `predict`
+        # runs thousands of times in a fit); each run adjusts the efficiency it is timed at by these rules.
+        self.host = engines.host_rules(rules.name, measurement.engine_version or rules.default_version)
+        # Whether the measured engine adds host work per sequence to every step (or, overlapping it with the
+        # GPU, lasts at least that work), and whether the overhead per MoE layer of steps with prompt tokens
+        # applies: what a fit can measure on this row.
+        self.pays_overlapped_host_work = self.host.overlapped_host
+        self.pays_host_work = self.host.host_work
+        self.pays_prefill_overhead = moe and self.host.prefill_overhead
         # Whether its layouts run all-reduces or an MoE exchange over PCIe in every step, what measures
         # pcie_link_fraction. (A pipeline also hands each token's hidden state over PCIe at a stage boundary,
         # but too few bytes for a row to measure the link by.)
@@ -312,23 +309,14 @@ class PreparedPrediction:
         return self.runs[0].compute_dtype
 
     def predict(self, efficiency: Efficiency) -> float:
-        values = [run.metric(self.measurement.metric, self.measurement.stat, self._host_adjusted(efficiency, run))
+        values = [run.metric(self.measurement.metric, self.measurement.stat, efficiency, self.host)
                   for run in self.runs]
         return max(values) if self.measurement.metric in THROUGHPUT_METRICS else min(values)
-
-    def _host_adjusted(self, efficiency: Efficiency, run: _Run) -> Efficiency:
-        """`engines.host_adjusted` for the measured engine and the run's layout: each engine-dependent overhead
-        kept where it pays it, and hidden under the GPU's step where it is."""
-        return engines.engine_adjusted(efficiency, host_work=self.pays_host_work,
-                                       overlapped_host=self.pays_overlapped_host_work,
-                                       prefill_overhead=self.runs_prefill_outside_graphs,
-                                       hidden=self.pays_overlapped_host_work and (
-                                           run.layout.pipeline_parallel == 1 or self.hides_host_work_in_pipeline))
 
     def utilization(self, efficiency: Efficiency) -> float | None:
         """Open loop only: offered requests/s over what the engine serves at most (its offline rate for
         the same lengths); None for every other scenario."""
-        values = [run.utilization(self._host_adjusted(efficiency, run)) for run in self.runs]
+        values = [run.utilization(efficiency, self.host) for run in self.runs]
         return None if None in values else min(values)  # type: ignore[type-var]
 
 
@@ -554,10 +542,15 @@ class _Run:
     def step_model(self, efficiency: Efficiency) -> StepTimeModel:
         return _retimed(self._steps, efficiency)
 
-    def utilization(self, efficiency: Efficiency) -> float | None:
+    def adjusted(self, efficiency: Efficiency, host: engines.HostRules) -> Efficiency:
+        """The efficiency the measured engine (`host`) runs this layout at (`HostRules.adjusted`)."""
+        return host.adjusted(efficiency, self.layout.pipeline_parallel)
+
+    def utilization(self, efficiency: Efficiency, host: engines.HostRules) -> float | None:
         return None
 
-    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency, host: engines.HostRules) -> float:
+        """The metric (SI units) when the measured engine (`host`) runs the layout at `efficiency`."""
         raise NotImplementedError
 
 
@@ -581,8 +574,8 @@ class _StaticRun(_Run):
                        np.concatenate(([b * isl * (isl + 1) / 2], np.zeros(osl - 1))),
                        np.concatenate(([float(b)], np.zeros(osl - 1))))
 
-    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
-        times = np.asarray(self.step_model(efficiency).step_time_s(*self._shape))
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency, host: engines.HostRules) -> float:
+        times = np.asarray(self.step_model(self.adjusted(efficiency, host)).step_time_s(*self._shape))
         prefill, decodes = float(times[0]), times[1:]
         total = prefill + float(decodes.sum())
         if metric == TTFT_MS:
@@ -603,8 +596,8 @@ class _StaticRun(_Run):
 class _SimulatedRun(_Run):
     """A run of the continuous-batching simulator, on one replica."""
 
-    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
-        result = self.result(efficiency)
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency, host: engines.HostRules) -> float:
+        result = self.result(self.adjusted(efficiency, host))
         replicas = self.layout.replicas
         if metric in LATENCY_METRICS:
             values = {TTFT_MS: result.ttft_s, E2E_MS: result.e2e_s}.get(metric, result.tpot_s)
@@ -685,8 +678,8 @@ class _PoissonRun(_SimulatedRun):
         self._saturated = saturated  # the same requests all at once: the most the replica serves
         self._memo: tuple[Efficiency, SimulationResult] | None = None
 
-    def utilization(self, efficiency: Efficiency) -> float | None:
-        most = self._saturated.metric(REQUESTS_PER_S, None, efficiency) / self.layout.replicas
+    def utilization(self, efficiency: Efficiency, host: engines.HostRules) -> float | None:
+        most = self._saturated.metric(REQUESTS_PER_S, None, efficiency, host) / self.layout.replicas
         return self._rate / most
 
     def result(self, efficiency: Efficiency) -> SimulationResult:
@@ -823,12 +816,9 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         model, np.array([m.isl]), kv_dtype, decode_tensor_parallel=m.decode.tp, decode_pipeline_parallel=1,
         bandwidth_bytes_per_s=bandwidth, latency_s=latency)[0])
     busiest = max(m.concurrency / min(ranks, m.concurrency) for _, _, ranks in pools.values())
-    rules = engines.ENGINES[MODELLED_AS[m.engine]]
     return _DisaggregatedRun(pools["prefill"], pools["decode"], transfer_s, users=m.concurrency, isl=m.isl,
                              osl=m.osl, num_gpus=deployment_gpus,
-                             requests=closed_loop_requests(m.concurrency, busiest, m.num_requests),
-                             prefill_hides_host_work=rules.overlaps_host_work_in_prefill_pool(
-                                 m.engine_version or rules.default_version))
+                             requests=closed_loop_requests(m.concurrency, busiest, m.num_requests))
 
 
 class _DisaggregatedRun(_Run):
@@ -837,39 +827,38 @@ class _DisaggregatedRun(_Run):
     timing_invariant = False
 
     def __init__(self, prefill: tuple[Layout, StepTimeModel, int], decode: tuple[Layout, StepTimeModel, int],
-                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int,
-                 prefill_hides_host_work: bool) -> None:
+                 transfer_s: float, *, users: int, isl: int, osl: int, num_gpus: int, requests: int) -> None:
         super().__init__(decode[0], decode[1])
-        self._prefill_hides_host_work = prefill_hides_host_work  # Engine.overlaps_host_work_in_prefill_pool
         self._prefill, self._decode = prefill, decode
         self._transfer_s, self._users, self._isl, self._osl = transfer_s, users, isl, osl
         self._requests = requests
         self._num_gpus = num_gpus
-        self._memo: dict[Efficiency, disaggregation.Combined] = {}
+        self._memo: dict[tuple[Efficiency, engines.HostRules], disaggregation.Combined] = {}
 
-    def latencies(self, efficiency: Efficiency) -> disaggregation.Combined:
-        """The run's latencies under `efficiency`; the last DISAGGREGATED_MEMO efficiencies' are kept (the rows
-        of one run are predicted under each level's profile in turn)."""
-        combined = self._memo.get(efficiency)
+    def latencies(self, efficiency: Efficiency, host: engines.HostRules) -> disaggregation.Combined:
+        """The run's latencies when the measured engine (`host`) runs it at `efficiency`, each pool at the
+        efficiency the engine runs that pool at (`HostRules.adjusted`: an engine whose prefill workers run
+        without its overlap loop adds that work to their steps); the last DISAGGREGATED_MEMO efficiencies' are
+        kept (the rows of one run are predicted under each level's profile in turn)."""
+        key = (efficiency, host)
+        combined = self._memo.get(key)
         if combined is None:
-            # The efficiency comes host-adjusted for the measured engine (`PreparedPrediction._host_adjusted`); an
-            # engine whose prefill workers run without its overlap loop adds that work to their steps instead.
-            prefill = efficiency if self._prefill_hides_host_work else replace(efficiency,
-                                                                               step_overhead_overlapped=False)
-            pools = [disaggregation.PoolRanks(_retimed(steps, pool_efficiency).step_time_s, layout.scheduler, ranks)
-                     for (layout, steps, ranks), pool_efficiency in ((self._prefill, prefill),
-                                                                     (self._decode, efficiency))]
+            pools = []
+            for (layout, steps, ranks), prefill_pool in ((self._prefill, True), (self._decode, False)):
+                pool_efficiency = host.adjusted(efficiency, layout.pipeline_parallel, prefill_pool)
+                pools.append(disaggregation.PoolRanks(_retimed(steps, pool_efficiency).step_time_s, layout.scheduler,
+                                                      ranks))
             try:
                 combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s,
                                                       self._requests)
             except KvCapacityError as exc:
                 raise Unpredictable(str(exc)) from None
             kept = list(self._memo.items())  # a new dict: another thread may be reading the old one
-            self._memo = dict([*kept[max(0, len(kept) + 1 - DISAGGREGATED_MEMO):], (efficiency, combined)])
+            self._memo = dict([*kept[max(0, len(kept) + 1 - DISAGGREGATED_MEMO):], (key, combined)])
         return combined
 
-    def metric(self, metric: str, stat: str | None, efficiency: Efficiency) -> float:
-        combined = self.latencies(efficiency)
+    def metric(self, metric: str, stat: str | None, efficiency: Efficiency, host: engines.HostRules) -> float:
+        combined = self.latencies(efficiency, host)
         if metric in LATENCY_METRICS:
             values = {TTFT_MS: combined.ttft_s, E2E_MS: combined.e2e_s}.get(metric, combined.tpot_s)
             return _statistic(values[~np.isnan(values)], stat)

@@ -85,42 +85,58 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
                   pipeline_parallel: int = 1, prefill_pool: bool = False) -> Efficiency:
-    """The efficiency an engine runs at: its per-sequence host overhead kept only where the engine does not
-    overlap host work with the GPU (`Engine.overlaps_host_work`), its overlapped host work only where it does,
-    its overhead per MoE layer of a step with prompt tokens only where such steps run outside CUDA graphs
-    (`Engine.graphs_prefill_steps`); each zero elsewhere and where no engine runs the steps (`engine` None: the
-    GPU's own time). Where the engine hides host work under the GPU's step, its per-step overhead and
-    overlapped per-sequence work are the least a step lasts (`Efficiency.step_overhead_overlapped`), not time
-    added to it; with `pipeline_parallel` stages an engine may not (`Engine.overlaps_host_work_in_pipeline`),
-    and each micro-batch's step then pays them on top; nor may it on a disaggregated deployment's prefill
-    workers (`prefill_pool`, `Engine.overlaps_host_work_in_prefill_pool`)."""
-    if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
-            and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
-        return efficiency  # nothing engine-dependent to keep, drop or move (no version to read)
-    rules = ENGINES[engine] if engine is not None else None
-    overlaps = rules is not None and rules.overlaps_host_work(version)
-    hidden = rules is not None and overlaps and (
-        pipeline_parallel == 1 or rules.overlaps_host_work_in_pipeline(version)) and (
-        not prefill_pool or rules.overlaps_host_work_in_prefill_pool(version))
-    return engine_adjusted(efficiency, host_work=rules is not None and not overlaps, overlapped_host=overlaps,
-                           prefill_overhead=rules is not None and not rules.graphs_prefill_steps(version),
-                           hidden=hidden)
+    """The efficiency an engine runs at (`HostRules.adjusted` under `host_rules(engine, version)`); `engine`
+    None: the GPU's own time, each engine-dependent overhead zero."""
+    return host_rules(engine, version).adjusted(efficiency, pipeline_parallel, prefill_pool)
 
 
-def engine_adjusted(efficiency: Efficiency, *, host_work: bool, overlapped_host: bool,
-                    prefill_overhead: bool, hidden: bool | None = None) -> Efficiency:
-    """`efficiency` with the engine-dependent overheads it does not pay set to zero: `host_work`, the host
-    work added to every step (an engine that does not overlap it); `overlapped_host`, the host work of an
-    engine that does; `prefill_overhead`, the cost per MoE layer of a step with prompt tokens. `hidden`
-    (default: `overlapped_host`): whether the per-step overhead and the overlapped host work are the least a
-    step lasts (`Efficiency.step_overhead_overlapped`) rather than added to it."""
-    hidden = overlapped_host if hidden is None else hidden
-    if ((host_work or efficiency.per_sequence_overhead_s == 0)
-            and (overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
-            and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
-            and hidden == efficiency.step_overhead_overlapped):
-        return efficiency
-    return _without(efficiency, host_work, overlapped_host, prefill_overhead, hidden)
+@dataclass(frozen=True, slots=True)
+class HostRules:
+    """How an engine at a version pays the engine-dependent overheads of an efficiency (`host_rules`)."""
+
+    host_work: bool  # per-sequence host work added to every step (`Engine.overlaps_host_work` false)
+    overlapped_host: bool  # host work overlapped with the GPU (`Engine.overlaps_host_work`)
+    prefill_overhead: bool  # steps with prompt tokens run outside CUDA graphs (`Engine.graphs_prefill_steps` false)
+    hidden_in_pipeline: bool  # `Engine.overlaps_host_work_in_pipeline`
+    hidden_in_prefill_pool: bool  # `Engine.overlaps_host_work_in_prefill_pool`
+
+    def adjusted(self, efficiency: Efficiency, pipeline_parallel: int = 1, prefill_pool: bool = False) -> Efficiency:
+        """The efficiency this engine runs at: its per-sequence host overhead kept only where the engine does
+        not overlap host work with the GPU, its overlapped host work only where it does, its overhead per MoE
+        layer of a step with prompt tokens only where such steps run outside CUDA graphs; each zero
+        elsewhere. Where the engine hides host work under the GPU's step, its per-step overhead and
+        overlapped per-sequence work are the least a step lasts (`Efficiency.step_overhead_overlapped`), not
+        time added to it; with `pipeline_parallel` stages an engine may not (`hidden_in_pipeline`), and each
+        micro-batch's step then pays them on top; nor may it on a disaggregated deployment's prefill workers
+        (`prefill_pool`, `hidden_in_prefill_pool`)."""
+        if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
+                and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
+            return efficiency  # nothing engine-dependent to keep, drop or move
+        hidden = self.overlapped_host and (pipeline_parallel == 1 or self.hidden_in_pipeline) and (
+            not prefill_pool or self.hidden_in_prefill_pool)
+        if ((self.host_work or efficiency.per_sequence_overhead_s == 0)
+                and (self.overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
+                and (self.prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
+                and hidden == efficiency.step_overhead_overlapped):
+            return efficiency
+        return _without(efficiency, self.host_work, self.overlapped_host, self.prefill_overhead, hidden)
+
+
+NO_ENGINE = HostRules(host_work=False, overlapped_host=False, prefill_overhead=False, hidden_in_pipeline=False,
+                      hidden_in_prefill_pool=False)  # the GPU's own time: no engine loop around its steps
+
+
+def host_rules(engine: str | None, version: str = "") -> HostRules:
+    """The engine's rules at `version` ("": its default); `NO_ENGINE` for None. A caller that adjusts many
+    efficiencies for one engine reads them once (the validator: once per measurement)."""
+    if engine is None:
+        return NO_ENGINE
+    rules = ENGINES[engine]
+    overlaps = rules.overlaps_host_work(version)
+    return HostRules(host_work=not overlaps, overlapped_host=overlaps,
+                     prefill_overhead=not rules.graphs_prefill_steps(version),
+                     hidden_in_pipeline=rules.overlaps_host_work_in_pipeline(version),
+                     hidden_in_prefill_pool=rules.overlaps_host_work_in_prefill_pool(version))
 
 
 @lru_cache(maxsize=64)
