@@ -465,6 +465,20 @@ def test_a_context_servers_prefill_step_adds_the_step_overhead() -> None:
         gpu + 10e-3, rel=1e-12)
 
 
+
+@pytest.fixture(autouse=True)
+def _forget_patched_host_rules(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """`host_rules` caches each engine's answers: emptied after a test (before `monkeypatch` undoes its
+    patches, as this fixture depends on it) so no patched answer outlives its test."""
+    yield
+    host_rules.cache_clear()
+
+
+def _context_servers_hide_host_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(type(ENGINES["trtllm"]), "overlaps_host_work_in_prefill_pool", lambda self, version: True)
+    host_rules.cache_clear()  # read the patched answer, not the cached one
+
+
 def test_a_measured_disaggregated_run_charges_the_context_servers_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """One user through one prefill and one decode worker (Llama-3-8B, one H100 each), 2,048 in / 4 out,
     10 ms per step: each request's prompt is one prefill step and waits for nothing else, so its TTFT on
@@ -475,7 +489,7 @@ def test_a_measured_disaggregated_run_charges_the_context_servers_steps(monkeypa
            "disaggregated": True, "prefill": PoolLayout(workers=1, tp=1), "decode": PoolLayout(workers=1, tp=1)}
     charged = predict(STEP_10MS, **run)
     _disaggregated_run.cache_clear()
-    monkeypatch.setattr(type(ENGINES["trtllm"]), "overlaps_host_work_in_prefill_pool", lambda self, version: True)
+    _context_servers_hide_host_work(monkeypatch)
     hidden = predict(STEP_10MS, **run)
     _disaggregated_run.cache_clear()
     assert charged == pytest.approx(hidden + 10e-3, rel=1e-9)
@@ -492,7 +506,7 @@ def test_a_prefill_pools_operating_point_charges_its_steps(monkeypatch: pytest.M
             efficiency=STEP_10MS)
 
     charged, decode = pool("prefill").worker.operating_point, pool("decode").worker.operating_point
-    monkeypatch.setattr(type(ENGINES["trtllm"]), "overlaps_host_work_in_prefill_pool", lambda self, version: True)
+    _context_servers_hide_host_work(monkeypatch)
     hidden = pool("prefill").worker.operating_point
     assert charged is not None and hidden is not None and decode is not None
     assert charged.expected_prefill_s == pytest.approx(hidden.expected_prefill_s + 10e-3, rel=1e-9)

@@ -126,9 +126,11 @@ NO_ENGINE = HostRules(host_work=False, overlapped_host=False, prefill_overhead=F
                       hidden_in_prefill_pool=False)  # the GPU's own time: no engine loop around its steps
 
 
+@lru_cache(maxsize=64)
 def host_rules(engine: str | None, version: str = "") -> HostRules:
-    """The engine's rules at `version` ("": its default); `NO_ENGINE` for None. A caller that adjusts many
-    efficiencies for one engine reads them once (the validator: once per measurement)."""
+    """The engine's rules at `version` ("": its default); `NO_ENGINE` for None. Cached: every /v1/capacity
+    request and every configuration a plan screens adjusts an efficiency (measured per `host_adjusted` call:
+    6.8-8.6 us reading the four rules each time, 1.7-1.9 us cached)."""
     if engine is None:
         return NO_ENGINE
     rules = ENGINES[engine]
