@@ -300,17 +300,22 @@ def test_a_request_longer_than_the_kv_cache_cannot_be_simulated() -> None:
                             metric="output_tokens_per_s", stat=None), LLAMA_3_70B, HOPPER)
 
 
-def test_very_long_outputs_are_predicted_and_too_many_users_refused() -> None:
+def test_very_long_outputs_and_more_users_than_the_request_cap_are_predicted() -> None:
     """1,000 requests of 32,768 output tokens (3.3e7 tokens) are simulated, not skipped: the
     simulator jumps over decode-only runs. Their contexts grow 8x longer than at 4,096 tokens, so each
-    decode step reads more KV and the output rate can only fall. 2,000 closed-loop users are more than
-    the 1,000 requests a run simulates."""
+    decode step reads more KV and the output rate can only fall.
+
+    A closed loop of more users than MAX_SIMULATED_REQUESTS (1,000) simulates one request per user
+    (closed_loop_requests: 2,000 users want 20,000 requests, the cap allows 1,000 x 2,000 / 2,000 = 1,000,
+    at least one per user is 2,000): every user's prompt arrives at t = 0, so the 2,000 prompts queue
+    behind each other and the mean TTFT exceeds that of 1,000 users (also one round, half the prompts)."""
     shape = {"scenario": "offline", "engine": "vllm", "num_requests": 1000, "isl": 1024,
              "metric": "output_tokens_per_s", "stat": None}
     long_run = predict(**shape, osl=32_768)
     assert 0 < long_run < predict(**shape, osl=4_096)
-    with pytest.raises(Unpredictable, match="2000 users per replica"):
-        prepare(measurement(scenario="closed_loop", engine="vllm", concurrency=2000), LLAMA_3_8B, HOPPER)
+    loop = {"scenario": "closed_loop", "engine": "vllm", "isl": 1024, "osl": 128, "metric": "ttft_ms", "stat": None}
+    assert closed_loop_requests(2000, 2000, None) == 2000 and closed_loop_requests(1000, 1000, None) == 1000
+    assert predict(**loop, concurrency=2000) > predict(**loop, concurrency=1000) > 0
 
 
 def test_a_measurement_rejects_values_outside_the_schema() -> None:

@@ -428,9 +428,6 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
         return _ReplayedRun(layout, steps, requests, users=count)
     if scenario == CLOSED_LOOP:
         users = -(-concurrency // replicas)
-        if users > MAX_SIMULATED_REQUESTS:
-            raise Unpredictable(f"{users} users per replica: more than the {MAX_SIMULATED_REQUESTS} requests a "
-                                "prediction simulates")
         count = closed_loop_requests(users, users, num_requests)
         return _ReplayedRun(layout, steps, _requests(isl, osl, lengths, count, concurrent_users=users), users)
     assert request_rate is not None
