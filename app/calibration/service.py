@@ -77,8 +77,10 @@ from app.sizing.calibration.fit import (
     MIN_ROWS_PER_ENTRY,
     PRIOR_WEIGHT,
     CalibrationProfile,
+    FitTarget,
     abs_pct_error,
     fit_profile,
+    fitted_sources,
     parameters_at_bounds,
 )
 from app.sizing.calibration.predict import (
@@ -430,10 +432,10 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     before = evaluate(rows, prepared, skipped, base)
     fitted_on = now.date().isoformat()
 
-    def describe(family: str, compute_dtype: str, count: int) -> str:
+    def describe(family: str, compute_dtype: str, fitted: Sequence[FitTarget]) -> str:
         return (f"calibration profile {name!r}, entry {family}/{compute_dtype}: fitted on {fitted_on} to "
-                f"{count} measurements of {source_file} (sha256 {source_sha256[:12]}), starting from "
-                f"{base.name!r}")
+                f"{len(fitted)} measurements of {source_file} (sha256 {source_sha256[:12]}; "
+                f"{fitted_sources(fitted)}), starting from {base.name!r}")
 
     fit = fit_profile(training, base, name=name, fit_global=fit_global, describe=describe,
                       max_evaluations=max_evaluations)

@@ -138,6 +138,13 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     keys = [(entry["gpu_family"], entry["compute_dtype"], entry["rows"]) for entry in profile["entries"]]
     # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry).
     assert keys == [("*", "*", 0), ("hopper", "*", 23), ("hopper", "fp8", 20)]
+    # Each fitted entry names the sources of its rows (examples/calibration-sample.csv): hopper's 23 are
+    # TRTLLM_PERF_V09's 12 static batches + 6 batch-1 runs and TRTLLM_PERF_V017's 3 bf16 + 2 fp8 offline runs
+    # (its 5 Poisson runs are not fitted); the fp8 entry's 20 leave out the 3 bf16 ones.
+    sources = {(entry["gpu_family"], entry["compute_dtype"]): entry["source"] for entry in profile["entries"]}
+    assert "(sha256 " in sources[("hopper", "*")]
+    assert "; TRTLLM_PERF_V09 18 rows, TRTLLM_PERF_V017 5 rows)" in sources[("hopper", "*")]
+    assert "; TRTLLM_PERF_V09 18 rows, TRTLLM_PERF_V017 2 rows)" in sources[("hopper", "fp8")]
     assert created["after"]["overall"]["median_abs_pct_error"] < created["before"]["overall"]["median_abs_pct_error"]
     assert created["after"]["rows_total"] == 35 and created["after"]["rows_predicted"] == 35
     assert len(created["rows"]) == 35

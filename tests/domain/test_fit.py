@@ -29,6 +29,7 @@ from app.sizing.calibration.fit import (
     abs_pct_error,
     fit_efficiency,
     fit_profile,
+    fitted_sources,
     leave_one_group_out,
     mean_abs_log_error,
     nelder_mead,
@@ -210,7 +211,7 @@ def test_fit_profile_fits_each_family_and_precision_with_enough_rows_and_keeps_t
     ampere = ProfileEntry("ampere", ANY, dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=0.5))
     base = CalibrationProfile("base", (ProfileEntry(ANY, ANY, DEFAULT_EFFICIENCY), ampere))
     fit = fit_profile(product_targets(), base, name="mine", fit_global=False, max_evaluations=60,
-                      describe=lambda family, dtype, rows: f"{family}/{dtype} on {rows} rows")
+                      describe=lambda family, dtype, rows: f"{family}/{dtype} on {len(rows)} rows")
     profile = fit.profile
     assert profile.name == "mine"
     assert profile.entry_for("ampere", "fp16") == ampere
@@ -226,6 +227,14 @@ def test_fit_profile_fits_each_family_and_precision_with_enough_rows_and_keeps_t
     refitted = fit_profile(product_targets(), base, name="mine", fit_global=True, max_evaluations=60,
                            describe=lambda family, dtype, rows: "fit").profile
     assert refitted.entry_for("cdna3", "fp8").rows == 16
+
+
+def test_fitted_sources_name_each_source_with_its_rows_the_most_first() -> None:
+    """Six rows: three of A, two of B, one of C; then a tie, two of D and two of A, goes by name."""
+    rows = [dataclasses.replace(product_targets()[0], source_id=source) for source in "ABACBA"]
+    assert fitted_sources(rows) == "A 3 rows, B 2 rows, C 1 row"
+    tied = [dataclasses.replace(product_targets()[0], source_id=source) for source in "DADA"]
+    assert fitted_sources(tied) == "A 2 rows, D 2 rows"
 
 
 def test_a_family_with_two_precisions_gets_an_entry_for_each() -> None:

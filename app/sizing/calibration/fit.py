@@ -29,6 +29,7 @@ and a function from an `Efficiency` to the predicted value. The validator's prep
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -421,7 +422,7 @@ class ProfileFit:
 
 
 def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name: str, fit_global: bool,
-                describe: Callable[[str, str, int], str], max_evaluations: int = DEFAULT_EVALUATIONS,
+                describe: Callable[[str, str, Sequence[FitTarget]], str], max_evaluations: int = DEFAULT_EVALUATIONS,
                 max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY) -> ProfileFit:
     """Fit a profile from the general to the specific, each entry starting where the previous level left
     it: the global entry on every target (when `fit_global`); then, for each GPU family with at least
@@ -430,8 +431,9 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit: the same
     rows). The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
     Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
-    writes each fitted entry's `source`. An entry fits at most `max_rows_per_entry` of its rows, spread
-    evenly over them (`spread`). The profile after each level is kept (`levels`).
+    writes each fitted entry's `source` from the rows it was fitted on. An entry fits at most
+    `max_rows_per_entry` of its rows, spread evenly over them (`spread`). The profile after each level is
+    kept (`levels`).
     """
     if not targets:
         raise ValueError("nothing to fit: no measurements")
@@ -453,7 +455,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
                        if bound.paid_by is None or any(getattr(row, bound.paid_by) for row in rows))
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
-                                   source=describe(*key, len(rows)))
+                                   source=describe(*key, rows))
         entries[key] = ProfileEntry(*key, fitted, len(rows))
         fits.append(EntryFit(*key, len(rows), before, mean_abs_log_error(rows, fitted)))
         return fitted
@@ -477,11 +479,20 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
             else:  # the family's only precision: the same rows, the same fit
                 family_fit = next(item for item in fits if (item.family, item.compute_dtype) == (family, ANY))
                 entries[(family, dtype)] = ProfileEntry(
-                    family, dtype, replace(family_fits[family], source=describe(family, dtype, family_fit.rows)),
+                    family, dtype, replace(family_fits[family],
+                                           source=describe(family, dtype, spread(rows, max_rows_per_entry))),
                     family_fit.rows)
                 fits.append(replace(family_fit, compute_dtype=dtype))
     snapshot(FAMILY_PRECISION)
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
+
+
+def fitted_sources(rows: Sequence[FitTarget]) -> str:
+    """Which published sources the rows come from, the most rows first: 'A 62 rows, B 18 rows'. Written into a
+    fitted entry's `source`, so that a response naming the entry says whose measurements it stands on."""
+    counts = Counter(row.source_id for row in rows)
+    return ", ".join(f"{source} {count} row{'' if count == 1 else 's'}" for source, count in
+                     sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 def spread(rows: Sequence[FitTarget], most: int | None) -> list[FitTarget]:
