@@ -464,7 +464,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         "fitted_on": fitted_on,
         "base_profile": base.name,
         "method": (f"bounded Nelder-Mead search (at most {max_evaluations} evaluations per entry, at most "
-                   f"{MAX_FIT_ROWS_PER_ENTRY} rows per entry spread over its rows); global entry "
+                   f"{MAX_FIT_ROWS_PER_ENTRY} rows per entry, an equal share from each source); global entry "
                    f"{'refitted' if fit_global else 'kept from the base profile'}; then an entry per GPU family and "
                    f"one per compute precision within it, each with at least {MIN_ROWS_PER_ENTRY} rows; "
                    + ("the level shipped chosen by cross-validated error" if cross_validation

@@ -285,11 +285,25 @@ def test_fit_profile_keeps_the_profile_of_every_level() -> None:
     assert fit.profile == fit.levels[FAMILY_PRECISION]
 
 
-def test_spread_takes_evenly_spaced_rows() -> None:
-    """10 rows, at most 4: indices floor(i x 10 / 4) = 0, 2 (2.5), 5, 7 (7.5); at most 10 or more: all."""
-    assert spread(list(range(10)), 4) == [0, 2, 5, 7]
-    assert spread(list(range(10)), 10) == list(range(10))
-    assert spread(list(range(10)), None) == list(range(10))
+def test_spread_takes_an_equal_share_of_each_source_evenly_spaced() -> None:
+    """One source, 10 rows, at most 4: indices floor(i x 10 / 4) = 0, 2 (2.5), 5, 7 (7.5); at most 10 or
+    more: all.
+
+    Three sources, A with 20 rows, B with 6, C with 2, at most 12: the smallest first, C's share is
+    12 // 3 = 4 but it has 2 (both); B's is (12 - 2) // 2 = 5 of its 6: floor(i x 6 / 5) = 0, 1 (1.2), 2 (2.4),
+    3 (3.6), 4 (4.8); A takes the remaining 5 of its 20: floor(i x 20 / 5) = 0, 4, 8, 12, 16. In proportion
+    to rows A would have had 12 x 20 / 28 = 8.6 of the 12. A row added to A moves none of B's or C's picks."""
+    one = [ToyTarget(1.0, float(i)) for i in range(10)]
+    assert [row.measured for row in spread(one, 4)] == [0, 2, 5, 7]
+    assert spread(one, 10) == one and spread(one, None) == one
+    a, b, c = ([ToyTarget(1.0, float(i), source_id=source) for i in range(count)]
+               for source, count in (("A", 20), ("B", 6), ("C", 2)))
+    taken = [(row.source_id, row.measured) for row in spread(a + b + c, 12)]
+    assert taken == ([("A", i) for i in (0, 4, 8, 12, 16)] + [("B", i) for i in (0, 1, 2, 3, 4)]
+                     + [("C", 0), ("C", 1)])
+    grown = spread([ToyTarget(1.0, -1.0, source_id="A")] + a + b + c, 12)
+    assert [row for row in grown if row.source_id != "A"] == [row for row in spread(a + b + c, 12)
+                                                              if row.source_id != "A"]
 
 
 def test_a_prior_pulls_a_parameter_the_data_cannot_see_to_its_cited_value() -> None:

@@ -155,7 +155,7 @@ GLOBAL_PARAMETERS = FITTED_PARAMETERS + LINK_PARAMETERS + HOST_PARAMETERS
 # (mean |ln| error 0.02): the data moves a parameter only where it pays for itself.
 PRIOR_WEIGHT = 0.02
 
-# A fit uses at most this many rows per entry, spread evenly over the entry's rows in input order: each
+# A fit uses at most this many rows per entry, an equal share from each source (`spread`): each
 # trial efficiency re-times every row, and cross-validation refits once per GPU, model family and engine
 # (about 20 fits of 15 entries); 80 rows still outnumber the six parameters more than tenfold.
 MAX_FIT_ROWS_PER_ENTRY = 80
@@ -432,8 +432,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     rows). The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
     Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
     writes each fitted entry's `source` from the rows it was fitted on. An entry fits at most
-    `max_rows_per_entry` of its rows, spread evenly over them (`spread`). The profile after each level is
-    kept (`levels`).
+    `max_rows_per_entry` of its rows, an equal share from each source (`spread`). The profile after each level
+    is kept (`levels`).
     """
     if not targets:
         raise ValueError("nothing to fit: no measurements")
@@ -496,10 +496,33 @@ def fitted_sources(rows: Sequence[FitTarget]) -> str:
 
 
 def spread(rows: Sequence[FitTarget], most: int | None) -> list[FitTarget]:
-    """At most `most` of the rows, evenly spaced in their order (all of them when there are no more)."""
+    """At most `most` of the rows, an equal share of them from each published source (`source_id`), each
+    share evenly spaced in its source's order (all of them when there are no more). A source with fewer rows
+    than its share gives all it has, and the rest goes to the larger sources.
+
+    Why by source: a source is one experiment (one harness, engine build and set of machines), and its rows
+    share whatever the model does not represent of it; a source with 70 times the rows of another is not 70
+    times the evidence. Spread in proportion to rows, one 2024 build's 1,258 MI300X static batches made
+    nearly all of the MI300X entry's sample and aiconfigurator's rows most of the global one; and a row added
+    anywhere shifted every later pick (one more predicted row moved the leave-one-GPU-out median from 27.7% to
+    29.4%). Equal shares, against the same code and data sampled in proportion: leave one GPU out 29.4 ->
+    27.3%, one model family out 19.0 -> 19.5%, one engine out 29.5 -> 27.0% (calibration of 2026-12-04)."""
     if most is None or len(rows) <= most:
         return list(rows)
-    return [rows[int(i * len(rows) / most)] for i in range(most)]
+    by_source = _group_by(rows, lambda row: row.source_id)
+    taken: dict[str, list[FitTarget]] = {}
+    left = most
+    smallest_first = sorted(by_source, key=lambda source: (len(by_source[source]), source))
+    for i, source in enumerate(smallest_first):
+        share = min(left // (len(smallest_first) - i), len(by_source[source]))
+        taken[source] = _evenly_spaced(by_source[source], share)
+        left -= share
+    return [row for source in by_source for row in taken[source]]
+
+
+def _evenly_spaced(rows: Sequence[FitTarget], count: int) -> list[FitTarget]:
+    """`count` of the rows at indices floor(i x len / count)."""
+    return [rows[int(i * len(rows) / count)] for i in range(count)]
 
 
 def _group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> dict[str, list[FitTarget]]:
