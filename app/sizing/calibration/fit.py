@@ -506,7 +506,7 @@ def spread(rows: Sequence[FitTarget], most: int | None) -> list[FitTarget]:
     nearly all of the MI300X entry's sample and aiconfigurator's rows most of the global one; and a row added
     anywhere shifted every later pick (one more predicted row moved the leave-one-GPU-out median from 27.7% to
     29.4%). Equal shares, against the same code and data sampled in proportion: leave one GPU out 29.4 ->
-    27.3%, one model family out 19.0 -> 19.5%, one engine out 29.5 -> 27.0% (calibration of 2026-12-04)."""
+    27.3%, one model family out 19.0 -> 19.5%, one engine out 29.5 -> 27.0% (2026-12-04, 80 evaluations)."""
     if most is None or len(rows) <= most:
         return list(rows)
     by_source = _group_by(rows, lambda row: row.source_id)
