@@ -420,7 +420,6 @@ def test_tensorrt_llms_context_servers_do_not_hide_host_work() -> None:
     assert host_adjusted(both, "vllm", "0.19.0", prefill_pool=True).step_overhead_overlapped
 
 
-
 def test_an_engines_host_rules_are_its_own_answers_at_the_version() -> None:
     """`host_rules` reads the engine's answers at the version, nothing else: vLLM 0.5.4 (V0) adds host work
     to each step and hides nothing; vLLM 0.19.0 overlaps it, also under pipeline stages and on prefill
@@ -448,6 +447,7 @@ def test_only_the_engine_rules_decide_whether_host_work_is_hidden() -> None:
                      if "step_overhead_overlapped=" in path.read_text(encoding="utf-8"))
     assert setters == ["sizing/engines/__init__.py"]
 
+
 def test_a_context_servers_prefill_step_adds_the_step_overhead() -> None:
     """Llama-3-8B bf16 on one H100, a prefill step of one 2,048-token prompt: 30.0 ms of tensor-core work at
     the roof (test_predict.py's batch-1 TTFT), more at the default efficiency, so above the 10 ms per step.
@@ -463,7 +463,6 @@ def test_a_context_servers_prefill_step_adds_the_step_overhead() -> None:
     assert model(host_adjusted(STEP_10MS, "trtllm", "1.0"))(*step) == pytest.approx(gpu, rel=1e-12)
     assert model(host_adjusted(STEP_10MS, "trtllm", "1.0", prefill_pool=True))(*step) == pytest.approx(
         gpu + 10e-3, rel=1e-12)
-
 
 
 @pytest.fixture(autouse=True)
