@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import (
+    ALLREDUCE_LATENCY_DESCRIPTION,
     OVERLAPPED_HOST_DESCRIPTION,
     PCIE_LINK_FRACTION_DESCRIPTION,
     PER_STEP_OVERHEAD_DESCRIPTION,
@@ -341,7 +342,7 @@ class ProfileEntryOut(BaseModel):
     compute_curve: list[ComputeCurvePoint]
     per_step_overhead_ms: float = Field(description=PER_STEP_OVERHEAD_DESCRIPTION)
     per_layer_overhead_ms: float
-    allreduce_latency_ms: float
+    allreduce_latency_ms: float = Field(description=ALLREDUCE_LATENCY_DESCRIPTION)
     pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "

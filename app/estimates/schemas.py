@@ -266,6 +266,10 @@ PER_STEP_OVERHEAD_DESCRIPTION = (
     "next step while the GPU runs this one (TensorRT-LLM, SGLang, vLLM from 0.8), where it is host work: a step "
     "lasts at least this plus the overlapped host work of its sequences, and no more when the GPU takes longer. "
     "TensorRT-LLM from 1.0 with pipeline stages runs without that overlap and adds it to each micro-batch's step")
+ALLREDUCE_LATENCY_DESCRIPTION = (
+    "Fixed cost (alpha) of one communication call between two GPUs: a two-GPU all-reduce, a pipeline hand-off, "
+    "an MoE exchange. A ring all-reduce over n GPUs takes NCCL's ratio (6.6 + 1.2 (n - 1)) / 7.8 times it "
+    "(15.0 / 7.8 at 8 GPUs), plus NCCL's inter-node steps when the ring spans nodes")
 PCIE_LINK_FRACTION_DESCRIPTION = (
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
@@ -283,7 +287,7 @@ class EfficiencyOut(BaseModel):
     compute_scale_ratio: float = Field(description="Multiplies the compute curve (a fitted correction)")
     per_step_overhead_ms: float = Field(description=PER_STEP_OVERHEAD_DESCRIPTION)
     per_layer_overhead_ms: float
-    allreduce_latency_ms: float
+    allreduce_latency_ms: float = Field(description=ALLREDUCE_LATENCY_DESCRIPTION)
     pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
     per_sequence_overhead_ms: float = Field(0.0, description=(
         "The profile's host work per sequence per engine step, charged only where the engine does not overlap "

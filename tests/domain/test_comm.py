@@ -18,6 +18,7 @@ from app.sizing.hardware.comm import (
     allreduce_time_s,
     link_bandwidth,
     pipeline_hops_time_s,
+    ring_latency_scale,
     step_allreduce_time_s,
     tp_link_bandwidth,
     tp_network_latency_s,
@@ -31,10 +32,26 @@ from tests.domain.test_roofline import H100_SXM
 
 
 def test_ring_allreduce_by_hand() -> None:
-    """1 MB over 8 GPUs at 450e9 B/s, alpha 7.5 us: 7.5e-6 + 2 x 7/8 x 1e6 / 450e9
-    = 7.5e-6 + 3.8889e-6 = 11.3889 us. Two GPUs: 7.5e-6 + 1e6 / 450e9 = 9.7222 us."""
-    assert allreduce_time_s(1e6, 8, 450e9, 7.5e-6) == pytest.approx(11.388889e-6, rel=1e-6)
+    """1 MB over 2 GPUs at 450e9 B/s, two-GPU alpha 7.5 us: 7.5e-6 + 2 x 1/2 x 1e6 / 450e9 = 7.5e-6 + 2.2222e-6
+    = 9.7222 us. Over 8 GPUs the alpha is NCCL's ring ratio longer, (6.6 + 2 x 7 x 0.6) / (6.6 + 2 x 0.6)
+    = 15.0 / 7.8 = 1.923077, so 7.5e-6 x 1.923077 = 14.423077e-6, plus 2 x 7/8 x 1e6 / 450e9 = 3.888889e-6:
+    18.311966 us."""
     assert allreduce_time_s(1e6, 2, 450e9, 7.5e-6) == pytest.approx(9.722222e-6, rel=1e-6)
+    assert allreduce_time_s(1e6, 8, 450e9, 7.5e-6) == pytest.approx(18.311966e-6, rel=1e-6)
+
+
+def test_a_longer_ring_takes_nccls_ratio_longer() -> None:
+    """NCCL's one-node ring LL all-reduce (ENGINES.md section 5, tuning.cc): 6.6 us + 0.6 us per NVLink hop,
+    2 (n - 1) hops: 7.8 us for 2 GPUs, 10.2 for 4, 15.0 for 8. Relative to two GPUs: 1, 10.2 / 7.8 =
+    1.307692, 15.0 / 7.8 = 1.923077; 16 GPUs: (6.6 + 30 x 0.6) / 7.8 = 24.6 / 7.8 = 3.153846. The inter-node
+    latency is added as it is, not scaled: TP16 with 5.4 us of it, 7.5 x 3.153846 + 5.4 = 29.053846 us."""
+    assert ring_latency_scale(2) == 1.0
+    assert ring_latency_scale(4) == pytest.approx(1.307692, rel=1e-6)
+    assert ring_latency_scale(8) == pytest.approx(1.923077, rel=1e-6)
+    assert ring_latency_scale(16) == pytest.approx(3.153846, rel=1e-6)
+    assert allreduce_time_s(0.0, 16, 450e9, 7.5e-6, 5.4e-6) == pytest.approx(29.053846e-6, rel=1e-6)
+    with pytest.raises(ValueError):
+        ring_latency_scale(0)
 
 
 def test_no_allreduce_without_tensor_parallelism() -> None:
@@ -42,11 +59,13 @@ def test_no_allreduce_without_tensor_parallelism() -> None:
 
 
 def test_decode_allreduces_are_latency_bound() -> None:
-    """Llama-3-70B (80 layers, h=8192) at batch 1 on TP8: messages of 8192 x 2 = 16,384 B;
-    160 calls x (7.5e-6 + 1.75 x 16,384 / 450e9 = 7.5637e-6) = 1.2102 ms, 99% of it alpha."""
+    """Llama-3-70B (80 layers, h=8192) at batch 1 on TP8: messages of 8192 x 2 = 16,384 B; an 8-GPU alpha of
+    7.5e-6 x 15.0 / 7.8 = 14.423077e-6; 160 calls x (14.423077e-6 + 1.75 x 16,384 / 450e9 = 14.486793e-6)
+    = 2.3179 ms, 99% of it alpha."""
     total = step_allreduce_time_s(1, 80, 16_384, 8, 450e9, 7.5e-6)
-    assert total == pytest.approx(160 * (7.5e-6 + 1.75 * 16_384 / 450e9), rel=1e-12)
-    assert 160 * 7.5e-6 / total > 0.99
+    assert total == pytest.approx(160 * (7.5e-6 * 15.0 / 7.8 + 1.75 * 16_384 / 450e9), rel=1e-12)
+    assert total == pytest.approx(2.3179e-3, rel=1e-4)
+    assert 160 * 7.5e-6 * 15.0 / 7.8 / total > 0.99
 
 
 def test_empty_step_makes_no_calls() -> None:
@@ -56,7 +75,8 @@ def test_empty_step_makes_no_calls() -> None:
 
 def test_allreduce_accepts_arrays() -> None:
     times = step_allreduce_time_s(np.array([0, 1, 512]), 80, 16_384, 8, 450e9, 7.5e-6)
-    expected = [0.0, 160 * (7.5e-6 + 1.75 * 16_384 / 450e9), 160 * (7.5e-6 + 1.75 * 512 * 16_384 / 450e9)]
+    alpha = 7.5e-6 * 15.0 / 7.8  # eight GPUs (test_a_longer_ring_takes_nccls_ratio_longer)
+    expected = [0.0, 160 * (alpha + 1.75 * 16_384 / 450e9), 160 * (alpha + 1.75 * 512 * 16_384 / 450e9)]
     np.testing.assert_allclose(times, expected, rtol=1e-12)
 
 
@@ -97,8 +117,9 @@ def test_pipeline_hops_by_hand() -> None:
 def test_allreduce_grows_with_the_message_and_is_bounded_by_twice_the_transfer(small: float, large: float,
                                                                                 tp: int) -> None:
     small, large = sorted((small, large))
+    alpha = 7.5e-6 * ring_latency_scale(tp)
     assert allreduce_time_s(small, tp, 450e9, 7.5e-6) <= allreduce_time_s(large, tp, 450e9, 7.5e-6)
-    assert 7.5e-6 <= allreduce_time_s(large, tp, 450e9, 7.5e-6) <= 7.5e-6 + 2 * large / 450e9 * (1 + 1e-12)
+    assert alpha <= allreduce_time_s(large, tp, 450e9, 7.5e-6) <= alpha + 2 * large / 450e9 * (1 + 1e-12)
 
 
 def test_invalid_degrees_and_links_are_rejected() -> None:

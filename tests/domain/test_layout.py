@@ -250,7 +250,8 @@ def test_the_roofline_pays_the_exchange_of_a_dp_ep_decode_step():
     The 8 ranks' 512 tokens send 512 x 8 = 4,096 expert copies, 512 per EP rank on average; the most
     loaded one expects 1 + E[max of 8 standard normals] / sqrt(512) = 1 + 1.42360 / 22.62742 = 1.062914
     times that (1.42360: Tippett's/Harter's table; `flops.expected_expert_load_factor`).
-    TP8 pays its all-reduces instead, and no exchange."""
+    TP8 pays its all-reduces instead, and no exchange: their alpha is the two-GPU one over NCCL's 8-GPU ring,
+    times 15.0 / 7.8 (`comm.ring_latency_scale`); the exchange's is a two-GPU call's."""
     alpha = DEFAULT_EFFICIENCY.allreduce_latency_s
     dep8 = decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=1, data_parallel=8, expert_parallel=8)
     result = roofline(dep8, H200, "fp8", DEFAULT_EFFICIENCY)
@@ -258,5 +259,5 @@ def test_the_roofline_pays_the_exchange_of_a_dp_ep_decode_step():
     assert result.comm_time_s == pytest.approx(116 * (alpha + 6_422_528 * 1.062914 / 450e9), rel=1e-6)
     tp8 = roofline(decode_cost(DEEPSEEK_V3, 1000, 64, "fp8", "bf16", tensor_parallel=8), H200, "fp8",
                    DEFAULT_EFFICIENCY)
-    # 2 all-reduces x 61 layers of 64 x 7168 x 2 B = 917,504 B: alpha + 2 x 7/8 x 917,504 / 450e9 each.
-    assert tp8.comm_time_s == pytest.approx(122 * (alpha + 1.75 * 917_504 / 450e9), rel=1e-12)
+    # 2 all-reduces x 61 layers of 64 x 7168 x 2 B = 917,504 B: alpha x 15/7.8 + 2 x 7/8 x 917,504 / 450e9 each.
+    assert tp8.comm_time_s == pytest.approx(122 * (alpha * 15.0 / 7.8 + 1.75 * 917_504 / 450e9), rel=1e-12)

@@ -72,7 +72,9 @@ class ParameterBounds:
 # decode" (SIZING.md section 5) is the floor. Overheads: "order 0.1-1 ms per step, plus a few us per
 # layer" (section 5). All-reduce alpha: NCCL's own tuner puts a one-node ring LL all-reduce at 7.8 us
 # (2 GPUs) to 15.0 us (8), NVLS at 25 us flat (ENGINES.md, NVIDIA/nccl src/graph/tuning.cc); vLLM's
-# custom all-reduce replaces NCCL below it for small messages; 2-30 us spans both.
+# custom all-reduce replaces NCCL below it for small messages; 2-30 us spans both. The fitted alpha is the
+# two-GPU one: a ring over more GPUs takes NCCL's ratio longer (`comm.ring_latency_scale`), so rows at TP2,
+# TP4 and TP8 measure one parameter instead of each wanting its own.
 # Small matmuls: the published GEMM sweep starts at M = 64 rows (33% of peak) and below its first point
 # the curve is proportional to M, i.e. a matmul of 1 row costs as long as one of 64. That sweep's small-M
 # points are themselves weight-read-bound, which the roofline already charges as memory time, so for
@@ -94,8 +96,9 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_layer_overhead_s", 0.0, 50e-6, 3e-6,
                     "SIZING.md section 5: a few us per layer; prior 3 us"),
     ParameterBounds("allreduce_latency_s", 2e-6, 30e-6, 7.5e-6,
-                    "ENGINES.md, NCCL tuner (src/graph/tuning.cc @5067397c): one-node ring LL all-reduce 7.8-15.0 "
-                    "us, NVLS 25 us; SIZING.md section 6: roughly 5-10 us (prior: the builtin 7.5 us)"),
+                    "ENGINES.md, NCCL tuner (src/graph/tuning.cc @5067397c): one-node ring LL all-reduce 7.8 us "
+                    "over 2 GPUs (15.0 over 8: longer rings scale it, comm.ring_latency_scale), NVLS 25 us; "
+                    "SIZING.md section 6: roughly 5-10 us (prior: the builtin 7.5 us)"),
     ParameterBounds(SMALL_M_FLATNESS, 0.0, 1.0, 0.0,
                     "SIZING.md section 5: below the sweep's first point (M = 64) the curve is proportional to M "
                     "(prior 0); 1 = flat"),

@@ -3,8 +3,9 @@
 Tensor parallelism adds two all-reduces per decoder layer (after the attention output projection and
 after the MLP down projection), each of `tokens · hidden · activation bytes`. A ring all-reduce costs
 `alpha + 2·(tp-1)/tp · message / link bandwidth`; at decode the message is tiny and alpha dominates,
-which is why TP speeds decode up sub-linearly. Pipeline parallelism sends the same activations once
-across each stage boundary.
+which is why TP speeds decode up sub-linearly. Alpha grows with the ring: NCCL's own latency model puts
+a one-node ring LL all-reduce at base + 2·(tp − 1) NVLink hops (`ring_latency_scale`). Pipeline
+parallelism sends the same activations once across each stage boundary.
 
 Functions accept numbers or numpy arrays for the message sizes and token counts.
 """
@@ -21,18 +22,36 @@ ALLREDUCES_PER_LAYER = 2  # after attention-out and after MLP-down
 # per-hop NET latency of src/graph/tuning.cc @5067397c, ENGINES.md section 5). A ring over k nodes takes
 # 2·(k − 1) such steps per all-reduce.
 NET_RING_HOP_S = 2.7e-6
+# NCCL's latency model of a one-node ring all-reduce in its LL protocol (src/graph/tuning.cc @5067397c,
+# ENGINES.md section 5): a base of 6.6 us plus 0.6 us per NVLink hop, 2·(n − 1) hops for n GPUs: 7.8 us (2),
+# 10.2 (4), 15.0 (8).
+RING_LL_BASE_S = 6.6e-6
+RING_LL_NVLINK_HOP_S = 0.6e-6
+
+
+def ring_latency_scale(tensor_parallel: int) -> float:
+    """How much longer the latency of a ring all-reduce over `tensor_parallel` GPUs is than over two, by
+    NCCL's model: (base + 2·(tp − 1)·hop) / (base + 2·hop) = (6.6 + 1.2·(tp − 1)) / 7.8, i.e. 1 at tp = 2,
+    1.31 at 4, 1.92 at 8. A calibrated alpha is the two-GPU one; the ring's length scales it."""
+    if tensor_parallel < 1:
+        raise ValueError("tensor_parallel must be >= 1")
+    two_gpus = RING_LL_BASE_S + 2 * RING_LL_NVLINK_HOP_S
+    return (RING_LL_BASE_S + 2 * (tensor_parallel - 1) * RING_LL_NVLINK_HOP_S) / two_gpus
 
 
 def allreduce_time_s(message_bytes: ArrayLike, tensor_parallel: int, link_bandwidth_bytes_per_s: float,
-                     latency_s: float) -> float | np.ndarray:
-    """One ring all-reduce: alpha + 2·(tp-1)/tp · message / bandwidth; 0 when tp == 1 (no call)."""
+                     latency_s: float, network_latency_s: float = 0.0) -> float | np.ndarray:
+    """One ring all-reduce: alpha + 2·(tp-1)/tp · message / bandwidth; 0 when tp == 1 (no call). `latency_s`
+    is a two-GPU all-reduce's alpha, scaled to the ring's length (`ring_latency_scale`); `network_latency_s`
+    is what the ring's inter-node steps add (`tp_network_latency_s`)."""
     if tensor_parallel < 1:
         raise ValueError("tensor_parallel must be >= 1")
     if link_bandwidth_bytes_per_s <= 0:
         raise ValueError("link_bandwidth_bytes_per_s must be positive")
     if tensor_parallel == 1:
         return 0.0
-    return latency_s + 2 * (tensor_parallel - 1) / tensor_parallel * message_bytes / link_bandwidth_bytes_per_s
+    alpha = latency_s * ring_latency_scale(tensor_parallel) + network_latency_s
+    return alpha + 2 * (tensor_parallel - 1) / tensor_parallel * message_bytes / link_bandwidth_bytes_per_s
 
 
 def link_bandwidth(gpu: GpuSpec, gpus_spanned: int) -> float:
@@ -49,7 +68,7 @@ def link_bandwidth(gpu: GpuSpec, gpus_spanned: int) -> float:
 
 
 def tp_network_latency_s(gpu: GpuSpec, tensor_parallel: int) -> float:
-    """Latency a tensor-parallel all-reduce adds to the in-node one (`allreduce_latency_s`'s alpha) when its
+    """Latency a tensor-parallel all-reduce adds to the in-node one (`allreduce_time_s`'s alpha) when its
     ring spans nodes: 2·(nodes − 1) inter-node steps of NET_RING_HOP_S each; 0 inside one node."""
     nodes = -(-tensor_parallel // gpu.gpus_per_node)
     return 2 * (nodes - 1) * NET_RING_HOP_S
@@ -76,14 +95,15 @@ def tp_link_bandwidth(gpu: GpuSpec, tensor_parallel: int) -> float:
 
 def step_allreduce_time_s(tokens: ArrayLike, num_layers: int, message_bytes_per_token: float,
                           tensor_parallel: int, link_bandwidth_bytes_per_s: float,
-                          latency_s: float) -> float | np.ndarray:
-    """Tensor-parallel communication of one engine step: 2 all-reduces per layer of tokens·h·a bytes.
+                          latency_s: float, network_latency_s: float = 0.0) -> float | np.ndarray:
+    """Tensor-parallel communication of one engine step: 2 all-reduces per layer of tokens·h·a bytes
+    (`allreduce_time_s`, with its two-GPU `latency_s` and inter-node `network_latency_s`).
 
     An empty step (0 tokens) makes no calls and costs nothing.
     """
     tokens = np.asarray(tokens, dtype=float)
     per_call = allreduce_time_s(tokens * message_bytes_per_token, tensor_parallel,
-                                link_bandwidth_bytes_per_s, latency_s)
+                                link_bandwidth_bytes_per_s, latency_s, network_latency_s)
     time = (tokens > 0) * ALLREDUCES_PER_LAYER * num_layers * per_call
     return float(time) if np.ndim(time) == 0 else time
 

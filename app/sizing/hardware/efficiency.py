@@ -39,7 +39,9 @@ class Efficiency:
     attention_fraction: float = 0.6
     per_step_overhead_s: float  # scheduling, sampling, launches: once per engine step
     per_layer_overhead_s: float  # kernel launches and small ops: once per decoder layer per step
-    allreduce_latency_s: float  # alpha: fixed cost of one communication call
+    # alpha: fixed cost of one communication call between two GPUs (a pipeline hand-off, an MoE exchange, a
+    # two-GPU all-reduce); a ring all-reduce over more GPUs takes `comm.ring_latency_scale` times it
+    allreduce_latency_s: float
     # Achieved fraction of the PCIe link's per-direction rate in the collectives of a layout on GPUs that talk
     # over PCIe (`GpuSpec.pcie_links`): tensor-parallel all-reduces, pipeline hand-offs, the MoE exchange.
     # 1 = the datasheet rate. A ring between PCIe cards crosses switches and host bridges that several cards
@@ -173,7 +175,8 @@ DEFAULT_EFFICIENCY = Efficiency(
     # as engines replay decode steps from CUDA graphs; 0.3 ms + 32 x 3 us ~ 0.4 ms on a 32-layer model.
     per_step_overhead_s=0.3e-3,
     per_layer_overhead_s=3e-6,
-    # alpha of one all-reduce: "roughly 5-10 us" (SIZING.md section 6); the midpoint.
+    # alpha of one two-GPU all-reduce: "roughly 5-10 us" (SIZING.md section 6), the midpoint; NCCL's model
+    # gives 7.8 us (ENGINES.md section 5), 15.0 us over 8 GPUs (`comm.ring_latency_scale`).
     allreduce_latency_s=7.5e-6,
     # Between PCIe cards: a link's one-way rate in NVIDIA's p2p bandwidth test, 380 of 450 GB/s on H100
     # NVLink (ENGINES.md section 5), the one such measurement cited (NVLink itself keeps its catalog rate).
@@ -183,8 +186,9 @@ DEFAULT_EFFICIENCY = Efficiency(
         "78% at 256, 89% at 4096, 93% at 16k; SIZING.md s5); attention 0.6 of peak (FlashAttention-2: "
         "50-73% on A100; FlashAttention-3: 75% on H100); bandwidth 0.70 = batch-1 decode on A100-80GB "
         "(gpt-fast Llama-3.1-8B 0.69, LMDeploy Llama-2-7B 0.65 end to end; SIZING.md range 0.52-0.80); "
-        "overhead 0.3 ms/step + 3 us/layer (SIZING.md: 0.1-1 ms + a few us/layer); all-reduce alpha "
-        "7.5 us (SIZING.md: 5-10 us); PCIe links at 0.84 of their rate between cards without NVLink "
-        "(H100 p2p test: 380 of 450 GB/s). Uncalibrated for this GPU and precision."
+        "overhead 0.3 ms/step + 3 us/layer (SIZING.md: 0.1-1 ms + a few us/layer); two-GPU all-reduce "
+        "alpha 7.5 us (SIZING.md: 5-10 us), longer rings by NCCL's ring model (15.0/7.8 at 8 GPUs); PCIe "
+        "links at 0.84 of their rate between cards without NVLink (H100 p2p test: 380 of 450 GB/s). "
+        "Uncalibrated for this GPU and precision."
     ),
 )

@@ -193,7 +193,7 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     link_fraction = efficiency.link_fraction(gpu.pcie_links)
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel) * link_fraction,
-                                 efficiency.allreduce_latency_s + tp_network_latency_s(gpu, cost.tensor_parallel))
+                                 efficiency.allreduce_latency_s, tp_network_latency_s(gpu, cost.tensor_parallel))
     comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
                                 link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel) * link_fraction,
                                 efficiency.allreduce_latency_s)

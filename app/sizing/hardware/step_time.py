@@ -469,8 +469,8 @@ def _prepare(steps: StepTimeModel) -> _Forms:
                                          + (0.0 if overlapped else efficiency.overlapped_host_per_sequence_s))
     if steps.tensor_parallel > 1:
         tp, bandwidth = steps.tensor_parallel, steps.tp_link_bandwidth_bytes_per_s * link_fraction
-        linear[_STEP_AT] += layer_scale * step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth,
-                                                                latency + steps.tp_network_latency_s)
+        linear[_STEP_AT] += layer_scale * step_allreduce_time_s(1.0, layers, 0.0, tp, bandwidth, latency,
+                                                                steps.tp_network_latency_s)
         linear[_TOKENS_AT] += layer_scale * step_allreduce_time_s(1.0, layers, message, tp, bandwidth, 0.0)
     if steps.pipeline_parallel > 1:
         pp, bandwidth = steps.pipeline_parallel, steps.pp_link_bandwidth_bytes_per_s * link_fraction
