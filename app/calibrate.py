@@ -45,7 +45,7 @@ from app.settings import Settings
 # Objective evaluations per entry: the Nelder-Mead search over up to ten parameters is not converged at
 # 80. Same code and data (2026-12-04), 80 -> 160, at the level each run chose: held-out medians GPU 27.3 ->
 # 27.5%, model family 19.5 -> 17.3%, engine 27.0 -> 27.3%, parameters at a bound 18 -> 7. 21
-# cross-validation fits of up to 15 entries each plus the fit itself took 25 minutes at 160 on a quiet
+# cross-validation fits of up to 15 entries each plus the fit itself took 25-28 minutes at 160 on a quiet
 # 2-vCPU AMD EPYC (at 50 the held-out errors still moved by 2-3 points with incidental changes).
 CLI_EVALUATIONS = 160
 
