@@ -210,8 +210,8 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
     "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0,
     "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
-              "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; all-reduce alpha "
-              "7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
+              "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; two-GPU all-reduce "
+              "alpha 7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
 }
 
 
