@@ -9,6 +9,10 @@ stored in DATABASE_URL. The shipped default profile is made with:
 
     python -m app.calibrate tests/data/measured-calibration.csv tests/data/measured-calibration-2.csv --name default
 
+With --hold-out gpu=b200,h200-sxm (or model_family=..., engine=...) it only cross-validates those groups, each
+predicted by a fit on every other group's rows, prints their held-out errors per level, metric and layout, and
+writes nothing: a quick look at a change on the groups it is about, before a whole refit.
+
 Predictions use the catalog shipped in app/data (no database needed).
 """
 
@@ -22,6 +26,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
+from app.calibration.crossval import HOLD_OUTS
 from app.calibration.profiles import (
     DEFAULT_PROFILE,
     DEFAULT_PROFILE_PATH,
@@ -35,6 +40,7 @@ from app.calibration.service import (
     NothingToFit,
     ReferenceCatalog,
     calibrate,
+    held_out_groups,
 )
 from app.catalog.tables import ORIGIN_REFERENCE
 from app.common import SLUG_PATTERN
@@ -64,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cross-validation", action="store_true",
                         help="skip the held-out fits (one per GPU, model family and engine) and ship the most "
                              "specific level")
+    parser.add_argument("--hold-out", metavar="KIND=GROUP[,GROUP...]",
+                        help=f"only cross-validate these groups of one hold-out ({', '.join(HOLD_OUTS)}), print "
+                             "their held-out errors and write nothing")
     args = parser.parse_args(argv)
 
+    if args.hold_out is not None:
+        return _hold_out(args)
     if not re.match(SLUG_PATTERN, args.name) or (args.name in RESERVED_PROFILE_NAMES and args.name != DEFAULT_PROFILE):
         print(f"--name must match {SLUG_PATTERN} and not be {sorted(RESERVED_PROFILE_NAMES)}", file=sys.stderr)
         return 2
@@ -100,6 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     }))
     if args.write_db:
         return _write_db(result.document, output)
+    return 0
+
+
+def _hold_out(args: argparse.Namespace) -> int:
+    kind, _, names = args.hold_out.partition("=")
+    groups = [name for name in names.split(",") if name]
+    if kind not in HOLD_OUTS or not groups:
+        print(f"--hold-out must be KIND=GROUP[,GROUP...] with KIND one of {', '.join(HOLD_OUTS)}", file=sys.stderr)
+        return 2
+    read = read_measurement_files(args.files)
+    if read is None:
+        return 2
+    try:
+        document = held_out_groups(read[0], ReferenceCatalog(), base=builtin_profile(), hold_out=kind,
+                                   groups=groups, max_evaluations=args.evaluations,
+                                   progress=lambda line: print(line, file=sys.stderr))
+    except NothingToFit as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(json.dumps(document, indent=1))
     return 0
 
 

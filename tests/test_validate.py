@@ -350,6 +350,28 @@ def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_t
                     "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8")}}[validation["chosen_level"]]
 
 
+def test_a_hold_out_of_some_groups_gives_what_the_whole_cross_validation_gives_them(capsys) -> None:
+    """`--hold-out gpu=a100-80gb-sxm` fits on every other GPU's rows exactly as the whole cross-validation
+    does when it holds the A100 out: the A100's 7 sample rows (5 llama-2-7b + 2 llama-3.1-8b) get the same
+    errors at every level, and nothing is written."""
+    shipped = Path(validate_command.DEFAULT_PROFILE_PATH).read_bytes()
+    assert calibrate_command.main([str(SAMPLE), "--hold-out", "gpu=a100-80gb-sxm", "--evaluations", "10"]) == 0
+    quick = json.loads(capsys.readouterr().out)
+    assert (quick["held_out"], quick["groups"]) == ("gpu", ["a100-80gb-sxm"])
+    assert all(quick["levels"][level]["overall"]["rows"] == 7 for level in ("global", "family", "family_precision"))
+    rows = read_rows(SAMPLE.read_text(), pointer="sample")
+    result = service.calibrate(rows, ReferenceCatalog(), name="cv", description="", base=builtin_profile(),
+                               fit_global=True, cross_validation=True, source_file="sample", source_sha256="0" * 64,
+                               max_evaluations=10)
+    validation = result.document["provenance"]["cross_validation"]
+    whole = next(group for group in validation["hold_outs"][0]["by_group"] if group["group"] == "a100-80gb-sxm")
+    assert quick["levels"][validation["chosen_level"]]["by_group"] == [whole]
+    assert Path(validate_command.DEFAULT_PROFILE_PATH).read_bytes() == shipped
+    assert calibrate_command.main([str(SAMPLE), "--hold-out", "gpu"]) == 2
+    assert calibrate_command.main([str(SAMPLE), "--hold-out", "rack=a100-80gb-sxm"]) == 2
+    assert calibrate_command.main([str(SAMPLE), "--hold-out", "gpu=tpu-v5e", "--evaluations", "10"]) == 1
+
+
 def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defects() -> None:
     """The default profile, as the calibration command wrote it: fitted to both published files, with
     the three hold-outs, the level cross-validation chose, and every fitted parameter at a bound listed
