@@ -263,7 +263,11 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "the mean |ln(predicted / measured)|; never per row. Poisson rows are validated but not fitted on (their "
          "schedule depends on the step time), nor are rows whose weight dtype is assumed, nor the TTFT of a "
          "closed loop of several users (mostly queueing behind the other users' prompts, which depends on "
-         "whether the harness keeps its users in step, which no source states)."),
+         "whether the harness keeps its users in step, which no source states). At a light load (at most 8 users "
+         "per scheduler, whose 1k-token prompts fit one prefill step) such a TTFT of an MoE model is read for "
+         "one parameter only: after each entry's search, the cost per MoE layer of a prompt step is refitted on "
+         "the entry's MoE rows with every other efficiency held (the entries below start from the search's "
+         "values)."),
         ("- A profile can be one global entry, an entry per GPU family, or an entry per GPU family and compute "
          "precision. Which one ships is decided by the cross-validated error above, never by the error on the "
          "data it was fitted to."),

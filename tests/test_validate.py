@@ -231,17 +231,25 @@ def test_the_ttft_of_a_loaded_closed_loop_is_validated_but_not_fitted() -> None:
     """How long a user of a closed loop waits for its first token depends on whether the harness keeps the
     users in step, which no source states: such a TTFT is predicted but kept out of a fit. Its TPOT, the
     TTFT of a single user (no one to queue behind) and the TTFT of an offline run (everyone sent at once,
-    nothing left to the harness) are fitted."""
+    nothing left to the harness) are fitted. The TTFT of 8 users on one scheduler (a light load: their 1k
+    prompts fit one 8,192-token step) is read by the fit, but only for the cost of MoE prompt steps; 16
+    users over two TP1 replicas are 8 per scheduler too."""
     lines = ["row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,concurrency,num_requests,metric,value",
              "ttft16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,ttft_ms,300",
              "tpot16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,tpot_ms,20",
              "ttft1,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,1,,ttft_ms,60",
+             "ttft8,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,8,,ttft_ms,150",
+             "ttft16x2,llama-3.1-8b,h100-sxm,2,1,bf16,vllm,closed_loop,1024,128,16,,ttft_ms,150",
              "offline,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,offline,1024,128,,64,ttft_ms,900"]
     prepared, skipped = service.prepare_rows(read_rows("\n".join(lines) + "\n", pointer="file.csv"),
                                              ReferenceCatalog())
     assert skipped == {}
     fittable = {item.row.row_id: item.fittable for item in prepared}
-    assert fittable == {"ttft16": False, "tpot16": True, "ttft1": True, "offline": True}
+    assert fittable == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8": True, "ttft16x2": True,
+                        "offline": True}
+    steps = {item.row.row_id: item.measures_steps for item in prepared}
+    assert steps == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8": False, "ttft16x2": False,
+                     "offline": True}
 
 
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:

@@ -161,6 +161,12 @@ class DatabaseCatalog:
 
 # Predicting -----------------------------------------------------------------------------------
 
+# A light load: up to 8 users per scheduler, whose 1k-token prompts (most published closed loops) fit one step
+# of the engines' 8,192-token budgets (SIZING.md section 7, ENGINES.md), so a prompt waits at most one
+# prefill step for the others' whether the harness keeps its users in step or not.
+LIGHT_LOAD_USERS = 8
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PreparedRow:
     """A row ready to predict under any efficiency (a `fit.FitTarget`)."""
@@ -201,15 +207,27 @@ class PreparedRow:
     def fittable(self) -> bool:
         """A fit reads the row: its schedule does not depend on the step time (not a Poisson run), its
         precision is stated (an efficiency fitted to an assumed precision would turn the guess into a number),
-        and it is not the TTFT of a closed loop of several users: that is mostly queueing behind the other
-        users' prompts, and how much depends on whether the harness keeps its users in step (the same
-        lengths for everyone, all sent at once) or lets them drift apart, which no closed-loop source states.
-        They are predicted in step; spreading each user's first request over its cycle instead moved those
-        rows' median error from 40-44% to 70-92% (TensorRT-LLM, vLLM, SGLang). Fitted to them, the
-        efficiencies would absorb the harness."""
+        and it is not the TTFT of a closed loop of more than LIGHT_LOAD_USERS users per scheduler: that is
+        mostly queueing behind the other users' prompts, and how much depends on whether the harness keeps its
+        users in step (the same lengths for everyone, all sent at once) or lets them drift apart, which no
+        closed-loop source states. They are predicted in step; spreading each user's first request over its
+        cycle instead moved those rows' median error from 40-44% to 70-92% (TensorRT-LLM, vLLM, SGLang).
+        Fitted to them, the efficiencies would absorb the harness. At a light load the others' prompts take
+        one prefill step at most, in step or not: the TTFT measures the prompt steps (`measures_steps`)."""
         m = self.prediction.measurement
-        queued_ttft = m.scenario == CLOSED_LOOP and m.metric == TTFT_MS and (m.concurrency or 1) > 1
+        users = self.prediction.users_per_scheduler
+        queued_ttft = m.metric == TTFT_MS and users is not None and users > LIGHT_LOAD_USERS
         return self.prediction.timing_invariant and m.weight_dtype is not None and not queued_ttft
+
+    @property
+    def measures_steps(self) -> bool:
+        """Whether every efficiency is fitted to it: not the TTFT of a closed loop of several users, even at a
+        light load, where vLLM's users of dense models come out 2-4x faster than in step and TensorRT-LLM's
+        and SGLang's slower (fitted to them, the throughput and E2E errors on the four NVIDIA GPUs of the
+        layout rows rose 14.9 -> 17.5% and 24.9 -> 33.9%, 2026-12-04). Such a row measures only the cost of
+        an MoE model's prompt steps, fitted with everything else held (`fit.fit_profile`)."""
+        m = self.prediction.measurement
+        return not (m.scenario == CLOSED_LOOP and m.metric == TTFT_MS and (m.concurrency or 1) > 1)
 
     def predict(self, efficiency: Efficiency) -> float:
         """The prediction in the metric's published unit (ms for latencies)."""

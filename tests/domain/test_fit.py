@@ -29,10 +29,10 @@ from app.sizing.calibration.fit import (
     abs_pct_error,
     fit_efficiency,
     fit_profile,
+    fit_prompt_step_overhead,
     fitted_sources,
     leave_one_group_out,
     mean_abs_log_error,
-    nelder_mead,
     parameter_value,
     parameters_at_bounds,
     single_entry_profile,
@@ -40,6 +40,7 @@ from app.sizing.calibration.fit import (
     with_parameters,
 )
 from app.sizing.calibration.predict import prepare
+from app.sizing.calibration.search import golden_section, nelder_mead
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from tests.domain.models_for_tests import LLAMA_3_8B, QWEN2_5_0_5B
 from tests.domain.test_predict import AMPERE, HOPPER, measurement
@@ -60,6 +61,7 @@ class ToyTarget:
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
+    measures_steps: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.weight_bytes / (BANDWIDTH * efficiency.bandwidth_fraction) + efficiency.per_step_overhead_s
@@ -71,6 +73,24 @@ def toy_targets() -> list[ToyTarget]:
     2.01e9 B: 2.01e9 / 2.01e12 = 1.0 ms, + 0.5 = 1.5 ms;
     140e9 B: 140e9 / 2.01e12 = 69.65174 ms, + 0.5 = 70.15174 ms."""
     return [ToyTarget(16.06e9, 8.48905e-3), ToyTarget(2.01e9, 1.5e-3), ToyTarget(140e9, 70.15174e-3)]
+
+
+@dataclass(frozen=True)
+class MoeTtft(ToyTarget):
+    """The TTFT of a light closed loop of an MoE model: the toy's step plus 58 MoE layers' prompt-step cost
+    (prefill_moe_layer_overhead_s, as DeepSeek-V3's 58 MoE layers pay it). It measures only that cost."""
+
+    pays_prefill_overhead: bool = True
+    measures_steps: bool = False
+
+    def predict(self, efficiency: Efficiency) -> float:
+        return super().predict(efficiency) + 58 * efficiency.prefill_moe_layer_overhead_s
+
+
+def moe_ttfts() -> list[MoeTtft]:
+    """toy_targets' steps (bandwidth 0.6, 0.5 ms) plus 58 x 2 ms = 116 ms of MoE prompt steps:
+    8.48905 + 116 = 124.48905 ms, 1.5 + 116 = 117.5 ms, 70.15174 + 116 = 186.15174 ms."""
+    return [MoeTtft(16.06e9, 124.48905e-3), MoeTtft(2.01e9, 117.5e-3), MoeTtft(140e9, 186.15174e-3)]
 
 
 # Errors -----------------------------------------------------------------------------------------
@@ -162,6 +182,7 @@ class ProductTarget:
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
+    measures_steps: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.prepared.predict(efficiency)  # type: ignore[attr-defined]
@@ -418,6 +439,7 @@ class _Ring:
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = True
+    measures_steps: bool = True
 
     def predict(self, efficiency) -> float:
         return 5e-3 + (1e-3 / efficiency.pcie_link_fraction if self.pays_pcie_link else 0.0)
@@ -434,3 +456,40 @@ def test_only_a_family_entry_fits_its_pcie_links_and_the_global_entry_keeps_the_
     assert fit.profile.efficiency_for(ANY, ANY).pcie_link_fraction == DEFAULT_EFFICIENCY.pcie_link_fraction == 0.84
     assert fraction["ada"] == pytest.approx(0.5, abs=0.01)
     assert fraction["hopper"] == 0.84
+
+
+# The cost of MoE prompt steps, on the TTFTs that measure only it ----------------------------------------
+
+def test_golden_section_finds_a_one_dimensional_minimum() -> None:
+    """|x - 0.3| on [0, 1]: 24 evaluations shrink the bracket to 0.618^21 = 4e-5 of it around 0.3. x^2 has its
+    minimum at the low bound, which the bracket only approaches: the bound itself is returned."""
+    assert golden_section(lambda x: abs(x - 0.3), 0.0, 1.0) == pytest.approx(0.3, abs=5e-5)
+    assert golden_section(lambda x: x * x, 0.0, 1.0) == 0.0
+    with pytest.raises(ValueError):
+        golden_section(lambda x: x, 1.0, 1.0)
+
+
+def test_the_prompt_step_cost_is_found_again_with_the_steps_held() -> None:
+    """The three MoE TTFTs were made with the steps they are timed at (bandwidth 0.6, 0.5 ms) and 2 ms per MoE
+    layer: the refit finds 2 ms (to the search's 5 ms x 0.618^21 = 2e-7 and the 1e-8 s rounding of the
+    measurements over 58 layers); the prior (the start's 0, range 5 ms) costs 0.02 x (2 / 5)^2 = 0.0032 there,
+    while 0.1 ms less would cost |ln(111.7 / 117.5)| / 3 = 0.017. Nothing else moves."""
+    steps = dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=0.6, per_step_overhead_s=0.5e-3)
+    fitted = fit_prompt_step_overhead(moe_ttfts(), steps)
+    assert fitted.prefill_moe_layer_overhead_s == pytest.approx(2e-3, abs=1e-6)
+    assert dataclasses.replace(fitted, prefill_moe_layer_overhead_s=0.0) == steps
+
+
+def test_ttfts_that_measure_only_the_prompt_steps_leave_the_search_alone() -> None:
+    """toy_targets measure every efficiency (no MoE prompt steps); moe_ttfts only the MoE prompt steps. Fitted
+    together, the global entry's searched values are those of toy_targets alone, exactly, and its prompt-step
+    cost is moe_ttfts' 2 ms, to the microsecond the search leaves (its bandwidth and overhead are found again
+    only to its tolerance)."""
+    def fitted(targets) -> Efficiency:
+        return fit_profile(targets, single_entry_profile("base", DEFAULT_EFFICIENCY), name="p", fit_global=True,
+                           describe=lambda *args: "toy").levels[GLOBAL].efficiency_for("hopper", "bf16")
+
+    alone, together = fitted(toy_targets()), fitted([*toy_targets(), *moe_ttfts()])
+    assert alone.prefill_moe_layer_overhead_s == 0.0  # no row pays it: the start's
+    assert together.prefill_moe_layer_overhead_s == pytest.approx(2e-3, abs=2e-5)
+    assert dataclasses.replace(together, prefill_moe_layer_overhead_s=0.0) == alone

@@ -158,6 +158,7 @@ class _Steps:
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
+    measures_steps: bool = True
 
     def predict(self, efficiency) -> float:
         host = efficiency.per_sequence_overhead_s if self.pays_host_work else 0.0

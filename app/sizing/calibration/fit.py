@@ -36,6 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
+from app.sizing.calibration.search import golden_section, nelder_mead
 from app.sizing.hardware.efficiency import Efficiency
 
 ANY = "*"  # matches every GPU family or every compute precision
@@ -259,77 +260,6 @@ def abs_log_error(predicted: float, measured: float) -> float:
     return abs(math.log(predicted / measured))
 
 
-# The search -------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class SearchResult:
-    x: np.ndarray
-    value: float
-    evaluations: int
-
-
-def nelder_mead(objective: Callable[[np.ndarray], float], start: Sequence[float], lower: Sequence[float],
-                upper: Sequence[float], *, max_evaluations: int = 200, initial_step: float = 0.2,
-                tolerance: float = 1e-4) -> SearchResult:
-    """Minimize `objective` inside the box [lower, upper] with the Nelder–Mead simplex method.
-
-    Derivative-free (the objective is a mean of absolute errors of piecewise-linear step times: not
-    smooth), and, unlike a search one coordinate at a time, it walks along valleys where parameters
-    trade off (bandwidth against per-step overhead). Works in box coordinates scaled to [0, 1]: the
-    first simplex steps `initial_step` of each range from the start, and every trial point is clipped
-    to the box, so the answer never leaves the bounds. Reflection 1, expansion 2, contraction 1/2,
-    shrink 1/2 (the standard coefficients); stops when the simplex is smaller than `tolerance` of every
-    range, or after `max_evaluations`. Deterministic; ties keep the earlier vertex, so a flat objective
-    returns the start.
-    """
-    low = np.asarray(lower, dtype=float)
-    span = np.asarray(upper, dtype=float) - low
-    if np.any(span <= 0):
-        raise ValueError("every upper bound must exceed its lower bound")
-    evaluations = 0
-
-    def value_at(unit: np.ndarray) -> float:
-        nonlocal evaluations
-        evaluations += 1
-        return float(objective(low + unit * span))
-
-    first = np.clip((np.asarray(start, dtype=float) - low) / span, 0.0, 1.0)
-    simplex = [first]
-    for i in range(len(first)):
-        vertex = first.copy()
-        vertex[i] += initial_step if vertex[i] + initial_step <= 1 else -initial_step
-        simplex.append(vertex)
-    values = [value_at(vertex) for vertex in simplex]
-    while evaluations < max_evaluations:
-        order = sorted(range(len(simplex)), key=values.__getitem__)  # stable: ties keep their order
-        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
-        if max(float(np.max(np.abs(vertex - simplex[0]))) for vertex in simplex[1:]) < tolerance:
-            break
-        centroid = np.mean(simplex[:-1], axis=0)
-        worst = simplex[-1]
-        reflected = np.clip(2 * centroid - worst, 0.0, 1.0)
-        reflected_value = value_at(reflected)
-        if reflected_value < values[0]:
-            expanded = np.clip(3 * centroid - 2 * worst, 0.0, 1.0)
-            expanded_value = value_at(expanded)
-            simplex[-1], values[-1] = ((expanded, expanded_value) if expanded_value < reflected_value
-                                       else (reflected, reflected_value))
-        elif reflected_value < values[-2]:
-            simplex[-1], values[-1] = reflected, reflected_value
-        else:
-            toward = reflected if reflected_value < values[-1] else worst
-            contracted = centroid + 0.5 * (toward - centroid)
-            contracted_value = value_at(contracted)
-            if contracted_value < min(reflected_value, values[-1]):
-                simplex[-1], values[-1] = contracted, contracted_value
-            else:  # shrink every vertex halfway to the best
-                for i in range(1, len(simplex)):
-                    simplex[i] = simplex[0] + 0.5 * (simplex[i] - simplex[0])
-                    values[i] = value_at(simplex[i])
-    best = min(range(len(simplex)), key=values.__getitem__)
-    return SearchResult(x=low + simplex[best] * span, value=values[best], evaluations=evaluations)
-
-
 # Fitting ----------------------------------------------------------------------------------------
 
 class FitTarget(Protocol):
@@ -367,6 +297,12 @@ class FitTarget(Protocol):
     def pays_pcie_link(self) -> bool:
         """Whether its layout runs all-reduces or an MoE exchange between GPUs that talk over PCIe
         (pcie_link_fraction)."""
+        ...
+
+    @property
+    def measures_steps(self) -> bool:
+        """Whether every efficiency is fitted to it; else only the cost of an MoE model's prompt steps
+        (prefill_moe_layer_overhead_s), with everything else held (`fit_profile`)."""
         ...
 
     def predict(self, efficiency: Efficiency) -> float: ...
@@ -436,17 +372,23 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
     writes each fitted entry's `source` from the rows it was fitted on. An entry fits at most
     `max_rows_per_entry` of its rows, an equal share from each source (`spread`). The profile after each level
-    is kept (`levels`).
+    is kept (`levels`). Each entry's search reads the rows that measure every efficiency (`measures_steps`,
+    at least MIN_ROWS_PER_ENTRY of them to have an entry); then, where its MoE rows include TTFTs that do not,
+    the cost of a prompt step per MoE layer is refitted on all its MoE rows (`fit_prompt_step_overhead`). The
+    entries below start from the search's values, not the refit's: a refit that moved where a family's search
+    starts would move all of its values (the search is local; 2026-12-04, several points on subsets).
     """
     if not targets:
         raise ValueError("nothing to fit: no measurements")
     entries = {entry.key: entry for entry in base.entries}
+    searched = dict(entries)  # each entry as its search left it: where the entries below it start
     fits: list[EntryFit] = []
     levels: dict[str, CalibrationProfile] = {}
 
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
-        rows = spread(rows, max_rows_per_entry)
-        start = CalibrationProfile(name, tuple(entries.values())).efficiency_for(*key)
+        moe_rows = spread([row for row in rows if row.pays_prefill_overhead], max_rows_per_entry)
+        rows = spread([row for row in rows if row.measures_steps], max_rows_per_entry)
+        start = CalibrationProfile(name, tuple(searched.values())).efficiency_for(*key)
         bounds = GLOBAL_PARAMETERS
         if key == (ANY, ANY):  # a family's node design (its PCIe links) is measured in its own entry
             bounds = tuple(bound for bound in bounds if bound not in LINK_PARAMETERS)
@@ -459,6 +401,9 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
                                    source=describe(*key, rows))
+        searched[key] = ProfileEntry(*key, fitted, len(rows))
+        if any(not row.measures_steps for row in moe_rows):  # then the prompt steps, on their TTFTs too
+            fitted = fit_prompt_step_overhead(moe_rows, fitted)
         entries[key] = ProfileEntry(*key, fitted, len(rows))
         fits.append(EntryFit(*key, len(rows), before, mean_abs_log_error(rows, fitted)))
         return fitted
@@ -470,12 +415,12 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         fit((ANY, ANY), targets)
     snapshot(GLOBAL)
     by_family = {family: rows for family, rows in sorted(_group_by(targets, lambda t: t.family).items())
-                 if len(rows) >= MIN_ROWS_PER_ENTRY}
+                 if _step_rows(rows) >= MIN_ROWS_PER_ENTRY}
     family_fits = {family: fit((family, ANY), rows) for family, rows in by_family.items()}
     snapshot(FAMILY)
     for family, family_rows in by_family.items():
         for dtype, rows in sorted(_group_by(family_rows, lambda t: t.compute_dtype).items()):
-            if len(rows) < MIN_ROWS_PER_ENTRY:
+            if _step_rows(rows) < MIN_ROWS_PER_ENTRY:
                 continue
             if len(rows) < len(family_rows):
                 fit((family, dtype), rows)
@@ -483,11 +428,36 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
                 family_fit = next(item for item in fits if (item.family, item.compute_dtype) == (family, ANY))
                 entries[(family, dtype)] = ProfileEntry(
                     family, dtype, replace(family_fits[family],
-                                           source=describe(family, dtype, spread(rows, max_rows_per_entry))),
+                                           source=describe(family, dtype, spread(
+                                               [row for row in rows if row.measures_steps], max_rows_per_entry))),
                     family_fit.rows)
                 fits.append(replace(family_fit, compute_dtype=dtype))
     snapshot(FAMILY_PRECISION)
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
+
+
+PROMPT_STEP_OVERHEAD = HOST_PARAMETERS[2]  # prefill_moe_layer_overhead_s
+
+
+def fit_prompt_step_overhead(targets: Sequence[FitTarget], efficiency: Efficiency) -> Efficiency:
+    """The efficiency with the cost per MoE layer of a prompt step (PROMPT_STEP_OVERHEAD, in engines that run
+    such steps outside CUDA graphs) that minimizes the mean absolute log error over `targets` plus the prior's
+    penalty (the prior: the value the entry's search found), everything else held. The targets are the MoE
+    rows that pay it, the TTFTs of light closed loops among them: a TTFT is mostly prompt steps, which the
+    offline and static-batch rows of the search dilute among decode steps, and those TTFTs may not move the
+    other efficiencies (`FitTarget.measures_steps`). A golden-section search over its range."""
+    bound = replace(PROMPT_STEP_OVERHEAD, prior=parameter_value(efficiency, PROMPT_STEP_OVERHEAD.name))
+
+    def objective(value: float) -> float:
+        tried = replace(efficiency, prefill_moe_layer_overhead_s=value)
+        return mean_abs_log_error(targets, tried) + PRIOR_WEIGHT * ((value - bound.prior) / (bound.high - bound.low)) ** 2
+
+    return replace(efficiency, prefill_moe_layer_overhead_s=golden_section(objective, bound.low, bound.high))
+
+
+def _step_rows(rows: Sequence[FitTarget]) -> int:
+    """How many of the rows every efficiency is fitted to (`FitTarget.measures_steps`)."""
+    return sum(1 for row in rows if row.measures_steps)
 
 
 def fitted_sources(rows: Sequence[FitTarget]) -> str:

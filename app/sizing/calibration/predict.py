@@ -295,6 +295,17 @@ class PreparedPrediction:
             layout.tensor_parallel > 1 or (moe and layout.data_parallel > 1) for layout in self.layouts)
 
     @property
+    def users_per_scheduler(self) -> float | None:
+        """A closed loop's users per scheduler side by side (per prefill rank of a disaggregated run: where its
+        prompts queue); None for every other scenario."""
+        m = self.measurement
+        if m.scenario != CLOSED_LOOP or m.concurrency is None:
+            return None
+        if m.prefill is not None:
+            return m.concurrency / (m.prefill.workers * m.prefill.dp)
+        return m.concurrency / max(layout.replicas for layout in self.layouts)
+
+    @property
     def timing_invariant(self) -> bool:
         """True when no simulation is needed per efficiency (what a fit can evaluate quickly)."""
         return all(run.timing_invariant for run in self.runs)
