@@ -436,7 +436,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
 
 
-PROMPT_STEP_OVERHEAD = HOST_PARAMETERS[2]  # prefill_moe_layer_overhead_s
+PROMPT_STEP_OVERHEAD = next(bound for bound in HOST_PARAMETERS if bound.name == "prefill_moe_layer_overhead_s")
 
 
 def fit_prompt_step_overhead(targets: Sequence[FitTarget], efficiency: Efficiency) -> Efficiency:
