@@ -23,7 +23,7 @@ from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
 from app.sizing.calibration.fit import GLOBAL_PARAMETERS, HeldOut, parameters_at_bounds
-from app.sizing.calibration.predict import Measurement, PoolLayout
+from app.sizing.calibration.predict import Measurement, PoolLayout, prepare
 
 DATA = Path(__file__).parent / "data"
 SAMPLE = Path(__file__).parents[1] / "examples" / "calibration-sample.csv"
@@ -471,6 +471,32 @@ def test_disaggregated_rows_are_predicted_from_their_pools(tmp_path: Path) -> No
     assert by_id["i"]["skipped_reason"].startswith("disaggregated run without its prefill and decode pools")
     kinds = {(item["layout_kind"], item["metric"]): item["rows"] for item in report["summary"]["by_layout"]}
     assert kinds == {("disaggregated", "ttft_ms"): 1, ("disaggregated", "tpot_ms"): 1}
+
+
+def test_a_prefill_pools_stated_batch_is_not_a_limit_a_decode_pools_is() -> None:
+    """Mixtral-8x7B on H100s under TensorRT-LLM, one TP2 prefill and one TP2 decode worker, 16 users of
+    1,000/200 tokens. The prefill ranks keep TensorRT-LLM's default max_batch_size of 2,048 (its LLM-API
+    build default) whether the source states a prefill batch of 1 or none, so the two predict the same TTFT;
+    the decode rank takes the stated 16, or 4, and with 4 slots for 16 users 12 requests wait for a decode
+    slot after their prefill, so the TTFT rises."""
+    catalog = ReferenceCatalog()
+    model, gpu = catalog.model("mixtral-8x7b"), catalog.gpu("h100-sxm")
+
+    def run(prefill_batch: int | None, decode_batch: int):
+        measurement = Measurement(scenario="closed_loop", metric="ttft_ms", num_gpus=4, weight_dtype="bf16",
+                                  engine="trtllm", disaggregated=True, isl=1000, osl=200, concurrency=16,
+                                  prefill=PoolLayout(workers=1, tp=2, batch=prefill_batch),
+                                  decode=PoolLayout(workers=1, tp=2, batch=decode_batch))
+        return prepare(measurement, model, gpu)
+
+    efficiency = builtin_profile().efficiency_for(gpu.family, "bf16")
+    stated, unstated, narrow = run(1, 16), run(None, 16), run(1, 4)
+    for prepared, decode_seqs in ((stated, 16), (unstated, 16), (narrow, 4)):
+        (prefill_layout, _, _), (decode_layout, _, _) = prepared.runs[0]._prefill, prepared.runs[0]._decode
+        assert prefill_layout.scheduler.max_num_seqs == 2048
+        assert decode_layout.scheduler.max_num_seqs == decode_seqs
+    assert stated.predict(efficiency) == unstated.predict(efficiency)
+    assert narrow.predict(efficiency) > stated.predict(efficiency)
 
 
 def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:

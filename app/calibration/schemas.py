@@ -108,7 +108,8 @@ class MeasurementRowIn(BaseModel):
     prefill_ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="expert-parallel ranks; null = 1")
     prefill_moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="GPUs per expert, as stated")
     prefill_batch: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
-        None, description="running sequences per attention data-parallel rank; null = the engine default")
+        None, description="the source's prefill batch per attention data-parallel rank: recorded, not read as a "
+                          "limit (prefill ranks batch waiting prompts up to the engine's token budget)")
     decode_workers: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
         None, description="disaggregated: decode workers")
     decode_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(None, description="disaggregated: each decode worker's tp")
