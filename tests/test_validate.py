@@ -232,24 +232,29 @@ def test_the_ttft_of_a_loaded_closed_loop_is_validated_but_not_fitted() -> None:
     users in step, which no source states: such a TTFT is predicted but kept out of a fit. Its TPOT, the
     TTFT of a single user (no one to queue behind) and the TTFT of an offline run (everyone sent at once,
     nothing left to the harness) are fitted. The TTFT of 8 users on one scheduler (a light load: their 1k
-    prompts fit one 8,192-token step) is read by the fit, but only for the cost of MoE prompt steps; 16
-    users over two TP1 replicas are 8 per scheduler too."""
+    prompts fit one 8,192-token step) of an MoE model whose engine runs prompt steps outside CUDA graphs
+    (Mixtral-8x7B at TP2 under TensorRT-LLM's PyTorch backend) is read by the fit, but only for the cost of
+    those steps; 16 users over two TP2 replicas are 8 per scheduler too. A dense model's (Llama-3.1-8B) pays
+    no such cost: read by no stage of the fit, so not counted among its rows."""
     lines = ["row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,concurrency,num_requests,metric,value",
              "ttft16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,ttft_ms,300",
              "tpot16,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,16,,tpot_ms,20",
              "ttft1,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,1,,ttft_ms,60",
-             "ttft8,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,8,,ttft_ms,150",
-             "ttft16x2,llama-3.1-8b,h100-sxm,2,1,bf16,vllm,closed_loop,1024,128,16,,ttft_ms,150",
+             "ttft8dense,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,closed_loop,1024,128,8,,ttft_ms,150",
+             "ttft8,mixtral-8x7b,h100-sxm,2,2,bf16,trtllm,closed_loop,1024,128,8,,ttft_ms,150",
+             "ttft16x2,mixtral-8x7b,h100-sxm,4,2,bf16,trtllm,closed_loop,1024,128,16,,ttft_ms,150",
              "offline,llama-3.1-8b,h100-sxm,1,1,bf16,vllm,offline,1024,128,,64,ttft_ms,900"]
     prepared, skipped = service.prepare_rows(read_rows("\n".join(lines) + "\n", pointer="file.csv"),
                                              ReferenceCatalog())
     assert skipped == {}
+    assert {item.row.row_id: item.pays_prefill_overhead for item in prepared if item.row.row_id.startswith("ttft8")} \
+        == {"ttft8dense": False, "ttft8": True}
     fittable = {item.row.row_id: item.fittable for item in prepared}
-    assert fittable == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8": True, "ttft16x2": True,
-                        "offline": True}
+    assert fittable == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8dense": False, "ttft8": True,
+                        "ttft16x2": True, "offline": True}
     steps = {item.row.row_id: item.measures_steps for item in prepared}
-    assert steps == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8": False, "ttft16x2": False,
-                     "offline": True}
+    assert steps == {"ttft16": False, "tpot16": True, "ttft1": True, "ttft8dense": False, "ttft8": False,
+                     "ttft16x2": False, "offline": True}
 
 
 def test_a_row_with_an_unreadable_number_still_refuses_the_file() -> None:

@@ -213,11 +213,13 @@ class PreparedRow:
         closed-loop source states. They are predicted in step; spreading each user's first request over its
         cycle instead moved those rows' median error from 40-44% to 70-92% (TensorRT-LLM, vLLM, SGLang).
         Fitted to them, the efficiencies would absorb the harness. At a light load the others' prompts take
-        one prefill step at most, in step or not: the TTFT measures the prompt steps (`measures_steps`)."""
+        one prefill step at most, in step or not: the TTFT measures the prompt steps (`measures_steps`), and is
+        read only where the row pays the cost of MoE prompt steps, the one efficiency fitted to it."""
         m = self.prediction.measurement
         users = self.prediction.users_per_scheduler
         queued_ttft = m.metric == TTFT_MS and users is not None and users > LIGHT_LOAD_USERS
-        return self.prediction.timing_invariant and m.weight_dtype is not None and not queued_ttft
+        unread = not self.measures_steps and not self.pays_prefill_overhead
+        return self.prediction.timing_invariant and m.weight_dtype is not None and not queued_ttft and not unread
 
     @property
     def measures_steps(self) -> bool:
