@@ -77,7 +77,7 @@ openapi: $(RUNTIME)
 accuracy: $(RUNTIME)
 	$(PY) -m app.validate $(MEASUREMENTS) --capacity tests/data/measured-capacity.csv --markdown docs/ACCURACY.md
 
-# Refit the shipped default calibration profile (28 minutes on two cores: one refit per held-out GPU, model
+# Refit the shipped default calibration profile (21-28 minutes on two cores: one refit per held-out GPU, model
 # family and engine; the shipped level is the one with the lowest held-out error).
 calibrate: $(RUNTIME)
 	$(PY) -m app.calibrate $(MEASUREMENTS) --name default
