@@ -222,6 +222,10 @@ class PreparedRow:
         return self.prediction.timing_invariant and m.weight_dtype is not None and not queued_ttft and not unread
 
     @property
+    def measures_latency(self) -> bool:
+        return self.row.metric in LATENCY_METRICS
+
+    @property
     def measures_steps(self) -> bool:
         """Whether every efficiency is fitted to it: not the TTFT of a closed loop of several users, even at a
         light load, where vLLM's users of dense models come out 2-4x faster than in step and TensorRT-LLM's

@@ -21,6 +21,7 @@ from app.sizing.calibration.fit import (
     FAMILY_PRECISION,
     FITTED_PARAMETERS,
     GLOBAL,
+    MIN_LATENCY_ROWS,
     MIN_ROWS_PER_ENTRY,
     CalibrationProfile,
     ParameterBounds,
@@ -62,6 +63,7 @@ class ToyTarget:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_latency: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.weight_bytes / (BANDWIDTH * efficiency.bandwidth_fraction) + efficiency.per_step_overhead_s
@@ -169,6 +171,27 @@ def test_fitted_parameters_stay_inside_their_bounds() -> None:
     assert fitted.bandwidth_fraction == pytest.approx(0.42)
 
 
+def test_an_entry_fits_the_fixed_costs_of_a_step_only_on_enough_latency_rows() -> None:
+    """Hopper's 12 rows are latencies made with bandwidth 0.6 and 0.5 ms per step (toy_targets x 4); blackwell's
+    12 rows made with bandwidth 0.8 and 2 ms per step, of which only 11 are latencies (MIN_LATENCY_ROWS is 12):
+    2.01e9 / (3.35e12 x 0.8) = 0.75 ms + 2 = 2.75 ms; 16.06e9 / 2.68e12 = 5.99254 + 2 = 7.99254 ms;
+    140e9 / 2.68e12 = 52.23881 + 2 = 54.23881 ms. Hopper's entry fits its per-step overhead back; blackwell's
+    keeps the global entry's exactly (too few latencies to measure it) and fits only its bandwidth."""
+    assert MIN_LATENCY_ROWS == MIN_ROWS_PER_ENTRY == 12
+    hopper = toy_targets() * 4
+    made = [(2.01e9, 2.75e-3), (16.06e9, 7.99254e-3), (140e9, 54.23881e-3)] * 4
+    blackwell = [ToyTarget(size, value, family="blackwell", measures_latency=index < 11)
+                 for index, (size, value) in enumerate(made)]
+    fit = fit_profile(hopper + blackwell, single_entry_profile("b", DEFAULT_EFFICIENCY), name="x", fit_global=True,
+                      max_evaluations=300, describe=lambda family, dtype, rows: "fit")
+    global_entry = fit.profile.efficiency_for(ANY, ANY)
+    hopper_fit, blackwell_fit = (fit.profile.efficiency_for(family, "bf16") for family in ("hopper", "blackwell"))
+    assert hopper_fit.per_step_overhead_s == pytest.approx(0.5e-3, rel=0.05)
+    assert blackwell_fit.per_step_overhead_s == global_entry.per_step_overhead_s
+    assert blackwell_fit.per_layer_overhead_s == global_entry.per_layer_overhead_s
+    assert blackwell_fit.bandwidth_fraction != global_entry.bandwidth_fraction
+
+
 @dataclass(frozen=True, eq=False)
 class ProductTarget:
     """A measurement 'measured' by the product itself with a known efficiency."""
@@ -183,6 +206,7 @@ class ProductTarget:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_latency: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
         return self.prepared.predict(efficiency)  # type: ignore[attr-defined]
@@ -440,6 +464,7 @@ class _Ring:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = True
     measures_steps: bool = True
+    measures_latency: bool = True
 
     def predict(self, efficiency) -> float:
         return 5e-3 + (1e-3 / efficiency.pcie_link_fraction if self.pays_pcie_link else 0.0)

@@ -159,6 +159,7 @@ class _Steps:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_latency: bool = True
 
     def predict(self, efficiency) -> float:
         host = efficiency.per_sequence_overhead_s if self.pays_host_work else 0.0

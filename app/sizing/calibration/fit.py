@@ -51,9 +51,10 @@ class ParameterBounds:
     high: float
     prior: float
     source: str  # where the range and the prior come from
-    # The FitTarget flag that says a row pays this parameter (None: every row); an entry none of whose rows
-    # pays it keeps it as it starts, unfitted.
+    # The FitTarget flag that says a row pays this parameter (None: every row); an entry with fewer than
+    # `least_payers` rows that pay it keeps it as it starts, unfitted.
     paid_by: str | None = None
+    least_payers: int = 1
 
     def __post_init__(self) -> None:
         if not self.low <= self.prior <= self.high or not self.low < self.high:
@@ -83,6 +84,14 @@ class ParameterBounds:
 # `small_m_flatness` r adds a point at M = 1 with fraction f0 / M0 x M0^r: r = 0 is the proportional
 # floor, r = 1 a flat curve below M0 (a 1-row matmul at the first point's fraction).
 SMALL_M_FLATNESS = "small_m_flatness"
+# The fixed costs of a step (per step, per layer, an all-reduce's alpha) and the small-matmul floor shape the
+# short steps of small batches, which latencies measure; throughput rows run large batches, whose steps they
+# barely move. So an entry fits them only on at least MIN_LATENCY_ROWS latency rows (TPOT/ITL, TTFT, E2E), and
+# otherwise keeps the level above's: GB200's rows a fit reads are 40 offline throughputs and 2 TPOTs, and the
+# blackwell entry fitted on them alone (B200 held out) put B200's disaggregated TPOT 32% off, where the global
+# entry put it 10.7% off (2026-12-04, 120 evaluations per entry). As many as an entry needs (MIN_ROWS_PER_ENTRY).
+MIN_LATENCY_ROWS = 12
+MEASURED_BY_LATENCIES = {"paid_by": "measures_latency", "least_payers": MIN_LATENCY_ROWS}
 FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("bandwidth_fraction", 0.42, 0.90, 0.70,
                     "SIZING.md section 5: decode weight reads reach 52-80% of HBM bandwidth; prior: the builtin "
@@ -93,16 +102,17 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_step_overhead_s", 0.0, 5e-3, 0.3e-3,
                     "SIZING.md section 5: per-step overhead of order 0.1-1 ms; prior 0.3 ms (CUDA-graph decode); "
                     "in an engine that prepares the next step while the GPU runs this one it is host work: the "
-                    "least a step lasts (with the per-sequence host work), not added to the GPU's time"),
+                    "least a step lasts (with the per-sequence host work), not added to the GPU's time",
+                    **MEASURED_BY_LATENCIES),
     ParameterBounds("per_layer_overhead_s", 0.0, 50e-6, 3e-6,
-                    "SIZING.md section 5: a few us per layer; prior 3 us"),
+                    "SIZING.md section 5: a few us per layer; prior 3 us", **MEASURED_BY_LATENCIES),
     ParameterBounds("allreduce_latency_s", 2e-6, 30e-6, 7.5e-6,
                     "ENGINES.md, NCCL tuner (src/graph/tuning.cc @5067397c): one-node ring LL all-reduce 7.8 us "
                     "over 2 GPUs (15.0 over 8: longer rings scale it, comm.ring_latency_scale), NVLS 25 us; "
-                    "SIZING.md section 6: roughly 5-10 us (prior: the builtin 7.5 us)"),
+                    "SIZING.md section 6: roughly 5-10 us (prior: the builtin 7.5 us)", **MEASURED_BY_LATENCIES),
     ParameterBounds(SMALL_M_FLATNESS, 0.0, 1.0, 0.0,
                     "SIZING.md section 5: below the sweep's first point (M = 64) the curve is proportional to M "
-                    "(prior 0); 1 = flat"),
+                    "(prior 0); 1 = flat", **MEASURED_BY_LATENCIES),
 )
 # Host work per sequence per step that an engine does not overlap with the GPU (`engines.host_adjusted`:
 # vLLM's V0 engine, before 0.8.0) -- scheduler bookkeeping, the sampler's metadata, detokenization -- is
@@ -300,6 +310,11 @@ class FitTarget(Protocol):
         ...
 
     @property
+    def measures_latency(self) -> bool:
+        """Whether it is a latency (TPOT/ITL, TTFT, E2E), which the fixed costs of a step shape (MIN_LATENCY_ROWS)."""
+        ...
+
+    @property
     def measures_steps(self) -> bool:
         """Whether every efficiency is fitted to it; else only the cost of an MoE model's prompt steps
         (prefill_moe_layer_overhead_s), with everything else held (`fit_profile`)."""
@@ -397,7 +412,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
                            for bound in bounds)
         # A parameter no row pays is not measured by these rows: kept, not fitted.
         bounds = tuple(bound for bound in bounds
-                       if bound.paid_by is None or any(getattr(row, bound.paid_by) for row in rows))
+                       if bound.paid_by is None
+                       or sum(1 for row in rows if getattr(row, bound.paid_by)) >= bound.least_payers)
         before = mean_abs_log_error(rows, start)
         fitted, _ = fit_efficiency(rows, start, bounds, max_evaluations=max_evaluations,
                                    source=describe(*key, rows))
