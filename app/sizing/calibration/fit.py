@@ -410,7 +410,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         else:  # partial pooling: pulled toward the level above (where it starts), not the cited priors
             bounds = tuple(replace(bound, prior=min(max(parameter_value(start, bound.name), bound.low), bound.high))
                            for bound in bounds)
-        # A parameter no row pays is not measured by these rows: kept, not fitted.
+        # A parameter too few rows pay (`least_payers`) is not measured by these rows: kept, not fitted.
         bounds = tuple(bound for bound in bounds
                        if bound.paid_by is None
                        or sum(1 for row in rows if getattr(row, bound.paid_by)) >= bound.least_payers)
