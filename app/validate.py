@@ -44,6 +44,7 @@ from app.calibration.rows import read_measurement_files
 from app.calibration.service import (
     LATENCY_LIGHT_LOAD,
     LATENCY_LOADED,
+    LIGHT_LOAD_USERS,
     THROUGHPUT,
     ObservedRow,
     ReferenceCatalog,
@@ -54,7 +55,7 @@ from app.calibration.service import (
     validate,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing.calibration.fit import SMALL_M_FLATNESS, CalibrationProfile, parameter_value
+from app.sizing.calibration.fit import MIN_LATENCY_ROWS, SMALL_M_FLATNESS, CalibrationProfile, parameter_value
 from app.sizing.calibration.predict import LATENCY_METRICS
 from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP
 
@@ -262,11 +263,13 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "entry pulled toward cited priors and each family or precision entry toward the level above it, minimizing "
          "the mean |ln(predicted / measured)|; never per row. The fixed costs of a step (per step, per layer, "
          "all-reduce latency) and the small-matmul floor, which shape small batches' short steps, are fitted "
-         "only by an entry with at least 12 latency rows (TPOT/ITL, TTFT, E2E); an entry with fewer keeps the "
+         f"only by an entry with at least {MIN_LATENCY_ROWS} latency rows (TPOT/ITL, TTFT, E2E); an entry with "
+         "fewer keeps the "
          "level above's. Poisson rows are validated but not fitted on (their "
          "schedule depends on the step time), nor are rows whose weight dtype is assumed, nor the TTFT of a "
          "closed loop of several users (mostly queueing behind the other users' prompts, which depends on "
-         "whether the harness keeps its users in step, which no source states). At a light load (at most 8 users "
+         "whether the harness keeps its users in step, which no source states). At a light load (at most "
+         f"{LIGHT_LOAD_USERS} users "
          "per scheduler, whose 1k-token prompts fit one prefill step) such a TTFT of an MoE model is read for "
          "one parameter only: after each entry's search, the cost per MoE layer of a prompt step is refitted on "
          "the entry's MoE rows with every other efficiency held (the entries below start from the search's "

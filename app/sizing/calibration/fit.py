@@ -327,6 +327,14 @@ def mean_abs_log_error(targets: Sequence[FitTarget], efficiency: Efficiency) -> 
     return float(np.mean([abs_log_error(t.predict(efficiency), t.measured) for t in targets]))
 
 
+def prior_penalty(values: np.ndarray, bounds: Sequence[ParameterBounds]) -> float:
+    """PRIOR_WEIGHT x the mean over the parameters of ((value - prior) / range)^2: what a fit's objective adds
+    to the error for leaving the priors."""
+    priors = np.array([bound.prior for bound in bounds])
+    spans = np.array([bound.high - bound.low for bound in bounds])
+    return PRIOR_WEIGHT * float(np.mean(((values - priors) / spans) ** 2))
+
+
 def fit_efficiency(targets: Sequence[FitTarget], start: Efficiency,
                    bounds: Sequence[ParameterBounds] = FITTED_PARAMETERS, *,
                    max_evaluations: int = DEFAULT_EVALUATIONS,
@@ -341,12 +349,8 @@ def fit_efficiency(targets: Sequence[FitTarget], start: Efficiency,
     def with_values(values: np.ndarray) -> Efficiency:
         return with_parameters(start, dict(zip(names, values, strict=True)))
 
-    priors = np.array([bound.prior for bound in bounds])
-    spans = np.array([bound.high - bound.low for bound in bounds])
-
     def objective(values: np.ndarray) -> float:
-        penalty = PRIOR_WEIGHT * float(np.mean(((values - priors) / spans) ** 2))
-        return mean_abs_log_error(targets, with_values(values)) + penalty
+        return mean_abs_log_error(targets, with_values(values)) + prior_penalty(values, bounds)
 
     result = nelder_mead(
         objective,
@@ -466,7 +470,7 @@ def fit_prompt_step_overhead(targets: Sequence[FitTarget], efficiency: Efficienc
 
     def objective(value: float) -> float:
         tried = replace(efficiency, prefill_moe_layer_overhead_s=value)
-        return mean_abs_log_error(targets, tried) + PRIOR_WEIGHT * ((value - bound.prior) / (bound.high - bound.low)) ** 2
+        return mean_abs_log_error(targets, tried) + prior_penalty(np.array([value]), (bound,))
 
     return replace(efficiency, prefill_moe_layer_overhead_s=golden_section(objective, bound.low, bound.high))
 

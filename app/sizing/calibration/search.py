@@ -83,8 +83,9 @@ def golden_section(objective: Callable[[float], float], low: float, high: float,
                    evaluations: int = 24) -> float:
     """The x in [low, high] that minimizes a unimodal `objective`, by golden-section search: each step
     keeps the part of the bracket around the lower of two inner points, shrinking it by (sqrt 5 - 1) / 2
-    = 0.618 per evaluation after the first three (24 leave 0.618^21 = 4e-5 of it). The bracket's midpoint, or `low` where the objective is
-    lower there (a minimum at the bound, which the shrinking bracket only approaches)."""
+    = 0.618 (`evaluations` 24: two inner points, then 21 steps leave 0.618^21 = 4e-5 of it). The bracket's
+    midpoint, or `low` where the objective is lower there (a minimum at the bound, which the shrinking
+    bracket only approaches)."""
     if not low < high:
         raise ValueError("need low < high")
     ratio = (math.sqrt(5) - 1) / 2
