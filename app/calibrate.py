@@ -11,7 +11,9 @@ stored in DATABASE_URL. The shipped default profile is made with:
 
 With --hold-out gpu=b200,h200-sxm (or model_family=..., engine=...) it only cross-validates those groups, each
 predicted by a fit on every other group's rows, prints their held-out errors per level, metric and layout, and
-writes nothing: a quick look at a change on the groups it is about, before a whole refit.
+writes no profile: a quick look at a change on the groups it is about, before a whole refit. With --rows FILE.csv
+it also writes each of their rows, its measured value and its held-out prediction and error at each level (which
+rows a change moved, where the medians only say by how much).
 
 Predictions use the catalog shipped in app/data (no database needed).
 """
@@ -19,6 +21,7 @@ Predictions use the catalog shipped in app/data (no database needed).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import re
 import sys
@@ -26,7 +29,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import DBAPIError
 
-from app.calibration.crossval import HOLD_OUTS
+from app.calibration.crossval import HELD_OUT_ROW_FIELDS, HOLD_OUTS
 from app.calibration.profiles import (
     DEFAULT_PROFILE,
     DEFAULT_PROFILE_PATH,
@@ -72,11 +75,17 @@ def main(argv: list[str] | None = None) -> int:
                              "specific level")
     parser.add_argument("--hold-out", metavar="KIND=GROUP[,GROUP...]",
                         help=f"only cross-validate these groups of one hold-out ({', '.join(HOLD_OUTS)}), print "
-                             "their held-out errors and write nothing")
+                             "their held-out errors and write no profile")
+    parser.add_argument("--rows", type=Path, metavar="FILE.csv",
+                        help="with --hold-out: also write each held-out row's measured value and its held-out "
+                             "prediction and absolute %% error at each level to this CSV")
     args = parser.parse_args(argv)
 
     if args.hold_out is not None:
         return _hold_out(args)
+    if args.rows is not None:
+        print("--rows goes with --hold-out (the whole refit reports its rows per group)", file=sys.stderr)
+        return 2
     if not re.match(SLUG_PATTERN, args.name) or (args.name in RESERVED_PROFILE_NAMES and args.name != DEFAULT_PROFILE):
         print(f"--name must match {SLUG_PATTERN} and not be {sorted(RESERVED_PROFILE_NAMES)}", file=sys.stderr)
         return 2
@@ -124,12 +133,18 @@ def _hold_out(args: argparse.Namespace) -> int:
     if read is None:
         return 2
     try:
-        document = held_out_groups(read[0], ReferenceCatalog(), base=builtin_profile(), hold_out=kind,
-                                   groups=groups, max_evaluations=args.evaluations,
-                                   progress=lambda line: print(line, file=sys.stderr))
+        document, rows = held_out_groups(read[0], ReferenceCatalog(), base=builtin_profile(), hold_out=kind,
+                                         groups=groups, max_evaluations=args.evaluations,
+                                         progress=lambda line: print(line, file=sys.stderr))
     except NothingToFit as exc:
         print(str(exc), file=sys.stderr)
         return 1
+    if args.rows is not None:
+        args.rows.parent.mkdir(parents=True, exist_ok=True)
+        with args.rows.open("w", newline="", encoding="utf-8") as file:
+            writer = csv.DictWriter(file, fieldnames=HELD_OUT_ROW_FIELDS, lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(rows)
     print(json.dumps(document, indent=1))
     return 0
 

@@ -385,6 +385,35 @@ def test_a_hold_out_of_some_groups_gives_what_the_whole_cross_validation_gives_t
     assert calibrate_command.main([str(SAMPLE), "--hold-out", "gpu=tpu-v5e", "--evaluations", "10"]) == 1
 
 
+def test_a_hold_out_writes_the_rows_behind_its_medians(tmp_path, capsys) -> None:
+    """`--rows FILE.csv` beside `--hold-out gpu=a100-80gb-sxm`: one line per A100 row of the sample (those
+    whose gpu cell says so, read here from the file itself), its measured value as published, and at each
+    level the held-out prediction with |predicted / measured - 1| x 100 as its error; the errors' median is
+    the median the printed document reports. Without --hold-out, --rows is a usage error."""
+    with SAMPLE.open(newline="") as file:
+        a100 = {row["row_id"]: float(row["value"]) for row in csv.DictReader(file) if row["gpu"] == "a100-80gb-sxm"}
+    assert len(a100) == 7
+    written = tmp_path / "held-out" / "rows.csv"
+    assert calibrate_command.main([str(SAMPLE), "--hold-out", "gpu=a100-80gb-sxm", "--evaluations", "10",
+                                   "--rows", str(written)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    with written.open(newline="") as file:
+        lines = list(csv.DictReader(file))
+    assert {line["row_id"]: float(line["measured"]) for line in lines} == a100
+    assert {(line["held_out_group"], line["gpu"]) for line in lines} == {("a100-80gb-sxm", "a100-80gb-sxm")}
+    for level in ("global", "family", "family_precision"):
+        errors = []
+        for line in lines:
+            predicted, measured = float(line[f"predicted_{level}"]), float(line["measured"])
+            assert predicted > 0
+            assert float(line[f"abs_pct_error_{level}"]) == pytest.approx(abs(predicted / measured - 1) * 100)
+            errors.append(float(line[f"abs_pct_error_{level}"]))
+        errors.sort()
+        assert document["levels"][level]["overall"]["median_abs_pct_error"] == pytest.approx(errors[3])  # 4th of 7
+    assert calibrate_command.main([str(SAMPLE), "--rows", str(tmp_path / "alone.csv")]) == 2
+    assert not (tmp_path / "alone.csv").exists()
+
+
 def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defects() -> None:
     """The default profile, as the calibration command wrote it: fitted to both published files, with
     the three hold-outs, the level cross-validation chose, and every fitted parameter at a bound listed

@@ -103,16 +103,43 @@ def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: Cal
 def cross_validate_groups(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile,
                           hold_out: str, groups: Sequence[str], *, fit_global: bool,
                           max_evaluations: int = DEFAULT_EVALUATIONS,
-                          progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                          progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Only the named `groups` of one hold-out, each predicted by a fit on every other group's rows (as
-    `cross_validate` predicts them): their held-out document at each level. A quick look at a change on the
-    groups it is about (four GPUs take about a quarter of a whole cross-validation's fits); never a choice
-    of level, which takes every group."""
+    `cross_validate` predicts them): their held-out document at each level, and the rows behind it
+    (`held_out_rows`). A quick look at a change on the groups it is about (four GPUs take about a quarter of
+    a whole cross-validation's fits); never a choice of level, which takes every group."""
     key = group_key(hold_out)
     held = leave_one_group_out(training, [target for target in evaluation if key(target) in set(groups)], base, key,
                                fit_global=fit_global, max_evaluations=max_evaluations, progress=progress)
-    return {"held_out": hold_out, "groups": sorted({item.group for item in held}),
-            "levels": {level: _hold_out_document(hold_out, held, level) for level in LEVELS}}
+    document = {"held_out": hold_out, "groups": sorted({item.group for item in held}),
+                "levels": {level: _hold_out_document(hold_out, held, level) for level in LEVELS}}
+    return document, held_out_rows(held)
+
+
+# The columns of `held_out_rows`, in order (the CSV `python -m app.calibrate --hold-out ... --rows FILE` writes).
+HELD_OUT_ROW_FIELDS = ("row_id", "source_id", "held_out_group", "model", "gpu", "engine", "metric", "stat",
+                       "layout_kind", "measured",
+                       *(f"{column}_{level}" for level in LEVELS for column in ("predicted", "abs_pct_error")))
+
+
+def held_out_rows(held: Sequence[HeldOut]) -> list[dict[str, Any]]:
+    """One record per held-out row (HELD_OUT_ROW_FIELDS): what it measured, and what a fit that never saw its
+    group predicts at each level with its absolute % error (both None where the prediction is not a positive
+    number: the summaries leave such rows out too). Where a median hides which rows a change moved, these
+    show them."""
+    records = []
+    for item in held:
+        row = item.target.row
+        record = {"row_id": row.row_id, "source_id": row.source_id, "held_out_group": item.group,
+                  "model": row.model, "gpu": row.gpu, "engine": row.engine, "metric": row.metric,
+                  "stat": row.stat, "layout_kind": _layout_kind(item), "measured": item.target.measured}
+        for level in LEVELS:
+            predicted = item.predicted[level]
+            valid = bool(np.isfinite(predicted) and predicted > 0)
+            record[f"predicted_{level}"] = float(predicted) if valid else None
+            record[f"abs_pct_error_{level}"] = abs_pct_error(predicted, item.target.measured) if valid else None
+        records.append(record)
+    return records
 
 
 def _choice_score(medians: dict[str, float | None]) -> float:

@@ -518,16 +518,17 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
 
 def held_out_groups(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, base: CalibrationProfile, hold_out: str,
                     groups: Sequence[str], max_evaluations: int = DEFAULT_EVALUATIONS,
-                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The held-out errors of only `groups` of one hold-out (`crossval.cross_validate_groups`), fitted as
-    `calibrate` fits (the rows a fit reads, from `base`, the global entry refitted); nothing is written."""
+                    progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The held-out errors of only `groups` of one hold-out, and its rows (`crossval.cross_validate_groups`),
+    fitted as `calibrate` fits (the rows a fit reads, from `base`, the global entry refitted); nothing is
+    written."""
     prepared, _ = prepare_rows(rows, catalog)
     training = [item for item in prepared if item.fittable]
-    document = cross_validate_groups(training, prepared, base, hold_out, groups, fit_global=True,
-                                     max_evaluations=max_evaluations, progress=progress)
+    document, held = cross_validate_groups(training, prepared, base, hold_out, groups, fit_global=True,
+                                           max_evaluations=max_evaluations, progress=progress)
     if not document["groups"]:
         raise NothingToFit(f"no predicted row in {', '.join(groups)} (held out by {hold_out})")
-    return document
+    return document, held
 
 
 def _stats_document(stats: ErrorStats) -> dict[str, Any]:
