@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.hold_out is not None:
         return _hold_out(args)
     if args.rows is not None:
-        print("--rows goes with --hold-out (the whole refit reports its rows per group)", file=sys.stderr)
+        print("--rows goes with --hold-out (a whole refit stores its held-out errors per group in the profile)",
+              file=sys.stderr)
         return 2
     if not re.match(SLUG_PATTERN, args.name) or (args.name in RESERVED_PROFILE_NAMES and args.name != DEFAULT_PROFILE):
         print(f"--name must match {SLUG_PATTERN} and not be {sorted(RESERVED_PROFILE_NAMES)}", file=sys.stderr)
