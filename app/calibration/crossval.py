@@ -134,10 +134,9 @@ def held_out_rows(held: Sequence[HeldOut]) -> list[dict[str, Any]]:
                   "model": row.model, "gpu": row.gpu, "engine": row.engine, "metric": row.metric,
                   "stat": row.stat, "layout_kind": _layout_kind(item), "measured": item.target.measured}
         for level in LEVELS:
-            predicted = item.predicted[level]
-            valid = bool(np.isfinite(predicted) and predicted > 0)
-            record[f"predicted_{level}"] = float(predicted) if valid else None
-            record[f"abs_pct_error_{level}"] = abs_pct_error(predicted, item.target.measured) if valid else None
+            valid = _scored(item, level)
+            record[f"predicted_{level}"] = float(item.predicted[level]) if valid else None
+            record[f"abs_pct_error_{level}"] = abs_pct_error(item.predicted[level], item.target.measured) if valid else None
         records.append(record)
     return records
 
@@ -147,9 +146,14 @@ def _choice_score(medians: dict[str, float | None]) -> float:
     return float("inf") if any(value is None for value in values) else float(np.mean(values))
 
 
+def _scored(item: HeldOut, level: str) -> bool:
+    """Whether the held-out prediction at `level` is a positive finite number (an error can be scored)."""
+    return bool(np.isfinite(item.predicted[level]) and item.predicted[level] > 0)
+
+
 def _errors(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] = lambda item: True) -> list[float]:
     return [abs_pct_error(item.predicted[level], item.target.measured) for item in held
-            if keep(item) and np.isfinite(item.predicted[level]) and item.predicted[level] > 0]
+            if keep(item) and _scored(item, level)]
 
 
 def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> dict[str, Any]:
