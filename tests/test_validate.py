@@ -18,7 +18,7 @@ import pytest
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
-from app.calibration.crossval import _hold_out_document
+from app.calibration.crossval import _hold_out_document, held_out_error
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
@@ -554,3 +554,36 @@ def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:
     assert by_layout["dp_ep"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(50.0)
     assert by_layout["pp"]["throughput"]["median_abs_pct_error"] == pytest.approx(10.0)
     assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
+
+
+def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
+    """`held_out_error` picks, from a cross-validation document, the leave-one-GPU-out errors of the plan's
+    layout kind (only metric kinds with rows: a kind's rows-0 metric is unmeasured, not 0%), and the
+    group errors of the plan's GPUs (in the plan's order, each once, skipping one the data lacks), of its
+    model family and of its engine (None where the data has no rows of it). A document without
+    cross-validation gives None."""
+    stats = {"rows": 3, "median_abs_pct_error": 12.5, "p90_abs_pct_error": 30.0}
+    empty = {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
+    validation = {
+        "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
+        "hold_outs": [
+            {"held_out": "gpu", "by_group": [{"group": "b200", **stats}, {"group": "h100-sxm", **empty, "rows": 7}],
+             "by_layout": [{"layout_kind": "tp", "by_metric": {"ttft": stats, "throughput": empty}},
+                           {"layout_kind": "disaggregated", "by_metric": {"ttft": {**stats, "rows": 9}}}]},
+            {"held_out": "model_family", "by_group": [{"group": "deepseek-ai", **stats}], "by_layout": []},
+            {"held_out": "engine", "by_group": [{"group": "sglang", **stats}], "by_layout": []},
+        ],
+    }
+    found = held_out_error(validation, layout_kind="disaggregated", gpus=["h100-sxm", "gb200", "b200", "h100-sxm"],
+                           model_family="deepseek-ai", engine="trtllm")
+    assert found == {
+        "held_out": "gpu", "layout_kind": "disaggregated", "by_metric": {"ttft": {**stats, "rows": 9}},
+        "gpus": [{"group": "h100-sxm", **empty, "rows": 7}, {"group": "b200", **stats}],
+        "model_family": {"group": "deepseek-ai", **stats}, "engine": None,
+        "targets": validation["targets"],
+    }
+    tp = held_out_error(validation, layout_kind="tp", gpus=["b200"], model_family=None, engine="sglang")
+    assert tp is not None and tp["by_metric"] == {"ttft": stats}  # throughput has no rows: left out
+    assert tp["model_family"] is None and tp["engine"] == {"group": "sglang", **stats}
+    assert held_out_error(validation, layout_kind="pp", gpus=[], model_family=None, engine="vllm")["by_metric"] == {}
+    assert held_out_error(None, layout_kind="tp", gpus=["b200"], model_family=None, engine="vllm") is None

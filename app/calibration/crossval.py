@@ -186,3 +186,31 @@ def _median(values: list[float]) -> float | None:
 def _stats(errors: list[float]) -> dict[str, Any]:
     return {"rows": len(errors), "median_abs_pct_error": _median(errors),
             "p90_abs_pct_error": float(np.percentile(errors, 90)) if errors else None}
+
+
+def held_out_error(validation: dict[str, Any] | None, *, layout_kind: str, gpus: Sequence[str],
+                   model_family: str | None, engine: str) -> dict[str, Any] | None:
+    """What a profile's cross-validation (its provenance's `cross_validation`, as `_hold_out_document` wrote
+    it) says of one kind of prediction: the leave-one-GPU-out errors of every held-out row of `layout_kind`,
+    by metric kind (a metric kind with no such rows is left out: its error is unmeasured), and the held-out
+    error of each of `gpus`, of `model_family` and of `engine` that the profile's data has rows of (each
+    group's rows predicted by a fit that never saw the group). None for a profile without cross-validation."""
+    if not validation:
+        return None
+    hold_outs = {item["held_out"]: item for item in validation["hold_outs"]}
+
+    def group(hold_out: str, name: str | None) -> dict[str, Any] | None:
+        groups = hold_outs[hold_out]["by_group"] if hold_out in hold_outs else []
+        return next((item for item in groups if item["group"] == name), None)
+
+    layouts = hold_outs[GPU].get("by_layout", []) if GPU in hold_outs else []
+    by_metric = next((item["by_metric"] for item in layouts if item["layout_kind"] == layout_kind), {})
+    return {
+        "held_out": GPU,
+        "layout_kind": layout_kind,
+        "by_metric": {kind: stats for kind, stats in by_metric.items() if stats["rows"]},
+        "gpus": [found for found in (group(GPU, slug) for slug in dict.fromkeys(gpus)) if found is not None],
+        "model_family": group(MODEL_FAMILY, model_family),
+        "engine": group(ENGINE, engine),
+        "targets": dict(validation["targets"]),
+    }

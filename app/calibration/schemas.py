@@ -30,6 +30,11 @@ from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 # finish well inside REQUEST_TIMEOUT_S (30 s). Measured on a 2-vCPU machine shared with other work:
 # validating the whole shipped tests/data/measured-calibration.csv (1,263 rows, 573 distinct simulated
 # runs) took 8 s; fitting a profile to it 29 s, to a 150-row sample of it 7 s.
+# The layout family of a measured run (`app.sizing.layout.LAYOUT_KINDS`).
+LayoutKind = Literal["tp", "dp_ep", "pp", "disaggregated"]
+LAYOUT_KIND_DESCRIPTION = ("tp: tensor parallel only; dp_ep: attention data and/or expert parallelism; pp: pipeline "
+                           "stages; disaggregated: separate prefill and decode pools")
+
 MAX_VALIDATE_ROWS = 2000
 MAX_VALIDATE_SIMULATED_RUNS = 1000
 MAX_CALIBRATE_ROWS = 500
@@ -206,8 +211,7 @@ class GroupErrorOut(ErrorStatsOut):
 
 
 class LayoutErrorOut(ErrorStatsOut):
-    layout_kind: Literal["tp", "dp_ep", "pp", "disaggregated"] = Field(
-        description="tp: tensor parallel only; dp_ep: attention data and/or expert parallel; pp: pipeline stages")
+    layout_kind: LayoutKind = Field(description=LAYOUT_KIND_DESCRIPTION)
     metric: str
 
 
@@ -377,9 +381,7 @@ class HeldOutGroupOut(HeldOutStatsOut):
 class HeldOutLayoutOut(BaseModel):
     model_config = _examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
 
-    layout_kind: Literal["tp", "dp_ep", "pp", "disaggregated"] = Field(
-        description="tp: tensor parallel only; dp_ep: attention data and/or expert parallelism; pp: pipeline "
-                    "stages; disaggregated: separate prefill and decode pools")
+    layout_kind: LayoutKind = Field(description=LAYOUT_KIND_DESCRIPTION)
     by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
 
 
@@ -396,6 +398,46 @@ class HoldOutOut(BaseModel):
         default_factory=list,
         description="By the layout the measured run used, per metric kind (empty in profiles fitted before this "
                     "breakdown existed)")
+
+
+HELD_OUT_ERROR_EXAMPLE = {
+    "held_out": "gpu", "layout_kind": "tp",
+    "by_metric": {"ttft": {"rows": 1471, "median_abs_pct_error": 38.0, "p90_abs_pct_error": 111.3},
+                  "tpot_itl": {"rows": 1463, "median_abs_pct_error": 15.0, "p90_abs_pct_error": 48.3}},
+    "gpus": [{"group": "h200-sxm", **HELD_OUT_STATS_EXAMPLE}],
+    "model_family": {"group": "meta-llama", **HELD_OUT_STATS_EXAMPLE},
+    "engine": {"group": "vllm", **HELD_OUT_STATS_EXAMPLE},
+    "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
+}
+
+
+class HeldOutErrorOut(BaseModel):
+    """How far a plan's kind of prediction was from published measurements that its fit never saw: the
+    calibration profile's cross-validation (`python -m app.calibrate`; docs/ACCURACY.md). Each error is
+    |predicted / measured - 1| of a measured run's own statistic (its mean, or the one it states), not of
+    the plan's percentiles. Held-out errors are what to expect where the data has no measurements of the
+    GPU, model family or engine; the profile itself was fitted on every group's rows."""
+
+    model_config = _examples(HELD_OUT_ERROR_EXAMPLE)
+
+    held_out: Literal["gpu"] = Field(description=(
+        "How `by_metric` was held out: every GPU's rows predicted by a fit that never saw that GPU (its "
+        "datasheet and the other GPUs' rows are all the fit knew of it)"))
+    layout_kind: LayoutKind = Field(description=f"The plan's layout family: {LAYOUT_KIND_DESCRIPTION}")
+    by_metric: dict[str, HeldOutStatsOut] = Field(description=(
+        "The held-out rows of this layout family, by metric kind (ttft, tpot_itl, e2e, throughput); a metric kind "
+        "with no such rows is absent: its error is unmeasured"))
+    gpus: list[HeldOutGroupOut] = Field(description=(
+        "Each GPU type of the plan (both pools of a disaggregated plan) that the profile's data has rows of: those "
+        "rows, every metric and layout, predicted by a fit without any of them. A GPU absent here has no measured "
+        "rows: its predictions rest on its datasheet and its GPU family's (or the global) entry"))
+    model_family: HeldOutGroupOut | None = Field(description=(
+        "The model's publisher (the organization of its Hugging Face id) held out: its models' rows predicted by a "
+        "fit without any of them; null when the profile's data has no rows of this family"))
+    engine: HeldOutGroupOut | None = Field(description=(
+        "The engine held out: its rows predicted by a fit without any of them; null when the profile's data has "
+        "no rows of this engine (the generic engine)"))
+    targets: dict[str, float] = Field(description="The target median held-out error per metric kind, percent")
 
 
 class CrossValidationOut(BaseModel):

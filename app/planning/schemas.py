@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from app.calibration.schemas import HELD_OUT_ERROR_EXAMPLE, HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, ModelSlug
 from app.common import Slug
 from app.estimates.schemas import (
@@ -325,6 +326,7 @@ PLAN_ASSUMPTIONS_EXAMPLE = {
     "efficiency": EFFICIENCY_EXAMPLE, "tokens_per_pass": None,
     "engine_settings": ["gpu_memory_utilization = 0.92 (vLLM default 0.92 (v0.11 and later; 0.90 before))",
                         "max_model_len = 1500 (the workload's longest prompt + longest answer)"],
+    "held_out_error": HELD_OUT_ERROR_EXAMPLE,
 }
 PLAN_EXAMPLE = {
     "rank": 1, "gpu": "h200-sxm", "gpu_name": "NVIDIA H200 SXM 141GB", "tensor_parallel": 2, "pipeline_parallel": 1,
@@ -415,6 +417,10 @@ class PlanAssumptionsOut(BaseModel):
     efficiency: EfficiencyOut
     tokens_per_pass: float | None = Field(description="Speculative decoding: expected tokens per target pass")
     engine_settings: list[str] = Field(description="Each engine setting and where its value came from")
+    held_out_error: HeldOutErrorOut | None = Field(None, description=(
+        "How far this kind of prediction was from measurements its calibration never saw; null when the profile "
+        "has no cross-validation (builtin, one fitted by POST /v1/calibrations or by `python -m app.calibrate "
+        "--no-cross-validation`)"))
 
 
 POOL_EXAMPLE = {

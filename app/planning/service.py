@@ -9,7 +9,9 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.calibration import crossval
 from app.calibration.profiles import profile_snapshot
+from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
 from app.errors import NotFound, Unprocessable
@@ -51,7 +53,7 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
-from app.sizing.layout import TENSOR_PARALLEL, Layout
+from app.sizing.layout import KIND_DISAGGREGATED, TENSOR_PARALLEL, Layout
 from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
 from app.sizing.serving.disaggregation import DisaggregatedPlan, DisaggregatedResult, Pool
@@ -99,6 +101,9 @@ class PlanSources(Protocol):
     def profile(self, name: str | None) -> CalibrationProfile:
         """The named calibration profile; None = the default."""
 
+    def profile_document(self, name: str | None) -> dict[str, Any]:
+        """The whole of the profile `profile(name)` resolved: entries and provenance (`profile_snapshot`)."""
+
 
 class DatabaseSources:
     """Today's catalog and profiles. Remembers the profile documents it resolved (for a quote's snapshot)."""
@@ -119,6 +124,9 @@ class DatabaseSources:
     def profile(self, name: str | None) -> CalibrationProfile:
         profile, self.profile_documents[name] = profile_snapshot(self.session, name)
         return profile
+
+    def profile_document(self, name: str | None) -> dict[str, Any]:
+        return self.profile_documents[name]
 
 
 T = TypeVar("T")
@@ -209,6 +217,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
     compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
     efficiencies, profiles = _plan_efficiencies(sources.profile(request.calibration), gpus, compute_dtypes)
+    held_out = _HeldOut(sources.profile_document(request.calibration),
+                        None if request.model_spec is not None else model_id, candidates.engine)
     slo = request.slo
     try:
         inputs = plan_core.PlanInputs(
@@ -241,9 +251,9 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
         [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
     max_model_len = plan_core.max_model_len(inputs)
-    plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, max_model_len)
+    plans = [_plan_out(rank, plan, model, model_id, profiles, request, draft_id, max_model_len, held_out)
              if isinstance(plan, plan_core.Plan) else
-             _disaggregated_out(rank, plan, model, model_id, profiles, request, max_model_len, inputs)
+             _disaggregated_out(rank, plan, model, model_id, profiles, request, max_model_len, inputs, held_out)
              for rank, plan in enumerate(ranked, start=1)]
     pareto = plan_core.plan_frontier(ranked)
     infeasible = [*(aggregated.infeasible if aggregated else ()), *(disaggregated.infeasible if disaggregated else ())]
@@ -399,9 +409,25 @@ def _percentiles_out(percentiles: plan_core.Percentiles) -> PercentilesOut:
                           at_slo_percentile_ms=ms(percentiles.at_slo_percentile_s))
 
 
+class _HeldOut:
+    """The held-out error a plan reports (`crossval.held_out_error`), from the profile's cross-validation."""
+
+    def __init__(self, document: dict[str, Any], model_id: str | None, engine: str) -> None:
+        self.validation = (document.get("provenance") or {}).get("cross_validation")
+        # The model's family as the cross-validation groups rows: the organization of its Hugging Face id
+        # (none for an inline architecture, or a model without one).
+        self.model_family = model_id.split("/")[0] if model_id and "/" in model_id else None
+        self.engine = engine
+
+    def out(self, layout_kind: str, gpus: Sequence[str]) -> HeldOutErrorOut | None:
+        found = crossval.held_out_error(self.validation, layout_kind=layout_kind, gpus=gpus,
+                                        model_family=self.model_family, engine=self.engine)
+        return None if found is None else HeldOutErrorOut.model_validate(found)
+
+
 def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
               profiles: dict[tuple[str, str], str], request: SloPlanRequest, draft_id: str | None,
-              max_model_len: int) -> PlanOut:
+              max_model_len: int, held_out: _HeldOut) -> PlanOut:
     configuration, engine, predicted = plan.configuration, plan.engine, plan.predicted
     gpu = configuration.gpu
     speculative = request.speculative
@@ -430,7 +456,8 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
         assumptions=PlanAssumptionsOut(
             efficiency=efficiency_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)]),
             tokens_per_pass=plan.tokens_per_pass,
-            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
+            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources],
+            held_out_error=held_out.out(configuration.layout.kind, [gpu.slug])),
     )
 
 
@@ -524,7 +551,7 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
 
 def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, model_id: str,
                        profiles: dict[tuple[str, str], str], request: SloPlanRequest, max_model_len: int,
-                       inputs: plan_core.PlanInputs) -> PlanOut:
+                       inputs: plan_core.PlanInputs, held_out: _HeldOut) -> PlanOut:
     """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
     decode, predicted = plan.decode, plan.predicted
     configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu
@@ -558,7 +585,8 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
         assumptions=PlanAssumptionsOut(
             efficiency=efficiency_out(decode.efficiency, profiles[(gpu.slug, decode.compute_dtype)]),
             tokens_per_pass=None,
-            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources]),
+            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources],
+            held_out_error=held_out.out(KIND_DISAGGREGATED, [plan.prefill.configuration.gpu.slug, gpu.slug])),
         deployment=DISAGGREGATED,
         disaggregation=DisaggregationOut(
             prefill=prefill_out, decode=decode_out, router=ENGINES[engine.engine].disaggregation_router(),

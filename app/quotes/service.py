@@ -446,6 +446,9 @@ class SnapshotSources:
         document = self.snapshot["calibration_profile"]
         return profile_from_entries(document["name"], document["entries"])
 
+    def profile_document(self, name: str | None) -> dict[str, Any]:
+        return self.snapshot["calibration_profile"]
+
 
 def reproduce(session: Session, quote_id: str, offload: planning.Offload = planning.in_this_thread) -> ReproduceOut:
     """Plan the stored request from the quote's snapshot alone; stores nothing."""

@@ -32,6 +32,7 @@ from app.calibration.schemas import (
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog.repository import bump_catalog_revision
 from tests.api.problems import assert_problem
+from tests.api.test_slo_plan_disaggregated import LONG_PROMPTS
 
 SAMPLE = Path(__file__).parents[2] / "examples" / "calibration-sample.csv"
 MEASURED = Path(__file__).parents[1] / "data" / "measured-calibration.csv"
@@ -116,6 +117,40 @@ def test_the_loaded_default_profile_answers_requests_that_name_none(client: Test
 def test_the_default_profile_loads_once(engine: Engine, default_profile_loaded: None) -> None:
     with Session(engine) as session, session.begin():
         assert load_default_profile(session) == "unchanged"
+
+
+def test_a_plan_states_the_held_out_error_of_its_kind_of_prediction(client: TestClient,
+                                                                      default_profile_loaded: None) -> None:
+    """Under the shipped profile every plan carries what its cross-validation measured for the plan's kind,
+    read here from the shipped file: the leave-one-GPU-out errors of the plan's layout kind (TP only for an
+    aggregated TP2/TP4 plan, the disaggregated rows for a prefill/decode plan), only metric kinds with rows,
+    and the held-out errors of H100's rows, of Meta's models (Llama's publisher on Hugging Face) and of vLLM's
+    rows. Under `builtin`, which has no cross-validation, it is null."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    hold_outs = {item["held_out"]: item for item in shipped["provenance"]["cross_validation"]["hold_outs"]}
+    by_layout = {item["layout_kind"]: item["by_metric"] for item in hold_outs["gpu"]["by_layout"]}
+
+    def group(hold_out: str, name: str) -> dict[str, Any]:
+        return next(item for item in hold_outs[hold_out]["by_group"] if item["group"] == name)
+
+    response = client.post("/v1/slo-plan", json=LONG_PROMPTS)
+    assert response.status_code == 200, response.text
+    plans = response.json()["plans"]
+    assert {plan["deployment"] for plan in plans} == {"aggregated", "disaggregated"}
+    for plan in plans:
+        error = plan["assumptions"]["held_out_error"]
+        kind = "disaggregated" if plan["deployment"] == "disaggregated" else "tp"
+        assert error["held_out"] == "gpu" and error["layout_kind"] == kind
+        assert error["by_metric"] == {metric: stats for metric, stats in by_layout[kind].items() if stats["rows"]}
+        assert error["gpus"] == [group("gpu", "h100-sxm")]
+        assert error["model_family"] == group("model_family", "meta-llama")
+        assert error["engine"] == group("engine", "vllm")
+        assert error["targets"] == {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0}
+    disaggregated = next(plan for plan in plans if plan["deployment"] == "disaggregated")
+    assert set(disaggregated["assumptions"]["held_out_error"]["by_metric"]) == {"ttft", "tpot_itl"}
+
+    builtin = client.post("/v1/slo-plan", json={**LONG_PROMPTS, "calibration": "builtin"}).json()
+    assert builtin["plans"] and all(plan["assumptions"]["held_out_error"] is None for plan in builtin["plans"])
 
 
 # Calibrating -----------------------------------------------------------------------------------
