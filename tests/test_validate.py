@@ -561,7 +561,7 @@ def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
     layout kind (only metric kinds with rows: a kind's rows-0 metric is unmeasured, not 0%), and the
     group errors of the plan's GPUs (in the plan's order, each once, skipping one the data lacks), of its
     model family and of its engine (None where the data has no rows of it). A document without
-    cross-validation gives None."""
+    cross-validation gives None; one without hold-outs or targets, empty answers."""
     stats = {"rows": 3, "median_abs_pct_error": 12.5, "p90_abs_pct_error": 30.0}
     empty = {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
     validation = {
@@ -587,3 +587,7 @@ def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
     assert tp["model_family"] is None and tp["engine"] == {"group": "sglang", **stats}
     assert held_out_error(validation, layout_kind="pp", gpus=[], model_family=None, engine="vllm")["by_metric"] == {}
     assert held_out_error(None, layout_kind="tp", gpus=["b200"], model_family=None, engine="vllm") is None
+    # A stored profile written before a breakdown existed answers with what it has, never an error.
+    assert held_out_error({"chosen_level": "family"}, layout_kind="tp", gpus=["b200"], model_family="openai",
+                          engine="vllm") == {"held_out": "gpu", "layout_kind": "tp", "by_metric": {}, "gpus": [],
+                                             "model_family": None, "engine": None, "targets": {}}

@@ -197,7 +197,7 @@ def held_out_error(validation: dict[str, Any] | None, *, layout_kind: str, gpus:
     group's rows predicted by a fit that never saw the group). None for a profile without cross-validation."""
     if not validation:
         return None
-    hold_outs = {item["held_out"]: item for item in validation["hold_outs"]}
+    hold_outs = {item["held_out"]: item for item in validation.get("hold_outs", [])}
 
     def group(hold_out: str, name: str | None) -> dict[str, Any] | None:
         groups = hold_outs[hold_out]["by_group"] if hold_out in hold_outs else []
@@ -212,5 +212,5 @@ def held_out_error(validation: dict[str, Any] | None, *, layout_kind: str, gpus:
         "gpus": [found for found in (group(GPU, slug) for slug in dict.fromkeys(gpus)) if found is not None],
         "model_family": group(MODEL_FAMILY, model_family),
         "engine": group(ENGINE, engine),
-        "targets": dict(validation["targets"]),
+        "targets": dict(validation.get("targets", {})),
     }
