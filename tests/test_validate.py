@@ -18,7 +18,7 @@ import pytest
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
-from app.calibration.crossval import _hold_out_document, held_out_error
+from app.calibration.crossval import _hold_out_document, held_out_error, model_family, publisher
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
@@ -591,3 +591,12 @@ def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
     assert held_out_error({"chosen_level": "family"}, layout_kind="tp", gpus=["b200"], model_family="openai",
                           engine="vllm") == {"held_out": "gpu", "layout_kind": "tp", "by_metric": {}, "gpus": [],
                                              "model_family": None, "engine": None, "targets": {}}
+
+
+def test_a_models_family_is_the_organization_of_its_hugging_face_id() -> None:
+    """The rule the cross-validation groups rows by and a plan looks its family up by: "meta-llama" for
+    meta-llama/Llama-3.1-70B-Instruct (the catalog's llama-3.1-70b), none for an id without an organization
+    or without an id."""
+    assert publisher("meta-llama/Llama-3.1-70B-Instruct") == "meta-llama" == model_family("llama-3.1-70b")
+    assert publisher("deepseek-ai/DeepSeek-V3") == "deepseek-ai" == model_family("deepseek-v3")
+    assert publisher("my-model") is None and publisher(None) is None and publisher("") is None

@@ -59,7 +59,13 @@ def metric_kind(metric: str) -> str:
 
 @cache
 def _model_families() -> dict[str, str]:
-    return {row["slug"]: str(row["hf_id"]).split("/")[0] for row in reference_model_rows() if row.get("hf_id")}
+    return {row["slug"]: family for row in reference_model_rows()
+            if (family := publisher(row.get("hf_id"))) is not None}
+
+
+def publisher(hf_id: str | None) -> str | None:
+    """A model's family (module docstring): the organization of its Hugging Face id; None without one."""
+    return hf_id.split("/")[0] if hf_id and "/" in hf_id else None
 
 
 def model_family(slug: str) -> str:

@@ -414,9 +414,7 @@ class _HeldOut:
 
     def __init__(self, document: dict[str, Any], model_id: str | None, engine: str) -> None:
         self.validation = (document.get("provenance") or {}).get("cross_validation")
-        # The model's family as the cross-validation groups rows: the organization of its Hugging Face id
-        # (none for an inline architecture, or a model without one).
-        self.model_family = model_id.split("/")[0] if model_id and "/" in model_id else None
+        self.model_family = crossval.publisher(model_id)  # as the cross-validation groups rows
         self.engine = engine
 
     def out(self, layout_kind: str, gpus: Sequence[str]) -> HeldOutErrorOut | None:
