@@ -115,8 +115,9 @@ class Metrics:
 
 class RequestContextMiddleware:
     """Outermost layer: request id (accepted when well-formed, else generated; echoed),
-    security headers, the 1 MiB body limit, the request timeout, metrics, the access log, and a
-    problem+json 500 (without internals) for anything unhandled."""
+    security headers, the 1 MiB body limit, the request slots (liveness and metrics never wait for one:
+    `ops.api.UNQUEUED_PATHS`) and timeout, metrics, the access log, and a problem+json 500 (without
+    internals) for anything unhandled."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, timeout_s: float, max_concurrent: int) -> None:
         self.app = app
@@ -162,7 +163,8 @@ class RequestContextMiddleware:
             if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
                 await self._problem(scope, receive, send_with_headers, 413, "The request body exceeds 1 MiB")
             else:
-                await self._call_with_deadline(scope, receive_limited, send_with_headers, response)
+                await self._call_with_deadline(scope, receive_limited, send_with_headers, response,
+                                               queued=scope["path"] not in ops_api.UNQUEUED_PATHS)
         except Exception:  # noqa: BLE001  (the last line of defence: log it, answer a bare 500)
             error_log.exception("unhandled error", extra={"method": scope["method"], "path": scope["path"]})
             if not response["started"]:
@@ -172,9 +174,9 @@ class RequestContextMiddleware:
             current_request_id.reset(token)
 
     async def _call_with_deadline(self, scope: Scope, receive: Receive, send: Send,
-                                  response: dict[str, Any]) -> None:
-        """Run the app in one of the process's request slots; if it has not started its response
-        by the deadline (waiting for a slot included), answer a 503 problem.
+                                  response: dict[str, Any], queued: bool = True) -> None:
+        """Run the app in one of the process's request slots (without one unless `queued`); if it has not
+        started its response by the deadline (waiting for a slot included), answer a 503 problem.
 
         Sync endpoints run in worker threads, which cannot be interrupted, so late work is not
         cancelled: it runs to its end in its slot (the slots bound the work, not just the
@@ -191,12 +193,14 @@ class RequestContextMiddleware:
 
         async def run_in_slot() -> None:
             nonlocal in_slot
-            await self.slots.acquire()
+            if queued:
+                await self.slots.acquire()
             in_slot = True
             try:
                 await self.app(scope, receive, send_unless_expired)
             finally:
-                self.slots.release()
+                if queued:
+                    self.slots.release()
 
         task = asyncio.ensure_future(run_in_slot())
         try:

@@ -14,6 +14,12 @@ from app.errors import ServiceUnavailable, problem_responses
 
 router = APIRouter(tags=["operations"])
 
+# Never wait for one of the per-process request slots (app.main): a process whose slots are all busy is alive
+# and can be scraped. Queued behind the work, a liveness probe would time out under load and have an
+# orchestrator restart a healthy, busy process, dropping its requests in flight. Readiness stays queued: a
+# saturated process reads as not ready, and traffic goes to the other replicas until it catches up.
+UNQUEUED_PATHS = frozenset({"/healthz", "/metrics"})
+
 
 @router.get("/healthz", response_model=Health, summary="Liveness", responses=problem_responses())
 def healthz() -> Health:
