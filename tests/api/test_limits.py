@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -319,20 +320,28 @@ def test_a_quote_whose_request_times_out_is_not_stored(app_with: Any, engine: En
         assert session.scalar(select(func.count()).select_from(QuoteRecord)) == 0
 
 
-def test_requests_over_the_slots_wait_and_time_out_rather_than_pile_up(
-        app_with: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One slot, held by a 1.5 s request: a second request waits for it and gets a 503 at its
-    0.3 s deadline (readiness too: a saturated process reads as not ready); once the slot is free again
-    requests are served."""
+@contextmanager
+def the_one_slot_held(app_with: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """A client of a process with one request slot and a 0.3 s deadline, its slot held by a 1.5 s request
+    until the block ends (then the holder is joined)."""
     slow(monkeypatch, "kv_cache", 1.5)
     application = app_with(request_timeout_s=0.3, max_concurrent_requests=1)
     with TestClient(application, raise_server_exceptions=False) as client:
         holder = threading.Thread(target=client.post, args=("/v1/kv-cache",), kwargs={"json": KV})
         holder.start()
         time.sleep(0.1)  # the first request has taken the slot
+        yield client
+        holder.join()
+
+
+def test_requests_over_the_slots_wait_and_time_out_rather_than_pile_up(
+        app_with: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot, held by a 1.5 s request: a second request waits for it and gets a 503 at its
+    0.3 s deadline (readiness too: a saturated process reads as not ready); once the slot is free again
+    requests are served."""
+    with the_one_slot_held(app_with, monkeypatch) as client:
         waiting = client.get("/v1/gpus/h100-sxm")
         readiness = client.get("/readyz")
-        holder.join()
         time.sleep(1.5)  # the first request's work ends and frees the slot
         assert client.get("/v1/gpus/h100-sxm").status_code == 200
     assert_problem(waiting, 503)
@@ -343,16 +352,10 @@ def test_liveness_and_metrics_answer_while_every_slot_is_busy(
         app_with: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one slot is held for 1.5 s, past the 0.3 s deadline: queued for it, /healthz would be a 503 (and
     an orchestrator would restart a busy, healthy process); it answers 200 at once, as /metrics does, with
-    the request id and security headers of every answer, and the held request is counted when it ends."""
-    slow(monkeypatch, "kv_cache", 1.5)
-    application = app_with(request_timeout_s=0.3, max_concurrent_requests=1)
-    with TestClient(application, raise_server_exceptions=False) as client:
-        holder = threading.Thread(target=client.post, args=("/v1/kv-cache",), kwargs={"json": KV})
-        holder.start()
-        time.sleep(0.1)  # the first request has taken the slot
+    the request id and security headers of every answer."""
+    with the_one_slot_held(app_with, monkeypatch) as client:
         alive = client.get("/healthz", headers={"X-Request-ID": "probe-1"})
         scraped = client.get("/metrics")
-        holder.join()
     assert (alive.status_code, alive.json(), alive.headers["x-request-id"]) == (200, {"status": "ok"}, "probe-1")
     assert alive.headers["x-content-type-options"] == "nosniff"
     assert scraped.status_code == 200
