@@ -159,6 +159,11 @@ def _command(args: argparse.Namespace) -> str:
 
 # Text -------------------------------------------------------------------------------------------
 
+def _times(value: float | None) -> str:
+    """A median predicted / measured: '×0.68'; '–' where the profile has none."""
+    return "–" if value is None else f"×{value:.2f}"
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -391,7 +396,8 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
         out += [
             "",
             ("By the layout the measured run used (TP only; DP+EP: attention data and/or expert parallelism; "
-             "PP > 1: pipeline stages; disaggregated prefill and decode pools), each row held out as above:"),
+             "PP > 1: pipeline stages; disaggregated prefill and decode pools), each row held out as above; "
+             "×r is the median predicted / measured, which way the predictions erred (below 1: they ran low):"),
             "",
             "| held out | layout | " + " | ".join(f"{METRIC_KIND_LABELS[kind]} (target ≤ {targets[kind]:g}%)"
                                                  for kind in targets) + " |",
@@ -404,7 +410,8 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
                     stats = layout["by_metric"][kind]
                     median = stats["median_abs_pct_error"]
                     verdict = "" if median is None else (" ✓" if median <= targets[kind] else " ✗")
-                    cells.append("–" if not stats["rows"] else f"{_pct(median)}%{verdict} ({stats['rows']} rows)")
+                    ratio = "" if stats.get("median_ratio") is None else f", {_times(stats['median_ratio'])}"
+                    cells.append("–" if not stats["rows"] else f"{_pct(median)}%{verdict} ({stats['rows']} rows{ratio})")
                 out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | {LAYOUT_LABELS[layout['layout_kind']]} | "
                            + " | ".join(cells) + " |")
     out += [
@@ -420,9 +427,11 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
     for item in validation["hold_outs"]:
         label = HOLD_OUT_LABELS[item["held_out"]]
         out += ["", f"### {label[0].upper()}{label[1:]}", "",
-                "| held out | rows | median abs. error | p90 abs. error |", "|---|---:|---:|---:|"]
+                "| held out | rows | median abs. error | p90 abs. error | median predicted / measured |",
+                "|---|---:|---:|---:|---:|"]
         out += [f"| {group['group']} | {group['rows']} | {_pct(group['median_abs_pct_error'])}% | "
-                f"{_pct(group['p90_abs_pct_error'])}% |" for group in item["by_group"]]
+                f"{_pct(group['p90_abs_pct_error'])}% | {_times(group.get('median_ratio'))} |"
+                for group in item["by_group"]]
     return out + [""]
 
 

@@ -537,6 +537,8 @@ def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:
     """Four held-out rows, errors worked by hand from predicted / measured:
     TP only, TPOT: 11 vs 10 ms -> 10%; TP only, TPOT: 8 vs 10 -> 20% (median of the two: 15%);
     DP+EP, TPOT: 30 vs 20 -> 50%; PP 4, throughput: 900 vs 1000 tok/s -> 10%.
+    Their direction, median predicted / measured: TP TPOT (1.1 + 0.8) / 2 = 0.95, DP+EP 1.5, PP 0.9; all four
+    TPOT and throughput rows: 0.8, 0.9, 1.1, 1.5 -> (0.9 + 1.1) / 2 = 1.0.
     No disaggregated row, so no disaggregated line; a kind's metric without rows has rows 0 and no median."""
     def held(metric: str, measured: float, predicted: float, **layout: int) -> HeldOut:
         measurement = Measurement(scenario="closed_loop", metric=metric, num_gpus=8, weight_dtype="bf16",
@@ -553,7 +555,34 @@ def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:
     assert by_layout["tp"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(15.0)
     assert by_layout["dp_ep"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(50.0)
     assert by_layout["pp"]["throughput"]["median_abs_pct_error"] == pytest.approx(10.0)
-    assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
+    assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None,
+                                       "median_ratio": None}
+    assert by_layout["tp"]["tpot_itl"]["median_ratio"] == pytest.approx(0.95)
+    assert by_layout["dp_ep"]["tpot_itl"]["median_ratio"] == pytest.approx(1.5)
+    assert by_layout["pp"]["throughput"]["median_ratio"] == pytest.approx(0.9)
+    assert document["overall"]["median_ratio"] == pytest.approx(1.0)
+
+
+def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
+    """The page's layout table gives each cell's median predicted / measured after its rows (×0.68: the
+    prediction ran low, at 68% of the measured value), and each hold-out's group table a column of it; a
+    profile cross-validated before the ratio existed shows none, not a made-up one."""
+    ttft = {"rows": 127, "median_abs_pct_error": 43.2, "p90_abs_pct_error": 130.7, "median_ratio": 0.68}
+    old = {"rows": 145, "median_abs_pct_error": 9.6, "p90_abs_pct_error": 30.0}
+    empty = {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
+    by_metric = {"throughput": empty, "tpot_itl": old, "ttft": ttft, "e2e": empty}
+    validation = {
+        "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
+        "hold_outs": [{"held_out": "gpu", "overall": {**ttft, "rows": 272}, "by_metric": by_metric,
+                       "by_group": [{"group": "b200", **ttft}, {"group": "gb200", **old}],
+                       "by_layout": [{"layout_kind": "disaggregated", "by_metric": by_metric}]}],
+        "chosen_level": "family", "chosen_by": "the lowest mean", "levels": {"family": "an entry per GPU family"},
+        "candidates": {"family": {"gpu": 25.8}},
+    }
+    page = "\n".join(validate_command._cross_validation_section(validation))
+    assert "| leave one GPU out | prefill/decode | – | 9.6% ✓ (145 rows) | 43.2% ✗ (127 rows, ×0.68) | – |" in page
+    assert "| b200 | 127 | 43.2% | 130.7% | ×0.68 |" in page
+    assert "| gb200 | 145 | 9.6% | 30.0% | – |" in page
 
 
 def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:

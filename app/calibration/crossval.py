@@ -157,24 +157,28 @@ def _scored(item: HeldOut, level: str) -> bool:
     return bool(np.isfinite(item.predicted[level]) and item.predicted[level] > 0)
 
 
+def _kept(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] = lambda item: True) -> list[HeldOut]:
+    return [item for item in held if keep(item) and _scored(item, level)]
+
+
 def _errors(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] = lambda item: True) -> list[float]:
-    return [abs_pct_error(item.predicted[level], item.target.measured) for item in held
-            if keep(item) and _scored(item, level)]
+    return [abs_pct_error(item.predicted[level], item.target.measured) for item in _kept(held, level, keep)]
 
 
 def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> dict[str, Any]:
+    def stats(keep: Callable[[HeldOut], bool] = lambda item: True) -> dict[str, Any]:
+        return _stats(_kept(held, level, keep), level)
+
     return {
         "held_out": hold_out,
-        "overall": _stats(_errors(held, level)),
-        "by_metric": {kind: _stats(_errors(held, level, lambda item, kind=kind:
-                                           metric_kind(item.target.row.metric) == kind))
+        "overall": stats(),
+        "by_metric": {kind: stats(lambda item, kind=kind: metric_kind(item.target.row.metric) == kind)
                       for kind in METRIC_KINDS},
-        "by_group": [{"group": name, **_stats(_errors(held, level, lambda item, name=name: item.group == name))}
+        "by_group": [{"group": name, **stats(lambda item, name=name: item.group == name)}
                      for name in sorted({item.group for item in held})],
         "by_layout": [{"layout_kind": kind,
-                       "by_metric": {metric: _stats(_errors(held, level, lambda item, kind=kind, metric=metric:
-                                                            _layout_kind(item) == kind
-                                                            and metric_kind(item.target.row.metric) == metric))
+                       "by_metric": {metric: stats(lambda item, kind=kind, metric=metric: _layout_kind(item) == kind
+                                                   and metric_kind(item.target.row.metric) == metric)
                                      for metric in METRIC_KINDS}}
                       for kind in LAYOUT_KINDS if any(_layout_kind(item) == kind for item in held)],
     }
@@ -189,9 +193,13 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def _stats(errors: list[float]) -> dict[str, Any]:
-    return {"rows": len(errors), "median_abs_pct_error": _median(errors),
-            "p90_abs_pct_error": float(np.percentile(errors, 90)) if errors else None}
+def _stats(items: list[HeldOut], level: str) -> dict[str, Any]:
+    """The rows' count, median and 90th percentile absolute % error, and median predicted / measured (the
+    direction: below 1 the predictions ran low)."""
+    errors = [abs_pct_error(item.predicted[level], item.target.measured) for item in items]
+    return {"rows": len(items), "median_abs_pct_error": _median(errors),
+            "p90_abs_pct_error": float(np.percentile(errors, 90)) if errors else None,
+            "median_ratio": _median([float(item.predicted[level]) / item.target.measured for item in items])}
 
 
 def held_out_error(validation: dict[str, Any] | None, *, layout_kind: str, gpus: Sequence[str],

@@ -301,7 +301,7 @@ PROFILE_ENTRY_EXAMPLE = {
 }
 ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
                      "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
-HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "p90_abs_pct_error": 61.0}
+HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "p90_abs_pct_error": 61.0, "median_ratio": 0.93}
 HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
                     "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
@@ -373,6 +373,11 @@ class EntryFitOut(BaseModel):
 class HeldOutStatsOut(ErrorStatsOut):
     model_config = _examples(HELD_OUT_STATS_EXAMPLE)
 
+    median_ratio: float | None = Field(None, description=(
+        "Median predicted / measured of the same rows: which way the held-out predictions erred (below 1 they ran "
+        "low: latencies shorter, throughput lower than measured). Null without rows, and in profiles "
+        "cross-validated before this figure existed"))
+
 
 class HeldOutGroupOut(HeldOutStatsOut):
     group: str = Field(description="The GPU slug, model family or engine held out")
@@ -402,8 +407,10 @@ class HoldOutOut(BaseModel):
 
 HELD_OUT_ERROR_EXAMPLE = {
     "held_out": "gpu", "layout_kind": "tp",
-    "by_metric": {"ttft": {"rows": 1471, "median_abs_pct_error": 38.0, "p90_abs_pct_error": 111.3},
-                  "tpot_itl": {"rows": 1463, "median_abs_pct_error": 15.0, "p90_abs_pct_error": 48.3}},
+    "by_metric": {"ttft": {"rows": 1471, "median_abs_pct_error": 38.0, "p90_abs_pct_error": 111.3,
+                           "median_ratio": 0.9},
+                  "tpot_itl": {"rows": 1463, "median_abs_pct_error": 15.0, "p90_abs_pct_error": 48.3,
+                               "median_ratio": 1.02}},
     "gpus": [{"group": "h200-sxm", **HELD_OUT_STATS_EXAMPLE}],
     "model_family": {"group": "meta-llama", **HELD_OUT_STATS_EXAMPLE},
     "engine": {"group": "vllm", **HELD_OUT_STATS_EXAMPLE},
