@@ -74,7 +74,8 @@ CAPACITY_FORMULAS = (
      "inside a node, the scale-out link across nodes. With dp = 1 (TP attention, with or without ep) every GPU "
      "already holds every token and the TP all-reduce sums the experts' outputs: no exchange"),
     ("TP beyond one node's GPUs: each all-reduce's ring leaves a node through all its GPUs' NICs (min(NVLink, "
-     "GPUs per node x NIC) per GPU) and pays 2 x (nodes - 1) inter-node steps of 2.7 us (NCCL's Ring LL NET hop)"),
+     "GPUs per node x NIC) per GPU) and, by NCCL's ring model, its 2 x (nodes - 1) inter-node steps take the 2.7 us "
+     "NET hop and its other 2 x (tp - nodes) steps the host's 1 us network overhead instead of a 0.6 us NVLink hop"),
 )
 
 

@@ -205,7 +205,8 @@ ROOFLINE_FORMULAS = (
     ("expected time = sum over operators of max(FLOPs / (peak x compute fraction at this step's tokens), "
      "bytes / (bandwidth x bandwidth fraction)) + 2 all-reduces per layer under TP (alpha + 2(tp-1)/tp x "
      "message / link bandwidth; across nodes the link is min(NVLink, GPUs per node x NIC) and alpha adds "
-     "2 x (nodes - 1) x 2.7 us) + per-step and per-layer overhead"),
+     "NCCL's multi-node ring: 2 x (nodes - 1) steps at 2.7 us instead of 0.6, the other 2 x (tp - nodes) at "
+     "1 us instead of 0.6) + per-step and per-layer overhead"),
     ("linear layers: 2 FLOPs per weight per token; attention: 2 x heads x (qk width + v width) FLOPs per "
      "attended position; prefill is causal: n new tokens after p cached attend n x (p + (n+1)/2) positions"),
     "LM head: 2 x hidden x vocab FLOPs per sampled position (the last prompt token in prefill)",

@@ -617,9 +617,11 @@ def test_a_pipelines_steady_state_steps_at_its_full_period() -> None:
 def test_tensor_parallel_beyond_one_node_uses_the_scale_out_link() -> None:
     """Llama-3-70B at TP16 is allowed (KV heads replicate: 2·1·128·2·80 = 40,960 B/token per GPU). With 8
     GPUs per node the ring crosses between the two nodes over their 8 NICs together: min(450e9 NVLink,
-    8 x 50e9) = 400e9 B/s instead of 450e9, and each all-reduce takes 2·(2 − 1) = 2 inter-node steps of
-    NCCL's 2.7 µs more. Memory and batch are the same, and the decode step grows by 2 all-reduces x 80
-    layers x (2 x 2.7e-6 + 2·15/16 · B·8192·2 B x (1/400e9 − 1/450e9)) (SIZING.md s6, ENGINES.md s5)."""
+    8 x 50e9) = 400e9 B/s instead of 450e9. Of each all-reduce's 2·15 = 30 ring steps, 2·(2 − 1) = 2 cross
+    between the nodes at NCCL's 2.7 µs NET hop instead of a 0.6 µs NVLink one, and the other 28 pay the host's
+    1 µs network overhead instead of 0.6 µs: 2 x 2.1 + 28 x 0.4 = 15.4 µs more. Memory and batch are the same,
+    and the decode step grows by 2 all-reduces x 80 layers x (15.4e-6 + 2·15/16 · B·8192·2 B x (1/400e9 −
+    1/450e9)) (SIZING.md s6, ENGINES.md s5)."""
     one_node = dataclasses.replace(H100, gpus_per_node=16)
     across = run(LLAMA_3_70B, tp=16)
     inside = run(LLAMA_3_70B, one_node, tp=16)
@@ -628,7 +630,7 @@ def test_tensor_parallel_beyond_one_node_uses_the_scale_out_link() -> None:
     assert across.operating_point is not None and inside.operating_point is not None
     batch = across.operating_point.batch_size
     assert batch == inside.operating_point.batch_size
-    extra = 2 * 80 * (2 * 2.7e-6 + 2 * 15 / 16 * batch * 8192 * 2 * (1 / 400e9 - 1 / 450e9))
+    extra = 2 * 80 * (2 * 2.1e-6 + 28 * 0.4e-6 + 2 * 15 / 16 * batch * 8192 * 2 * (1 / 400e9 - 1 / 450e9))
     assert across.operating_point.expected_decode_step_s - inside.operating_point.expected_decode_step_s == \
         pytest.approx(extra, rel=1e-6)
 

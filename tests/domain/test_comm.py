@@ -96,13 +96,19 @@ def test_tensor_parallel_link_is_nvlink_inside_a_node_and_the_nodes_nics_beyond(
 
 
 def test_a_ring_across_nodes_adds_nccls_inter_node_steps_to_the_latency() -> None:
-    """NCCL's ring over k nodes crosses between them 2·(k − 1) times, each a NET hop of 2.7 µs (Ring LL,
-    tuning.cc): none inside a node (TP8), 2 x 2.7 = 5.4 µs for TP16 (2 nodes), 2 x 7 x 2.7 = 37.8 µs for
-    TP64 (8 nodes), 2 x 2 x 2.7 = 10.8 µs for TP24 (3 nodes, the last one partly filled)."""
+    """NCCL's ring all-reduce over n GPUs on k nodes takes 2·(n − 1) steps (Ring LL, tuning.cc, ENGINES.md
+    section 5): 2·(k − 1) cross between nodes at the NET hop, 2.7 µs, and the others pay max(NVLink hop 0.6 µs,
+    the host's network overhead 1 µs) = 1 µs. Over the one-node ring of n GPUs (6.6 + 2·(n − 1) x 0.6 µs) that
+    adds 2·(k − 1) x (2.7 − 0.6) + (2·(n − 1) − 2·(k − 1)) x (1.0 − 0.6):
+    - TP8 (one node): 0.
+    - TP16 (2 nodes): 2 x 2.1 + 28 x 0.4 = 4.2 + 11.2 = 15.4 µs. Checked against the whole model: NCCL's
+      6.6 + 28 x 1.0 + 2 x 2.7 = 40.0 µs less the one-node 6.6 + 30 x 0.6 = 24.6 µs is 15.4 µs.
+    - TP64 (8 nodes): 14 x 2.1 + 112 x 0.4 = 29.4 + 44.8 = 74.2 µs.
+    - TP24 (3 nodes, the last one partly filled): 4 x 2.1 + 42 x 0.4 = 8.4 + 16.8 = 25.2 µs."""
     assert tp_network_latency_s(H100_SXM, 8) == 0.0
-    assert tp_network_latency_s(H100_SXM, 16) == pytest.approx(5.4e-6, rel=1e-12)
-    assert tp_network_latency_s(H100_SXM, 64) == pytest.approx(37.8e-6, rel=1e-12)
-    assert tp_network_latency_s(H100_SXM, 24) == pytest.approx(10.8e-6, rel=1e-12)
+    assert tp_network_latency_s(H100_SXM, 16) == pytest.approx(15.4e-6, rel=1e-12)
+    assert tp_network_latency_s(H100_SXM, 64) == pytest.approx(74.2e-6, rel=1e-12)
+    assert tp_network_latency_s(H100_SXM, 24) == pytest.approx(25.2e-6, rel=1e-12)
 
 
 def test_pipeline_hops_by_hand() -> None:

@@ -18,10 +18,12 @@ from numpy.typing import ArrayLike
 from app.sizing.specs import GpuSpec
 
 ALLREDUCES_PER_LAYER = 2  # after attention-out and after MLP-down
-# What one step of a ring across nodes adds to the all-reduce's latency: NCCL's own model (the Ring LL
-# per-hop NET latency of src/graph/tuning.cc @5067397c, ENGINES.md section 5). A ring over k nodes takes
-# 2·(k − 1) such steps per all-reduce.
+# A ring across nodes, by NCCL's own model (src/graph/tuning.cc @5067397c, ENGINES.md section 5): of an
+# all-reduce's 2·(n − 1) steps over n GPUs on k nodes, 2·(k − 1) cross between nodes and take the Ring LL
+# per-hop NET latency instead of an NVLink hop; every other step takes max(NVLink hop, the host's network
+# overhead), 1 us on Intel hosts (2 us on AMD ones, which the catalog does not record: the Intel value).
 NET_RING_HOP_S = 2.7e-6
+NET_OVERHEAD_S = 1.0e-6
 # NCCL's latency model of a one-node ring all-reduce in its LL protocol (src/graph/tuning.cc @5067397c,
 # ENGINES.md section 5): a base of 6.6 us plus 0.6 us per NVLink hop, 2·(n − 1) hops for n GPUs: 7.8 us (2),
 # 10.2 (4), 15.0 (8).
@@ -68,10 +70,17 @@ def link_bandwidth(gpu: GpuSpec, gpus_spanned: int) -> float:
 
 
 def tp_network_latency_s(gpu: GpuSpec, tensor_parallel: int) -> float:
-    """Latency a tensor-parallel all-reduce adds to the in-node one (`allreduce_time_s`'s alpha) when its
-    ring spans nodes: 2·(nodes − 1) inter-node steps of NET_RING_HOP_S each; 0 inside one node."""
+    """Latency a tensor-parallel all-reduce's ring adds when it spans nodes, over the one-node ring of as many
+    GPUs (`allreduce_time_s`'s alpha), by NCCL's model: its 2·(nodes − 1) inter-node steps take NET_RING_HOP_S
+    instead of an NVLink hop, and its other 2·(tp − 1) − 2·(nodes − 1) steps max(hop, NET_OVERHEAD_S) instead
+    of the hop; 0 inside one node."""
     nodes = -(-tensor_parallel // gpu.gpus_per_node)
-    return 2 * (nodes - 1) * NET_RING_HOP_S
+    if nodes == 1:
+        return 0.0
+    inter_node_steps = 2 * (nodes - 1)
+    intra_node_steps = 2 * (tensor_parallel - 1) - inter_node_steps
+    return (inter_node_steps * (NET_RING_HOP_S - RING_LL_NVLINK_HOP_S)
+            + intra_node_steps * (max(RING_LL_NVLINK_HOP_S, NET_OVERHEAD_S) - RING_LL_NVLINK_HOP_S))
 
 
 def tp_link_bandwidth(gpu: GpuSpec, tensor_parallel: int) -> float:
