@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -42,10 +43,12 @@ from app.calibration.profiles import (
 )
 from app.calibration.rows import read_measurement_files
 from app.calibration.service import (
+    CONTRADICTION_RATIO,
     LATENCY_LIGHT_LOAD,
     LATENCY_LOADED,
     LIGHT_LOAD_USERS,
     THROUGHPUT,
+    Contradiction,
     ObservedRow,
     ReferenceCatalog,
     Report,
@@ -352,10 +355,40 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
     if summary.skipped_reasons:
         out += ["", "## Skipped rows", "", "| reason | rows |", "|---|---:|"]
         out += [f"| {reason} | {count} |" for reason, count in summary.skipped_reasons.items()]
+    out += _contradictions_section(report)
     out += ["", f"## Worst {WORST_ROWS} rows", "", "| row | predicted | measured | error |", "|---|---:|---:|---:|"]
     out += [f"| {outcome.row.row_id} | {outcome.predicted:.4g} | {outcome.row.value:.4g} | "
             f"{outcome.abs_pct_error:.0f}% |" for outcome in report.worst(WORST_ROWS)]
     return "\n".join(out) + "\n"
+
+
+def _contradictions_section(report: Report) -> list[str]:
+    """The predicted rows the stated columns cannot tell apart (`Report.contradictions`): how many by source and
+    metric, and the widest groups."""
+    groups = report.contradictions()
+    if not groups:
+        return []
+    by_kind: dict[tuple[str, str], list[Contradiction]] = {}
+    for group in groups:
+        first = group.outcomes[0].row
+        by_kind.setdefault((first.source_id, first.metric), []).append(group)
+    out = ["", "## Rows the stated columns cannot tell apart", "",
+           (f"{len(groups)} group{'s' if len(groups) > 1 else ''} of predicted rows "
+            f"({sum(len(group.outcomes) for group in groups)} rows): each states one configuration (model, GPU and "
+            "every column a prediction reads, so one prediction serves the group), yet its measured values differ by "
+            f"×{CONTRADICTION_RATIO:g} or more: something the rows do not record differs (an engine setting such as "
+            "speculative decoding, the harness, the run). Whatever the model, the worst-predicted row of a group is "
+            "off by at least (high − low) / (high + low)."),
+           "", "| source | metric | groups | rows | median high / low |", "|---|---|---:|---:|---:|"]
+    out += [f"| {source} | {metric} | {len(kind)} | {sum(len(group.outcomes) for group in kind)} | "
+            f"×{statistics.median(group.ratio for group in kind):.2f} |"
+            for (source, metric), kind in sorted(by_kind.items())]
+    out += ["", f"The widest {min(WORST_ROWS, len(groups))}:", "",
+            "| rows | metric | low | high | high / low | least error of the worst row |", "|---|---|---:|---:|---:|---:|"]
+    out += [f"| {', '.join(outcome.row.row_id for outcome in group.outcomes)} | {group.outcomes[0].row.metric} | "
+            f"{group.low:.4g} | {group.high:.4g} | ×{group.ratio:.2f} | {group.least_worst_error_pct:.0f}% |"
+            for group in groups[:WORST_ROWS]]
+    return out
 
 
 HOLD_OUT_LABELS = {"gpu": "leave one GPU out", "model_family": "leave one model family out",

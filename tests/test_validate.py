@@ -195,6 +195,34 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
     assert outcomes["moetp"].predicted == outcomes["ok"].predicted
 
 
+def test_rows_the_stated_columns_cannot_tell_apart_are_reported_with_the_least_error_any_model_has() -> None:
+    """a, b and c state one configuration (one prediction serves them) and measure 10, 20 and 12 ms: a group,
+    ×2.00 from its lowest to its highest value. Whatever the prediction p, the worse of p / 10 − 1 and
+    1 − p / 20 is least at p = 2 x 10 x 20 / (10 + 20) = 13.33 ms, where both are 1/3: (20 − 10) / (20 + 10) =
+    33.3%. d and e (batch 8) differ by ×1.2 only, under the report's ×1.3; f measures another
+    metric and g runs on another GPU: neither has a twin."""
+    other_batch = GOOD.removesuffix(",4") + ",8"
+    text = "\n".join([
+        HEADER,
+        f"a,{GOOD},tpot_ms,,10,aggregated,1,1,1",
+        f"b,{GOOD},tpot_ms,,20,aggregated,1,1,1",
+        f"c,{GOOD},tpot_ms,,12,aggregated,1,1,1",
+        f"d,{other_batch},tpot_ms,,10,aggregated,1,1,1",
+        f"e,{other_batch},tpot_ms,,12,aggregated,1,1,1",
+        f"f,{GOOD},e2e_ms,,900,aggregated,1,1,1",
+        f"g,{GOOD.replace('h100-sxm', 'h200-sxm')},tpot_ms,,30,aggregated,1,1,1",
+    ]) + "\n"
+    report = validate(read_rows(text, pointer="file.csv"), ReferenceCatalog(), builtin_profile())
+    assert all(outcome.predicted is not None for outcome in report.outcomes)
+    [group] = report.contradictions()
+    assert [outcome.row.row_id for outcome in group.outcomes] == ["a", "b", "c"]
+    assert (group.low, group.high, group.ratio) == (10, 20, 2)
+    assert group.least_worst_error_pct == pytest.approx(100 / 3, rel=1e-12)
+    page = validate_command._contradictions_section(report)
+    assert "| a, b, c | tpot_ms | 10 | 20 | ×2.00 | 33% |" in page
+    assert any(line.startswith("1 group of predicted rows (3 rows): each states one configuration") for line in page)
+
+
 def test_a_gpu_or_model_outside_the_catalog_is_the_reason_before_an_unstated_cell() -> None:
     """Argonne's rows on an A100 of unstated memory leave the precision empty too: no precision would make
     them predictable, the missing GPU is the reason they are skipped (and counted under)."""

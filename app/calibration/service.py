@@ -93,6 +93,7 @@ from app.sizing.calibration.predict import (
     THROUGHPUT_METRICS,
     TTFT_MS,
     UNSTATED_STAT,
+    Measurement,
     PreparedPrediction,
     Unpredictable,
     needs_simulation,
@@ -313,6 +314,42 @@ class Summary:
         return self.rows_predicted / self.rows_total if self.rows_total else 0.0
 
 
+# Predicted rows that state the same configuration (one prediction serves them all) contradict each other when
+# their measured values differ by at least this factor: something the rows do not record differs (an engine
+# setting such as speculative decoding, the harness, the run). AIC_SILICON_SAMPLE-5816 and -6360 state DeepSeek-R1
+# fp8 on 8 B200 (TP8, TensorRT-LLM 1.2.0, 4 users, 1k/1k) alike and measure a TPOT of 10.30 and 5.38 ms. At x1.3
+# one of two such rows is off by at least 0.3 / 2.3 = 13% whatever the prediction (`least_worst_error_pct`), the
+# size of the 10-20% median errors the cross-validation is held to.
+CONTRADICTION_RATIO = 1.3
+
+
+@dataclass(frozen=True, slots=True)
+class Contradiction:
+    """Predicted rows stating one configuration (model, GPU and every column a prediction reads) whose measured
+    values differ by at least CONTRADICTION_RATIO (`Report.contradictions`)."""
+
+    outcomes: tuple[RowOutcome, ...]  # in input order
+
+    @property
+    def low(self) -> float:
+        return min(outcome.row.value for outcome in self.outcomes)
+
+    @property
+    def high(self) -> float:
+        return max(outcome.row.value for outcome in self.outcomes)
+
+    @property
+    def ratio(self) -> float:
+        return self.high / self.low
+
+    @property
+    def least_worst_error_pct(self) -> float:
+        """The least error the worst-predicted row can have, whatever the one prediction p: its error on the
+        lowest value, p / low - 1, grows with p and its error on the highest, 1 - p / high, falls, so the larger
+        of the two is least where they meet, at p = 2 low high / (low + high): 100 (high - low) / (high + low)."""
+        return 100 * (self.high - self.low) / (self.high + self.low)
+
+
 @dataclass(frozen=True, slots=True)
 class Report:
     profile: str
@@ -322,6 +359,18 @@ class Report:
     def worst(self, count: int) -> list[RowOutcome]:
         predicted = [outcome for outcome in self.outcomes if outcome.predicted is not None]
         return sorted(predicted, key=lambda outcome: -(outcome.abs_pct_error or 0.0))[:count]
+
+    def contradictions(self) -> list[Contradiction]:
+        """Groups of predicted rows the stated columns cannot tell apart (the same model, GPU and `Measurement`,
+        so the same prediction) whose measured values differ by at least CONTRADICTION_RATIO, widest first. No
+        model of those columns can be close to every row of such a group."""
+        groups: dict[tuple[str, str, Measurement], list[RowOutcome]] = {}
+        for outcome in self.outcomes:
+            if outcome.predicted is not None:
+                row = outcome.row
+                groups.setdefault((row.model, row.gpu, row.measurement), []).append(outcome)
+        found = [Contradiction(tuple(group)) for group in groups.values() if len(group) > 1]
+        return sorted((group for group in found if group.ratio >= CONTRADICTION_RATIO), key=lambda group: -group.ratio)
 
 
 def category(prepared: PreparedRow, efficiency: Efficiency) -> str:
