@@ -52,6 +52,7 @@ from app.calibration.service import (
     ObservedRow,
     ReferenceCatalog,
     Report,
+    contradiction_document,
     file_sha256,
     row_document,
     summary_document,
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "calculation_version": CALCULATION_VERSION,
             "rows": [_row_json(row_document(outcome)) for outcome in report.outcomes],
             "summary": summary_document(report.summary),
+            "contradictions": [contradiction_document(group) for group in report.contradictions()],
         }, indent=1) + "\n", encoding="utf-8")
     capacity_section = ""
     if args.capacity:

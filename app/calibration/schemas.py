@@ -274,13 +274,38 @@ class ErrorSummaryOut(BaseModel):
     skipped_reasons: dict[str, int] = Field(description="Rows skipped, by reason")
 
 
+CONTRADICTION_EXAMPLE = {"row_ids": ["AIC_SILICON_SAMPLE-5816", "AIC_SILICON_SAMPLE-6360"], "metric": "tpot_ms",
+                         "low": 5.38, "high": 10.302, "ratio": 1.915, "least_worst_error_pct": 31.4}
+
+
+class ContradictionOut(BaseModel):
+    """Predicted rows that state one configuration (model, GPU and every column a prediction reads, so one
+    prediction serves them all) whose measured values differ by x1.3 or more: something the rows do not record
+    differs (an engine setting such as speculative decoding, the harness, the run)."""
+
+    model_config = _examples(CONTRADICTION_EXAMPLE)
+
+    row_ids: list[str] = Field(description="The rows, in upload order")
+    metric: str
+    low: float = Field(description="The lowest measured value, in the metric's published unit")
+    high: float = Field(description="The highest measured value, in the metric's published unit")
+    ratio: float = Field(description="high / low")
+    least_worst_error_pct: float = Field(
+        description="The least absolute % error the worst-predicted of these rows can have, whatever the one "
+                    "prediction: 100 (high - low) / (high + low)")
+
+
 class ValidationResponse(BaseModel):
     model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
-                              "summary": SUMMARY_EXAMPLE, "calculation_version": "2026.12.03.4"})
+                              "summary": SUMMARY_EXAMPLE, "contradictions": [CONTRADICTION_EXAMPLE],
+                              "calculation_version": "2026.12.03.4"})
 
     calibration_profile: str = Field(description="The profile whose efficiencies produced the predictions")
     rows: list[RowResultOut]
     summary: ErrorSummaryOut
+    contradictions: list[ContradictionOut] = Field(
+        description="Rows the stated columns cannot tell apart (one prediction) measured x1.3 or more apart, "
+                    "widest first: no model of those columns can be close to all of them")
     calculation_version: str
 
 

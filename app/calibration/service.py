@@ -47,6 +47,7 @@ from app.calibration.rows import ObservedRow, RowsInvalid, observed_rows
 from app.calibration.schemas import (
     CalibrationRequest,
     CalibrationResponse,
+    ContradictionOut,
     ErrorSummaryOut,
     MeasurementRowIn,
     ProfileEntryOut,
@@ -451,6 +452,14 @@ def row_document(outcome: RowOutcome) -> dict[str, Any]:
             "skipped_reason": outcome.skipped_reason, "assumption": outcome.assumption}
 
 
+def contradiction_document(group: Contradiction) -> dict[str, Any]:
+    """A group of rows the stated columns cannot tell apart as JSON (the API's ContradictionOut and the
+    validator's --json contradictions)."""
+    return {"row_ids": [outcome.row.row_id for outcome in group.outcomes], "metric": group.outcomes[0].row.metric,
+            "low": group.low, "high": group.high, "ratio": group.ratio,
+            "least_worst_error_pct": group.least_worst_error_pct}
+
+
 def summary_document(summary: Summary) -> dict[str, Any]:
     """A summary as JSON (the API's ErrorSummaryOut and the validator's --json summary)."""
     return {
@@ -617,8 +626,11 @@ def validate_upload(session: Session, request: ValidationRequest) -> ValidationR
     rows = _observed_or_422(request.rows)
     check_upload_work(rows, request.max_simulated_runs, "python -m app.validate FILE.csv")
     profile = get_profile(session, request.calibration)
-    rows_out, summary = report_schemas(validate(rows, DatabaseCatalog(session), profile))
+    report = validate(rows, DatabaseCatalog(session), profile)
+    rows_out, summary = report_schemas(report)
     return ValidationResponse(calibration_profile=profile.name, rows=rows_out, summary=summary,
+                              contradictions=[ContradictionOut.model_validate(contradiction_document(group))
+                                              for group in report.contradictions()],
                               calculation_version=CALCULATION_VERSION)
 
 

@@ -349,6 +349,20 @@ def test_validation_reports_every_row_and_stores_nothing(client: TestClient) -> 
     assert [item["name"] for item in client.get("/v1/calibrations").json()["items"]] == ["builtin"]
 
 
+def test_validation_names_the_rows_the_stated_columns_cannot_tell_apart(client: TestClient) -> None:
+    """A sample row and a copy measuring twice its value state one configuration, so they get one prediction p:
+    one contradiction, x2.00, whose worse row is off by at least (2v - v) / (2v + v) = 33.3% whatever p (at
+    p = 4v/3). The sample's own 35 rows hold none."""
+    first = SAMPLE_ROWS[0]
+    twin = {**first, "row_id": "twin", "value": first["value"] * 2}
+    report = client.post("/v1/validate", json={"rows": [first, twin]}).json()
+    assert report["rows"][0]["predicted"] == report["rows"][1]["predicted"]
+    assert report["contradictions"] == [
+        {"row_ids": [first["row_id"], "twin"], "metric": first["metric"], "low": first["value"],
+         "high": 2 * first["value"], "ratio": 2.0, "least_worst_error_pct": pytest.approx(100 / 3, rel=1e-12)}]
+    assert client.post("/v1/validate", json={"rows": SAMPLE_ROWS}).json()["contradictions"] == []
+
+
 def test_validation_of_a_csv_upload_matches_the_json_rows(client: TestClient) -> None:
     as_json = client.post("/v1/validate", json={"rows": SAMPLE_ROWS}).json()
     as_csv = client.post("/v1/validate", files={"file": ("rows.csv", SAMPLE_TEXT, "text/csv")}).json()
