@@ -92,7 +92,7 @@ def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: Cal
         results[hold_out] = leave_one_group_out(training, evaluation, base, group_key(hold_out),
                                                 fit_global=fit_global, max_evaluations=max_evaluations,
                                                 max_rows_per_entry=max_rows_per_entry, progress=say)
-    candidates = {level: {hold_out: _median(_errors(held, level)) for hold_out, held in results.items()}
+    candidates = {level: {hold_out: _median(_errors(_kept(held, level), level)) for hold_out, held in results.items()}
                   for level in LEVELS}
     chosen = min(LEVELS, key=lambda level: (_choice_score(candidates[level]), LEVELS.index(level)))
     return {
@@ -161,8 +161,8 @@ def _kept(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] =
     return [item for item in held if keep(item) and _scored(item, level)]
 
 
-def _errors(held: Sequence[HeldOut], level: str, keep: Callable[[HeldOut], bool] = lambda item: True) -> list[float]:
-    return [abs_pct_error(item.predicted[level], item.target.measured) for item in _kept(held, level, keep)]
+def _errors(items: Sequence[HeldOut], level: str) -> list[float]:
+    return [abs_pct_error(item.predicted[level], item.target.measured) for item in items]
 
 
 def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> dict[str, Any]:
@@ -196,7 +196,7 @@ def _median(values: list[float]) -> float | None:
 def _stats(items: list[HeldOut], level: str) -> dict[str, Any]:
     """The rows' count, median and 90th percentile absolute % error, and median predicted / measured (the
     direction: below 1 the predictions ran low)."""
-    errors = [abs_pct_error(item.predicted[level], item.target.measured) for item in items]
+    errors = _errors(items, level)
     return {"rows": len(items), "median_abs_pct_error": _median(errors),
             "p90_abs_pct_error": float(np.percentile(errors, 90)) if errors else None,
             "median_ratio": _median([float(item.predicted[level]) / item.target.measured for item in items])}
