@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "calculation_version": CALCULATION_VERSION,
             "rows": [_row_json(row_document(outcome)) for outcome in report.outcomes],
             "summary": summary_document(report.summary),
-            "contradictions": [contradiction_document(group) for group in report.contradictions()],
+            "contradictions": [contradiction_document(group) for group in report.contradictions],
         }, indent=1) + "\n", encoding="utf-8")
     capacity_section = ""
     if args.capacity:
@@ -365,9 +365,9 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
 
 
 def _contradictions_section(report: Report) -> list[str]:
-    """The predicted rows the stated columns cannot tell apart (`Report.contradictions`): how many by source and
+    """The predicted rows the stated columns cannot tell apart (`service.contradictions`): how many by source and
     metric, and the widest groups."""
-    groups = report.contradictions()
+    groups = report.contradictions
     if not groups:
         return []
     by_kind: dict[tuple[str, str], list[Contradiction]] = {}

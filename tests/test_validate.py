@@ -214,7 +214,7 @@ def test_rows_the_stated_columns_cannot_tell_apart_are_reported_with_the_least_e
     ]) + "\n"
     report = validate(read_rows(text, pointer="file.csv"), ReferenceCatalog(), builtin_profile())
     assert all(outcome.predicted is not None for outcome in report.outcomes)
-    [group] = report.contradictions()
+    [group] = report.contradictions
     assert [outcome.row.row_id for outcome in group.outcomes] == ["a", "b", "c"]
     assert (group.low, group.high, group.ratio) == (10, 20, 2)
     assert group.least_worst_error_pct == pytest.approx(100 / 3, rel=1e-12)

@@ -583,11 +583,14 @@ class CalibrationResponse(BaseModel):
         "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
                     "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
         "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,
-        "rows": [ROW_RESULT_EXAMPLE], "calculation_version": "2026.12.03.4"})
+        "rows": [ROW_RESULT_EXAMPLE], "contradictions": [CONTRADICTION_EXAMPLE], "calculation_version": "2026.12.03.4"})
 
     profile: ProfileOut
     base_profile: str
     before: ErrorSummaryOut = Field(description="The base profile's errors on the uploaded rows")
     after: ErrorSummaryOut = Field(description="The new profile's errors on the same rows")
     rows: list[RowResultOut] = Field(description="Each row under the new profile")
+    contradictions: list[ContradictionOut] = Field(
+        description="Uploaded rows the stated columns cannot tell apart (one prediction) measured x1.3 or more "
+                    "apart, widest first: no fit of those columns can be close to all of them")
     calculation_version: str

@@ -327,7 +327,7 @@ CONTRADICTION_RATIO = 1.3
 @dataclass(frozen=True, slots=True)
 class Contradiction:
     """Predicted rows stating one configuration (model, GPU and every column a prediction reads) whose measured
-    values differ by at least CONTRADICTION_RATIO (`Report.contradictions`)."""
+    values differ by at least CONTRADICTION_RATIO (`contradictions`)."""
 
     outcomes: tuple[RowOutcome, ...]  # in input order
 
@@ -356,22 +356,25 @@ class Report:
     profile: str
     outcomes: tuple[RowOutcome, ...]
     summary: Summary
+    contradictions: tuple[Contradiction, ...]  # `contradictions(outcomes)`, widest first
 
     def worst(self, count: int) -> list[RowOutcome]:
         predicted = [outcome for outcome in self.outcomes if outcome.predicted is not None]
         return sorted(predicted, key=lambda outcome: -(outcome.abs_pct_error or 0.0))[:count]
 
-    def contradictions(self) -> list[Contradiction]:
-        """Groups of predicted rows the stated columns cannot tell apart (the same model, GPU and `Measurement`,
-        so the same prediction) whose measured values differ by at least CONTRADICTION_RATIO, widest first. No
-        model of those columns can be close to every row of such a group."""
-        groups: dict[tuple[str, str, Measurement], list[RowOutcome]] = {}
-        for outcome in self.outcomes:
-            if outcome.predicted is not None:
-                row = outcome.row
-                groups.setdefault((row.model, row.gpu, row.measurement), []).append(outcome)
-        found = [Contradiction(tuple(group)) for group in groups.values() if len(group) > 1]
-        return sorted((group for group in found if group.ratio >= CONTRADICTION_RATIO), key=lambda group: -group.ratio)
+
+def contradictions(outcomes: Sequence[RowOutcome]) -> tuple[Contradiction, ...]:
+    """Groups of predicted rows the stated columns cannot tell apart (the same model, GPU and `Measurement`, so
+    the same prediction) whose measured values differ by at least CONTRADICTION_RATIO, widest first. No model of
+    those columns can be close to every row of such a group."""
+    groups: dict[tuple[str, str, Measurement], list[RowOutcome]] = {}
+    for outcome in outcomes:
+        if outcome.predicted is not None:
+            row = outcome.row
+            groups.setdefault((row.model, row.gpu, row.measurement), []).append(outcome)
+    found = [Contradiction(tuple(group)) for group in groups.values() if len(group) > 1]
+    return tuple(sorted((group for group in found if group.ratio >= CONTRADICTION_RATIO),
+                        key=lambda group: -group.ratio))
 
 
 def category(prepared: PreparedRow, efficiency: Efficiency) -> str:
@@ -406,7 +409,7 @@ def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipp
             outcomes.append(RowOutcome(row, item.family, None, f"no finite prediction ({predicted})", None))
             continue
         outcomes.append(RowOutcome(row, item.family, predicted, None, category(item, efficiency), item.assumption))
-    return Report(profile.name, tuple(outcomes), summarize(outcomes))
+    return Report(profile.name, tuple(outcomes), summarize(outcomes), contradictions(outcomes))
 
 
 def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
@@ -621,6 +624,10 @@ def report_schemas(report: Report) -> tuple[list[RowResultOut], ErrorSummaryOut]
             ErrorSummaryOut.model_validate(summary_document(report.summary)))
 
 
+def contradictions_out(report: Report) -> list[ContradictionOut]:
+    return [ContradictionOut.model_validate(contradiction_document(group)) for group in report.contradictions]
+
+
 def validate_upload(session: Session, request: ValidationRequest) -> ValidationResponse:
     """POST /v1/validate: the error report of the rows under a profile; nothing is stored."""
     rows = _observed_or_422(request.rows)
@@ -629,8 +636,7 @@ def validate_upload(session: Session, request: ValidationRequest) -> ValidationR
     report = validate(rows, DatabaseCatalog(session), profile)
     rows_out, summary = report_schemas(report)
     return ValidationResponse(calibration_profile=profile.name, rows=rows_out, summary=summary,
-                              contradictions=[ContradictionOut.model_validate(contradiction_document(group))
-                                              for group in report.contradictions()],
+                              contradictions=contradictions_out(report),
                               calculation_version=CALCULATION_VERSION)
 
 
@@ -657,7 +663,8 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
     _, before = report_schemas(result.before)
     after_rows, after = report_schemas(result.after)
     return CalibrationResponse(profile=profile_out(record), base_profile=base.name, before=before, after=after,
-                               rows=after_rows, calculation_version=CALCULATION_VERSION)
+                               rows=after_rows, contradictions=contradictions_out(result.after),
+                               calculation_version=CALCULATION_VERSION)
 
 
 def _observed_or_422(rows: Sequence[MeasurementRowIn]) -> list[ObservedRow]:

@@ -183,6 +183,7 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     assert created["after"]["overall"]["median_abs_pct_error"] < created["before"]["overall"]["median_abs_pct_error"]
     assert created["after"]["rows_total"] == 35 and created["after"]["rows_predicted"] == 35
     assert len(created["rows"]) == 35
+    assert created["contradictions"] == []  # the sample states no configuration twice
 
     fetched = client.get("/v1/calibrations/sample-trtllm")
     assert fetched.status_code == 200
@@ -264,6 +265,25 @@ def test_the_list_pages_through_builtin_then_the_stored_profiles(client: TestCli
     assert names(2, 2) == (["zeta"], 3)
     assert names(50, 1) == (["alpha", "zeta"], 3)
     assert_problem(client.get("/v1/calibrations", params={"limit": 0}), 422, "/query/limit")
+
+
+def test_a_calibration_names_the_uploaded_rows_the_stated_columns_cannot_tell_apart(
+        client: TestClient, write_headers: dict[str, str]) -> None:
+    """The sample plus a copy of its first row measuring three times its value: the two state one configuration,
+    so every profile predicts them alike, and whatever that prediction p the worse of them is off by at least
+    (3v - v) / (3v + v) = 50% (at p = 2 v 3v / 4v = 1.5v). The response names them, as validation does."""
+    first = SAMPLE_ROWS[0]
+    twin = {**first, "row_id": "twin", "value": first["value"] * 3}
+    response = client.post("/v1/calibrations", headers=write_headers,
+                           json={"name": "with-twin", "rows": [*SAMPLE_ROWS, twin]})
+    assert response.status_code == 201, response.text
+    created = response.json()
+    [first_out] = [row for row in created["rows"] if row["row_id"] == first["row_id"]]
+    [twin_out] = [row for row in created["rows"] if row["row_id"] == "twin"]
+    assert first_out["predicted"] == twin_out["predicted"]
+    assert created["contradictions"] == [
+        {"row_ids": [first["row_id"], "twin"], "metric": first["metric"], "low": first["value"],
+         "high": 3 * first["value"], "ratio": 3.0, "least_worst_error_pct": pytest.approx(50.0, rel=1e-12)}]
 
 
 def test_a_profile_name_is_never_reused(client: TestClient, write_headers: dict[str, str]) -> None:
