@@ -409,6 +409,23 @@ def _percentiles_out(percentiles: plan_core.Percentiles) -> PercentilesOut:
                           at_slo_percentile_ms=ms(percentiles.at_slo_percentile_s))
 
 
+def _prediction_out(predicted: plan_core.Prediction) -> PredictionOut:
+    return PredictionOut(
+        load_per_replica=predicted.load, ttft=_percentiles_out(predicted.ttft), tpot=_percentiles_out(predicted.tpot),
+        e2e=_percentiles_out(predicted.e2e), goodput_ratio=predicted.goodput_ratio,
+        requests_per_s=predicted.requests_per_s, output_tokens_per_s=predicted.output_tokens_per_s,
+        preemptions=predicted.preemptions)
+
+
+def _assumptions_out(efficiency: Efficiency, profile: str, engine: ResolvedEngine, tokens_per_pass: float | None,
+                     held_out_error: HeldOutErrorOut | None) -> PlanAssumptionsOut:
+    """What a plan assumed: its efficiencies and their profile, each engine setting and where its value came from."""
+    return PlanAssumptionsOut(
+        efficiency=efficiency_out(efficiency, profile), tokens_per_pass=tokens_per_pass,
+        engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources],
+        held_out_error=held_out_error)
+
+
 class _HeldOut:
     """The held-out error a plan reports (`crossval.held_out_error`), from the profile's cross-validation."""
 
@@ -444,18 +461,11 @@ def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
         cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,
         output_tokens_per_s=plan.output_tokens_per_s, output_tokens_per_s_per_gpu=plan.output_tokens_per_s_per_gpu,
         utilization_ratio=plan.utilization_ratio,
-        predicted=PredictionOut(
-            load_per_replica=predicted.load, ttft=_percentiles_out(predicted.ttft),
-            tpot=_percentiles_out(predicted.tpot), e2e=_percentiles_out(predicted.e2e),
-            goodput_ratio=predicted.goodput_ratio, requests_per_s=predicted.requests_per_s,
-            output_tokens_per_s=predicted.output_tokens_per_s, preemptions=predicted.preemptions),
+        predicted=_prediction_out(predicted),
         meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
         launch=launch,
-        assumptions=PlanAssumptionsOut(
-            efficiency=efficiency_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)]),
-            tokens_per_pass=plan.tokens_per_pass,
-            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources],
-            held_out_error=held_out.out(configuration.layout.kind, [gpu.slug])),
+        assumptions=_assumptions_out(plan.efficiency, profiles[(gpu.slug, plan.compute_dtype)], engine,
+                                     plan.tokens_per_pass, held_out.out(configuration.layout.kind, [gpu.slug])),
     )
 
 
@@ -573,18 +583,11 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
         cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,
         output_tokens_per_s=plan.output_tokens_per_s, output_tokens_per_s_per_gpu=plan.output_tokens_per_s / plan.gpus,
         utilization_ratio=offered / decode.load_per_worker,
-        predicted=PredictionOut(
-            load_per_replica=predicted.load, ttft=_percentiles_out(predicted.ttft),
-            tpot=_percentiles_out(predicted.tpot), e2e=_percentiles_out(predicted.e2e),
-            goodput_ratio=predicted.goodput_ratio, requests_per_s=predicted.requests_per_s,
-            output_tokens_per_s=predicted.output_tokens_per_s, preemptions=predicted.preemptions),
+        predicted=_prediction_out(predicted),
         meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
         launch=decode_out.launch,
-        assumptions=PlanAssumptionsOut(
-            efficiency=efficiency_out(decode.efficiency, profiles[(gpu.slug, decode.compute_dtype)]),
-            tokens_per_pass=None,
-            engine_settings=[f"{name} = {getattr(engine, name)} ({source})" for name, source in engine.sources],
-            held_out_error=held_out.out(KIND_DISAGGREGATED, [plan.prefill.configuration.gpu.slug, gpu.slug])),
+        assumptions=_assumptions_out(decode.efficiency, profiles[(gpu.slug, decode.compute_dtype)], engine, None,
+                                     held_out.out(KIND_DISAGGREGATED, [plan.prefill.configuration.gpu.slug, gpu.slug])),
         deployment=DISAGGREGATED,
         disaggregation=DisaggregationOut(
             prefill=prefill_out, decode=decode_out, router=ENGINES[engine.engine].disaggregation_router(),
