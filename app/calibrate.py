@@ -13,7 +13,8 @@ With --hold-out gpu=b200,h200-sxm (or model_family=..., engine=...) it only cros
 predicted by a fit on every other group's rows, prints their held-out errors per level, metric and layout, and
 writes no profile: a quick look at a change on the groups it is about, before a whole refit. With --rows FILE.csv
 it also writes each of their rows, its measured value and its held-out prediction and error at each level (which
-rows a change moved, where the medians only say by how much).
+rows a change moved, where the medians only say by how much). The held-out fits run --jobs at a time (default:
+one per CPU this process may use), each in a worker process of its own; the numbers do not depend on it.
 
 Predictions use the catalog shipped in app/data (no database needed).
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -55,7 +57,8 @@ from app.settings import Settings
 # 80. Same code and data (2026-12-04), 80 -> 160, at the level each run chose: held-out medians GPU 27.3 ->
 # 27.5%, model family 19.5 -> 17.3%, engine 27.0 -> 27.3%, parameters at a bound 18 -> 7. 21
 # cross-validation fits of up to 15 entries each plus the fit itself took 25-28 minutes at 160 on a quiet
-# 2-vCPU AMD EPYC (at 50 the held-out errors still moved by 2-3 points with incidental changes).
+# 2-vCPU AMD EPYC, one fit at a time (at 50 the held-out errors still moved by 2-3 points with incidental
+# changes).
 CLI_EVALUATIONS = 160
 
 
@@ -70,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-db", action="store_true", help="also store the profile in DATABASE_URL")
     parser.add_argument("--evaluations", type=int, default=CLI_EVALUATIONS,
                         help="objective evaluations per fitted entry (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="held-out fits run at once, each in a worker process (default: the CPUs this process "
+                             "may use, %(default)s); the results do not depend on it")
     parser.add_argument("--no-cross-validation", action="store_true",
                         help="skip the held-out fits (one per GPU, model family and engine) and ship the most "
                              "specific level")
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = calibrate(rows, ReferenceCatalog(), name=args.name, description=description, base=builtin_profile(),
                            fit_global=True, cross_validation=not args.no_cross_validation, source_file=files.names,
-                           source_sha256=files.sha256, max_evaluations=args.evaluations, progress=lambda line: print(line, file=sys.stderr))
+                           source_sha256=files.sha256, max_evaluations=args.evaluations, jobs=args.jobs,
+                           progress=lambda line: print(line, file=sys.stderr))
     except NothingToFit as exc:
         print(str(exc), file=sys.stderr)
         return 1
@@ -135,7 +142,7 @@ def _hold_out(args: argparse.Namespace) -> int:
         return 2
     try:
         document, rows = held_out_groups(read[0], ReferenceCatalog(), base=builtin_profile(), hold_out=kind,
-                                         groups=groups, max_evaluations=args.evaluations,
+                                         groups=groups, max_evaluations=args.evaluations, jobs=args.jobs,
                                          progress=lambda line: print(line, file=sys.stderr))
     except NothingToFit as exc:
         print(str(exc), file=sys.stderr)

@@ -5,7 +5,8 @@ For each way of holding out (`HOLD_OUTS`: a GPU, a model family, an engine) ever
 by a fit on the other groups' rows (`fit.leave_one_group_out`), at each specificity level of a profile
 (`fit.LEVELS`: one global entry; plus an entry per GPU family; plus one per compute precision within
 it). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
-family-out medians) is the one a calibration ships: never the in-sample error.
+family-out medians) is the one a calibration ships: never the in-sample error. The folds are independent,
+so with `jobs` > 1 they run in that many worker processes at once (`fold_runner`), to the same numbers.
 
 A model family is the organization that publishes the model's weights on Hugging Face (the prefix of
 the catalog's `hf_id`: meta-llama, mistralai, Qwen, deepseek-ai, openai, ...): held out, a family
@@ -14,7 +15,9 @@ takes all its generations with it (Llama 2, 3 and 4 together), so nothing of its
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from functools import cache
 from typing import Any
 
@@ -29,8 +32,11 @@ from app.sizing.calibration.fit import (
     LEVELS,
     MAX_FIT_ROWS_PER_ENTRY,
     CalibrationProfile,
+    Fold,
+    FoldRunner,
     HeldOut,
     abs_pct_error,
+    in_order,
     leave_one_group_out,
 )
 from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS
@@ -79,10 +85,43 @@ def group_key(hold_out: str) -> Callable[[Any], str]:
             ENGINE: lambda item: item.row.engine}[hold_out]
 
 
+# The fold the worker processes of `fold_runner` run: set before they are forked, so they inherit it (the rows
+# and their prepared predictions included) instead of receiving it pickled; only group names go to them and
+# predictions come back.
+_FORKED_FOLD: Fold | None = None
+
+
+def _forked_fold(name: str) -> list[dict[str, float]]:
+    assert _FORKED_FOLD is not None
+    return _FORKED_FOLD(name)
+
+
+def fold_runner(jobs: int) -> FoldRunner:
+    """Runs the folds of a leave-one-group-out one after another (`jobs` 1), or `jobs` at a time in forked
+    worker processes (the command-line tools: the folds take minutes each). A fold's fit and predictions
+    depend only on its rows, so either way gives the same numbers."""
+    if jobs <= 1:
+        return in_order
+
+    def in_processes(names: Sequence[str], fold: Fold) -> list[list[dict[str, float]]]:
+        if len(names) < 2:
+            return in_order(names, fold)
+        global _FORKED_FOLD
+        _FORKED_FOLD = fold
+        try:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(names)),
+                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                return list(pool.map(_forked_fold, names))
+        finally:
+            _FORKED_FOLD = None
+
+    return in_processes
+
+
 def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile, *,
                    fit_global: bool, max_evaluations: int = DEFAULT_EVALUATIONS,
                    max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                   progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[str, Any]:
     """The cross-validation document of a calibration (stored in its provenance): per hold-out, per
     level, the held-out errors overall, per metric kind and per group; and the chosen level."""
     say = progress or (lambda message: None)
@@ -91,7 +130,8 @@ def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: Cal
         say(f"cross-validation: leave one {hold_out.replace('_', ' ')} out")
         results[hold_out] = leave_one_group_out(training, evaluation, base, group_key(hold_out),
                                                 fit_global=fit_global, max_evaluations=max_evaluations,
-                                                max_rows_per_entry=max_rows_per_entry, progress=say)
+                                                max_rows_per_entry=max_rows_per_entry, progress=say,
+                                                run_folds=fold_runner(jobs))
     candidates = {level: {hold_out: _median(_errors(_kept(held, level), level)) for hold_out, held in results.items()}
                   for level in LEVELS}
     chosen = min(LEVELS, key=lambda level: (_choice_score(candidates[level]), LEVELS.index(level)))
@@ -109,14 +149,16 @@ def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: Cal
 def cross_validate_groups(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile,
                           hold_out: str, groups: Sequence[str], *, fit_global: bool,
                           max_evaluations: int = DEFAULT_EVALUATIONS,
-                          progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                          progress: Callable[[str], None] | None = None,
+                          jobs: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Only the named `groups` of one hold-out, each predicted by a fit on every other group's rows (as
     `cross_validate` predicts them): their held-out document at each level, and the rows behind it
     (`held_out_rows`). A quick look at a change on the groups it is about (four GPUs take about a quarter of
     a whole cross-validation's fits); never a choice of level, which takes every group."""
     key = group_key(hold_out)
     held = leave_one_group_out(training, [target for target in evaluation if key(target) in set(groups)], base, key,
-                               fit_global=fit_global, max_evaluations=max_evaluations, progress=progress)
+                               fit_global=fit_global, max_evaluations=max_evaluations, progress=progress,
+                               run_folds=fold_runner(jobs))
     document = {"held_out": hold_out, "groups": sorted({item.group for item in held}),
                 "levels": {level: _hold_out_document(hold_out, held, level) for level in LEVELS}}
     return document, held_out_rows(held)

@@ -497,14 +497,15 @@ class Calibration:
 def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, description: str,
               base: CalibrationProfile, fit_global: bool, cross_validation: bool, source_file: str,
               source_sha256: str, now: datetime | None = None, max_evaluations: int = DEFAULT_EVALUATIONS,
-              progress: Callable[[str], None] | None = None) -> Calibration:
+              progress: Callable[[str], None] | None = None, jobs: int = 1) -> Calibration:
     """Fit a profile to the rows, starting from `base` (see fit.fit_profile), with its provenance.
 
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
     runs, which would need a fresh simulation for every trial efficiency), and only rows that state their
     weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With
     `cross_validation`, the profile's specificity level is the one with the lowest held-out error
-    (crossval.py); without it, the most specific level.
+    (crossval.py); without it, the most specific level. `jobs` > 1 runs the cross-validation's folds in that
+    many worker processes at once (`crossval.fold_runner`): the same numbers, sooner.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
@@ -535,7 +536,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     validation, profile = None, fit.profile
     if cross_validation:
         validation = cross_validate(training, prepared, base, fit_global=fit_global,
-                                    max_evaluations=max_evaluations, progress=say)
+                                    max_evaluations=max_evaluations, progress=say, jobs=jobs)
         profile = fit.levels[validation["chosen_level"]]
         after = evaluate(rows, prepared, skipped, profile)
         say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
@@ -579,14 +580,15 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
 
 def held_out_groups(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, base: CalibrationProfile, hold_out: str,
                     groups: Sequence[str], max_evaluations: int = DEFAULT_EVALUATIONS,
-                    progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                    progress: Callable[[str], None] | None = None,
+                    jobs: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The held-out errors of only `groups` of one hold-out, and its rows (`crossval.cross_validate_groups`),
     fitted as `calibrate` fits (the rows a fit reads, from `base`, the global entry refitted); nothing is
     written."""
     prepared, _ = prepare_rows(rows, catalog)
     training = [item for item in prepared if item.fittable]
     document, held = cross_validate_groups(training, prepared, base, hold_out, groups, fit_global=True,
-                                           max_evaluations=max_evaluations, progress=progress)
+                                           max_evaluations=max_evaluations, progress=progress, jobs=jobs)
     if not document["groups"]:
         raise NothingToFit(f"no predicted row in {', '.join(groups)} (held out by {hold_out})")
     return document, held

@@ -536,16 +536,29 @@ class HeldOut:
     predicted: dict[str, float]  # by level
 
 
+# A leave-one-group-out's fold: a group's name -> its rows' predictions (each by level) by a fit without them.
+Fold = Callable[[str], list[dict[str, float]]]
+# Runs the folds: given the groups' names and the fold, the folds' results in the names' order.
+FoldRunner = Callable[[Sequence[str], Fold], Sequence[list[dict[str, float]]]]
+
+
+def in_order(names: Sequence[str], fold: Fold) -> list[list[dict[str, float]]]:
+    """The folds one after another, in this process."""
+    return [fold(name) for name in names]
+
+
 def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitTarget],
                         base: CalibrationProfile, group: Callable[[FitTarget], str], *, fit_global: bool,
                         max_evaluations: int = DEFAULT_EVALUATIONS,
                         max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
-                        progress: Callable[[str], None] | None = None) -> tuple[HeldOut, ...]:
+                        progress: Callable[[str], None] | None = None,
+                        run_folds: FoldRunner = in_order) -> tuple[HeldOut, ...]:
     """For each group G of `evaluation` (a GPU, a model family, an engine): fit on the `training`
     targets outside G, then predict G's `evaluation` targets under the profile of every level. This is
-    the error to expect on a GPU, model family or engine the fit has never seen."""
-    held_out = []
-    for name in sorted({group(target) for target in evaluation}):
+    the error to expect on a GPU, model family or engine the fit has never seen. `run_folds` runs the
+    folds (one per group): nothing a fold computes depends on another, so how they run changes no number."""
+
+    def fold(name: str) -> list[dict[str, float]]:
         others = [t for t in training if group(t) != name]
         if progress:
             progress(f"  held out {name}: fit on {len(others)} rows")
@@ -554,9 +567,14 @@ def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitT
             levels = fit_profile(others, base, name="held-out", fit_global=fit_global,
                                  describe=lambda family, dtype, rows: "held-out fit", max_evaluations=max_evaluations,
                                  max_rows_per_entry=max_rows_per_entry).levels
-        held_out += [HeldOut(name, t, {level: t.predict(profile.efficiency_for(t.family, t.compute_dtype))
-                                       for level, profile in levels.items()})
-                     for t in evaluation if group(t) == name]
+        return [{level: t.predict(profile.efficiency_for(t.family, t.compute_dtype)) for level, profile in levels.items()}
+                for t in evaluation if group(t) == name]
+
+    names = sorted({group(target) for target in evaluation})
+    held_out = []
+    for name, predictions in zip(names, run_folds(names, fold), strict=True):
+        members = [t for t in evaluation if group(t) == name]
+        held_out += [HeldOut(name, t, predicted) for t, predicted in zip(members, predictions, strict=True)]
     return tuple(held_out)
 
 
