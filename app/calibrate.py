@@ -62,6 +62,13 @@ from app.settings import Settings
 CLI_EVALUATIONS = 160
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("files", type=Path, nargs="+", metavar="FILE",
@@ -73,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-db", action="store_true", help="also store the profile in DATABASE_URL")
     parser.add_argument("--evaluations", type=int, default=CLI_EVALUATIONS,
                         help="objective evaluations per fitted entry (default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--jobs", type=int, default=_usable_cpus(),
                         help="held-out fits run at once, each in a worker process (default: the CPUs this process "
                              "may use, %(default)s); the results do not depend on it")
     parser.add_argument("--no-cross-validation", action="store_true",
