@@ -15,13 +15,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import (
-    ALLREDUCE_LATENCY_DESCRIPTION,
-    OVERLAPPED_HOST_DESCRIPTION,
-    PCIE_LINK_FRACTION_DESCRIPTION,
-    PER_STEP_OVERHEAD_DESCRIPTION,
-    ComputeCurvePoint,
+    AllreduceLatencyMs,
+    BandwidthFractionRatio,
+    ComputeCurve,
     ComputeDtype,
+    ComputeScaleRatio,
     KvDtype,
+    OverlappedHostPerSequenceMs,
+    PcieLinkFractionRatio,
+    PerLayerOverheadMs,
+    PerSequenceOverheadMs,
+    PerStepOverheadMs,
+    PrefillMoeLayerOverheadMs,
     WeightDtype,
 )
 from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
@@ -367,21 +372,16 @@ class ProfileEntryOut(BaseModel):
     gpu_family: str
     compute_dtype: str
     rows: int = Field(description="Measurements this entry was fitted on (0 = inherited, not fitted here)")
-    bandwidth_fraction_ratio: float
-    compute_scale_ratio: float
-    compute_curve: list[ComputeCurvePoint]
-    per_step_overhead_ms: float = Field(description=PER_STEP_OVERHEAD_DESCRIPTION)
-    per_layer_overhead_ms: float
-    allreduce_latency_ms: float = Field(description=ALLREDUCE_LATENCY_DESCRIPTION)
-    pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
-    per_sequence_overhead_ms: float = Field(0.0, description=(
-        "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
-        "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
-    overlapped_host_per_sequence_ms: float = Field(0.0, description=OVERLAPPED_HOST_DESCRIPTION)
-    prefill_moe_layer_overhead_ms: float = Field(0.0, description=(
-        "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
-        "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
-        "never in a roofline, never for a dense model"))
+    bandwidth_fraction_ratio: BandwidthFractionRatio
+    compute_scale_ratio: ComputeScaleRatio
+    compute_curve: ComputeCurve
+    per_step_overhead_ms: PerStepOverheadMs
+    per_layer_overhead_ms: PerLayerOverheadMs
+    allreduce_latency_ms: AllreduceLatencyMs
+    pcie_link_fraction_ratio: PcieLinkFractionRatio = 1.0
+    per_sequence_overhead_ms: PerSequenceOverheadMs = 0.0
+    overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
+    prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
     source: str
 
 

@@ -256,24 +256,38 @@ STEP_TOKENS_DESCRIPTION = (
     "give each rank the whole of it")
 
 
-OVERLAPPED_HOST_DESCRIPTION = (
-    "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
-    "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
-    "least this times the sequences it samples (TensorRT-LLM from 1.0 with pipeline stages does not hide it: "
-    "added to each micro-batch's step); never in a roofline")
-PER_STEP_OVERHEAD_DESCRIPTION = (
+# The fields of an efficiency, as a response echoes it and as a calibration profile's entry lists it.
+BandwidthFractionRatio = Annotated[float, Field(description="Achieved fraction of HBM bandwidth")]
+ComputeCurve = Annotated[list[ComputeCurvePoint], Field(
+    description="Achieved fraction of peak compute vs tokens per step")]
+ComputeScaleRatio = Annotated[float, Field(description="Multiplies the compute curve (a fitted correction)")]
+PerStepOverheadMs = Annotated[float, Field(description=(
     "The profile's fixed cost of an engine step: added to the step's time, except in an engine that prepares the "
     "next step while the GPU runs this one (TensorRT-LLM, SGLang, vLLM from 0.8), where it is host work: a step "
     "lasts at least this plus the overlapped host work of its sequences, and no more when the GPU takes longer. "
-    "TensorRT-LLM from 1.0 with pipeline stages runs without that overlap and adds it to each micro-batch's step")
-ALLREDUCE_LATENCY_DESCRIPTION = (
+    "TensorRT-LLM from 1.0 with pipeline stages runs without that overlap and adds it to each micro-batch's step"))]
+PerLayerOverheadMs = Annotated[float, Field(description=(
+    "The profile's fixed cost of each decoder layer of an engine step (kernel launches and small operations)"))]
+AllreduceLatencyMs = Annotated[float, Field(description=(
     "Fixed cost (alpha) of one communication call between two GPUs: a two-GPU all-reduce, a pipeline hand-off, "
     "an MoE exchange. A ring all-reduce over n GPUs takes NCCL's ratio (6.6 + 1.2 (n - 1)) / 7.8 times it "
-    "(15.0 / 7.8 at 8 GPUs), plus NCCL's inter-node steps when the ring spans nodes")
-PCIE_LINK_FRACTION_DESCRIPTION = (
+    "(15.0 / 7.8 at 8 GPUs), plus NCCL's inter-node steps when the ring spans nodes"))]
+PcieLinkFractionRatio = Annotated[float, Field(description=(
     "Achieved fraction of the PCIe link's per-direction rate in the layout's collectives (tensor-parallel "
     "all-reduce, pipeline hand-off, MoE exchange) on GPUs that talk over PCIe (no NVLink): 1 = the catalog's "
-    "interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate")
+    "interconnect rate; NVLink and other scale-up fabrics always run at their catalog rate"))]
+PerSequenceOverheadMs = Annotated[float, Field(description=(
+    "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
+    "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))]
+OverlappedHostPerSequenceMs = Annotated[float, Field(description=(
+    "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
+    "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
+    "least this times the sequences it samples (TensorRT-LLM from 1.0 with pipeline stages does not hide it: "
+    "added to each micro-batch's step); never in a roofline"))]
+PrefillMoeLayerOverheadMs = Annotated[float, Field(description=(
+    "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
+    "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
+    "never in a roofline, never for a dense model"))]
 
 
 class EfficiencyOut(BaseModel):
@@ -282,21 +296,16 @@ class EfficiencyOut(BaseModel):
     model_config = _examples(EFFICIENCY_EXAMPLE)
 
     calibration_profile: str
-    bandwidth_fraction_ratio: float = Field(description="Achieved fraction of HBM bandwidth")
-    compute_curve: list[ComputeCurvePoint] = Field(description="Achieved fraction of peak compute vs tokens per step")
-    compute_scale_ratio: float = Field(description="Multiplies the compute curve (a fitted correction)")
-    per_step_overhead_ms: float = Field(description=PER_STEP_OVERHEAD_DESCRIPTION)
-    per_layer_overhead_ms: float
-    allreduce_latency_ms: float = Field(description=ALLREDUCE_LATENCY_DESCRIPTION)
-    pcie_link_fraction_ratio: float = Field(1.0, description=PCIE_LINK_FRACTION_DESCRIPTION)
-    per_sequence_overhead_ms: float = Field(0.0, description=(
-        "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
-        "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))
-    overlapped_host_per_sequence_ms: float = Field(0.0, description=OVERLAPPED_HOST_DESCRIPTION)
-    prefill_moe_layer_overhead_ms: float = Field(0.0, description=(
-        "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
-        "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
-        "never in a roofline, never for a dense model"))
+    bandwidth_fraction_ratio: BandwidthFractionRatio
+    compute_curve: ComputeCurve
+    compute_scale_ratio: ComputeScaleRatio
+    per_step_overhead_ms: PerStepOverheadMs
+    per_layer_overhead_ms: PerLayerOverheadMs
+    allreduce_latency_ms: AllreduceLatencyMs
+    pcie_link_fraction_ratio: PcieLinkFractionRatio = 1.0
+    per_sequence_overhead_ms: PerSequenceOverheadMs = 0.0
+    overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
+    prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
     source: str
 
 
