@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluations", type=int, default=CLI_EVALUATIONS,
                         help="objective evaluations per fitted entry (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=_usable_cpus(),
-                        help="held-out fits run at once, each in a worker process (default: the CPUs this process "
-                             "may use, %(default)s); the results do not depend on it")
+                        help="held-out fits run at once, each in a worker process of up to about 1 GB (default: "
+                             "the CPUs this process may use, %(default)s); the results do not depend on it")
     parser.add_argument("--no-cross-validation", action="store_true",
                         help="skip the held-out fits (one per GPU, model family and engine) and ship the most "
                              "specific level")
