@@ -557,6 +557,9 @@ def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitT
     targets outside G, then predict G's `evaluation` targets under the profile of every level. This is
     the error to expect on a GPU, model family or engine the fit has never seen. `run_folds` runs the
     folds (one per group): nothing a fold computes depends on another, so how they run changes no number."""
+    members: dict[str, list[FitTarget]] = {}  # each group's targets, in evaluation order
+    for target in evaluation:
+        members.setdefault(group(target), []).append(target)
 
     def fold(name: str) -> list[dict[str, float]]:
         others = [t for t in training if group(t) != name]
@@ -568,14 +571,12 @@ def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitT
                                  describe=lambda family, dtype, rows: "held-out fit", max_evaluations=max_evaluations,
                                  max_rows_per_entry=max_rows_per_entry).levels
         return [{level: t.predict(profile.efficiency_for(t.family, t.compute_dtype)) for level, profile in levels.items()}
-                for t in evaluation if group(t) == name]
+                for t in members[name]]
 
-    names = sorted({group(target) for target in evaluation})
-    held_out = []
-    for name, predictions in zip(names, run_folds(names, fold), strict=True):
-        members = [t for t in evaluation if group(t) == name]
-        held_out += [HeldOut(name, t, predicted) for t, predicted in zip(members, predictions, strict=True)]
-    return tuple(held_out)
+    names = sorted(members)
+    return tuple(HeldOut(name, t, predicted)
+                 for name, predictions in zip(names, run_folds(names, fold), strict=True)
+                 for t, predicted in zip(members[name], predictions, strict=True))
 
 
 def parameters_at_bounds(profile: CalibrationProfile,
