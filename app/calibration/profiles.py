@@ -17,6 +17,7 @@ source-out error, parameter bounds) as JSON documents, plus the fields a list pa
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +27,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.calibration import crossval
+from app.calibration.schemas import HeldOutErrorOut
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog import repository as catalog_repository
 from app.catalog import service as catalog_service
@@ -114,6 +117,35 @@ def get_profile(session: Session, name: str | None = None) -> CalibrationProfile
     if profile is None:
         raise NotFound(f"calibration profile {name!r} does not exist")
     return profile
+
+
+def cross_validation(session: Session, name: str | None = None) -> dict[str, Any] | None:
+    """The cross-validation of the profile `get_profile(session, name)` resolves (its provenance's
+    `cross_validation`); None for `builtin` and for profiles fitted without one. Cached as the profile is."""
+    resolved = get_profile(session, name).name
+    if resolved == BUILTIN_PROFILE:
+        return None
+
+    def build() -> dict[str, Any] | None:
+        record = session.get(CalibrationProfileRecord, resolved)
+        return None if record is None else (record.provenance or {}).get("cross_validation")
+
+    return catalog_service.cached(session, ("calibration-cross-validation", resolved), build)
+
+
+class HeldOut:
+    """The held-out errors one model's predictions on one engine report (`crossval.held_out_error`), from
+    a profile's cross-validation (`validation`: `cross_validation(...)`, or a snapshot's provenance's)."""
+
+    def __init__(self, validation: dict[str, Any] | None, model_id: str | None, engine: str) -> None:
+        self.validation = validation
+        self.model_family = crossval.publisher(model_id)  # as the cross-validation groups rows
+        self.engine = engine
+
+    def out(self, layout_kind: str, gpus: Sequence[str]) -> HeldOutErrorOut | None:
+        found = crossval.held_out_error(self.validation, layout_kind=layout_kind, gpus=gpus,
+                                        model_family=self.model_family, engine=self.engine)
+        return None if found is None else HeldOutErrorOut.model_validate(found)
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -205,6 +205,14 @@ def get_model_spec(session: Session, slug: str, pointer: str = "/body/model") ->
     return cached(session, ("model", slug), build)
 
 
+def get_model_hf_id(session: Session, slug: str, pointer: str = "/body/model") -> str | None:
+    """The catalog model's Hugging Face id (None when it has none)."""
+    def build() -> str | None:
+        return _record_or_404(session, MODELS, slug, pointer).hf_id or None
+
+    return cached(session, ("model-hf-id", slug), build)
+
+
 def get_gpu_spec(session: Session, slug: str, pointer: str = "/body/gpu") -> GpuSpec:
     def build() -> GpuSpec:
         return gpu_spec_from_record(_record_or_404(session, GPUS, slug, pointer))

@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
@@ -103,6 +104,7 @@ ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
     "efficiency": EFFICIENCY_EXAMPLE,
     "formulas": ["per GPU: kv_budget = usable - weights - activation - overhead"],
     "defaults_used": ["weight_dtype = bf16 (the model's published dtype)", "calibration = builtin"],
+    "held_out_error": None,
 }
 
 
@@ -299,6 +301,13 @@ class CapacityAssumptions(BaseModel):
     efficiency: EfficiencyOut
     formulas: list[str]
     defaults_used: list[str]
+    held_out_error: HeldOutErrorOut | None = Field(None, description=(
+        "How far predictions made with these efficiencies were from published measurements their calibration "
+        "never saw, for this layout family, GPU, model family and engine: the validator's predictions of measured "
+        "runs (the same step-time model, with the simulator's schedule of each run), not of this steady-state "
+        "operating point, whose arithmetic is an approximation of its own. Null when the profile has no "
+        "cross-validation (builtin, one fitted by POST /v1/calibrations or by `python -m app.calibrate "
+        "--no-cross-validation`)"))
 
 
 POOL_CAPACITY_EXAMPLE: dict[str, Any] = {

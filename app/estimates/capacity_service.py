@@ -8,7 +8,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.calibration.profiles import resolve_efficiency
+from app.calibration.profiles import HeldOut, cross_validation, resolve_efficiency
+from app.calibration.schemas import HeldOutErrorOut
+from app.catalog.service import get_model_hf_id
 from app.errors import Unprocessable
 from app.estimates.capacity_schemas import (
     CapacityAssumptions,
@@ -43,7 +45,7 @@ from app.sizing import CALCULATION_VERSION
 from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
-from app.sizing.layout import Layout
+from app.sizing.layout import KIND_DISAGGREGATED, Layout
 from app.sizing.model.recipes import RECIPES, uniform_recipe
 from app.sizing.serving import capacity as capacity_core
 from app.sizing.serving import disaggregation
@@ -144,7 +146,13 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     except ValueError as exc:
         raise core_problem(exc) from None
     return _capacity_out(request, model_label, gpu_label, layout, result, precisions, efficiency, profile,
-                         kv_source, CAPACITY_FORMULAS)
+                         kv_source, CAPACITY_FORMULAS, _held_out(session, request).out(layout.kind, [gpu.slug]))
+
+
+def _held_out(session: Session, request: CapacityRequest) -> HeldOut:
+    """The held-out errors of the request's model and engine under its profile's cross-validation."""
+    model_id = None if request.model is None else get_model_hf_id(session, request.model)
+    return HeldOut(cross_validation(session, request.calibration), model_id, request.engine)
 
 
 def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,
@@ -170,8 +178,10 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
         raise core_problem(exc) from None
     (prefill, prefill_precisions, _, prefill_profile), (decode, precisions, efficiency, profile) = answers
     reasons = [f"{answer.role} pool: {reason}" for answer, *_ in answers for reason in answer.worker.reasons]
+    held_out = _held_out(session, request).out(KIND_DISAGGREGATED, [prefill_pool.gpu.slug, decode_pool.gpu.slug])
     top = _capacity_out(request, model_label, decode_pool.gpu_label, decode_pool.layout, decode.worker, precisions,
-                        efficiency, profile, kv_source, (*CAPACITY_FORMULAS, *DISAGGREGATED_CAPACITY_FORMULAS))
+                        efficiency, profile, kv_source, (*CAPACITY_FORMULAS, *DISAGGREGATED_CAPACITY_FORMULAS),
+                        held_out)
     if prefill_pool.gpu != decode_pool.gpu:
         top.assumptions.defaults_used.append(
             f"prefill pool on {prefill_pool.gpu_label}: compute_dtype = {prefill_precisions.compute_dtype}, "
@@ -197,7 +207,8 @@ _OPERATING_POINT_FIELDS = tuple(OperatingPointOut.model_fields)
 
 def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, layout: Layout,
                   result: capacity_core.CapacityResult, precisions: ResolvedPrecisions, efficiency: Efficiency,
-                  profile: str, kv_source: str, formulas: Sequence[str]) -> CapacityResponse:
+                  profile: str, kv_source: str, formulas: Sequence[str],
+                  held_out_error: HeldOutErrorOut | None) -> CapacityResponse:
     """One replica's (or one decode worker's) capacity answer."""
     resolved = result.engine
     defaults = [*precisions.defaults_used]
@@ -232,7 +243,7 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
             kv_dtype=precisions.kv_dtype, kv_dtype_source=kv_source,
             compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
             efficiency=efficiency_out(efficiency, profile), formulas=list(formulas),
-            defaults_used=defaults),
+            defaults_used=defaults, held_out_error=held_out_error),
         calculation_version=CALCULATION_VERSION,
     )
 

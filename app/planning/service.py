@@ -9,11 +9,10 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.calibration import crossval
-from app.calibration.profiles import profile_snapshot
+from app.calibration.profiles import HeldOut, profile_snapshot
 from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
-from app.catalog.service import MODELS, get_gpu_spec, get_model_spec, list_gpu_specs, read_one
+from app.catalog.service import get_gpu_spec, get_model_hf_id, get_model_spec, list_gpu_specs
 from app.errors import NotFound, Unprocessable
 from app.estimates.inputs import (
     INLINE_GPU_LABEL,
@@ -113,7 +112,7 @@ class DatabaseSources:
         self.profile_documents: dict[str | None, dict[str, Any]] = {}
 
     def model(self, slug: str) -> tuple[ModelSpec, str]:
-        return get_model_spec(self.session, slug), read_one(self.session, MODELS, slug).hf_id or slug
+        return get_model_spec(self.session, slug), get_model_hf_id(self.session, slug) or slug
 
     def gpu(self, slug: str) -> GpuSpec:
         return get_gpu_spec(self.session, slug)
@@ -217,8 +216,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
     compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
     efficiencies, profiles = _plan_efficiencies(sources.profile(request.calibration), gpus, compute_dtypes)
-    held_out = _HeldOut(sources.profile_document(request.calibration),
-                        None if request.model_spec is not None else model_id, candidates.engine)
+    held_out = HeldOut((sources.profile_document(request.calibration).get("provenance") or {}).get("cross_validation"),
+                       None if request.model_spec is not None else model_id, candidates.engine)
     slo = request.slo
     try:
         inputs = plan_core.PlanInputs(
@@ -426,23 +425,9 @@ def _assumptions_out(efficiency: Efficiency, profile: str, engine: ResolvedEngin
         held_out_error=held_out_error)
 
 
-class _HeldOut:
-    """The held-out error a plan reports (`crossval.held_out_error`), from the profile's cross-validation."""
-
-    def __init__(self, document: dict[str, Any], model_id: str | None, engine: str) -> None:
-        self.validation = (document.get("provenance") or {}).get("cross_validation")
-        self.model_family = crossval.publisher(model_id)  # as the cross-validation groups rows
-        self.engine = engine
-
-    def out(self, layout_kind: str, gpus: Sequence[str]) -> HeldOutErrorOut | None:
-        found = crossval.held_out_error(self.validation, layout_kind=layout_kind, gpus=gpus,
-                                        model_family=self.model_family, engine=self.engine)
-        return None if found is None else HeldOutErrorOut.model_validate(found)
-
-
 def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
               profiles: dict[tuple[str, str], str], request: SloPlanRequest, draft_id: str | None,
-              max_model_len: int, held_out: _HeldOut) -> PlanOut:
+              max_model_len: int, held_out: HeldOut) -> PlanOut:
     configuration, engine, predicted = plan.configuration, plan.engine, plan.predicted
     gpu = configuration.gpu
     speculative = request.speculative
@@ -559,7 +544,7 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
 
 def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, model_id: str,
                        profiles: dict[tuple[str, str], str], request: SloPlanRequest, max_model_len: int,
-                       inputs: plan_core.PlanInputs, held_out: _HeldOut) -> PlanOut:
+                       inputs: plan_core.PlanInputs, held_out: HeldOut) -> PlanOut:
     """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
     decode, predicted = plan.decode, plan.predicted
     configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu

@@ -31,6 +31,7 @@ from app.calibration.schemas import (
 )
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog.repository import bump_catalog_revision
+from app.catalog.schemas import MODEL_ARCHITECTURE_EXAMPLE
 from tests.api.problems import assert_problem
 from tests.api.test_slo_plan_disaggregated import LONG_PROMPTS
 
@@ -151,6 +152,53 @@ def test_a_plan_states_the_held_out_error_of_its_kind_of_prediction(client: Test
 
     builtin = client.post("/v1/slo-plan", json={**LONG_PROMPTS, "calibration": "builtin"}).json()
     assert builtin["plans"] and all(plan["assumptions"]["held_out_error"] is None for plan in builtin["plans"])
+
+
+def test_a_capacity_answer_states_the_held_out_error_of_its_layout_gpu_model_and_engine(
+        client: TestClient, default_profile_loaded: None) -> None:
+    """/v1/capacity reports what the shipped profile's cross-validation measured for the deployment, read here
+    from the shipped file: DeepSeek-V3 as DP8 + EP8 on H200 under SGLang gets the leave-one-GPU-out errors of
+    the DP+EP rows (metric kinds with rows only), H200's, DeepSeek's (deepseek-ai on Hugging Face) and SGLang's.
+    A disaggregated Llama-3.1-70B with its prefill pool on B200 and its decode pool on H100 gets the
+    disaggregated rows' errors and both GPUs', prefill pool first; under the generic engine, which no
+    measured row used, no engine's. An inline architecture has no family; `builtin` has no cross-validation."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    hold_outs = {item["held_out"]: item for item in shipped["provenance"]["cross_validation"]["hold_outs"]}
+    by_layout = {item["layout_kind"]: item["by_metric"] for item in hold_outs["gpu"]["by_layout"]}
+
+    def group(hold_out: str, name: str) -> dict[str, Any]:
+        return next(item for item in hold_outs[hold_out]["by_group"] if item["group"] == name)
+
+    def held_out_error(body: dict[str, Any]) -> dict[str, Any] | None:
+        response = client.post("/v1/capacity", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["assumptions"]["held_out_error"]
+
+    dp_ep = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "engine": "sglang",
+             "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8, "input_tokens": 1000,
+             "output_tokens": 1000}
+    error = held_out_error(dp_ep)
+    assert error is not None and error["held_out"] == "gpu" and error["layout_kind"] == "dp_ep"
+    assert error["by_metric"] == {metric: stats for metric, stats in by_layout["dp_ep"].items() if stats["rows"]}
+    assert set(error["by_metric"]) == {"ttft", "tpot_itl"}  # the DP+EP rows measure latencies only
+    assert error["gpus"] == [group("gpu", "h200-sxm")]
+    assert error["model_family"] == group("model_family", "deepseek-ai")
+    assert error["engine"] == group("engine", "sglang")
+
+    disaggregated = held_out_error(
+        {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8", "engine": "generic",
+         "deployment": "disaggregated", "prefill": {"gpu": "b200", "tensor_parallel": 4},
+         "decode": {"tensor_parallel": 8}, "input_tokens": 8192, "output_tokens": 1024})
+    assert disaggregated is not None and disaggregated["layout_kind"] == "disaggregated"
+    assert disaggregated["gpus"] == [group("gpu", "b200"), group("gpu", "h100-sxm")]
+    assert disaggregated["model_family"] == group("model_family", "meta-llama")
+    assert disaggregated["engine"] is None
+
+    inline_error = held_out_error({"model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu": "h100-sxm", "input_tokens": 1000,
+                                   "output_tokens": 500})
+    assert inline_error is not None and inline_error["layout_kind"] == "tp"
+    assert inline_error["model_family"] is None and inline_error["engine"] == group("engine", "vllm")
+    assert held_out_error({**dp_ep, "calibration": "builtin"}) is None
 
 
 # Calibrating -----------------------------------------------------------------------------------
