@@ -305,9 +305,11 @@ class CapacityAssumptions(BaseModel):
         "How far predictions made with these efficiencies were from published measurements their calibration "
         "never saw, for this layout family, GPU, model family and engine: the validator's predictions of measured "
         "runs (the same step-time model, with the simulator's schedule of each run), not of this steady-state "
-        "operating point, whose arithmetic is an approximation of its own. Null when the profile has no "
-        "cross-validation (builtin, one fitted by POST /v1/calibrations or by `python -m app.calibrate "
-        "--no-cross-validation`)"))
+        "operating point, whose arithmetic is an approximation of its own. by_metric.throughput is the error of "
+        "throughputs such as expected_output_tokens_per_s; tpot_itl is of the time between tokens after the "
+        "first, which is not expected_tpot_ms (that spreads each request's prompt over its output tokens, as "
+        "e2e / output_tokens does). Null when the profile has no cross-validation (builtin, one fitted by POST "
+        "/v1/calibrations or by `python -m app.calibrate --no-cross-validation`)"))
 
 
 POOL_CAPACITY_EXAMPLE: dict[str, Any] = {
