@@ -13,8 +13,9 @@ With --hold-out gpu=b200,h200-sxm (or model_family=..., engine=...) it only cros
 predicted by a fit on every other group's rows, prints their held-out errors per level, metric and layout, and
 writes no profile: a quick look at a change on the groups it is about, before a whole refit. With --rows FILE.csv
 it also writes each of their rows, its measured value and its held-out prediction and error at each level (which
-rows a change moved, where the medians only say by how much). The held-out fits run --jobs at a time (default:
-one per CPU this process may use), each in a worker process of its own; the numbers do not depend on it.
+rows a change moved, where the medians only say by how much). The fits (the whole one and every held-out one)
+run --jobs at a time (default: one per CPU this process may use), each in a worker process, a worker taking
+the next fit when it is done; the numbers do not depend on it.
 
 Predictions use the catalog shipped in app/data (no database needed).
 """
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--evaluations", type=int, default=CLI_EVALUATIONS,
                         help="objective evaluations per fitted entry (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=_usable_cpus(),
-                        help="held-out fits run at once, each in a worker process of up to about 1 GB (default: "
-                             "the CPUs this process may use, %(default)s); the results do not depend on it")
+                        help="fits (the whole fit and the held-out ones) run at once, each in a worker process of up "
+                             "to about 1 GB (default: the CPUs this process may use, %(default)s); the results do "
+                             "not depend on it")
     parser.add_argument("--no-cross-validation", action="store_true",
                         help="skip the held-out fits (one per GPU, model family and engine) and ship the most "
                              "specific level")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,7 +20,7 @@ import pytest
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
-from app.calibration.crossval import _hold_out_document, fold_runner, held_out_error, model_family, publisher
+from app.calibration.crossval import _hold_out_document, held_out_error, model_family, publisher, task_runner
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
@@ -392,27 +393,35 @@ def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_t
                     "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8")}}[validation["chosen_level"]]
 
 
-def test_the_folds_run_in_worker_processes_and_come_back_in_the_groups_order() -> None:
-    """`fold_runner(2)` runs each fold in a worker process forked from this one (the fold, a closure over this
-    process's data, is inherited, not pickled) and returns the folds' results in the order of the names,
-    whichever finishes first; `fold_runner(1)` runs them here, in order."""
+def test_the_tasks_run_in_worker_processes_and_come_back_in_their_order() -> None:
+    """`task_runner(2)` runs each task (a fold for one group, a whole fit) in a worker process forked from this
+    one (the tasks, closures over this process's data, are inherited, not pickled), tasks of different folds
+    in one run, and returns their results in the order of the tasks, whichever finishes first; `task_runner(1)`
+    runs them here, in order."""
     here = os.getpid()
     scale = {"a": 1.0, "b": 2.0, "c": 3.0}  # data only this process holds: a worker sees it by inheritance
 
     def fold(name: str) -> list[dict[str, float]]:
         return [{"pid": float(os.getpid()), "value": scale[name]}]
 
-    forked = fold_runner(2)(["c", "a", "b"], fold)
-    assert [result[0]["value"] for result in forked] == [3.0, 1.0, 2.0]
+    def negated(name: str) -> list[dict[str, float]]:
+        return [{"pid": float(os.getpid()), "value": -scale[name]}]
+
+    tasks = [partial(fold, "c"), partial(negated, "a"), partial(fold, "a"), partial(fold, "b"),
+             partial(negated, "c")]
+    forked = task_runner(2)(tasks)
+    assert [result[0]["value"] for result in forked] == [3.0, -1.0, 1.0, 2.0, -3.0]
     assert all(result[0]["pid"] != here for result in forked)
-    serial = fold_runner(1)(["c", "a", "b"], fold)
-    assert [(result[0]["pid"], result[0]["value"]) for result in serial] == [(here, 3.0), (here, 1.0), (here, 2.0)]
+    serial = task_runner(1)(tasks)
+    assert [(result[0]["pid"], result[0]["value"]) for result in serial] == [
+        (here, 3.0), (here, -1.0), (here, 1.0), (here, 2.0), (here, -3.0)]
 
 
 def test_a_cross_validation_in_worker_processes_gives_the_numbers_of_one_process() -> None:
-    """Each fold's fit reads only its own rows, so running the sample's folds two at a time gives the same
-    document as running them one after another: every group's errors at every level, to the last bit, and
-    the same chosen level and profile."""
+    """Each fold's fit reads only its own rows, so running the sample's whole fit and its folds two at a time
+    (the whole fit then in a worker too, its profile sent back) gives the same document as running them one
+    after another: every group's errors at every level, to the last bit, and the same chosen level and
+    profile."""
     rows = read_rows(SAMPLE.read_text(), pointer="sample")
 
     def calibrated(jobs: int) -> service.Calibration:

@@ -6,7 +6,8 @@ by a fit on the other groups' rows (`fit.leave_one_group_out`), at each specific
 (`fit.LEVELS`: one global entry; plus an entry per GPU family; plus one per compute precision within
 it). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
 family-out medians) is the one a calibration ships: never the in-sample error. The folds are independent,
-so with `jobs` > 1 they run in that many worker processes at once (`fold_runner`), to the same numbers.
+so with `jobs` > 1 they run in that many worker processes at once (`task_runner`), every hold-out's folds in
+one queue (with the whole fit beside them, `service.calibrate`), to the same numbers.
 
 A model family is the organization that publishes the model's weights on Hugging Face (the prefix of
 the catalog's `hf_id`: meta-llama, mistralai, Qwen, deepseek-ai, openai, ...): held out, a family
@@ -32,10 +33,11 @@ from app.sizing.calibration.fit import (
     LEVELS,
     MAX_FIT_ROWS_PER_ENTRY,
     CalibrationProfile,
-    Fold,
-    FoldRunner,
+    GroupFolds,
     HeldOut,
+    TaskRunner,
     abs_pct_error,
+    group_folds,
     in_order,
     leave_one_group_out,
 )
@@ -85,54 +87,64 @@ def group_key(hold_out: str) -> Callable[[Any], str]:
             ENGINE: lambda item: item.row.engine}[hold_out]
 
 
-# The fold the worker processes of `fold_runner` run: set before they are forked, so they inherit it (the rows
-# and their prepared predictions included) instead of receiving it pickled; only group names go to them and
-# predictions come back.
-_FORKED_FOLD: Fold | None = None
+# The tasks the worker processes of `task_runner` run: set before they are forked, so they inherit them (the rows
+# and their prepared predictions included) instead of receiving them pickled; only task indices go to them and
+# results (predictions, a fitted profile) come back.
+_FORKED_TASKS: Sequence[Callable[[], Any]] = ()
 
 
-def _forked_fold(name: str) -> list[dict[str, float]]:
-    assert _FORKED_FOLD is not None
-    return _FORKED_FOLD(name)
+def _forked_task(index: int) -> Any:
+    return _FORKED_TASKS[index]()
 
 
-def fold_runner(jobs: int) -> FoldRunner:
-    """Runs the folds of a leave-one-group-out one after another (`jobs` 1), or `jobs` at a time in forked
-    worker processes (the command-line tools: the folds take minutes each). A fold's fit and predictions
-    depend only on its rows, so either way gives the same numbers."""
+def task_runner(jobs: int) -> TaskRunner:
+    """Runs a calibration's independent work (`fit.TaskRunner`: each fold's fit and predictions, the whole
+    fit) one task after another (`jobs` 1), or `jobs` at a time in forked worker processes (the command-line
+    tools: a fit takes minutes), each worker taking the next task as it finishes one. A task reads only its
+    own rows, so either way gives the same numbers."""
     if jobs <= 1:
         return in_order
 
-    def in_processes(names: Sequence[str], fold: Fold) -> list[list[dict[str, float]]]:
-        if len(names) < 2:
-            return in_order(names, fold)
-        global _FORKED_FOLD
-        _FORKED_FOLD = fold
+    def in_processes(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
+        if len(tasks) < 2:
+            return in_order(tasks)
+        global _FORKED_TASKS
+        _FORKED_TASKS = tasks
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(names)),
+            with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)),
                                      mp_context=multiprocessing.get_context("fork")) as pool:
-                return list(pool.map(_forked_fold, names))
+                return list(pool.map(_forked_task, range(len(tasks))))
         finally:
-            _FORKED_FOLD = None
+            _FORKED_TASKS = ()
 
     return in_processes
 
 
-def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile, *,
+def hold_out_folds(training: Sequence[Any], evaluation: Sequence[Any], base: CalibrationProfile, *,
                    fit_global: bool, max_evaluations: int = DEFAULT_EVALUATIONS,
                    max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
-                   progress: Callable[[str], None] | None = None, jobs: int = 1) -> dict[str, Any]:
-    """The cross-validation document of a calibration (stored in its provenance): per hold-out, per
-    level, the held-out errors overall, per metric kind and per group; and the chosen level."""
-    say = progress or (lambda message: None)
-    results: dict[str, tuple[HeldOut, ...]] = {}
-    for hold_out in HOLD_OUTS:
-        say(f"cross-validation: leave one {hold_out.replace('_', ' ')} out")
-        results[hold_out] = leave_one_group_out(training, evaluation, base, group_key(hold_out),
-                                                fit_global=fit_global, max_evaluations=max_evaluations,
-                                                max_rows_per_entry=max_rows_per_entry, progress=say,
-                                                run_folds=fold_runner(jobs))
-    candidates = {level: {hold_out: _median(_errors(_kept(held, level), level)) for hold_out, held in results.items()}
+                   progress: Callable[[str], None] | None = None) -> dict[str, GroupFolds]:
+    """The folds of a cross-validation, per hold-out (`HOLD_OUTS`), ready to run: `cross_validation_document`
+    reads their results."""
+    return {hold_out: group_folds(training, evaluation, base, group_key(hold_out), fit_global=fit_global,
+                                  max_evaluations=max_evaluations, max_rows_per_entry=max_rows_per_entry,
+                                  progress=progress)
+            for hold_out in HOLD_OUTS}
+
+
+def fold_tasks(folds: dict[str, GroupFolds]) -> list[Callable[[], Any]]:
+    """Every hold-out's folds as one list of tasks, in the order `cross_validation_document` reads results."""
+    return [task for item in folds.values() for task in item.tasks]
+
+
+def cross_validation_document(folds: dict[str, GroupFolds], results: Sequence[Any]) -> dict[str, Any]:
+    """The cross-validation document of a calibration (stored in its provenance), from the results of
+    `fold_tasks(folds)` in their order: per hold-out, per level, the held-out errors overall, per metric kind
+    and per group; and the chosen level."""
+    ran = iter(results)
+    held_outs = {hold_out: item.held_out([next(ran) for _ in item.names]) for hold_out, item in folds.items()}
+    candidates = {level: {hold_out: _median(_errors(_kept(held, level), level))
+                          for hold_out, held in held_outs.items()}
                   for level in LEVELS}
     chosen = min(LEVELS, key=lambda level: (_choice_score(candidates[level]), LEVELS.index(level)))
     return {
@@ -142,7 +154,7 @@ def cross_validate(training: Sequence[Any], evaluation: Sequence[Any], base: Cal
         "levels": {level: LEVEL_DESCRIPTIONS[level] for level in LEVELS},
         "candidates": candidates,
         "targets": TARGETS,
-        "hold_outs": [_hold_out_document(hold_out, held, chosen) for hold_out, held in results.items()],
+        "hold_outs": [_hold_out_document(hold_out, held, chosen) for hold_out, held in held_outs.items()],
     }
 
 
@@ -152,13 +164,13 @@ def cross_validate_groups(training: Sequence[Any], evaluation: Sequence[Any], ba
                           progress: Callable[[str], None] | None = None,
                           jobs: int = 1) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Only the named `groups` of one hold-out, each predicted by a fit on every other group's rows (as
-    `cross_validate` predicts them): their held-out document at each level, and the rows behind it
+    a whole cross-validation predicts them): their held-out document at each level, and the rows behind it
     (`held_out_rows`). A quick look at a change on the groups it is about (four GPUs take about a quarter of
     a whole cross-validation's fits); never a choice of level, which takes every group."""
     key = group_key(hold_out)
     held = leave_one_group_out(training, [target for target in evaluation if key(target) in set(groups)], base, key,
                                fit_global=fit_global, max_evaluations=max_evaluations, progress=progress,
-                               run_folds=fold_runner(jobs))
+                               run_folds=task_runner(jobs))
     document = {"held_out": hold_out, "groups": sorted({item.group for item in held}),
                 "levels": {level: _hold_out_document(hold_out, held, level) for level in LEVELS}}
     return document, held_out_rows(held)

@@ -22,14 +22,20 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import cache
+from functools import cache, partial
 from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy.orm import Session
 
-from app.calibration.crossval import cross_validate, cross_validate_groups
+from app.calibration.crossval import (
+    cross_validate_groups,
+    cross_validation_document,
+    fold_tasks,
+    hold_out_folds,
+    task_runner,
+)
 from app.calibration.profiles import (
     BUILTIN_DESCRIPTION,
     BUILTIN_PROFILE,
@@ -504,8 +510,8 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     runs, which would need a fresh simulation for every trial efficiency), and only rows that state their
     weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With
     `cross_validation`, the profile's specificity level is the one with the lowest held-out error
-    (crossval.py); without it, the most specific level. `jobs` > 1 runs the cross-validation's folds in that
-    many worker processes at once (`crossval.fold_runner`): the same numbers, sooner.
+    (crossval.py); without it, the most specific level. `jobs` > 1 runs the whole fit and the cross-validation's
+    folds in that many worker processes at once (`crossval.task_runner`): the same numbers, sooner.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
@@ -523,8 +529,17 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
                 f"{len(fitted)} measurements of {source_file} (sha256 {source_sha256[:12]}; "
                 f"{fitted_sources(fitted)}), starting from {base.name!r}")
 
-    fit = fit_profile(training, base, name=name, fit_global=fit_global, describe=describe,
+    fit_all = partial(fit_profile, training, base, name=name, fit_global=fit_global, describe=describe,
                       max_evaluations=max_evaluations)
+    validation = None
+    if cross_validation:  # the whole fit beside every fold, in one run: a worker takes the next when it is done
+        folds = hold_out_folds(training, prepared, base, fit_global=fit_global, max_evaluations=max_evaluations,
+                               progress=say)
+        say(f"fitting on every row, and cross-validating ({len(fold_tasks(folds))} held-out fits)")
+        fit, *results = task_runner(jobs)([fit_all, *fold_tasks(folds)])
+        validation = cross_validation_document(folds, results)
+    else:
+        fit = fit_all()
     if not fit.entries:
         raise NothingToFit(f"no GPU family and compute precision has the {MIN_ROWS_PER_ENTRY} predictable rows "
                            f"(Poisson rows aside) an entry of its own needs; the rows have "
@@ -533,10 +548,8 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     after = evaluate(rows, prepared, skipped, fit.profile)
     say(f"fit: median error {_pct(before.summary.overall.median_abs_pct_error)} -> "
         f"{_pct(after.summary.overall.median_abs_pct_error)}")
-    validation, profile = None, fit.profile
-    if cross_validation:
-        validation = cross_validate(training, prepared, base, fit_global=fit_global,
-                                    max_evaluations=max_evaluations, progress=say, jobs=jobs)
+    profile = fit.profile
+    if validation is not None:
         profile = fit.levels[validation["chosen_level"]]
         after = evaluate(rows, prepared, skipped, profile)
         say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
