@@ -24,7 +24,8 @@ from app.calibration.crossval import _hold_out_document, held_out_error, model_f
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
-from app.sizing.calibration.fit import GLOBAL_PARAMETERS, HeldOut, parameters_at_bounds
+from app.sizing.calibration.fit import GLOBAL_PARAMETERS, parameters_at_bounds
+from app.sizing.calibration.holdout import HeldOut
 from app.sizing.calibration.predict import Measurement, PoolLayout, prepare
 
 DATA = Path(__file__).parent / "data"

@@ -2,7 +2,7 @@
 has never seen, per metric, and the choice of the shipped profile by that error.
 
 For each way of holding out (`HOLD_OUTS`: a GPU, a model family, an engine) every group is predicted
-by a fit on the other groups' rows (`fit.leave_one_group_out`), at each specificity level of a profile
+by a fit on the other groups' rows (`holdout.leave_one_group_out`), at each specificity level of a profile
 (`fit.LEVELS`: one global entry; plus an entry per GPU family; plus one per compute precision within
 it). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
 family-out medians) is the one a calibration ships: never the in-sample error. The folds are independent,
@@ -33,10 +33,12 @@ from app.sizing.calibration.fit import (
     LEVELS,
     MAX_FIT_ROWS_PER_ENTRY,
     CalibrationProfile,
+    abs_pct_error,
+)
+from app.sizing.calibration.holdout import (
     GroupFolds,
     HeldOut,
     TaskRunner,
-    abs_pct_error,
     group_folds,
     in_order,
     leave_one_group_out,
@@ -98,7 +100,7 @@ def _forked_task(index: int) -> Any:
 
 
 def task_runner(jobs: int) -> TaskRunner:
-    """Runs a calibration's independent work (`fit.TaskRunner`: each fold's fit and predictions, the whole
+    """Runs a calibration's independent work (`holdout.TaskRunner`: each fold's fit and predictions, the whole
     fit) one task after another (`jobs` 1), or `jobs` at a time in forked worker processes (the command-line
     tools: a fit takes minutes), each worker taking the next task as it finishes one. A task reads only its
     own rows, so either way gives the same numbers."""

@@ -1,7 +1,8 @@
 """Which efficiencies a request's expected numbers use: calibration profiles, stored in SQL.
 
 Every endpoint that reports an *expected* time resolves its efficiencies here, so one place decides
-which calibration profile applies and every response can name it. Profiles:
+which calibration profile applies and every response can name it, and what the profile's cross-validation
+says of such predictions (`HeldOutErrors`). Profiles:
 
 - `builtin`: the cited constants of `efficiency.DEFAULT_EFFICIENCY` (uncalibrated); always there.
 - `default`: fitted to the published measurements by `python -m app.calibrate` and shipped as
@@ -133,7 +134,7 @@ def cross_validation(session: Session, name: str | None = None) -> dict[str, Any
     return catalog_service.cached(session, ("calibration-cross-validation", resolved), build)
 
 
-class HeldOut:
+class HeldOutErrors:
     """The held-out errors one model's predictions on one engine report (`crossval.held_out_error`), from
     a profile's cross-validation (`validation`: `cross_validation(...)`, or a snapshot's provenance's)."""
 

@@ -535,8 +535,9 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     if cross_validation:  # the whole fit beside every fold, in one run: a worker takes the next when it is done
         folds = hold_out_folds(training, prepared, base, fit_global=fit_global, max_evaluations=max_evaluations,
                                progress=say)
-        say(f"fitting on every row, and cross-validating ({len(fold_tasks(folds))} held-out fits)")
-        fit, *results = task_runner(jobs)([fit_all, *fold_tasks(folds)])
+        tasks = fold_tasks(folds)
+        say(f"fitting on every row, and cross-validating ({len(tasks)} held-out fits)")
+        fit, *results = task_runner(jobs)([fit_all, *tasks])
         validation = cross_validation_document(folds, results)
     else:
         fit = fit_all()

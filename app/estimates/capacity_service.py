@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.calibration.profiles import HeldOut, cross_validation, resolve_efficiency
+from app.calibration.profiles import HeldOutErrors, cross_validation, resolve_efficiency
 from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.service import get_model_hf_id
 from app.errors import Unprocessable
@@ -149,10 +149,10 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
                          kv_source, CAPACITY_FORMULAS, _held_out(session, request).out(layout.kind, [gpu.slug]))
 
 
-def _held_out(session: Session, request: CapacityRequest) -> HeldOut:
+def _held_out(session: Session, request: CapacityRequest) -> HeldOutErrors:
     """The held-out errors of the request's model and engine under its profile's cross-validation."""
     model_id = None if request.model is None else get_model_hf_id(session, request.model)
-    return HeldOut(cross_validation(session, request.calibration), model_id, request.engine)
+    return HeldOutErrors(cross_validation(session, request.calibration), model_id, request.engine)
 
 
 def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,

@@ -9,7 +9,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.calibration.profiles import HeldOut, profile_snapshot
+from app.calibration.profiles import HeldOutErrors, profile_snapshot
 from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import get_gpu_spec, get_model_hf_id, get_model_spec, list_gpu_specs
@@ -216,8 +216,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         raise Unprocessable(str(exc), errors=[("/body/candidates", str(exc))]) from None
     compute_dtypes = [*weight_dtypes, *([draft.weight_dtype] if draft is not None else [])]
     efficiencies, profiles = _plan_efficiencies(sources.profile(request.calibration), gpus, compute_dtypes)
-    held_out = HeldOut((sources.profile_document(request.calibration).get("provenance") or {}).get("cross_validation"),
-                       None if request.model_spec is not None else model_id, candidates.engine)
+    validation = (sources.profile_document(request.calibration).get("provenance") or {}).get("cross_validation")
+    held_out = HeldOutErrors(validation, None if request.model_spec is not None else model_id, candidates.engine)
     slo = request.slo
     try:
         inputs = plan_core.PlanInputs(
@@ -427,7 +427,7 @@ def _assumptions_out(efficiency: Efficiency, profile: str, engine: ResolvedEngin
 
 def _plan_out(rank: int, plan: plan_core.Plan, model: ModelSpec, model_id: str,
               profiles: dict[tuple[str, str], str], request: SloPlanRequest, draft_id: str | None,
-              max_model_len: int, held_out: HeldOut) -> PlanOut:
+              max_model_len: int, held_out: HeldOutErrors) -> PlanOut:
     configuration, engine, predicted = plan.configuration, plan.engine, plan.predicted
     gpu = configuration.gpu
     speculative = request.speculative
@@ -544,7 +544,7 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
 
 def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, model_id: str,
                        profiles: dict[tuple[str, str], str], request: SloPlanRequest, max_model_len: int,
-                       inputs: plan_core.PlanInputs, held_out: HeldOut) -> PlanOut:
+                       inputs: plan_core.PlanInputs, held_out: HeldOutErrors) -> PlanOut:
     """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
     decode, predicted = plan.decode, plan.predicted
     configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu

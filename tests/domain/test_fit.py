@@ -32,7 +32,6 @@ from app.sizing.calibration.fit import (
     fit_profile,
     fit_prompt_step_overhead,
     fitted_sources,
-    leave_one_group_out,
     mean_abs_log_error,
     parameter_value,
     parameters_at_bounds,
@@ -40,6 +39,7 @@ from app.sizing.calibration.fit import (
     spread,
     with_parameters,
 )
+from app.sizing.calibration.holdout import leave_one_group_out
 from app.sizing.calibration.predict import prepare
 from app.sizing.calibration.search import golden_section, nelder_mead
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
