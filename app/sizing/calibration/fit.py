@@ -434,12 +434,12 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     if fit_global:
         fit((ANY, ANY), targets)
     snapshot(GLOBAL)
-    by_family = {family: rows for family, rows in sorted(_group_by(targets, lambda t: t.family).items())
+    by_family = {family: rows for family, rows in sorted(group_by(targets, lambda t: t.family).items())
                  if _step_rows(rows) >= MIN_ROWS_PER_ENTRY}
     family_fits = {family: fit((family, ANY), rows) for family, rows in by_family.items()}
     snapshot(FAMILY)
     for family, family_rows in by_family.items():
-        for dtype, rows in sorted(_group_by(family_rows, lambda t: t.compute_dtype).items()):
+        for dtype, rows in sorted(group_by(family_rows, lambda t: t.compute_dtype).items()):
             if _step_rows(rows) < MIN_ROWS_PER_ENTRY:
                 continue
             if len(rows) < len(family_rows):
@@ -502,7 +502,7 @@ def spread(rows: Sequence[FitTarget], most: int | None) -> list[FitTarget]:
     27.3%, one model family out 19.0 -> 19.5%, one engine out 29.5 -> 27.0% (2026-12-04, 80 evaluations)."""
     if most is None or len(rows) <= most:
         return list(rows)
-    by_source = _group_by(rows, lambda row: row.source_id)
+    by_source = group_by(rows, lambda row: row.source_id)
     taken: dict[str, list[FitTarget]] = {}
     left = most
     smallest_first = sorted(by_source, key=lambda source: (len(by_source[source]), source))
@@ -518,7 +518,8 @@ def _evenly_spaced(rows: Sequence[FitTarget], count: int) -> list[FitTarget]:
     return [rows[int(i * len(rows) / count)] for i in range(count)]
 
 
-def _group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> dict[str, list[FitTarget]]:
+def group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> dict[str, list[FitTarget]]:
+    """The targets by `key`, each group in the targets' order (groups in order of first appearance)."""
     groups: dict[str, list[FitTarget]] = {}
     for target in targets:
         groups.setdefault(key(target), []).append(target)

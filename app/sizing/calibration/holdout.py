@@ -18,6 +18,7 @@ from app.sizing.calibration.fit import (
     CalibrationProfile,
     FitTarget,
     fit_profile,
+    group_by,
 )
 
 
@@ -43,12 +44,16 @@ def in_order(tasks: Sequence[Callable[[], Any]]) -> list[Any]:
 
 @dataclass(frozen=True, slots=True)
 class GroupFolds:
-    """A leave-one-group-out before it runs (`group_folds`): its groups' names, in order, and the fold that
-    predicts one group by a fit without it. `held_out` assembles the folds' results."""
+    """A leave-one-group-out before it runs (`group_folds`): the fold that predicts one group by a fit without
+    it, and each group's rows; `tasks` runs the fold once per group in the names' (sorted) order, `held_out`
+    assembles their results."""
 
-    names: tuple[str, ...]
     fold: Fold
     members: dict[str, list[FitTarget]]  # each group's evaluation targets, in evaluation order
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.members))
 
     @property
     def tasks(self) -> list[Callable[[], list[dict[str, float]]]]:
@@ -68,9 +73,7 @@ def group_folds(training: Sequence[FitTarget], evaluation: Sequence[FitTarget], 
                 progress: Callable[[str], None] | None = None) -> GroupFolds:
     """The folds of `leave_one_group_out`, one per group of `evaluation`, for a caller that runs the folds of
     several leave-one-group-outs together."""
-    members: dict[str, list[FitTarget]] = {}  # each group's targets, in evaluation order
-    for target in evaluation:
-        members.setdefault(group(target), []).append(target)
+    members = group_by(evaluation, group)
 
     def fold(name: str) -> list[dict[str, float]]:
         others = [t for t in training if group(t) != name]
@@ -84,7 +87,7 @@ def group_folds(training: Sequence[FitTarget], evaluation: Sequence[FitTarget], 
         return [{level: t.predict(profile.efficiency_for(t.family, t.compute_dtype)) for level, profile in levels.items()}
                 for t in members[name]]
 
-    return GroupFolds(tuple(sorted(members)), fold, members)
+    return GroupFolds(fold, members)
 
 
 def leave_one_group_out(training: Sequence[FitTarget], evaluation: Sequence[FitTarget],
