@@ -398,6 +398,12 @@ HOLD_OUT_LABELS = {"gpu": "leave one GPU out", "model_family": "leave one model 
 METRIC_KIND_LABELS = {"throughput": "throughput", "tpot_itl": "TPOT / ITL", "ttft": "TTFT", "e2e": "end-to-end"}
 
 
+def _interval(stats: dict[str, Any]) -> str:
+    """' [low–high]': a held-out median's 90% interval (`crossval.median_interval`), '' where the profile has none."""
+    low, high = stats.get("median_abs_pct_error_low"), stats.get("median_abs_pct_error_high")
+    return "" if low is None or high is None else f" [{_pct(low)}–{_pct(high)}]"
+
+
 def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
     """The headline: held-out error per hold-out and metric kind, against the targets."""
     out = ["## Cross-validated error (the yardstick)", ""]
@@ -411,7 +417,10 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
          "go together), leave one engine out. A held-out GPU whose family has other GPUs in the data (H100 among "
          "H200 and GH200, B200 beside GB200) still gets its family's entry, fitted on those siblings; one alone in "
          "its family (MI300X, L40S, A100, the RTX PRO 6000: sm_120, not the data-center Blackwell) falls back to the "
-         "global entry. Median absolute error per metric, with the target; the 90th percentile in brackets."),
+         "global entry. Median absolute error per metric, with the target; [low–high] is the median's 90% "
+         "interval (`crossval.median_interval`: its spread over resamples of the held-out rows; rows of one source "
+         "err together, so the true spread is wider), and a ✓ or ✗ whose interval holds the target is a verdict "
+         "within that spread; the 90th percentile in brackets."),
         "",
         "| held out | " + " | ".join(f"{METRIC_KIND_LABELS[kind]} (target ≤ {targets[kind]:g}%)"
                                      for kind in targets) + " | all rows |",
@@ -423,7 +432,8 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
             stats = item["by_metric"][kind]
             median = stats["median_abs_pct_error"]
             verdict = "" if median is None else (" ✓" if median <= targets[kind] else " ✗")
-            cells.append(f"{_pct(median)}%{verdict} ({_pct(stats['p90_abs_pct_error'])}%, {stats['rows']} rows)")
+            cells.append(f"{_pct(median)}%{_interval(stats)}{verdict} ({_pct(stats['p90_abs_pct_error'])}%, "
+                         f"{stats['rows']} rows)")
         overall = item["overall"]
         out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | " + " | ".join(cells)
                    + f" | {_pct(overall['median_abs_pct_error'])}% ({overall['rows']} rows) |")
@@ -446,7 +456,8 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
                     median = stats["median_abs_pct_error"]
                     verdict = "" if median is None else (" ✓" if median <= targets[kind] else " ✗")
                     ratio = "" if stats.get("median_ratio") is None else f", {_times(stats['median_ratio'])}"
-                    cells.append("–" if not stats["rows"] else f"{_pct(median)}%{verdict} ({stats['rows']} rows{ratio})")
+                    cells.append("–" if not stats["rows"] else
+                                 f"{_pct(median)}%{_interval(stats)}{verdict} ({stats['rows']} rows{ratio})")
                 out.append(f"| {HOLD_OUT_LABELS[item['held_out']]} | {LAYOUT_LABELS[layout['layout_kind']]} | "
                            + " | ".join(cells) + " |")
     out += [

@@ -20,7 +20,15 @@ import pytest
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
-from app.calibration.crossval import _hold_out_document, held_out_error, model_family, publisher, task_runner
+from app.calibration.crossval import (
+    MEDIAN_INTERVAL_RESAMPLES,
+    _hold_out_document,
+    held_out_error,
+    median_interval,
+    model_family,
+    publisher,
+    task_runner,
+)
 from app.calibration.profiles import builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
@@ -488,8 +496,8 @@ def test_a_hold_out_writes_the_rows_behind_its_medians(tmp_path, capsys) -> None
 
 def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defects() -> None:
     """The default profile, as the calibration command wrote it: fitted to both published files, with
-    the three hold-outs, the level cross-validation chose, and every fitted parameter at a bound listed
-    (recomputed here from the entries: the report hides none)."""
+    the three hold-outs, the level cross-validation chose, every held-out median with its 90% interval around
+    it, and every fitted parameter at a bound listed (recomputed here from the entries: the report hides none)."""
     document = json.loads((Path(validate_command.DEFAULT_PROFILE_PATH)).read_text())
     provenance = document["provenance"]
     assert provenance["source_file"] == "measured-calibration.csv + measured-calibration-2.csv"
@@ -499,6 +507,12 @@ def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defect
     scores = {level: (medians["gpu"] + medians["model_family"]) / 2
               for level, medians in validation["candidates"].items()}
     assert validation["chosen_level"] == min(scores, key=scores.get)
+    for item in validation["hold_outs"]:
+        stats = [item["overall"], *item["by_metric"].values(), *item["by_group"],
+                 *(cell for layout in item["by_layout"] for cell in layout["by_metric"].values())]
+        for cell in stats:
+            if cell["rows"]:
+                assert cell["median_abs_pct_error_low"] <= cell["median_abs_pct_error"] <= cell["median_abs_pct_error_high"]
     profile = profile_from_entries("default", document["entries"])
     listed = [(item["gpu_family"], item["compute_dtype"], item["parameter"], item["value"], item["bound"])
               for item in provenance["parameters_at_bounds"]]
@@ -627,19 +641,41 @@ def test_held_out_errors_are_reported_per_layout_kind_and_metric() -> None:
     assert by_layout["tp"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(15.0)
     assert by_layout["dp_ep"]["tpot_itl"]["median_abs_pct_error"] == pytest.approx(50.0)
     assert by_layout["pp"]["throughput"]["median_abs_pct_error"] == pytest.approx(10.0)
-    assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None,
+    assert by_layout["pp"]["ttft"] == {"rows": 0, "median_abs_pct_error": None, "median_abs_pct_error_low": None,
+                                       "median_abs_pct_error_high": None, "p90_abs_pct_error": None,
                                        "median_ratio": None}
+    # The TP TPOT median's interval: a resample of its two errors is (10, 10), (10, 20), (20, 10) or (20, 20), each
+    # with probability 1/4, so the resampled medians are 10 (1/4), 15 (1/2) and 20 (1/4): 5th percentile 10, 95th 20.
+    assert (by_layout["tp"]["tpot_itl"]["median_abs_pct_error_low"],
+            by_layout["tp"]["tpot_itl"]["median_abs_pct_error_high"]) == (pytest.approx(10.0), pytest.approx(20.0))
     assert by_layout["tp"]["tpot_itl"]["median_ratio"] == pytest.approx(0.95)
     assert by_layout["dp_ep"]["tpot_itl"]["median_ratio"] == pytest.approx(1.5)
     assert by_layout["pp"]["throughput"]["median_ratio"] == pytest.approx(0.9)
     assert document["overall"]["median_ratio"] == pytest.approx(1.0)
 
 
+def test_a_held_out_median_comes_with_its_90_percent_interval() -> None:
+    """`median_interval`: the 5th and 95th percentiles of the medians of 1,000 resamples (with replacement).
+    One row, or rows all alike, give every resample the same median: the interval is that value. Three rows 10,
+    20, 30: a resample's median is 10 when at least two of its three draws are 10, 3 x (1/3)^2 x (2/3) + (1/3)^3 =
+    7/27 (26%) of resamples, 30 likewise, 20 the other 13/27; with over 5% of the 1,000 medians at each end the
+    interval is [10, 30]. No rows, no interval. The seed is fixed: the same rows, the same interval."""
+    assert MEDIAN_INTERVAL_RESAMPLES == 1000
+    assert median_interval([7.0]) == (7.0, 7.0)
+    assert median_interval([5.0, 5.0, 5.0, 5.0]) == (5.0, 5.0)
+    assert median_interval([10.0, 20.0, 30.0]) == (10.0, 30.0)
+    assert median_interval([]) is None
+    spread = [float(value) for value in range(1, 100)]
+    low, high = median_interval(spread)
+    assert low < 50.0 < high and median_interval(spread) == (low, high)
+
+
 def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
     """The page's layout table gives each cell's median predicted / measured after its rows (×0.68: the
     prediction ran low, at 68% of the measured value), and each hold-out's group table a column of it; a
     profile cross-validated before the ratio existed shows none, not a made-up one."""
-    ttft = {"rows": 127, "median_abs_pct_error": 43.2, "p90_abs_pct_error": 130.7, "median_ratio": 0.68}
+    ttft = {"rows": 127, "median_abs_pct_error": 43.2, "median_abs_pct_error_low": 40.8,
+            "median_abs_pct_error_high": 48.6, "p90_abs_pct_error": 130.7, "median_ratio": 0.68}
     old = {"rows": 145, "median_abs_pct_error": 9.6, "p90_abs_pct_error": 30.0}
     empty = {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
     by_metric = {"throughput": empty, "tpot_itl": old, "ttft": ttft, "e2e": empty}
@@ -652,7 +688,9 @@ def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
         "candidates": {"family": {"gpu": 25.8}},
     }
     page = "\n".join(validate_command._cross_validation_section(validation))
-    assert "| leave one GPU out | prefill/decode | – | 9.6% ✓ (145 rows) | 43.2% ✗ (127 rows, ×0.68) | – |" in page
+    assert ("| leave one GPU out | prefill/decode | – | 9.6% ✓ (145 rows) | 43.2% [40.8–48.6] ✗ (127 rows, ×0.68) "
+            "| – |") in page
+    assert "| 9.6% ✓ (30.0%, 145 rows) | 43.2% [40.8–48.6] ✗ (130.7%, 127 rows) |" in page  # the headline table
     assert "| b200 | 127 | 43.2% | 130.7% | ×0.68 |" in page
     assert "| gb200 | 145 | 9.6% | 30.0% | – |" in page
 

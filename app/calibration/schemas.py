@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.calibration.crossval import MEDIAN_INTERVAL_RESAMPLES
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import (
@@ -331,7 +332,7 @@ PROFILE_ENTRY_EXAMPLE = {
 }
 ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
                      "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
-HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "p90_abs_pct_error": 61.0, "median_ratio": 0.93}
+HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "median_abs_pct_error_low": 22.9, "median_abs_pct_error_high": 25.4, "p90_abs_pct_error": 61.0, "median_ratio": 0.93}
 HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
                     "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
@@ -398,6 +399,9 @@ class EntryFitOut(BaseModel):
 class HeldOutStatsOut(ErrorStatsOut):
     model_config = _examples(HELD_OUT_STATS_EXAMPLE)
 
+    median_abs_pct_error_low: float | None = Field(None, description=(
+        f"5th percentile of the medians of {MEDIAN_INTERVAL_RESAMPLES:,} resamples of these rows (fixed seed): with _high, the median's 90% interval (one source's rows err together: the true spread is wider)"))
+    median_abs_pct_error_high: float | None = Field(None, description="95th percentile of the same medians")
     median_ratio: float | None = Field(None, description=(
         "Median predicted / measured of the same rows: which way the held-out predictions erred (below 1 they ran "
         "low: latencies shorter, throughput lower than measured). Null without rows, and in profiles "
