@@ -258,7 +258,7 @@ def median_interval(values: Sequence[float]) -> tuple[float, float] | None:
     MEDIAN_INTERVAL_RESAMPLES resamples of them (each as many values, drawn with replacement, from the fixed
     MEDIAN_INTERVAL_SEED); None for no values. It says how far the median could move had other rows of the
     same kind been measured. Rows of one source or run err together (they share what the model lacks of
-    them), which resampling single rows does not see: the true spread is wider, never narrower."""
+    them), which resampling single rows does not see: the true spread is likely wider."""
     if not values:
         return None
     data = np.asarray(values, dtype=float)
