@@ -264,8 +264,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
          "per-step overhead (added to the step, or in engines that overlap host work with the GPU the least a step "
-         "lasts), per-layer overhead, all-reduce latency, the host work per sequence per step of engines "
-         "that do not overlap it with the GPU: vLLM before 0.8, the host work per sequence per step that engines "
+         "lasts), per-layer overhead, all-reduce latency, the per-step overhead and host work per sequence per "
+         "step of engines that do not overlap host work with the GPU: vLLM before 0.8, the host work per sequence per step that engines "
          "which do overlap it hide while the GPU takes longer (a step lasts at least that long), and the cost per "
          "MoE layer of a step with prompt "
          "tokens in engines that run such steps outside CUDA graphs: TensorRT-LLM's PyTorch backend, SGLang before "
@@ -297,15 +297,17 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
              f"usable by the fit, starting from `{provenance['base_profile']}`. {provenance['method']}."),
             "",
             ("| GPU family | compute | rows | HBM bandwidth fraction | compute scale | small-M flatness "
-             "| per step (ms) | per layer (µs) | all-reduce α (µs) | PCIe link fraction | per sequence, V0 host loop (µs) "
-             "| per sequence, overlapped host loop (µs) | per MoE layer, prompt steps outside CUDA graphs (ms) |"),
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "| per step (ms) | per step, V0 host loop (ms) | per layer (µs) | all-reduce α (µs) | PCIe link fraction "
+             "| per sequence, V0 host loop (µs) | per sequence, overlapped host loop (µs) "
+             "| per MoE layer, prompt steps outside CUDA graphs (ms) |"),
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for entry in profile_from_entries(document["name"], document["entries"]).entries:
             e = entry.efficiency
             out.append(f"| {entry.family} | {entry.compute_dtype} | {entry.rows} | {e.bandwidth_fraction:.3f} | "
                        f"{e.compute_scale:.3f} | {parameter_value(e, SMALL_M_FLATNESS):.2f} | "
-                       f"{e.per_step_overhead_s * 1e3:.3f} | {e.per_layer_overhead_s * 1e6:.1f} | "
+                       f"{e.per_step_overhead_s * 1e3:.3f} | {e.serial_step_s * 1e3:.3f} | "
+                       f"{e.per_layer_overhead_s * 1e6:.1f} | "
                        f"{e.allreduce_latency_s * 1e6:.1f} | {e.pcie_link_fraction:.3f} | {e.per_sequence_overhead_s * 1e6:.1f} | "
                        f"{e.overlapped_host_per_sequence_s * 1e6:.1f} | {e.prefill_moe_layer_overhead_s * 1e3:.3f} |")
         out.append("")

@@ -71,7 +71,8 @@ def profile_from_entries(name: str, entries: list[dict[str, Any]]) -> Calibratio
             family=entry["family"], compute_dtype=entry["compute_dtype"], rows=int(entry["rows"]),
             efficiency=Efficiency(
                 # A parameter a stored entry predates keeps its default (and must have one).
-                **{name: float(entry[name]) for name in _EFFICIENCY_FIELDS if name in entry},
+                **{name: None if entry[name] is None else float(entry[name])
+                   for name in _EFFICIENCY_FIELDS if name in entry},
                 compute_curve=tuple((int(tokens), float(fraction)) for tokens, fraction in entry["compute_curve"]),
                 source=entry["source"],
             ),

@@ -28,6 +28,7 @@ from app.estimates.schemas import (
     PerSequenceOverheadMs,
     PerStepOverheadMs,
     PrefillMoeLayerOverheadMs,
+    SerialStepOverheadMs,
     WeightDtype,
 )
 from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
@@ -152,8 +153,6 @@ class MeasurementRowIn(BaseModel):
                                                 "(predicted as the mean, and the result says so)")
     value: Annotated[float, Field(gt=0, le=1e12)] = Field(description="The published number (ms for latencies)")
     notes: LongText = ""
-
-
 
 
 class ValidationRequest(BaseModel):
@@ -325,8 +324,8 @@ PROFILE_ENTRY_EXAMPLE = {
                       {"tokens": 4096, "compute_fraction_ratio": 0.89},
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
-    "pcie_link_fraction_ratio": 1.0,
-    "per_sequence_overhead_ms": 0.0, "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "pcie_link_fraction_ratio": 1.0, "per_sequence_overhead_ms": 0.0, "serial_step_overhead_ms": 3.414,
+    "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
               "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
 }
@@ -381,6 +380,7 @@ class ProfileEntryOut(BaseModel):
     allreduce_latency_ms: AllreduceLatencyMs
     pcie_link_fraction_ratio: PcieLinkFractionRatio = 1.0
     per_sequence_overhead_ms: PerSequenceOverheadMs = 0.0
+    serial_step_overhead_ms: SerialStepOverheadMs
     overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
     prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
     source: str

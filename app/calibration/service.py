@@ -734,6 +734,8 @@ def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
         allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
         pcie_link_fraction_ratio=entry.get("pcie_link_fraction", 1.0),  # absent: a profile before it
         per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
+        serial_step_overhead_ms=(entry["per_step_overhead_s"] if entry.get("serial_step_overhead_s") is None
+                                 else entry["serial_step_overhead_s"]) * 1e3,  # absent or None: the per-step one
         overlapped_host_per_sequence_ms=entry.get("overlapped_host_per_sequence_s", 0.0) * 1e3,
         prefill_moe_layer_overhead_ms=entry.get("prefill_moe_layer_overhead_s", 0.0) * 1e3,
         source=entry["source"],

@@ -212,6 +212,7 @@ def efficiency_out(efficiency: Efficiency, profile: str) -> EfficiencyOut:
         allreduce_latency_ms=round(efficiency.allreduce_latency_s * 1e3, 6),
         pcie_link_fraction_ratio=efficiency.pcie_link_fraction,
         per_sequence_overhead_ms=round(efficiency.per_sequence_overhead_s * 1e3, 6),
+        serial_step_overhead_ms=round(efficiency.serial_step_s * 1e3, 6),
         overlapped_host_per_sequence_ms=round(efficiency.overlapped_host_per_sequence_s * 1e3, 6),
         prefill_moe_layer_overhead_ms=round(efficiency.prefill_moe_layer_overhead_s * 1e3, 6),
         source=efficiency.source,

@@ -208,7 +208,7 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
                       {"tokens": 16384, "compute_fraction_ratio": 0.93}],
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
     "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0,
-    "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "serial_step_overhead_ms": 0.3, "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; two-GPU all-reduce "
               "alpha 7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
@@ -279,6 +279,10 @@ PcieLinkFractionRatio = Annotated[float, Field(description=(
 PerSequenceOverheadMs = Annotated[float, Field(description=(
     "The profile's host work per sequence per engine step, charged only where the engine does not overlap "
     "it with the GPU (vLLM before 0.8, the V0 engine): never in a roofline, not for current engine versions"))]
+SerialStepOverheadMs = Annotated[float, Field(description=(
+    "The profile's per-step overhead of an engine that does not overlap host work with the GPU (vLLM before 0.8, "
+    "the V0 engine), charged there in place of per_step_overhead_ms: never in a roofline, not for current engine "
+    "versions"))]
 OverlappedHostPerSequenceMs = Annotated[float, Field(description=(
     "The profile's host work per sequence per engine step where the engine prepares the next step while the GPU "
     "runs this one (TensorRT-LLM, SGLang, vLLM from 0.8): hidden while the GPU takes longer, so a step lasts at "
@@ -304,6 +308,7 @@ class EfficiencyOut(BaseModel):
     allreduce_latency_ms: AllreduceLatencyMs
     pcie_link_fraction_ratio: PcieLinkFractionRatio = 1.0
     per_sequence_overhead_ms: PerSequenceOverheadMs = 0.0
+    serial_step_overhead_ms: SerialStepOverheadMs | None = None
     overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
     prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
     source: str

@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.04.4"  # + a TP ring across nodes pays NCCL's host network overhead on its in-node steps
+CALCULATION_VERSION = "2026.12.05.1"  # + a V0 engine pays its own per-step overhead (serial_step_overhead_s)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.03.2"  # + TensorRT-LLM context servers run without the overlap scheduler

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.calibration.profiles import entry_document, profile_from_entries
 from app.calibration.rows import stated_version
 from app.sizing.calibration.fit import (
     ANY,
@@ -19,6 +20,7 @@ from app.sizing.calibration.fit import (
     HOST_PARAMETERS,
     CalibrationProfile,
     ProfileEntry,
+    fit_efficiency,
     fit_profile,
     parameters_at_bounds,
     single_entry_profile,
@@ -191,12 +193,50 @@ def test_each_family_fits_its_hosts_work_and_a_family_without_such_rows_keeps_th
     assert overhead["cdna3"] == global_value  # no rows: the global entry itself
 
 
+@dataclasses.dataclass(frozen=True)
+class _StepOverheadRun(_Steps):
+    """100 decode steps: of 5 ms on the GPU, to which a V0 engine (`pays_host_work`) adds its serial per-step
+    overhead; or of a small model's 0.2 ms, which an overlapping engine's step outlasts by its per-step floor."""
+
+    def predict(self, efficiency) -> float:
+        if self.pays_host_work:
+            return self.steps * (5e-3 + efficiency.serial_step_s)
+        return self.steps * max(0.2e-3, efficiency.per_step_overhead_s)
+
+
+def test_a_fit_finds_the_serial_loops_per_step_overhead_apart_from_the_overlapped_floor() -> None:
+    """Made with 2 ms per step in V0's serial loop and a 4 ms floor in an overlapping engine (both inside the
+    0-5 ms range): the V0 rows measure 100 x (5 + 2) ms = 0.7 s, the overlapping ones 100 x max(0.2, 4) ms =
+    0.4 s. One parameter for both could not predict both (2 ms gives the floor rows 0.2 s; 4 ms gives V0 0.9 s);
+    apart, the fit finds each (the priors, 0.3 ms, cost 0.02 x ((3.7 / 5)^2 + (1.7 / 5)^2) / 2 = 0.0066 of the
+    objective there, less than the |log| error of moving either by 2%)."""
+    per_step, serial = (next(bound for bound in (*FITTED_PARAMETERS, *HOST_PARAMETERS) if bound.name == name)
+                        for name in ("per_step_overhead_s", "serial_step_overhead_s"))
+    rows = [_StepOverheadRun(16, 0.7, "hopper"), _StepOverheadRun(16, 0.4, "hopper", pays_host_work=False)] * 6
+    fitted, _ = fit_efficiency(rows, DEFAULT_EFFICIENCY, (per_step, serial), max_evaluations=200)
+    assert fitted.serial_step_s == pytest.approx(2e-3, rel=0.02)
+    assert fitted.per_step_overhead_s == pytest.approx(4e-3, rel=0.02)
+    assert [row.predict(fitted) for row in rows[:2]] == pytest.approx([0.7, 0.4], rel=0.01)
+
+def test_a_stored_entry_without_the_serial_per_step_overhead_charges_the_per_step_one() -> None:
+    """A profile stored before the split has no serial_step_overhead_s: read back, V0 pays its per-step
+    overhead (2 ms here), as the profile did when it was fitted; one stored with it (0 ms, or null) reads
+    back as written."""
+    efficiency = dataclasses.replace(DEFAULT_EFFICIENCY, per_step_overhead_s=2e-3)
+    stored = entry_document(ProfileEntry(ANY, ANY, efficiency, 10))
+    assert stored["serial_step_overhead_s"] is None
+    older = {name: value for name, value in stored.items() if name != "serial_step_overhead_s"}
+    for document, serial in ((older, 2e-3), (stored, 2e-3), ({**stored, "serial_step_overhead_s": 0.0}, 0.0)):
+        read = profile_from_entries("p", [document]).efficiency_for(ANY, ANY)
+        assert read.serial_step_s == serial
+        assert host_adjusted(read, "vllm", "0.5.4").per_step_overhead_s == serial
+
 def test_the_host_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     """Range 0-1 ms: a fitted entry at 0 sits at its low bound (within 1% of the range: 10 us); 0.5 ms
     does not. The GPU parameters (and the MoE prompt-step overhead, 1 ms, the overlapped host work, 0.1 ms, and
     the links at 0.84 of their rate) sit inside their ranges here."""
-    assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s", "overlapped_host_per_sequence_s",
-                                                         "prefill_moe_layer_overhead_s"]
+    assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s", "serial_step_overhead_s",
+                                                         "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"]
     assert "per_sequence_overhead_s" not in {bound.name for bound in FITTED_PARAMETERS}
     inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5,
                                                   "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84,
@@ -322,6 +362,30 @@ def test_an_overlapping_engines_per_step_overhead_is_the_least_a_step_lasts() ->
     assert ran is not None and ran[0] == 100 and ran[1] == pytest.approx(1.0, rel=1e-12)
 
 
+
+def test_a_serial_engine_pays_its_own_per_step_overhead_and_an_overlapping_one_keeps_the_floor() -> None:
+    """The per-step overhead of V0's serial host loop is a parameter of its own: with 10 ms per step and 2 ms
+    for V0's loop, V0's step of 16 decodes at 1,000 tokens is the GPU's 6.85 + 0.9 ms plus 2 ms (not 10), while
+    V1's still lasts the 10 ms floor and a roofline (no engine) still adds 10 ms. Unset (None), V0 pays the
+    per-step overhead, as before the split: the profiles fitted before it predict what they did."""
+    shape = {"tensor_parallel": 1, "weight_dtype": "bf16", "kv_dtype": "bf16"}
+
+    def model(efficiency):  # type: ignore[no-untyped-def]
+        return build_step_time_model(LLAMA_3_8B, HOPPER, efficiency=efficiency, **shape)
+
+    split = dataclasses.replace(STEP_10MS, serial_step_overhead_s=2e-3)
+    small = (16, 16 * 1000.0, 0, 0)
+    gpu = model(dataclasses.replace(STEP_10MS, per_step_overhead_s=0.0))(*small)
+    assert 7e-3 < gpu < 8e-3  # 6.85 ms of weights + 0.9 ms of KV
+    assert host_adjusted(split, "vllm", "0.5.4").per_step_overhead_s == 2e-3
+    assert model(host_adjusted(split, "vllm", "0.5.4"))(*small) == pytest.approx(gpu + 2e-3, rel=1e-12)
+    assert model(host_adjusted(split, "vllm", "0.19.0"))(*small) == pytest.approx(10e-3, rel=1e-12)
+    assert model(host_adjusted(split, None))(*small) == pytest.approx(gpu + 10e-3, rel=1e-12)
+    assert STEP_10MS.serial_step_overhead_s is None and STEP_10MS.serial_step_s == 10e-3
+    assert host_adjusted(STEP_10MS, "vllm", "0.5.4") is STEP_10MS  # nothing to move: V0 pays the 10 ms
+    with pytest.raises(ValueError, match="serial_step_s must be >= 0"):
+        dataclasses.replace(STEP_10MS, serial_step_overhead_s=-1e-3)
+
 @dataclasses.dataclass(frozen=True)
 class _OverlappedSteps(_Steps):
     """The same run under an engine that overlaps host work: each step lasts max(5 ms, host work)."""
@@ -400,6 +464,9 @@ def test_a_measured_pipeline_run_pays_it_per_layout() -> None:
     assert predict(STEP_10MS, engine_version="1.0", **staged) == pytest.approx(gpu + 10e-3, rel=1e-9)
     assert predict(STEP_10MS, engine_version="0.17", **staged) == pytest.approx(10e-3, rel=1e-9)
     assert predict(STEP_10MS, engine_version="1.0", **run) == pytest.approx(10e-3, rel=1e-9)
+    # The serial per-step overhead is V0's loop's: TensorRT-LLM's exposed loop still adds the per-step one.
+    split = dataclasses.replace(STEP_10MS, serial_step_overhead_s=2e-3)
+    assert predict(split, engine_version="1.0", **staged) == pytest.approx(gpu + 10e-3, rel=1e-9)
 
 
 # Disaggregated prefill workers: TensorRT-LLM's context servers run without the overlap scheduler -------------

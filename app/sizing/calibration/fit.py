@@ -84,6 +84,7 @@ class ParameterBounds:
 # `small_m_flatness` r adds a point at M = 1 with fraction f0 / M0 x M0^r: r = 0 is the proportional
 # floor, r = 1 a flat curve below M0 (a 1-row matmul at the first point's fraction).
 SMALL_M_FLATNESS = "small_m_flatness"
+SERIAL_STEP = "serial_step_overhead_s"  # None in an efficiency: the per-step overhead's value (`serial_step_s`)
 # The fixed costs of a step (per step, per layer, an all-reduce's alpha) and the small-matmul floor shape the
 # short steps of small batches, which latencies measure; throughput rows run large batches, whose steps they
 # barely move. So an entry fits them only on at least MIN_LATENCY_ROWS latency rows (TPOT/ITL, TTFT, E2E), and
@@ -128,12 +129,23 @@ FITTED_PARAMETERS: tuple[ParameterBounds, ...] = (
 # per-sequence host work, but it costs nothing while the GPU takes longer: a step lasts max(GPU time, host
 # work), which binds at large batches of small models, where the GPU's step is short and the sequences many.
 # It is fitted apart (the engines' host loops differ from V0's, by their code), on the rows of such engines.
+# So is the per-step overhead of a non-overlapping engine (`Efficiency.serial_step_overhead_s`): one parameter
+# for both kinds let the overlapping engines' rows, on which the per-step overhead is only the least a step
+# lasts and binds on short steps alone, set what every V0 step pays on top of the GPU's time. With H100 held
+# out, the hopper entry (H200 and GH200 rows, none of them V0) took the per-step overhead to its 5 ms bound and
+# charged it to each step of H100's vLLM 0.5/0.6 static batches, 23.5% off at batch 1. Apart: 9.9%; over the
+# whole cross-validation, leave one GPU out 26.0 -> 24.9%, one model family out 17.9 -> 17.2%, one engine out
+# 28.3 -> 27.0% (2026-12-05).
 HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
     ParameterBounds("per_sequence_overhead_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step that the engine does not overlap with the GPU (vLLM V0: "
                     "scheduling, sampling metadata, detokenization in the step loop): Python, tens to hundreds "
                     "of us per sequence by its operation count; range to 1 ms; prior 0 in the global entry, the "
                     "global entry's value in a family's", paid_by="pays_host_work"),
+    ParameterBounds(SERIAL_STEP, 0.0, 5e-3, 0.3e-3,
+                    "per-step overhead of an engine that does not overlap host work with the GPU (vLLM V0), added "
+                    "to each step in place of the per-step overhead: SIZING.md section 5's 0.1-1 ms per step, the "
+                    "per-step overhead's range and prior", paid_by="pays_host_work"),
     ParameterBounds("overlapped_host_per_sequence_s", 0.0, 1e-3, 0.0,
                     "host work per sequence per step of an engine that prepares the next step while the GPU runs "
                     "this one (TensorRT-LLM's PyTorch backend and SGLang's overlap schedulers, vLLM's V1 engine): "
@@ -192,6 +204,8 @@ _MISS_PENALTY = math.log(1000.0)
 
 def parameter_value(efficiency: Efficiency, name: str) -> float:
     """A fitted parameter's value in an efficiency (SMALL_M_FLATNESS is read off its compute curve)."""
+    if name == SERIAL_STEP:
+        return efficiency.serial_step_s
     if name != SMALL_M_FLATNESS:
         return float(getattr(efficiency, name))
     curve = efficiency.compute_curve

@@ -108,16 +108,19 @@ class HostRules:
         overlapped per-sequence work are the least a step lasts (`Efficiency.step_overhead_overlapped`), not
         time added to it; with `pipeline_parallel` stages an engine may not (`hidden_in_pipeline`), and each
         micro-batch's step then pays them on top; nor may it on a disaggregated deployment's prefill workers
-        (`prefill_pool`, `hidden_in_prefill_pool`)."""
+        (`prefill_pool`, `hidden_in_prefill_pool`). An engine that does not overlap host work at all adds the
+        per-step overhead of its serial loop instead (`Efficiency.serial_step_s`)."""
+        serial_step = self.host_work and efficiency.serial_step_s != efficiency.per_step_overhead_s
         if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
-                and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0):
+                and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0
+                and not serial_step):
             return efficiency  # nothing engine-dependent to keep, drop or move
         hidden = self.overlapped_host and (pipeline_parallel == 1 or self.hidden_in_pipeline) and (
             not prefill_pool or self.hidden_in_prefill_pool)
         if ((self.host_work or efficiency.per_sequence_overhead_s == 0)
                 and (self.overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
                 and (self.prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
-                and hidden == efficiency.step_overhead_overlapped):
+                and hidden == efficiency.step_overhead_overlapped and not serial_step):
             return efficiency
         return _without(efficiency, self.host_work, self.overlapped_host, self.prefill_overhead, hidden)
 
@@ -146,6 +149,7 @@ def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, pre
              hidden: bool) -> Efficiency:
     # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
     return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
+                   per_step_overhead_s=efficiency.serial_step_s if host_work else efficiency.per_step_overhead_s,
                    overlapped_host_per_sequence_s=(efficiency.overlapped_host_per_sequence_s if overlapped_host
                                                    else 0.0),
                    prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0,

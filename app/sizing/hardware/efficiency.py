@@ -51,6 +51,15 @@ class Efficiency:
     # metadata, detokenization in the step loop). 0 for engines that prepare the next step while the GPU
     # runs this one; `engines.host_adjusted` keeps it only for those that do not (vLLM's V0 engine).
     per_sequence_overhead_s: float = 0.0
+    # The per-step overhead of an engine that does not overlap host work with the GPU (vLLM's V0 engine): the
+    # scheduling, input preparation and sampling bookkeeping it runs between GPU steps, added to each of its
+    # steps in place of `per_step_overhead_s` (`engines.host_adjusted`). A quantity of its own: in the engines
+    # that do overlap, the per-step overhead is mostly the least a step lasts, which binds only on short steps,
+    # and a value that fits those says nothing of a serial host loop. (Where such an engine does not hide its
+    # loop, with pipeline stages or on context servers, it adds the per-step overhead: charging this one there
+    # instead took the leave-one-engine-out median from 27.0 to 29.3%, 2026-12-05.) None: the per-step
+    # overhead's value (what a profile that predates it charged; `serial_step_s`).
+    serial_step_overhead_s: float | None = None
     # Host work per sequence per step of an engine that prepares the next step while the GPU runs this one
     # (`Engine.overlaps_host_work`): hidden while the GPU takes longer, so a step takes at least this times
     # the sequences it samples. 0 for engines that do not overlap (they pay `per_sequence_overhead_s` on top).
@@ -93,7 +102,7 @@ class Efficiency:
         if not 0 < self.pcie_link_fraction <= 1:
             raise ValueError("pcie_link_fraction must be in (0, 1]")
         for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s",
-                     "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"):
+                     "serial_step_s", "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)
@@ -145,6 +154,11 @@ class Efficiency:
         """Achieved fraction of a link's catalog rate in a layout's collectives: `pcie_link_fraction` between
         GPUs that talk over PCIe (`GpuSpec.pcie_links`), 1 over NVLink and other scale-up fabrics."""
         return self.pcie_link_fraction if pcie_links else 1.0
+
+    @property
+    def serial_step_s(self) -> float:
+        """The per-step overhead a non-overlapping engine pays (`serial_step_overhead_s`, else the per-step one)."""
+        return self.per_step_overhead_s if self.serial_step_overhead_s is None else self.serial_step_overhead_s
 
     def overhead_time_s(self, tokens_per_step: ArrayLike, num_layers: int, step_scale: float = 1.0,
                         layer_scale: float = 1.0) -> float | np.ndarray:
