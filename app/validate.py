@@ -491,12 +491,33 @@ def _defects_section(provenance: dict[str, Any] | None) -> list[str]:
     out = ["## Parameters at a bound (defects of the model)", ""]
     if not found:
         return out + ["No fitted parameter sits at a bound of its range.", ""]
-    out += [(f"{len(found)} fitted parameters sit at a bound of their cited range. Each is a defect: the parameter "
-             "absorbs physics the model lacks, and its value is not a measurement of the hardware."), "",
-            "| GPU family | compute | parameter | value | bound |", "|---|---|---|---:|---|"]
-    out += [f"| {item['gpu_family']} | {item['compute_dtype']} | {item['parameter']} | {item['value']:.4g} | "
-            f"{item['bound']} |" for item in found]
-    return out + [""]
+    at_prior = [item for item in found if _prior_on_bound(provenance, item)]
+    pushed = [item for item in found if item not in at_prior]
+    out += [(f"{len(found)} fitted parameters sit at a bound of their cited range. {len(pushed)} of them were pushed "
+             "there from their cited prior: each is a defect, the parameter absorbs physics the model lacks, and its "
+             "value is not a measurement of the hardware."), ""]
+    if pushed:
+        out += _bound_table(pushed)
+    if at_prior:
+        out += [(f"{len(at_prior)} sit on the bound their cited prior sits on too (a cost that may be absent, prior "
+                 "0): the data showed none of it. Listed all the same: a cost the data would put below zero, which "
+                 "would be a defect, sits there too."), ""]
+        out += _bound_table(at_prior)
+    return out
+
+
+def _prior_on_bound(provenance: dict[str, Any], item: dict[str, Any]) -> bool:
+    """Whether the parameter's cited prior (the global entry's) is the bound the fitted value sits at."""
+    name = item["parameter"]
+    prior = (provenance.get("parameter_priors") or {}).get(name, {}).get("prior")
+    low, high = (provenance.get("parameter_bounds") or {}).get(name, (None, None))
+    return prior is not None and prior == (low if item["bound"] == "low" else high)
+
+
+def _bound_table(items: list[dict[str, Any]]) -> list[str]:
+    return (["| GPU family | compute | parameter | value | bound |", "|---|---|---|---:|---|"]
+            + [f"| {item['gpu_family']} | {item['compute_dtype']} | {item['parameter']} | {item['value']:.4g} | "
+               f"{item['bound']} |" for item in items] + [""])
 
 
 if __name__ == "__main__":

@@ -695,6 +695,29 @@ def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
     assert "| gb200 | 145 | 9.6% | 30.0% | – |" in page
 
 
+
+def test_the_accuracy_page_tells_a_parameter_pushed_to_a_bound_from_one_left_on_its_prior() -> None:
+    """compute_scale's cited prior is 1.0, its range 0.3-1.0: an entry at 0.3 was pushed there (a defect).
+    The overlapped host work's prior is 0, its range 0-1 ms: an entry at 0 sits where its prior does (the data
+    showed no such cost) and is listed apart, with the reason it is still listed. None is hidden."""
+    provenance = {
+        "parameter_bounds": {"compute_scale": [0.3, 1.0], "overlapped_host_per_sequence_s": [0.0, 1e-3]},
+        "parameter_priors": {"compute_scale": {"prior": 1.0, "source": "s"},
+                             "overlapped_host_per_sequence_s": {"prior": 0.0, "source": "s"}},
+        "parameters_at_bounds": [
+            {"gpu_family": "cdna3", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3, "bound": "low"},
+            {"gpu_family": "hopper", "compute_dtype": "fp8", "parameter": "overlapped_host_per_sequence_s",
+             "value": 2.7e-7, "bound": "low"}],
+    }
+    page = "\n".join(validate_command._defects_section(provenance))
+    assert "2 fitted parameters sit at a bound of their cited range. 1 of them were pushed there" in page
+    assert "1 sit on the bound their cited prior sits on too" in page
+    pushed, on_prior = page.index("| cdna3 | * | compute_scale | 0.3 | low |"), page.index(
+        "| hopper | fp8 | overlapped_host_per_sequence_s | 2.7e-07 | low |")
+    assert pushed < page.index("1 sit on the bound") < on_prior
+    assert validate_command._defects_section({**provenance, "parameters_at_bounds": []})[-2] == (
+        "No fitted parameter sits at a bound of its range.")
+
 def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
     """`held_out_error` picks, from a cross-validation document, the leave-one-GPU-out errors of the plan's
     layout kind (only metric kinds with rows: a kind's rows-0 metric is unmeasured, not 0%), and the
