@@ -43,6 +43,7 @@ from app.planning import api as planning_api
 from app.planning.pool import PlanPool
 from app.quotes import api as quotes_api
 from app.settings import Settings
+from app.sizing.serving import plan as plan_core
 
 VERSION = "0.1.0"
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: a config.json is a few KiB; anything bigger is a mistake or abuse
@@ -257,6 +258,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # 70-110 ms seen in load tests); with them frozen, a full collection takes about 0.5 ms. They stay alive
     # for the process's life anyway. Unfrozen on shutdown, so a process that outlives the app can free them.
     gc.freeze()
+    if app.state.settings.plan_workers_prestart:
+        app.state.plan_pool.prestart(plan_core.__name__)
     yield
     gc.unfreeze()
     app.state.plan_pool.shutdown()

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
         default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)), ge=1, le=64,
         description="Worker processes for /v1/slo-plan searches, per serving process",
     )
+    plan_workers_prestart: bool = Field(
+        True, description="Start the plan workers with the process, each loading the planner, so that a "
+                          "replica's first /v1/slo-plan does not wait for them (false: on first use)",
+    )
     # Catalog, quote and calibration endpoints are sync: each request needs one of the 40 worker
     # threads several times, and keeps its pooled database connection (15) between them. Past 40 + 15 requests at once, every thread
     # can be waiting for a connection held by a request that is waiting for a thread: a deadlock

@@ -59,7 +59,9 @@ def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, api_keys=f"{TEST_API_KEY},{OTHER_API_KEY}", log_level="warning")
+    # The plan workers start on first use here: most test applications never plan (test_plan_pool prestarts them).
+    return Settings(database_url=database_url, api_keys=f"{TEST_API_KEY},{OTHER_API_KEY}", log_level="warning",
+                    plan_workers_prestart=False)
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@ process, a bounded number at a time, and never holds the event loop (nor the int
 every other request of the process needs.
 
 `PlanPool.call(search, *arguments)` runs a search (`plan_core.plan`, `plan_disaggregated`) in a worker:
-the function and its arguments are pickled to it, the result back. The workers start on first use
-(spawned: a fresh interpreter, not a fork of a threaded server) and a search beyond `workers` waits for
-one to be free. Each worker keeps the core's caches (step-time models) from search to search.
+the function and its arguments are pickled to it, the result back. The workers start on first use, or when
+the application starts (`prestart`, PLAN_WORKERS_PRESTART), spawned: a fresh interpreter, not a fork of a
+threaded server; a search beyond `workers` waits for one to be free. Each worker keeps the core's caches (step-time models) from search to search.
 
 The workers run at a lower CPU priority (`WORKER_NICENESS`): a search takes whatever CPU the serving
 processes leave, and when the cores are busy the scheduler gives the requests first call, so a burst of
@@ -14,6 +14,7 @@ plans does not stretch every other request's latency (it stretches the plans ins
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import threading
@@ -27,6 +28,11 @@ ResultT = TypeVar("ResultT")
 # Added to the workers' niceness (Linux CFS: each step of nice is about 1.25x less CPU share under
 # contention, so 10 is about 9x): requests first, searches with what is left.
 WORKER_NICENESS = 10
+
+
+def _import(module: str) -> None:
+    """A worker's warm-up (`PlanPool.prestart`): import the module its searches run."""
+    importlib.import_module(module)
 
 
 def _lower_priority() -> None:
@@ -49,6 +55,14 @@ class PlanPool:
         except BrokenProcessPool:
             self._discard(executor)  # a worker died (killed, out of memory): the next search starts anew
             raise
+
+    def prestart(self, module: str) -> None:
+        """Start every worker now, each importing `module` (the searches' code), so that the first searches of
+        the process do not wait for fresh interpreters to start and import it. Returns at once: the workers
+        start in the background, and a search submitted meanwhile queues behind a warm-up, never fails by it."""
+        executor = self._started()
+        for _ in range(self.workers):  # each submission with no idle worker starts one
+            executor.submit(_import, module)
 
     def _started(self) -> ProcessPoolExecutor:
         with self._lock:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +15,12 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from app.main import create_app
 from app.planning import api as planning_api
 from app.planning import service as planning
 from app.planning.pool import WORKER_NICENESS, PlanPool
 from app.planning.schemas import SloPlanRequest
+from app.settings import Settings
 
 PLAN = {
     "model": "llama-3.1-8b",
@@ -65,6 +68,40 @@ def test_a_search_runs_in_the_bounded_process_pool_and_answers_as_in_process(
 
 def test_the_default_pool_size_comes_from_the_settings(app: FastAPI) -> None:
     assert app.state.plan_pool.workers == app.state.settings.plan_workers >= 1
+
+
+def test_the_workers_start_with_the_application_when_prestarted(settings: Settings) -> None:
+    """With PLAN_WORKERS_PRESTART (the default) the application's startup starts every worker, each importing
+    the planner; without it none starts until the first search (structural: no timing)."""
+    assert Settings.model_fields["plan_workers_prestart"].default is True
+    for prestart in (True, False):
+        application = create_app(settings.model_copy(update={"plan_workers": 2, "plan_workers_prestart": prestart}))
+        with TestClient(application):
+            executor = application.state.plan_pool._executor
+            if prestart:
+                assert executor is not None and len(executor._processes) == 2
+                for worker in list(executor._processes.values()):  # the warm-ups ran in live workers
+                    assert worker.is_alive()
+            else:
+                assert executor is None
+
+
+def test_a_warm_up_imports_the_module_in_the_worker() -> None:
+    """`prestart`'s task imports the module it names in each worker, and a search after it finds it loaded.
+    (Shown with `wave`, which nothing here imports: the planner's module comes with this test module, which
+    the worker imports to run `_loaded`.) A worker started by a search alone has not loaded it."""
+    for prestart in (True, False):
+        pool = PlanPool(workers=1)
+        try:
+            if prestart:
+                pool.prestart("wave")
+            assert pool.call(_loaded, "wave") is prestart
+        finally:
+            pool.shutdown()
+
+
+def _loaded(module: str) -> bool:
+    return module in sys.modules
 
 
 def _own_niceness() -> int:
