@@ -5,7 +5,8 @@ every other request of the process needs.
 `PlanPool.call(search, *arguments)` runs a search (`plan_core.plan`, `plan_disaggregated`) in a worker:
 the function and its arguments are pickled to it, the result back. The workers start on first use, or when
 the application starts (`prestart`, PLAN_WORKERS_PRESTART), spawned: a fresh interpreter, not a fork of a
-threaded server; a search beyond `workers` waits for one to be free. Each worker keeps the core's caches (step-time models) from search to search.
+threaded server; a search beyond `workers` waits for one to be free. Each worker keeps the core's caches
+(step-time models) from search to search.
 
 The workers run at a lower CPU priority (`WORKER_NICENESS`): a search takes whatever CPU the serving
 processes leave, and when the cores are busy the scheduler gives the requests first call, so a burst of
