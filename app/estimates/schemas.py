@@ -308,7 +308,7 @@ class EfficiencyOut(BaseModel):
     allreduce_latency_ms: AllreduceLatencyMs
     pcie_link_fraction_ratio: PcieLinkFractionRatio = 1.0
     per_sequence_overhead_ms: PerSequenceOverheadMs = 0.0
-    serial_step_overhead_ms: SerialStepOverheadMs | None = None
+    serial_step_overhead_ms: SerialStepOverheadMs | None = None  # None: a quote's result stored before it
     overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
     prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
     source: str
