@@ -29,7 +29,7 @@ from app.calibration.crossval import (
     publisher,
     task_runner,
 )
-from app.calibration.profiles import builtin_profile, profile_from_entries
+from app.calibration.profiles import HeldOutErrors, builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
 from app.sizing.calibration.fit import GLOBAL_PARAMETERS, parameters_at_bounds
@@ -753,6 +753,30 @@ def test_a_plan_reads_its_kind_of_prediction_from_the_held_out_errors() -> None:
     assert held_out_error({"chosen_level": "family"}, layout_kind="tp", gpus=["b200"], model_family="openai",
                           engine="vllm") == {"held_out": "gpu", "layout_kind": "tp", "by_metric": {}, "gpus": [],
                                              "model_family": None, "engine": None, "targets": {}}
+
+
+def test_an_answers_held_out_error_is_built_once_per_document_and_question() -> None:
+    """`HeldOutErrors.out` shares one answer among the requests that ask the same question of the same
+    cross-validation document, and answers afresh for another question or another document (a profile stored
+    again under its name), even one equal to the first."""
+    stats = {"rows": 3, "median_abs_pct_error": 12.5, "p90_abs_pct_error": 30.0}
+
+    def document(error: float) -> dict:
+        return {"targets": {"ttft": 20.0}, "hold_outs": [
+            {"held_out": "gpu", "by_group": [{"group": "b200", **stats}],
+             "by_layout": [{"layout_kind": "tp", "by_metric": {"ttft": {**stats, "median_abs_pct_error": error}}}]}]}
+
+    first = document(12.5)
+    answer = HeldOutErrors(first, "meta-llama/Llama-3.1-8B", None).out("tp", ["b200"])
+    assert answer is not None and answer.by_metric["ttft"].median_abs_pct_error == 12.5
+    assert HeldOutErrors(first, "meta-llama/Llama-3.1-8B", None).out("tp", ["b200"]) is answer
+    other_gpu = HeldOutErrors(first, "meta-llama/Llama-3.1-8B", None).out("tp", ["h100-sxm"])
+    assert other_gpu is not answer and other_gpu.gpus == [] and answer.gpus[0].group == "b200"
+    assert HeldOutErrors(first, "meta-llama/Llama-3.1-8B", "vllm").out("tp", ["b200"]) is not answer
+    refitted = HeldOutErrors(document(30.0), "meta-llama/Llama-3.1-8B", None).out("tp", ["b200"])
+    assert refitted is not None and refitted.by_metric["ttft"].median_abs_pct_error == 30.0
+    equal = HeldOutErrors(document(12.5), "meta-llama/Llama-3.1-8B", None).out("tp", ["b200"])
+    assert equal == answer and equal is not answer
 
 
 def test_a_models_family_is_the_organization_of_its_hugging_face_id() -> None:

@@ -280,12 +280,13 @@ def _stats(items: list[HeldOut], level: str) -> dict[str, Any]:
 
 
 def held_out_error(validation: dict[str, Any] | None, *, layout_kind: str, gpus: Sequence[str],
-                   model_family: str | None, engine: str) -> dict[str, Any] | None:
+                   model_family: str | None, engine: str | None) -> dict[str, Any] | None:
     """What a profile's cross-validation (its provenance's `cross_validation`, as `_hold_out_document` wrote
     it) says of one kind of prediction: the leave-one-GPU-out errors of every held-out row of `layout_kind`,
     by metric kind (a metric kind with no such rows is left out: its error is unmeasured), and the held-out
     error of each of `gpus`, of `model_family` and of `engine` that the profile's data has rows of (each
-    group's rows predicted by a fit that never saw the group). None for a profile without cross-validation."""
+    group's rows predicted by a fit that never saw the group; no engine's for `engine` None). None for a profile
+    without cross-validation."""
     if not validation:
         return None
     hold_outs = {item["held_out"]: item for item in validation.get("hold_outs", [])}

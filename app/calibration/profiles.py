@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.calibration import crossval
-from app.calibration.schemas import HeldOutErrorOut
+from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog import repository as catalog_repository
 from app.catalog import service as catalog_service
@@ -139,15 +139,29 @@ class HeldOutErrors:
     """The held-out errors one model's predictions on one engine report (`crossval.held_out_error`), from
     a profile's cross-validation (`validation`: `cross_validation(...)`, or a snapshot's provenance's)."""
 
-    def __init__(self, validation: dict[str, Any] | None, model_id: str | None, engine: str) -> None:
+    def __init__(self, validation: dict[str, Any] | None, model_id: str | None, engine: str | None) -> None:
         self.validation = validation
         self.model_family = crossval.publisher(model_id)  # as the cross-validation groups rows
         self.engine = engine
 
     def out(self, layout_kind: str, gpus: Sequence[str]) -> HeldOutErrorOut | None:
+        """Built once per cross-validation document and question, and shared by the answers that nest it (as
+        `efficiency_out` is: a nested model is kept, not copied, and nothing mutates an answer)."""
+        key = (id(self.validation), layout_kind, tuple(gpus), self.model_family, self.engine)
+        known = _HELD_OUT_MEMO.get(key)
+        if known is not None and known[0] is self.validation:  # the same document, not one at a reused id
+            return known[1]
         found = crossval.held_out_error(self.validation, layout_kind=layout_kind, gpus=gpus,
                                         model_family=self.model_family, engine=self.engine)
-        return None if found is None else HeldOutErrorOut.model_validate(found)
+        answer = None if found is None else HeldOutErrorOut.model_validate(found)
+        if len(_HELD_OUT_MEMO) >= HELD_OUT_MEMO_SIZE:
+            _HELD_OUT_MEMO.clear()
+        _HELD_OUT_MEMO[key] = (self.validation, answer)
+        return answer
+
+
+HELD_OUT_MEMO_SIZE = 512
+_HELD_OUT_MEMO: dict[tuple[Any, ...], tuple[dict[str, Any] | None, HeldOutErrorOut | None]] = {}
 
 
 def _iso(moment: datetime | None) -> str | None:

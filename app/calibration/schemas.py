@@ -12,7 +12,15 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.calibration.crossval import MEDIAN_INTERVAL_RESAMPLES
+from app.calibration.held_out_schemas import (
+    ERROR_STATS_EXAMPLE,
+    HELD_OUT_STATS_EXAMPLE,
+    LAYOUT_KIND_DESCRIPTION,
+    ErrorStatsOut,
+    HeldOutGroupOut,
+    HeldOutStatsOut,
+    LayoutKind,
+)
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
 from app.estimates.schemas import (
@@ -37,10 +45,6 @@ from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 # finish well inside REQUEST_TIMEOUT_S (30 s). Measured on a 2-vCPU machine shared with other work:
 # validating the whole shipped tests/data/measured-calibration.csv (1,263 rows, 573 distinct simulated
 # runs) took 8 s; fitting a profile to it 29 s, to a 150-row sample of it 7 s.
-# The layout family of a measured run (`app.sizing.layout.LAYOUT_KINDS`).
-LayoutKind = Literal["tp", "dp_ep", "pp", "disaggregated"]
-LAYOUT_KIND_DESCRIPTION = ("tp: tensor parallel only; dp_ep: attention data and/or expert parallelism; pp: pipeline "
-                           "stages; disaggregated: separate prefill and decode pools")
 
 MAX_VALIDATE_ROWS = 2000
 MAX_VALIDATE_SIMULATED_RUNS = 1000
@@ -189,7 +193,6 @@ class CalibrationRequest(BaseModel):
 
 # Error reports -------------------------------------------------------------------------------
 
-ERROR_STATS_EXAMPLE = {"rows": 2, "median_abs_pct_error": 7.9, "p90_abs_pct_error": 12.4}
 GROUP_ERROR_EXAMPLE = {"scenario": "offline", "metric": "output_tokens_per_s", "gpu_family": "hopper",
                        "rows": 1, "median_abs_pct_error": 3.4, "p90_abs_pct_error": 3.4}
 ROW_RESULT_EXAMPLE = {
@@ -197,14 +200,6 @@ ROW_RESULT_EXAMPLE = {
     "scenario": "offline", "metric": "output_tokens_per_s", "stat": None, "measured": 28836.77,
     "predicted": 27860.1, "abs_pct_error": 3.39, "skipped_reason": None, "assumption": None,
 }
-
-
-class ErrorStatsOut(BaseModel):
-    model_config = _examples(ERROR_STATS_EXAMPLE)
-
-    rows: int = Field(description="Predicted rows in this group")
-    median_abs_pct_error: float | None = Field(description="Median |predicted − measured| / measured, percent")
-    p90_abs_pct_error: float | None = Field(description="90th percentile of the same")
 
 
 class GroupErrorOut(ErrorStatsOut):
@@ -331,7 +326,6 @@ PROFILE_ENTRY_EXAMPLE = {
 }
 ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
                      "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
-HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "median_abs_pct_error_low": 22.9, "median_abs_pct_error_high": 25.4, "p90_abs_pct_error": 61.0, "median_ratio": 0.93}
 HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
                     "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
@@ -396,22 +390,6 @@ class EntryFitOut(BaseModel):
     mean_abs_log_error_after: float
 
 
-class HeldOutStatsOut(ErrorStatsOut):
-    model_config = _examples(HELD_OUT_STATS_EXAMPLE)
-
-    median_abs_pct_error_low: float | None = Field(None, description=(
-        f"5th percentile of the medians of {MEDIAN_INTERVAL_RESAMPLES:,} resamples of these rows (fixed seed): with _high, the median's 90% interval (one source's rows err together: the true spread is wider)"))
-    median_abs_pct_error_high: float | None = Field(None, description="95th percentile of the same medians")
-    median_ratio: float | None = Field(None, description=(
-        "Median predicted / measured of the same rows: which way the held-out predictions erred (below 1 they ran "
-        "low: latencies shorter, throughput lower than measured). Null without rows, and in profiles "
-        "cross-validated before this figure existed"))
-
-
-class HeldOutGroupOut(HeldOutStatsOut):
-    group: str = Field(description="The GPU slug, model family or engine held out")
-
-
 class HeldOutLayoutOut(BaseModel):
     model_config = _examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
 
@@ -432,48 +410,6 @@ class HoldOutOut(BaseModel):
         default_factory=list,
         description="By the layout the measured run used, per metric kind (empty in profiles fitted before this "
                     "breakdown existed)")
-
-
-HELD_OUT_ERROR_EXAMPLE = {
-    "held_out": "gpu", "layout_kind": "tp",
-    "by_metric": {"ttft": {"rows": 1471, "median_abs_pct_error": 38.0, "p90_abs_pct_error": 111.3,
-                           "median_ratio": 0.9},
-                  "tpot_itl": {"rows": 1463, "median_abs_pct_error": 15.0, "p90_abs_pct_error": 48.3,
-                               "median_ratio": 1.02}},
-    "gpus": [{"group": "h200-sxm", **HELD_OUT_STATS_EXAMPLE}],
-    "model_family": {"group": "meta-llama", **HELD_OUT_STATS_EXAMPLE},
-    "engine": {"group": "vllm", **HELD_OUT_STATS_EXAMPLE},
-    "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
-}
-
-
-class HeldOutErrorOut(BaseModel):
-    """How far a plan's kind of prediction was from published measurements that its fit never saw: the
-    calibration profile's cross-validation (`python -m app.calibrate`; docs/ACCURACY.md). Each error is
-    |predicted / measured - 1| of a measured run's own statistic (its mean, or the one it states), not of
-    the plan's percentiles. Held-out errors are what to expect where the data has no measurements of the
-    GPU, model family or engine; the profile itself was fitted on every group's rows."""
-
-    model_config = _examples(HELD_OUT_ERROR_EXAMPLE)
-
-    held_out: Literal["gpu"] = Field(description=(
-        "How `by_metric` was held out: every GPU's rows predicted by a fit that never saw that GPU (its "
-        "datasheet and the other GPUs' rows are all the fit knew of it)"))
-    layout_kind: LayoutKind = Field(description=f"The plan's layout family: {LAYOUT_KIND_DESCRIPTION}")
-    by_metric: dict[str, HeldOutStatsOut] = Field(description=(
-        "The held-out rows of this layout family, by metric kind (ttft, tpot_itl, e2e, throughput); a metric kind "
-        "with no such rows is absent: its error is unmeasured"))
-    gpus: list[HeldOutGroupOut] = Field(description=(
-        "Each GPU type of the plan (both pools of a disaggregated plan) that the profile's data has rows of: those "
-        "rows, every metric and layout, predicted by a fit without any of them. A GPU absent here has no measured "
-        "rows: its predictions rest on its datasheet and its GPU family's (or the global) entry"))
-    model_family: HeldOutGroupOut | None = Field(description=(
-        "The model's publisher (the organization of its Hugging Face id) held out: its models' rows predicted by a "
-        "fit without any of them; null when the profile's data has no rows of this family"))
-    engine: HeldOutGroupOut | None = Field(description=(
-        "The engine held out: its rows predicted by a fit without any of them; null when the profile's data has "
-        "no rows of this engine (the generic engine)"))
-    targets: dict[str, float] = Field(description="The target median held-out error per metric kind, percent")
 
 
 class CrossValidationOut(BaseModel):

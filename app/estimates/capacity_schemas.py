@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.calibration.schemas import HeldOutErrorOut
+from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,

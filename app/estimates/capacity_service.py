@@ -8,9 +8,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.calibration.profiles import HeldOutErrors, cross_validation, resolve_efficiency
-from app.calibration.schemas import HeldOutErrorOut
-from app.catalog.service import get_model_hf_id
+from app.calibration.held_out_schemas import HeldOutErrorOut
+from app.calibration.profiles import HeldOutErrors, resolve_efficiency
 from app.errors import Unprocessable
 from app.estimates.capacity_schemas import (
     CapacityAssumptions,
@@ -32,6 +31,7 @@ from app.estimates.inputs import (
     check_parallelism,
     core_problem,
     efficiency_out,
+    held_out_errors,
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
@@ -151,8 +151,7 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
 
 def _held_out(session: Session, request: CapacityRequest) -> HeldOutErrors:
     """The held-out errors of the request's model and engine under its profile's cross-validation."""
-    model_id = None if request.model is None else get_model_hf_id(session, request.model)
-    return HeldOutErrors(cross_validation(session, request.calibration), model_id, request.engine)
+    return held_out_errors(session, request, request.calibration, request.engine)
 
 
 def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,

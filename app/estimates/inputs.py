@@ -8,11 +8,12 @@ from functools import lru_cache
 
 from sqlalchemy.orm import Session
 
+from app.calibration.profiles import HeldOutErrors, cross_validation
 from app.catalog.schemas import (
     gpu_spec_from_schema,
     model_spec_from_schema,
 )
-from app.catalog.service import get_gpu_spec, get_model_spec
+from app.catalog.service import get_gpu_spec, get_model_hf_id, get_model_spec
 from app.errors import Unprocessable
 from app.estimates.schemas import (
     ComputeCurvePoint,
@@ -194,6 +195,14 @@ def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested
     else:
         activation_dtype = "bf16" if gpu.peak_flops_per_s("bf16") or not gpu.peak_flops_per_s("fp16") else "fp16"
     return ResolvedPrecisions(weight_dtype, kv_dtype, compute_dtype, activation_dtype, tuple(defaults))
+
+
+def held_out_errors(session: Session, request: ModelRef, calibration: str | None,
+                    engine: str | None) -> HeldOutErrors:
+    """The held-out errors of the request's model (and `engine`: None where the answer names none) under the
+    cross-validation of its `calibration` profile (None: the default); an inline model has no family."""
+    model_id = None if request.model is None else get_model_hf_id(session, request.model)
+    return HeldOutErrors(cross_validation(session, calibration), model_id, engine)
 
 
 @lru_cache(maxsize=256)

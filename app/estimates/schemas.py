@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.catalog.schemas import (
     GPU_SPEC_EXAMPLE,
     INPUT_CONFIG,
@@ -534,6 +535,7 @@ ROOFLINE_ASSUMPTIONS_EXAMPLE = {
     "defaults_used": ["weight_dtype = bf16 (the model's published dtype)", "kv_dtype = bf16 (the model's dtype)",
                       "compute_dtype = bf16 (the weights' precision, which the GPU has a tensor rate for)",
                       "calibration = builtin"],
+    "held_out_error": None,
 }
 
 
@@ -571,6 +573,15 @@ class RooflineAssumptions(BaseModel):
     efficiency: EfficiencyOut
     formulas: list[str]
     defaults_used: list[str]
+    held_out_error: HeldOutErrorOut | None = Field(None, description=(
+        "How far predictions made with these efficiencies were from published measurements their calibration "
+        "never saw, for this layout family, GPU (both pools' when disaggregated) and model family: the validator's "
+        "predictions of measured runs, whose steps this step-time model times. A decode step's expected time is "
+        "what by_metric.tpot_itl measures (the time between tokens, on runs whose decode steps also carry other "
+        "requests' prompts); a prompt's, at light load, part of what ttft measures. `engine` is null: a roofline "
+        "step has no engine (/v1/capacity and /v1/slo-plan name one). Null when the profile has no "
+        "cross-validation (builtin, one fitted by POST /v1/calibrations or by `python -m app.calibrate "
+        "--no-cross-validation`)"))
 
 
 POOL_STEP_EXAMPLE = {

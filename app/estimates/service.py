@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.calibration.profiles import resolve_efficiency
 from app.errors import Unprocessable
 from app.estimates.inputs import (
@@ -20,6 +21,7 @@ from app.estimates.inputs import (
     core_problem,
     default_kv_dtype,
     efficiency_out,
+    held_out_errors,
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
@@ -61,7 +63,7 @@ from app.sizing.hardware.roofline import (
     roofline,
 )
 from app.sizing.hardware.step_time import build_step_time_model
-from app.sizing.layout import Layout
+from app.sizing.layout import KIND_DISAGGREGATED, Layout
 from app.sizing.model.flops import ATTENTION, DECODE, PREFILL, decode_cost, prefill_cost, score_matrix_bytes
 from app.sizing.model.kv import (
     KvCacheSize,
@@ -239,14 +241,17 @@ def roofline_step(session: Session, request: RooflineRequest) -> RooflineRespons
     layout = check_parallelism(model, request.tensor_parallel, data_parallel=request.data_parallel,
                                expert_parallel=request.expert_parallel)
     assert request.phase is not None  # RooflineRequest requires it unless disaggregated
+    held_out = held_out_errors(session, request, request.calibration, None).out(layout.kind, [gpu.slug])
     return _roofline_answer(session, request, model, model_label, gpu, gpu_label, layout, request.phase,
-                            request.batch_size, request.prompt_tokens, request.context_tokens)
+                            request.batch_size, request.prompt_tokens, request.context_tokens, held_out=held_out)
 
 
 def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpec, model_label: str, gpu: GpuSpec,
                      gpu_label: str, layout: Layout, phase: str, batch_size: int, prompt_tokens: int | None,
-                     context_tokens: int | None, defaults_used: Sequence[str] = ()) -> RooflineResponse:
-    """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it."""
+                     context_tokens: int | None, defaults_used: Sequence[str] = (),
+                     held_out: HeldOutErrorOut | None = None) -> RooflineResponse:
+    """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it, with the `held_out` errors of
+    predictions like it."""
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = [*precisions.defaults_used, *defaults_used]
@@ -297,7 +302,7 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
                                            note=ATTENTION_TRAFFIC_NOTE),
         warnings=sequence_warnings(model, cached + new_tokens, "The sequence (context_tokens + this step's "
                                                               "new tokens)"),
-        assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults),
+        assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults, held_out),
         calculation_version=CALCULATION_VERSION,
     )
 
@@ -327,8 +332,10 @@ def _disaggregated_roofline(session: Session, request: RooflineRequest, model: M
                                prefill_pool.layout, PREFILL, 1, prompt, 0)
     defaults = [] if request.context_tokens is not None else [
         f"context_tokens = {prompt} (prompt_tokens: the decode pool's first step after the transfer)"]
+    held_out = held_out_errors(session, request, request.calibration, None).out(
+        KIND_DISAGGREGATED, [prefill_pool.gpu.slug, decode_pool.gpu.slug])
     decode = _roofline_answer(session, request, model, model_label, decode_pool.gpu, decode_pool.gpu_label,
-                              decode_pool.layout, DECODE, request.batch_size, None, context, defaults)
+                              decode_pool.layout, DECODE, request.batch_size, None, context, defaults, held_out)
     try:
         transfer = pools_kv_transfer(model, prompt, decode.assumptions.kv_dtype, prefill_pool, decode_pool)
     except ValueError as exc:
@@ -351,11 +358,13 @@ def _pool_step_out(step: RooflineResponse, pool: ResolvedPool) -> PoolStepOut:
 
 
 def _roofline_assumptions(precisions: ResolvedPrecisions, efficiency: Efficiency, profile: str,
-                          formulas: Sequence[str], defaults: Sequence[str]) -> RooflineAssumptions:
+                          formulas: Sequence[str], defaults: Sequence[str],
+                          held_out: HeldOutErrorOut | None) -> RooflineAssumptions:
     return RooflineAssumptions(
         weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
         compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
         efficiency=efficiency_out(efficiency, profile), formulas=list(formulas), defaults_used=list(defaults),
+        held_out_error=held_out,
     )
 
 
@@ -395,7 +404,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
     tp = request.tensor_parallel
-    check_parallelism(model, tp)
+    layout = check_parallelism(model, tp)
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = list(precisions.defaults_used)
@@ -434,8 +443,9 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
         compute_dtype=precisions.compute_dtype, ridge_point=ridge_point(gpu, precisions.compute_dtype),
         points=points, knee_batch_size=sweep.knee_batch_size, knee_explanation=explanation,
         warnings=sequence_warnings(model, context + 1, "The sequence (context_tokens + the decoded token)"),
-        assumptions=_roofline_assumptions(precisions, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA),
-                                          defaults),
+        assumptions=_roofline_assumptions(
+            precisions, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA), defaults,
+            held_out_errors(session, request, request.calibration, None).out(layout.kind, [gpu.slug])),
         calculation_version=CALCULATION_VERSION,
     )
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.calibration.schemas import HELD_OUT_ERROR_EXAMPLE, HeldOutErrorOut
+from app.calibration.held_out_schemas import HELD_OUT_ERROR_EXAMPLE, HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, ModelSlug
 from app.common import Slug
 from app.estimates.schemas import (

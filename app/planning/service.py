@@ -9,8 +9,8 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.orm import Session
 
+from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.calibration.profiles import HeldOutErrors, profile_snapshot
-from app.calibration.schemas import HeldOutErrorOut
 from app.catalog.schemas import gpu_spec_from_schema, model_spec_from_schema
 from app.catalog.service import get_gpu_spec, get_model_hf_id, get_model_spec, list_gpu_specs
 from app.errors import NotFound, Unprocessable

@@ -201,6 +201,60 @@ def test_a_capacity_answer_states_the_held_out_error_of_its_layout_gpu_model_and
     assert held_out_error({**dp_ep, "calibration": "builtin"}) is None
 
 
+def test_a_roofline_answer_states_the_held_out_error_of_its_layout_gpu_and_model(
+        client: TestClient, default_profile_loaded: None) -> None:
+    """/v1/roofline and its batch sweep report what the shipped profile's cross-validation measured for steps
+    like theirs, read here from the shipped file. A roofline names no engine, so no engine's error: DeepSeek-V3
+    decoding as DP8 + EP8 on H200 gets the DP+EP rows' leave-one-GPU-out errors, H200's and DeepSeek's; a
+    disaggregated Llama-3.1-70B prefilling on B200 and decoding on H100 gets the disaggregated rows' and both
+    GPUs', prefill pool first; Llama-3-8B's batch sweep on H100 (tensor parallel only) the TP rows',
+    H100's and Meta's. An inline architecture has no family; `builtin` has no cross-validation."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    hold_outs = {item["held_out"]: item for item in shipped["provenance"]["cross_validation"]["hold_outs"]}
+    by_layout = {item["layout_kind"]: item["by_metric"] for item in hold_outs["gpu"]["by_layout"]}
+
+    def group(hold_out: str, name: str) -> dict[str, Any]:
+        return next(item for item in hold_outs[hold_out]["by_group"] if item["group"] == name)
+
+    def held_out_error(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        response = client.post(path, json=body)
+        assert response.status_code == 200, response.text
+        return response.json()["assumptions"]["held_out_error"]
+
+    dp_ep = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "phase": "decode", "batch_size": 16,
+             "context_tokens": 2000, "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8}
+    error = held_out_error("/v1/roofline", dp_ep)
+    assert error is not None and error["held_out"] == "gpu" and error["layout_kind"] == "dp_ep"
+    assert error["by_metric"] == {metric: stats for metric, stats in by_layout["dp_ep"].items() if stats["rows"]}
+    assert error["gpus"] == [group("gpu", "h200-sxm")]
+    assert error["model_family"] == group("model_family", "deepseek-ai")
+    assert error["engine"] is None
+
+    disaggregated = held_out_error("/v1/roofline", {
+        "model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+        "deployment": "disaggregated", "prefill": {"gpu": "b200", "tensor_parallel": 4},
+        "decode": {"tensor_parallel": 8}, "prompt_tokens": 8192, "batch_size": 32})
+    assert disaggregated is not None and disaggregated["layout_kind"] == "disaggregated"
+    assert disaggregated["by_metric"] == {metric: stats for metric, stats in by_layout["disaggregated"].items()
+                                          if stats["rows"]}
+    assert disaggregated["gpus"] == [group("gpu", "b200"), group("gpu", "h100-sxm")]
+    assert disaggregated["model_family"] == group("model_family", "meta-llama")
+    assert disaggregated["engine"] is None
+
+    sweep = held_out_error("/v1/roofline/batch-sweep", {"model": "llama-3-8b", "gpu": "h100-sxm",
+                                                        "context_tokens": 128})
+    assert sweep is not None and sweep["layout_kind"] == "tp"
+    assert sweep["by_metric"] == {metric: stats for metric, stats in by_layout["tp"].items() if stats["rows"]}
+    assert sweep["gpus"] == [group("gpu", "h100-sxm")] and sweep["model_family"] == group("model_family", "meta-llama")
+
+    inline_error = held_out_error("/v1/roofline", {"model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu": "h100-sxm",
+                                                   "phase": "decode", "batch_size": 1, "context_tokens": 1024})
+    assert inline_error is not None and inline_error["layout_kind"] == "tp" and inline_error["model_family"] is None
+    assert held_out_error("/v1/roofline", {**dp_ep, "calibration": "builtin"}) is None
+    assert held_out_error("/v1/roofline/batch-sweep", {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128,
+                                                       "calibration": "builtin"}) is None
+
+
 # Calibrating -----------------------------------------------------------------------------------
 
 def test_a_calibration_round_trips_through_the_api_and_the_database(client: TestClient, engine: Engine,
