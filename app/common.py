@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def schema_examples(*examples: dict[str, Any]) -> ConfigDict:
+    """A model's `model_config` that shows these examples in its OpenAPI schema (and so in Swagger UI)."""
+    return ConfigDict(json_schema_extra={"examples": list(examples)})
+
 
 SLUG_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 # Any text without NUL bytes (PostgreSQL cannot store them, and no honest client sends them).
@@ -27,9 +33,7 @@ class FieldProblem(BaseModel):
     pointer: str = Field(description="JSON pointer to the offending input, e.g. /body/num_hidden_layers")
     detail: str
 
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"pointer": "/query/limit", "detail": "Input should be less than or equal to 200"}]}
-    )
+    model_config = schema_examples({"pointer": "/query/limit", "detail": "Input should be less than or equal to 200"})
 
 
 class Problem(BaseModel):
@@ -75,7 +79,7 @@ class Page(BaseModel, Generic[T]):
 class Health(BaseModel):
     status: str = Field(description="ok while the process serves requests")
 
-    model_config = ConfigDict(json_schema_extra={"examples": [{"status": "ok"}]})
+    model_config = schema_examples({"status": "ok"})
 
 
 class Readiness(BaseModel):
@@ -83,6 +87,4 @@ class Readiness(BaseModel):
     database: str = Field(description="Backend name")
     migration: str = Field(description="Current Alembic revision (the head)")
 
-    model_config = ConfigDict(
-        json_schema_extra={"examples": [{"status": "ready", "database": "sqlite", "migration": "0001"}]}
-    )
+    model_config = schema_examples({"status": "ready", "database": "sqlite", "migration": "0001"})

@@ -6,16 +6,12 @@ endpoints' schemas can use them without importing the calibration endpoints' (wh
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.calibration.crossval import MEDIAN_INTERVAL_RESAMPLES
-
-
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
-
+from app.common import schema_examples
 
 # The layout family of a measured run (`app.sizing.layout.LAYOUT_KINDS`).
 LayoutKind = Literal["tp", "dp_ep", "pp", "disaggregated"]
@@ -27,7 +23,7 @@ HELD_OUT_STATS_EXAMPLE = {"rows": 1355, "median_abs_pct_error": 24.1, "median_ab
 
 
 class ErrorStatsOut(BaseModel):
-    model_config = _examples(ERROR_STATS_EXAMPLE)
+    model_config = schema_examples(ERROR_STATS_EXAMPLE)
 
     rows: int = Field(description="Predicted rows in this group")
     median_abs_pct_error: float | None = Field(description="Median |predicted − measured| / measured, percent")
@@ -35,7 +31,7 @@ class ErrorStatsOut(BaseModel):
 
 
 class HeldOutStatsOut(ErrorStatsOut):
-    model_config = _examples(HELD_OUT_STATS_EXAMPLE)
+    model_config = schema_examples(HELD_OUT_STATS_EXAMPLE)
 
     median_abs_pct_error_low: float | None = Field(None, description=(
         f"5th percentile of the medians of {MEDIAN_INTERVAL_RESAMPLES:,} resamples of these rows (fixed seed): with _high, the median's 90% interval (one source's rows err together: the true spread is wider)"))
@@ -70,7 +66,7 @@ class HeldOutErrorOut(BaseModel):
     the answer's own figures. Held-out errors are what to expect where the data has no measurements of the
     GPU, model family or engine; the profile itself was fitted on every group's rows."""
 
-    model_config = _examples(HELD_OUT_ERROR_EXAMPLE)
+    model_config = schema_examples(HELD_OUT_ERROR_EXAMPLE)
 
     held_out: Literal["gpu"] = Field(description=(
         "How `by_metric` was held out: every GPU's rows predicted by a fit that never saw that GPU (its "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.calibration.held_out_schemas import (
     ERROR_STATS_EXAMPLE,
@@ -22,7 +22,7 @@ from app.calibration.held_out_schemas import (
     LayoutKind,
 )
 from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
-from app.common import SLUG_PATTERN, Label, LongText, Page, Slug
+from app.common import SLUG_PATTERN, Label, LongText, Page, Slug, schema_examples
 from app.estimates.schemas import (
     AllreduceLatencyMs,
     BandwidthFractionRatio,
@@ -75,10 +75,6 @@ Tokens = Annotated[int, Field(ge=1, le=1_000_000)]
 Count = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
-
-
 # A real row of measured-calibration.csv: TensorRT-LLM 0.17, Llama-3.1-8B FP8 on one H100, 128/128.
 ROW_EXAMPLE: dict[str, Any] = {
     "row_id": "TRTLLM_PERF_V017-2", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-8b", "gpu": "h100-sxm",
@@ -99,7 +95,7 @@ LATENCY_ROW_EXAMPLE: dict[str, Any] = {
 class MeasurementRowIn(BaseModel):
     """One published measurement, in the columns of measured-calibration.csv."""
 
-    model_config = INPUT_CONFIG | _examples(ROW_EXAMPLE, LATENCY_ROW_EXAMPLE)
+    model_config = INPUT_CONFIG | schema_examples(ROW_EXAMPLE, LATENCY_ROW_EXAMPLE)
 
     row_id: RowText = Field(description="Unique within the upload")
     source_id: RowText = Field("upload", description="Where the number comes from (groups leave-one-out)")
@@ -162,7 +158,7 @@ class MeasurementRowIn(BaseModel):
 class ValidationRequest(BaseModel):
     """Measurements to predict against a profile (nothing is stored)."""
 
-    model_config = INPUT_CONFIG | _examples({"calibration": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
+    model_config = INPUT_CONFIG | schema_examples({"calibration": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
 
     max_rows: ClassVar[int] = MAX_VALIDATE_ROWS
     max_simulated_runs: ClassVar[int] = MAX_VALIDATE_SIMULATED_RUNS
@@ -178,7 +174,7 @@ class CalibrationRequest(BaseModel):
     max_rows: ClassVar[int] = MAX_CALIBRATE_ROWS
     max_simulated_runs: ClassVar[int] = MAX_CALIBRATE_SIMULATED_RUNS
 
-    model_config = INPUT_CONFIG | _examples({
+    model_config = INPUT_CONFIG | schema_examples({
         "name": "my-trtllm-h100", "description": "Our TensorRT-LLM 0.17 runs on the H100 cluster",
         "base_profile": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
 
@@ -203,7 +199,7 @@ ROW_RESULT_EXAMPLE = {
 
 
 class GroupErrorOut(ErrorStatsOut):
-    model_config = _examples(GROUP_ERROR_EXAMPLE)
+    model_config = schema_examples(GROUP_ERROR_EXAMPLE)
 
     scenario: str
     metric: str
@@ -216,7 +212,7 @@ class LayoutErrorOut(ErrorStatsOut):
 
 
 class RowResultOut(BaseModel):
-    model_config = _examples(ROW_RESULT_EXAMPLE, {
+    model_config = schema_examples(ROW_RESULT_EXAMPLE, {
         "row_id": "LAMBDA_VLLM_054-1399", "source_id": "LAMBDA_VLLM_054", "model": "llama-3.1-8b",
         "gpu": "a100-80gb-sxm", "scenario": "offline", "metric": "output_tokens_per_s", "stat": None,
         "measured": 1517.54, "predicted": None, "abs_pct_error": None,
@@ -259,7 +255,7 @@ class ErrorSummaryOut(BaseModel):
     with); `latency_loaded` (the rest: queueing behind an all-at-once batch or an overloaded engine).
     """
 
-    model_config = _examples(SUMMARY_EXAMPLE)
+    model_config = schema_examples(SUMMARY_EXAMPLE)
 
     rows_total: int
     rows_predicted: int
@@ -283,7 +279,7 @@ class ContradictionOut(BaseModel):
     prediction serves them all) whose measured values differ by x1.3 or more: something the rows do not record
     differs (an engine setting such as speculative decoding, the harness, the run)."""
 
-    model_config = _examples(CONTRADICTION_EXAMPLE)
+    model_config = schema_examples(CONTRADICTION_EXAMPLE)
 
     row_ids: list[str] = Field(description="The rows, in upload order")
     metric: str
@@ -296,7 +292,7 @@ class ContradictionOut(BaseModel):
 
 
 class ValidationResponse(BaseModel):
-    model_config = _examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
+    model_config = schema_examples({"calibration_profile": "default", "rows": [ROW_RESULT_EXAMPLE],
                               "summary": SUMMARY_EXAMPLE, "contradictions": [CONTRADICTION_EXAMPLE],
                               "calculation_version": "2026.12.03.4"})
 
@@ -361,7 +357,7 @@ PROVENANCE_EXAMPLE: dict[str, Any] = {
 class ProfileEntryOut(BaseModel):
     """The efficiencies of one GPU family at one compute precision (`*` = any)."""
 
-    model_config = _examples(PROFILE_ENTRY_EXAMPLE)
+    model_config = schema_examples(PROFILE_ENTRY_EXAMPLE)
 
     gpu_family: str
     compute_dtype: str
@@ -381,7 +377,7 @@ class ProfileEntryOut(BaseModel):
 
 
 class EntryFitOut(BaseModel):
-    model_config = _examples(ENTRY_FIT_EXAMPLE)
+    model_config = schema_examples(ENTRY_FIT_EXAMPLE)
 
     gpu_family: str
     compute_dtype: str
@@ -391,7 +387,7 @@ class EntryFitOut(BaseModel):
 
 
 class HeldOutLayoutOut(BaseModel):
-    model_config = _examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
+    model_config = schema_examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
 
     layout_kind: LayoutKind = Field(description=LAYOUT_KIND_DESCRIPTION)
     by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
@@ -400,7 +396,7 @@ class HeldOutLayoutOut(BaseModel):
 class HoldOutOut(BaseModel):
     """Each group predicted by a fit that never saw it (at the chosen level)."""
 
-    model_config = _examples(HOLD_OUT_EXAMPLE)
+    model_config = schema_examples(HOLD_OUT_EXAMPLE)
 
     held_out: Literal["gpu", "model_family", "engine"]
     overall: HeldOutStatsOut
@@ -416,7 +412,7 @@ class CrossValidationOut(BaseModel):
     """Leave-one-GPU-out, leave-one-model-family-out and leave-one-engine-out errors; the profile's level
     (how specific its entries are) is the one with the lowest held-out error."""
 
-    model_config = _examples(CROSS_VALIDATION_EXAMPLE)
+    model_config = schema_examples(CROSS_VALIDATION_EXAMPLE)
 
     chosen_level: str
     chosen_by: str
@@ -428,7 +424,7 @@ class CrossValidationOut(BaseModel):
 
 
 class ParameterPriorOut(BaseModel):
-    model_config = _examples({"prior": 7.5e-06, "source": "NCCL tuner: one-node ring LL all-reduce 7.8-15.0 us"})
+    model_config = schema_examples({"prior": 7.5e-06, "source": "NCCL tuner: one-node ring LL all-reduce 7.8-15.0 us"})
 
     prior: float
     source: str
@@ -437,7 +433,7 @@ class ParameterPriorOut(BaseModel):
 class ParameterAtBoundOut(BaseModel):
     """A fitted parameter at a bound of its physical range: a defect of the model, not a result."""
 
-    model_config = _examples(BOUND_EXAMPLE)
+    model_config = schema_examples(BOUND_EXAMPLE)
 
     gpu_family: str
     compute_dtype: str
@@ -447,14 +443,14 @@ class ParameterAtBoundOut(BaseModel):
 
 
 class FitErrorOut(BaseModel):
-    model_config = _examples(FIT_ERROR_EXAMPLE)
+    model_config = schema_examples(FIT_ERROR_EXAMPLE)
 
     before: ErrorStatsOut = Field(description="The base profile on every predicted row")
     after: ErrorStatsOut = Field(description="The fitted profile on the same rows")
 
 
 class ProvenanceOut(BaseModel):
-    model_config = _examples(PROVENANCE_EXAMPLE)
+    model_config = schema_examples(PROVENANCE_EXAMPLE)
 
     source_file: str
     source_sha256: str = Field(description="SHA-256 of the measurements the fit read")
@@ -485,7 +481,7 @@ PROFILE_SUMMARY_EXAMPLE = {
 
 
 class ProfileSummaryOut(BaseModel):
-    model_config = _examples(PROFILE_SUMMARY_EXAMPLE)
+    model_config = schema_examples(PROFILE_SUMMARY_EXAMPLE)
 
     name: str
     description: str
@@ -500,7 +496,7 @@ class ProfileSummaryOut(BaseModel):
 
 
 class ProfileOut(ProfileSummaryOut):
-    model_config = _examples({**PROFILE_SUMMARY_EXAMPLE, "entries": [PROFILE_ENTRY_EXAMPLE],
+    model_config = schema_examples({**PROFILE_SUMMARY_EXAMPLE, "entries": [PROFILE_ENTRY_EXAMPLE],
                               "provenance": PROVENANCE_EXAMPLE})
 
     entries: list[ProfileEntryOut]
@@ -510,7 +506,7 @@ class ProfileOut(ProfileSummaryOut):
 class ProfileList(Page[ProfileSummaryOut]):
     """`builtin` first, then the stored profiles by name."""
 
-    model_config = _examples({"default_profile": "default", "items": [PROFILE_SUMMARY_EXAMPLE], "total": 1,
+    model_config = schema_examples({"default_profile": "default", "items": [PROFILE_SUMMARY_EXAMPLE], "total": 1,
                               "limit": 50, "offset": 0})
 
     default_profile: str = Field(description="The profile requests use when they name none")
@@ -519,7 +515,7 @@ class ProfileList(Page[ProfileSummaryOut]):
 class CalibrationResponse(BaseModel):
     """The stored profile, and how it predicts the uploaded rows compared with the profile it started from."""
 
-    model_config = _examples({
+    model_config = schema_examples({
         "profile": {**PROFILE_SUMMARY_EXAMPLE, "name": "my-trtllm-h100", "origin": "user",
                     "entries": [PROFILE_ENTRY_EXAMPLE], "provenance": PROVENANCE_EXAMPLE},
         "base_profile": "default", "before": SUMMARY_EXAMPLE, "after": SUMMARY_EXAMPLE,

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.catalog.reference import gpu_spec_from_record, model_spec_from_record, reference_model_rows
-from app.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug
+from app.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug, schema_examples
 from app.errors import Unprocessable
 from app.sizing.specs import BITS_PER_VALUE, LAYER_TYPES, GpuSpec, ModelSpec
 
@@ -104,14 +104,10 @@ def _not_a_repository_id(value: object) -> object:
 ModelSlug = Annotated[Slug, BeforeValidator(_not_a_repository_id)]
 
 
-def _examples(example: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": [example]})
-
-
 class ModelArchitecture(BaseModel):
     """A decoder-only transformer, in Hugging Face `config.json` field names."""
 
-    model_config = INPUT_CONFIG | _examples(MODEL_ARCHITECTURE_EXAMPLE)
+    model_config = INPUT_CONFIG | schema_examples(MODEL_ARCHITECTURE_EXAMPLE)
 
     num_hidden_layers: Layers
     hidden_size: Width
@@ -152,7 +148,7 @@ class ModelArchitecture(BaseModel):
 class ModelIn(ModelArchitecture):
     """A catalog model as written with PUT: the architecture plus identity and provenance."""
 
-    model_config = _examples(MODEL_IN_EXAMPLE)
+    model_config = schema_examples(MODEL_IN_EXAMPLE)
 
     name: Name
     hf_id: Label = Field("", description="Hugging Face repository id")
@@ -163,7 +159,7 @@ class ModelIn(ModelArchitecture):
 class ModelOut(ModelIn):
     """A catalog model as stored."""
 
-    model_config = _examples(MODEL_OUT_EXAMPLE)
+    model_config = schema_examples(MODEL_OUT_EXAMPLE)
 
     slug: Slug
     architecture: Literal["dense", "moe"]
@@ -178,7 +174,7 @@ class ModelOut(ModelIn):
 class GpuSpecIn(BaseModel):
     """One accelerator. Peak rates are dense (no structured sparsity), in TFLOP/s."""
 
-    model_config = INPUT_CONFIG | _examples(GPU_SPEC_EXAMPLE)
+    model_config = INPUT_CONFIG | schema_examples(GPU_SPEC_EXAMPLE)
 
     name: Label = ""
     family: Annotated[str, Field(pattern=r"^[a-z0-9-]{0,32}$")] = Field(
@@ -207,7 +203,7 @@ class GpuSpecIn(BaseModel):
 class GpuIn(GpuSpecIn):
     """A catalog GPU as written with PUT: the spec plus identity and provenance."""
 
-    model_config = _examples(GPU_IN_EXAMPLE)
+    model_config = schema_examples(GPU_IN_EXAMPLE)
 
     name: Name
     vendor: Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL_PATTERN)]  # its column's width
@@ -221,7 +217,7 @@ class GpuIn(GpuSpecIn):
 class GpuOut(GpuIn):
     """A catalog GPU as stored."""
 
-    model_config = _examples(GPU_OUT_EXAMPLE)
+    model_config = schema_examples(GPU_OUT_EXAMPLE)
 
     slug: Slug
     origin: Origin
@@ -270,11 +266,11 @@ def split_read_only(body: BaseModel) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 class GpuPage(Page[GpuOut]):
-    model_config = _examples({"items": [GPU_OUT_EXAMPLE], "total": 34, "limit": 50, "offset": 0})
+    model_config = schema_examples({"items": [GPU_OUT_EXAMPLE], "total": 34, "limit": 50, "offset": 0})
 
 
 class ModelPage(Page[ModelOut]):
-    model_config = _examples({"items": [MODEL_OUT_EXAMPLE], "total": 38, "limit": 50, "offset": 0})
+    model_config = schema_examples({"items": [MODEL_OUT_EXAMPLE], "total": 38, "limit": 50, "offset": 0})
 
 
 class ModelImport(BaseModel):
@@ -289,7 +285,7 @@ class ModelImport(BaseModel):
     defaults_applied: list[str] = Field(description="Fields the config omitted, filled from library defaults")
     notes: list[str] = Field(description="Other observations, e.g. keys that were ignored and why")
 
-    model_config = _examples({
+    model_config = schema_examples({
         "slug": "falcon-7b", "stored": False, "version": None,
         "model": {**MODEL_IN_EXAMPLE, "name": "tiiuae/falcon-7b", "hf_id": "tiiuae/falcon-7b",
                   "num_hidden_layers": 32, "hidden_size": 4544, "num_attention_heads": 71,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
+from app.common import schema_examples
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
@@ -41,10 +42,6 @@ BytesPerGpu = Annotated[int, Field(ge=0, le=10**13,
                                    description="Bytes on each GPU; null = the engine's default")]
 Limit = Literal["kv_cache", "max_num_seqs"]
 View = Literal["steady_state", "admission"]
-
-
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
 
 
 # Examples: vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16384, 1000 in / 500 out.
@@ -114,7 +111,7 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
     the response says which one and why. Disaggregated, the engine settings apply to the workers of both
     pools (ENGINES.md gives neither role memory defaults of its own)."""
 
-    model_config = _examples(
+    model_config = schema_examples(
         {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "vllm", "gpu_memory_utilization": 0.9,
          "max_model_len": 16384, "input_tokens": 1000, "output_tokens": 500},
         {"model": "llama-3-70b", "gpu": "h100-sxm", "tensor_parallel": 4, "weight_dtype": "fp16",
@@ -179,7 +176,7 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
 class WeightGroupOut(BaseModel):
     """One parameter group in one storage format."""
 
-    model_config = _examples({"group": "experts", "format": "mxfp4", "params": 114_661_785_600,
+    model_config = schema_examples({"group": "experts", "format": "mxfp4", "params": 114_661_785_600,
                               "bytes": 60_914_073_600})
 
     group: WeightGroup
@@ -192,7 +189,7 @@ class MemoryOut(BaseModel):
     """One GPU's memory by the engine's accounting (the most loaded GPU of the layout):
     kv_budget = usable − weights − activation − overhead."""
 
-    model_config = _examples(MEMORY_EXAMPLE)
+    model_config = schema_examples(MEMORY_EXAMPLE)
 
     total_bytes_per_gpu: int = Field(description="What the driver reports")
     usable_bytes_per_gpu: int = Field(description="What the engine lets itself use")
@@ -212,7 +209,7 @@ class MemoryOut(BaseModel):
 
 class ConcurrencyOut(BaseModel):
 
-    model_config = _examples(CONCURRENCY_EXAMPLE)
+    model_config = schema_examples(CONCURRENCY_EXAMPLE)
     sequences: int = Field(description="Concurrent requests: the smaller of the KV limit and max_num_seqs")
     kv_limited_sequences: int = Field(description="What the KV cache alone allows")
     limit: Limit = Field(description="Which of the two binds")
@@ -222,7 +219,7 @@ class ConcurrencyOut(BaseModel):
 
 class MaxConcurrencyOut(BaseModel):
 
-    model_config = _examples(MAX_CONCURRENCY_EXAMPLE)
+    model_config = schema_examples(MAX_CONCURRENCY_EXAMPLE)
     worst_case: ConcurrencyOut = Field(description="Every request at max_model_len (vLLM's start-up log)")
     admission: ConcurrencyOut = Field(description="Every request reserving input + output (a no-evict "
                                                   "scheduler, TensorRT-LLM's default)")
@@ -234,7 +231,7 @@ class OperatingPointOut(BaseModel):
     """Continuous batching at the engine's own concurrency: per output token each running request waits
     one decode step plus its share of the prefill of the requests that replace finished ones."""
 
-    model_config = _examples(OPERATING_POINT_EXAMPLE)
+    model_config = schema_examples(OPERATING_POINT_EXAMPLE)
 
     batch_size: int = Field(description="Running requests")
     concurrency_view: View = Field(description="The max_concurrency view the engine runs at")
@@ -258,7 +255,7 @@ class OperatingPointOut(BaseModel):
 class SuggestionOut(BaseModel):
     """The smallest change that fits: a layout inside one node, else a cheaper weight precision."""
 
-    model_config = _examples(SUGGESTION_EXAMPLE)
+    model_config = schema_examples(SUGGESTION_EXAMPLE)
 
     tensor_parallel: int
     pipeline_parallel: int
@@ -272,7 +269,7 @@ class SuggestionOut(BaseModel):
 class EngineOut(BaseModel):
     """The engine settings the accounting used, each with its source ("given" when you set it)."""
 
-    model_config = _examples(ENGINE_EXAMPLE)
+    model_config = schema_examples(ENGINE_EXAMPLE)
 
     engine: Engine
     engine_version: str = Field(description="The version whose rules were applied (empty for generic)")
@@ -290,7 +287,7 @@ class EngineOut(BaseModel):
 
 class CapacityAssumptions(BaseModel):
 
-    model_config = _examples(ASSUMPTIONS_EXAMPLE)
+    model_config = schema_examples(ASSUMPTIONS_EXAMPLE)
     weight_dtype: str
     weight_recipe: str = Field(description="The recipe the weight bytes follow (a plain dtype's name when "
                                            "none was asked for), its formats and its source")
@@ -327,7 +324,7 @@ class PoolCapacityOut(BaseModel):
     holds per request: a prefill worker the prompt, from its prefill until its KV transfer completes; a
     decode worker the prompt and the whole answer."""
 
-    model_config = _examples(POOL_CAPACITY_EXAMPLE)
+    model_config = schema_examples(POOL_CAPACITY_EXAMPLE)
 
     role: Literal["prefill", "decode"]
     gpu: str
@@ -358,7 +355,7 @@ class PoolCapacityOut(BaseModel):
 class CapacityDisaggregationOut(BaseModel):
     """Both pools of a disaggregated deployment and the KV transfer of one prompt between them."""
 
-    model_config = _examples({"prefill": {**POOL_CAPACITY_EXAMPLE, "role": "prefill", "tokens_per_request": 1000},
+    model_config = schema_examples({"prefill": {**POOL_CAPACITY_EXAMPLE, "role": "prefill", "tokens_per_request": 1000},
                               "decode": POOL_CAPACITY_EXAMPLE, "kv_transfer": KV_TRANSFER_EXAMPLE})
 
     prefill: PoolCapacityOut
@@ -400,7 +397,7 @@ class CapacityResponse(BaseModel):
     disaggregation: CapacityDisaggregationOut | None = Field(
         None, description="deployment disaggregated: both pools and the KV transfer between them")
 
-    model_config = _examples({
+    model_config = schema_examples({
         "model": "llama-3.1-8b", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1,
         "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 1, "num_gpus": 1, "input_tokens": 1000, "output_tokens": 500, "fits": True, "reasons": [],
         "suggestion": None,

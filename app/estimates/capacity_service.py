@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.calibration.held_out_schemas import HeldOutErrorOut
-from app.calibration.profiles import HeldOutErrors, resolve_efficiency
+from app.calibration.profiles import resolve_efficiency
 from app.errors import Unprocessable
 from app.estimates.capacity_schemas import (
     CapacityAssumptions,
@@ -145,13 +145,9 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             efficiency=efficiency, **_precision_arguments(precisions), **arguments)
     except ValueError as exc:
         raise core_problem(exc) from None
+    held_out = held_out_errors(session, request, request.calibration, request.engine).out(layout.kind, [gpu.slug])
     return _capacity_out(request, model_label, gpu_label, layout, result, precisions, efficiency, profile,
-                         kv_source, CAPACITY_FORMULAS, _held_out(session, request).out(layout.kind, [gpu.slug]))
-
-
-def _held_out(session: Session, request: CapacityRequest) -> HeldOutErrors:
-    """The held-out errors of the request's model and engine under its profile's cross-validation."""
-    return held_out_errors(session, request, request.calibration, request.engine)
+                         kv_source, CAPACITY_FORMULAS, held_out)
 
 
 def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,
@@ -177,7 +173,8 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
         raise core_problem(exc) from None
     (prefill, prefill_precisions, _, prefill_profile), (decode, precisions, efficiency, profile) = answers
     reasons = [f"{answer.role} pool: {reason}" for answer, *_ in answers for reason in answer.worker.reasons]
-    held_out = _held_out(session, request).out(KIND_DISAGGREGATED, [prefill_pool.gpu.slug, decode_pool.gpu.slug])
+    held_out = held_out_errors(session, request, request.calibration, request.engine).out(
+        KIND_DISAGGREGATED, [prefill_pool.gpu.slug, decode_pool.gpu.slug])
     top = _capacity_out(request, model_label, decode_pool.gpu_label, decode_pool.layout, decode.worker, precisions,
                         efficiency, profile, kv_source, (*CAPACITY_FORMULAS, *DISAGGREGATED_CAPACITY_FORMULAS),
                         held_out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from app.calibration.held_out_schemas import HeldOutErrorOut
 from app.catalog.schemas import (
@@ -36,7 +36,7 @@ from app.catalog.schemas import (
     ModelArchitecture,
     ModelSlug,
 )
-from app.common import SLUG_PATTERN, Slug
+from app.common import SLUG_PATTERN, Slug, schema_examples
 from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES
 
 # Scalars -----------------------------------------------------------------------------------
@@ -67,10 +67,6 @@ ProfileName = Annotated[str, Field(pattern=SLUG_PATTERN, max_length=64,
 
 MAX_SWEEP_POINTS = 64
 DEFAULT_SWEEP_BATCH_SIZES = tuple(2**i for i in range(11))  # 1, 2, 4, ..., 1024
-
-
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
 
 
 def _exactly_one(slug_field: str, inline_field: str, value: Any, info: ValidationInfo) -> Any:
@@ -146,7 +142,7 @@ class PoolIn(BaseModel):
     """One pool of a disaggregated deployment, in the names /v1/slo-plan's disaggregated plans use
     (`disaggregation.prefill` / `.decode`): its GPU, one worker's layout, and how many workers."""
 
-    model_config = INPUT_CONFIG | _examples(POOL_EXAMPLE_IN, {"gpu": "h200-sxm", "tensor_parallel": 8})
+    model_config = INPUT_CONFIG | schema_examples(POOL_EXAMPLE_IN, {"gpu": "h200-sxm", "tensor_parallel": 8})
 
     gpu: Slug | None = Field(None, description="Catalog slug of the pool's GPU; null = the request's gpu "
                                                 "(or gpu_spec)")
@@ -225,7 +221,7 @@ KV_TRANSFER_EXAMPLE = {
 class KvTransferOut(BaseModel):
     """One prompt's KV cache moved from its prefill worker to its decode worker (at the mean prompt)."""
 
-    model_config = _examples(KV_TRANSFER_EXAMPLE)
+    model_config = schema_examples(KV_TRANSFER_EXAMPLE)
 
     link: Literal["nvlink", "network"] = Field(
         description="nvlink when the deployment fits in one NVLink domain of its GPU, else the scale-out network")
@@ -238,14 +234,14 @@ class KvTransferOut(BaseModel):
 
 
 class HumanSize(BaseModel):
-    model_config = _examples(HUMAN_SIZE_EXAMPLE)
+    model_config = schema_examples(HUMAN_SIZE_EXAMPLE)
 
     gb: float = Field(description="Decimal gigabytes (1e9 bytes)")
     gib: float = Field(description="Binary gibibytes (2^30 bytes)")
 
 
 class ComputeCurvePoint(BaseModel):
-    model_config = _examples(COMPUTE_CURVE_POINT_EXAMPLE)
+    model_config = schema_examples(COMPUTE_CURVE_POINT_EXAMPLE)
 
     tokens: int
     compute_fraction_ratio: float = Field(description="Achieved fraction of peak FLOP/s at this many tokens")
@@ -298,7 +294,7 @@ PrefillMoeLayerOverheadMs = Annotated[float, Field(description=(
 class EfficiencyOut(BaseModel):
     """The efficiencies an expected time used, and where they came from."""
 
-    model_config = _examples(EFFICIENCY_EXAMPLE)
+    model_config = schema_examples(EFFICIENCY_EXAMPLE)
 
     calibration_profile: str
     bandwidth_fraction_ratio: BandwidthFractionRatio
@@ -321,7 +317,7 @@ class EfficiencyOut(BaseModel):
 class KvCacheRequest(ModelRef):
     """How much KV cache a model keeps for a batch of sequences of one length."""
 
-    model_config = _examples(
+    model_config = schema_examples(
         {"model": "llama-3-70b", "context_tokens": 8192, "batch_size": 32},
         {"model": "deepseek-v3", "kv_dtype": "bf16", "context_tokens": 10000, "tensor_parallel": 8},
         {"model": "gemma-2-9b", "context_tokens": 8192, "block_size": 16},
@@ -362,7 +358,7 @@ KV_ASSUMPTIONS_EXAMPLE = {
 class KvLayerGroupOut(BaseModel):
     """Layers that share an attention kind and window."""
 
-    model_config = _examples(KV_GROUP_EXAMPLE)
+    model_config = schema_examples(KV_GROUP_EXAMPLE)
 
     kind: Literal["full_attention", "sliding_attention", "chunked_attention", "mla"]
     window_tokens: int | None = Field(description="Tokens these layers cache at most; null = the whole context")
@@ -373,7 +369,7 @@ class KvLayerGroupOut(BaseModel):
 
 
 class KvSizesForPeople(BaseModel):
-    model_config = _examples(KV_SIZES_FOR_PEOPLE_EXAMPLE)
+    model_config = schema_examples(KV_SIZES_FOR_PEOPLE_EXAMPLE)
 
     bytes_per_sequence: HumanSize
     total_bytes: HumanSize
@@ -381,7 +377,7 @@ class KvSizesForPeople(BaseModel):
 
 
 class KvCurvePointOut(BaseModel):
-    model_config = _examples(KV_CURVE_POINT_EXAMPLE)
+    model_config = schema_examples(KV_CURVE_POINT_EXAMPLE)
 
     context_tokens: int
     bytes_per_sequence: int
@@ -391,7 +387,7 @@ class KvCurve(BaseModel):
     """Bytes per sequence against context for a model with window layers: piecewise linear, with a
     kink at every window; linear interpolation between these points is exact."""
 
-    model_config = _examples(KV_CURVE_EXAMPLE)
+    model_config = schema_examples(KV_CURVE_EXAMPLE)
 
     points: list[KvCurvePointOut]
     breakpoints_tokens: list[int] = Field(description="Contexts where the slope changes (the windows)")
@@ -399,7 +395,7 @@ class KvCurve(BaseModel):
 
 
 class KvAssumptions(BaseModel):
-    model_config = _examples(KV_ASSUMPTIONS_EXAMPLE)
+    model_config = schema_examples(KV_ASSUMPTIONS_EXAMPLE)
 
     kv_dtype: str
     kv_dtype_source: str
@@ -436,7 +432,7 @@ class KvCacheResponse(BaseModel):
     assumptions: KvAssumptions
     calculation_version: str
 
-    model_config = _examples({
+    model_config = schema_examples({
         "model": "llama-3-70b", "kv_dtype": "bf16", "context_tokens": 8192, "tokens_cached_per_sequence": 8192,
         "batch_size": 32, "tensor_parallel": 1, "pipeline_parallel": 1, "block_size": None,
         "bytes_per_sequence": 2684354560, "total_bytes": 85899345920, "bytes_per_sequence_per_gpu": 2684354560,
@@ -458,7 +454,7 @@ class RooflineRequest(PoolsRef, Precisions, CalibrationRef, GpuRef, ModelRef):
     """One prefill or decode step of a model on a GPU, against the roofline; or, disaggregated, the
     prefill pool's step of one prompt, the decode pool's step at a batch, and the KV transfer between."""
 
-    model_config = _examples(
+    model_config = schema_examples(
         {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "context_tokens": 1024},
         {"model": "llama-3-70b", "gpu": "h100-sxm", "phase": "prefill", "prompt_tokens": 2048,
          "tensor_parallel": 4},
@@ -540,7 +536,7 @@ ROOFLINE_ASSUMPTIONS_EXAMPLE = {
 
 
 class OperatorOut(BaseModel):
-    model_config = _examples(OPERATOR_EXAMPLE)
+    model_config = schema_examples(OPERATOR_EXAMPLE)
 
     name: Literal["embedding", "qkv", "attention", "out", "mlp", "moe", "router", "norm", "lm_head"]
     flops: float
@@ -554,7 +550,7 @@ class OperatorOut(BaseModel):
 class AttentionTraffic(BaseModel):
     """HBM bytes of this step's attention with FlashAttention and with naive attention."""
 
-    model_config = _examples(ATTENTION_TRAFFIC_EXAMPLE)
+    model_config = schema_examples(ATTENTION_TRAFFIC_EXAMPLE)
 
     flash_bytes: float
     naive_bytes: float
@@ -564,7 +560,7 @@ class AttentionTraffic(BaseModel):
 
 
 class RooflineAssumptions(BaseModel):
-    model_config = _examples(ROOFLINE_ASSUMPTIONS_EXAMPLE)
+    model_config = schema_examples(ROOFLINE_ASSUMPTIONS_EXAMPLE)
 
     weight_dtype: str
     kv_dtype: str
@@ -596,7 +592,7 @@ class PoolStepOut(BaseModel):
     """One pool's step on one GPU of a worker's tensor-parallel group (the full breakdown of this step:
     /v1/roofline with this pool's GPU and layout and its phase)."""
 
-    model_config = _examples(POOL_STEP_EXAMPLE)
+    model_config = schema_examples(POOL_STEP_EXAMPLE)
 
     role: Phase
     gpu: str
@@ -623,7 +619,7 @@ class PoolStepOut(BaseModel):
 class RooflineDisaggregationOut(BaseModel):
     """Both pools' steps of a disaggregated deployment and the KV transfer between them."""
 
-    model_config = _examples({
+    model_config = schema_examples({
         "prefill": {**POOL_STEP_EXAMPLE, "role": "prefill", "tensor_parallel": 4, "gpus": 4, "phase": "prefill",
                     "batch_size": 1, "prompt_tokens": 8192, "context_tokens": 0, "tokens": 8192,
                     "bound": "compute", "ideal_time_ms": 380.0, "expected_time_ms": 450.0,
@@ -678,7 +674,7 @@ class RooflineResponse(BaseModel):
     disaggregation: RooflineDisaggregationOut | None = Field(
         None, description="deployment disaggregated: both pools' steps and the KV transfer between them")
 
-    model_config = _examples({
+    model_config = schema_examples({
         "model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "prompt_tokens": None,
         "context_tokens": 1024, "tensor_parallel": 1, "data_parallel": 1, "expert_parallel": 1, "tokens": 1,
         "compute_dtype": "bf16",
@@ -702,7 +698,7 @@ class RooflineResponse(BaseModel):
 class BatchSweepRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
     """Decode step time and throughput against batch size: the seed's money slide."""
 
-    model_config = _examples(
+    model_config = schema_examples(
         {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 1024},
         {"model": "llama-3-70b", "gpu": "h100-sxm", "context_tokens": 4096, "tensor_parallel": 8,
          "batch_sizes": [1, 8, 32, 64, 128, 256]},
@@ -724,7 +720,7 @@ SWEEP_POINT_EXAMPLE = {
 
 
 class BatchSweepPoint(BaseModel):
-    model_config = _examples(SWEEP_POINT_EXAMPLE)
+    model_config = schema_examples(SWEEP_POINT_EXAMPLE)
 
     batch_size: int
     bound: Bound = Field(description="Of the ideal step")
@@ -758,7 +754,7 @@ class BatchSweepResponse(BaseModel):
     assumptions: RooflineAssumptions
     calculation_version: str
 
-    model_config = _examples({
+    model_config = schema_examples({
         "model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128, "tensor_parallel": 1,
         "compute_dtype": "bf16", "ridge_point": 295.3731,
         "points": [

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from app.calibration.held_out_schemas import HELD_OUT_ERROR_EXAMPLE, HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, ModelSlug
-from app.common import Slug
+from app.common import Slug, schema_examples
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
@@ -42,10 +42,6 @@ TokenCount = Annotated[int, Field(ge=1, le=10_000_000)]
 TokenStatistic = Annotated[float, Field(gt=0, le=10_000_000)]
 
 
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
-
-
 # Request -----------------------------------------------------------------------------------
 
 class LognormalLengths(BaseModel):
@@ -53,7 +49,7 @@ class LognormalLengths(BaseModel):
     and/or p99, or p90 with p99, or the mean with one tail percentile). Statistics that no lognormal
     reproduces within 10 % are rejected: give a histogram instead."""
 
-    model_config = INPUT_CONFIG | _examples({"kind": "lognormal", "mean": 1000, "p50": 800, "p90": 1800})
+    model_config = INPUT_CONFIG | schema_examples({"kind": "lognormal", "mean": 1000, "p50": 800, "p90": 1800})
 
     kind: Literal["lognormal"]
     mean: TokenStatistic | None = None
@@ -65,7 +61,7 @@ class LognormalLengths(BaseModel):
 class HistogramLengths(BaseModel):
     """Explicit lengths: [tokens, weight] pairs (weights need not sum to 1)."""
 
-    model_config = INPUT_CONFIG | _examples({"kind": "histogram", "bins": [[200, 0.3], [1000, 0.5], [4000, 0.2]]})
+    model_config = INPUT_CONFIG | schema_examples({"kind": "histogram", "bins": [[200, 0.3], [1000, 0.5], [4000, 0.2]]})
 
     kind: Literal["histogram"]
     bins: list[Annotated[list[Annotated[float, Field(ge=0, le=1e12)]], Field(min_length=2, max_length=2)]] = Field(
@@ -118,7 +114,7 @@ class WorkloadIn(BaseModel):
     at a given rate (Gamma-distributed gaps; 1 = Poisson). `burst_factor` is the old, deprecated name
     of `peak_to_mean_ratio`."""
 
-    model_config = INPUT_CONFIG | _examples(
+    model_config = INPUT_CONFIG | schema_examples(
         {"input_tokens": 1000, "output_tokens": 500, "requests_per_s": 5},
         {"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800, "p90": 1800},
          "output_tokens": {"kind": "histogram", "bins": [[100, 0.2], [500, 0.6], [1500, 0.2]]},
@@ -171,7 +167,7 @@ class WorkloadIn(BaseModel):
 class SloIn(BaseModel):
     """Latency targets at one percentile; optionally the share of requests that must meet all of them."""
 
-    model_config = INPUT_CONFIG | _examples({"ttft_ms": 1000, "tpot_ms": 50, "percentile": 95},
+    model_config = INPUT_CONFIG | schema_examples({"ttft_ms": 1000, "tpot_ms": 50, "percentile": 95},
                                             {"ttft_ms": 500, "tpot_ms": 30, "e2e_ms": 20000, "percentile": 99,
                                              "goodput_ratio": 0.99})
 
@@ -188,7 +184,7 @@ class InlineGpuIn(GpuSpecIn):
     """A GPU the catalog lacks (a new cloud SKU, a negotiated price), given inline: validated like a catalog
     row, planned beside the catalog GPUs, kept in a quote's request, never written to the catalog."""
 
-    model_config = INPUT_CONFIG | _examples(INLINE_GPU_EXAMPLE)
+    model_config = INPUT_CONFIG | schema_examples(INLINE_GPU_EXAMPLE)
 
     slug: Slug = Field(description="How plans name this GPU; not a slug among the candidate catalog GPUs")
     price_per_hour_usd: Annotated[float, Field(ge=0, le=100_000)] = Field(  # type: ignore[assignment]
@@ -198,7 +194,7 @@ class InlineGpuIn(GpuSpecIn):
 class CandidatesIn(BaseModel):
     """The configurations to search. Every list's values are combined; the product is bounded."""
 
-    model_config = INPUT_CONFIG | _examples(
+    model_config = INPUT_CONFIG | schema_examples(
         {"gpus": ["h100-sxm", "h200-sxm"], "tensor_parallel": [2, 4, 8]},
         {"gpus": ["h100-sxm"], "tensor_parallel": [4], "weight_dtypes": ["bf16", "fp8"], "kv_dtypes": ["bf16", "fp8"],
          "engine": "vllm", "max_num_seqs": [64, 256], "gpu_price_per_hour_usd": {"h100-sxm": 2.49}},
@@ -257,7 +253,7 @@ class SpeculativeIn(BaseModel):
     """Speculative decoding: `draft_tokens` proposed per step, each accepted with `acceptance_rate`; by a
     catalog `draft_model`, or (null) by n-gram prompt lookup, whose drafting cost is taken as zero."""
 
-    model_config = INPUT_CONFIG | _examples({"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4},
+    model_config = INPUT_CONFIG | schema_examples({"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4},
                                             {"acceptance_rate": 0.5, "draft_tokens": 3})
 
     draft_model: ModelSlug | None = Field(None, description="Catalog slug of the draft model; null = n-gram drafting")
@@ -266,7 +262,7 @@ class SpeculativeIn(BaseModel):
 
 
 class HaPolicyIn(BaseModel):
-    model_config = INPUT_CONFIG | _examples({"extra_replicas": 1, "max_utilization_ratio": 0.8})
+    model_config = INPUT_CONFIG | schema_examples({"extra_replicas": 1, "max_utilization_ratio": 0.8})
 
     extra_replicas: Annotated[int, Field(ge=0, le=1000)] = Field(0, description="Spare replicas (N+k)")
     max_utilization_ratio: Annotated[float, Field(ge=MIN_UTILIZATION_RATIO, le=1)] = Field(
@@ -284,7 +280,7 @@ ISSUE_EXAMPLE = {
 class SloPlanRequest(ModelRef, CalibrationRef):
     """What to serve, under which load and latency targets, and which deployments to consider."""
 
-    model_config = INPUT_CONFIG | _examples(
+    model_config = INPUT_CONFIG | schema_examples(
         ISSUE_EXAMPLE,
         {**ISSUE_EXAMPLE, "candidates": {"gpus": ["h100-sxm", "h200-sxm"], "weight_dtypes": ["bf16", "fp8"]},
          "ha_policy": {"extra_replicas": 1, "max_utilization_ratio": 0.8}},
@@ -367,7 +363,7 @@ SLO_PLAN_ASSUMPTIONS_EXAMPLE = {
 class PercentilesOut(BaseModel):
     """Latency percentiles in ms (null where nothing is measured, e.g. TPOT of one-token answers)."""
 
-    model_config = _examples(PERCENTILES_EXAMPLE)
+    model_config = schema_examples(PERCENTILES_EXAMPLE)
 
     p50_ms: float | None
     p95_ms: float | None
@@ -378,7 +374,7 @@ class PercentilesOut(BaseModel):
 class PredictionOut(BaseModel):
     """One replica simulated at its offered load."""
 
-    model_config = _examples(PREDICTION_EXAMPLE)
+    model_config = schema_examples(PREDICTION_EXAMPLE)
 
     load_per_replica: float = Field(description="requests/s (open loop) or users (closed loop)")
     ttft: PercentilesOut
@@ -393,7 +389,7 @@ class PredictionOut(BaseModel):
 class LoadPerReplicaOut(BaseModel):
     """One replica's load, in requests/s (open loop) or concurrent users (closed loop)."""
 
-    model_config = _examples(LOAD_EXAMPLE)
+    model_config = schema_examples(LOAD_EXAMPLE)
 
     unit: Literal["requests_per_s", "concurrent_users"]
     offered: float = Field(description="Its share of the load x peak-to-mean ratio, with every replica up")
@@ -405,14 +401,14 @@ class LoadPerReplicaOut(BaseModel):
 
 
 class LaunchOut(BaseModel):
-    model_config = _examples(LAUNCH_EXAMPLE)
+    model_config = schema_examples(LAUNCH_EXAMPLE)
 
     command: str | None = Field(description="Command line realizing the plan; null for the generic engine")
     notes: list[str]
 
 
 class PlanAssumptionsOut(BaseModel):
-    model_config = _examples(PLAN_ASSUMPTIONS_EXAMPLE)
+    model_config = schema_examples(PLAN_ASSUMPTIONS_EXAMPLE)
 
     efficiency: EfficiencyOut
     tokens_per_pass: float | None = Field(description="Speculative decoding: expected tokens per target pass")
@@ -435,7 +431,7 @@ POOL_EXAMPLE = {
 class PoolOut(BaseModel):
     """One pool of a disaggregated deployment."""
 
-    model_config = _examples(POOL_EXAMPLE)
+    model_config = schema_examples(POOL_EXAMPLE)
 
     gpu: str
     gpu_name: str
@@ -454,7 +450,7 @@ class PoolOut(BaseModel):
 class DisaggregationOut(BaseModel):
     """Both pools of a disaggregated plan and the KV transfer between them."""
 
-    model_config = _examples({"prefill": POOL_EXAMPLE, "decode": POOL_EXAMPLE, "kv_transfer": KV_TRANSFER_EXAMPLE,
+    model_config = schema_examples({"prefill": POOL_EXAMPLE, "decode": POOL_EXAMPLE, "kv_transfer": KV_TRANSFER_EXAMPLE,
                               "router": "python -m sglang_router.launch_router --pd-disaggregation ..."})
 
     prefill: PoolOut
@@ -464,7 +460,7 @@ class DisaggregationOut(BaseModel):
 
 
 class PlanOut(BaseModel):
-    model_config = _examples(PLAN_EXAMPLE)
+    model_config = schema_examples(PLAN_EXAMPLE)
 
     rank: int = Field(description="1 = cheapest")
     gpu: str
@@ -512,7 +508,7 @@ class PlanOut(BaseModel):
 
 
 class ParetoPointOut(BaseModel):
-    model_config = _examples(PARETO_EXAMPLE)
+    model_config = schema_examples(PARETO_EXAMPLE)
 
     rank: int = Field(description="Of the plan in `plans`")
     cost_per_hour_usd: float | None
@@ -522,7 +518,7 @@ class ParetoPointOut(BaseModel):
 
 
 class InfeasibleOut(BaseModel):
-    model_config = _examples(INFEASIBLE_EXAMPLE)
+    model_config = schema_examples(INFEASIBLE_EXAMPLE)
 
     gpu: str
     tensor_parallel: int
@@ -537,7 +533,7 @@ class InfeasibleOut(BaseModel):
 
 
 class SearchOut(BaseModel):
-    model_config = _examples(SEARCH_EXAMPLE)
+    model_config = schema_examples(SEARCH_EXAMPLE)
 
     configurations_considered: int
     configuration_limit: int
@@ -552,7 +548,7 @@ class SearchOut(BaseModel):
 
 
 class SloPlanAssumptions(BaseModel):
-    model_config = _examples(SLO_PLAN_ASSUMPTIONS_EXAMPLE)
+    model_config = schema_examples(SLO_PLAN_ASSUMPTIONS_EXAMPLE)
 
     calibration_profiles: list[str]
     engine: Engine
@@ -564,7 +560,7 @@ class SloPlanAssumptions(BaseModel):
 
 
 class SloPlanResponse(BaseModel):
-    model_config = _examples({
+    model_config = schema_examples({
         "feasible": True, "model": "llama-3.1-70b",
         "slo": {"ttft_ms": 1000, "tpot_ms": 50, "e2e_ms": None, "percentile": 95, "goodput_ratio": None},
         "plans": [PLAN_EXAMPLE], "pareto": [PARETO_EXAMPLE], "infeasible": [INFEASIBLE_EXAMPLE],

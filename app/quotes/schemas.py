@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.catalog.schemas import GPU_OUT_EXAMPLE, MODEL_OUT_EXAMPLE, GpuOut, ModelOut, UtcDatetime
-from app.common import Page, Slug
+from app.common import Page, Slug, schema_examples
 from app.planning.schemas import ISSUE_EXAMPLE, SloPlanRequest, SloPlanResponse
 
 QUOTE_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -40,16 +40,12 @@ SNAPSHOT_EXAMPLE: dict[str, Any] = {
 }
 
 
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    return ConfigDict(json_schema_extra={"examples": list(examples)})
-
-
 class CatalogSnapshot(BaseModel):
     """Everything the plan read besides its request, as it was: catalog rows (each with its `version`)
     keyed by slug, the calibration profile's content and provenance, and the engine rules and formula
     versions. Together with the request (which holds inline GPUs and models) it reproduces the answer."""
 
-    model_config = _examples(SNAPSHOT_EXAMPLE)
+    model_config = schema_examples(SNAPSHOT_EXAMPLE)
 
     models: dict[str, ModelOut] = Field(description="The model (and a draft model) by catalog slug; "
                                                     "empty for an inline model_spec")
@@ -91,7 +87,7 @@ class QuoteOut(StoredQuote):
     """A saved plan: the validated request, the catalog rows it read (with their versions), the
     result as /v1/slo-plan returned it, the calculation version and the time it was made."""
 
-    model_config = _examples(QUOTE_EXAMPLE)
+    model_config = schema_examples(QUOTE_EXAMPLE)
 
     request: SloPlanRequest  # type: ignore[assignment]
     catalog_snapshot: CatalogSnapshot  # type: ignore[assignment]
@@ -108,7 +104,7 @@ SUMMARY_EXAMPLE: dict[str, Any] = {
 class QuoteSummary(BaseModel):
     """One line of the quote list."""
 
-    model_config = _examples(SUMMARY_EXAMPLE)
+    model_config = schema_examples(SUMMARY_EXAMPLE)
 
     id: str = Field(pattern=QUOTE_ID_PATTERN, examples=[QUOTE_ID_EXAMPLE])
     created_at: UtcDatetime
@@ -124,7 +120,7 @@ class QuoteSummary(BaseModel):
 class QuotePage(Page[QuoteSummary]):
     """One page of quotes, newest first."""
 
-    model_config = _examples({"items": [SUMMARY_EXAMPLE], "total": 1, "limit": 50, "offset": 0})
+    model_config = schema_examples({"items": [SUMMARY_EXAMPLE], "total": 1, "limit": 50, "offset": 0})
 
 
 DIFFERENCE_EXAMPLES: list[dict[str, Any]] = [
@@ -142,7 +138,7 @@ DIFFERENCE_EXAMPLES: list[dict[str, Any]] = [
 class QuoteDifference(BaseModel):
     """One way today's answer differs from the stored quote."""
 
-    model_config = _examples(*DIFFERENCE_EXAMPLES)
+    model_config = schema_examples(*DIFFERENCE_EXAMPLES)
 
     kind: Literal["catalog", "calibration", "engine_rules_version", "calculation_version", "outcome"] = Field(
         description="catalog: a row the quote read changed, appeared or was deleted; calibration: the "
@@ -160,7 +156,7 @@ class QuoteDifference(BaseModel):
 class RepriceOut(BaseModel):
     """A stored quote's request planned again against today's catalog (nothing is stored)."""
 
-    model_config = _examples({
+    model_config = schema_examples({
         "quote_id": QUOTE_ID_EXAMPLE, "original": SUMMARY_EXAMPLE, "repriced": SLO_PLAN_RESPONSE_EXAMPLE,
         "differences": DIFFERENCE_EXAMPLES,
     })
@@ -177,7 +173,7 @@ class ReproduceOut(BaseModel):
     """A stored quote's request planned again from the quote's own snapshot (nothing else is read, nothing
     is stored)."""
 
-    model_config = _examples({"quote_id": QUOTE_ID_EXAMPLE, "identical": True,
+    model_config = schema_examples({"quote_id": QUOTE_ID_EXAMPLE, "identical": True,
                               "stored_calculation_version": "2026.12.03.4", "calculation_version": "2026.12.03.4",
                               "result": SLO_PLAN_RESPONSE_EXAMPLE})
 
