@@ -87,7 +87,7 @@ SHIPPED_PROFILE = profile_from_entries("default", read_default_profile_document(
 def _slo_plan_catalog(model: str) -> Callable[[], object]:
     inputs = PlanInputs(
         model=MODELS[model], workload=SLO_PLAN_WORKLOAD, slo=Slo(ttft_s=1.0, tpot_s=0.050, percentile=95),
-        efficiencies={(slug, dtype): SHIPPED_PROFILE.efficiency_for(gpu.family, dtype)
+        efficiencies={(slug, dtype): SHIPPED_PROFILE.efficiency_for(gpu.family, dtype, gpu.vendor)
                       for slug, gpu in GPUS.items() for dtype in COMPUTE_DTYPES})
     candidates = configurations(MODELS[model], list(GPUS.values()), None, [1], ["bf16"], ["bf16"])
     return lambda: plan(inputs, candidates)

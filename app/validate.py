@@ -284,8 +284,9 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "one parameter only: after each entry's search, the cost per MoE layer of a prompt step is refitted on "
          "the entry's MoE rows with every other efficiency held (the entries below start from the search's "
          "values)."),
-        ("- A profile can be one global entry, an entry per GPU family, or an entry per GPU family and compute "
-         "precision. Which one ships is decided by the cross-validated error above, never by the error on the "
+        ("- A profile can be one global entry, an entry per GPU family (and per GPU maker, for that maker's GPUs "
+         "whose family has none: fitted on all of the maker's rows, from the global entry, as a family's is), or "
+         "an entry per GPU family and compute precision. Which one ships is decided by the cross-validated error above, never by the error on the "
          "data it was fitted to."),
         "",
         f"## Profile `{report.profile}`",
@@ -419,8 +420,9 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
          "fit knows of it), leave one model family out (a family is the publisher of the weights: Llama 2, 3 and 4 "
          "go together), leave one engine out. A held-out GPU whose family has other GPUs in the data (H100 among "
          "H200 and GH200, B200 beside GB200) still gets its family's entry, fitted on those siblings; one alone in "
-         "its family (MI300X, L40S, A100, the RTX PRO 6000: sm_120, not the data-center Blackwell) falls back to the "
-         "global entry. Median absolute error per metric, with the target; [low–high] is the median's 90% "
+         "its family (L40S, A100, the RTX PRO 6000: sm_120, not the data-center Blackwell) gets its maker's entry, "
+         "fitted on the other NVIDIA GPUs' rows; MI300X and Gaudi 2, alone among their makers' GPUs in the data, fall "
+         "back to the global entry. Median absolute error per metric, with the target; [low–high] is the median's 90% "
          "interval (`crossval.median_interval`: its spread over resamples of the held-out rows; rows of one source "
          "err together, so the true spread is wider), and a ✓ or ✗ whose interval holds the target is a verdict "
          "within that spread; the 90th percentile in brackets."),

@@ -371,8 +371,11 @@ def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path
     before, after = provenance["fit_error"]["before"], provenance["fit_error"]["after"]
     assert after["median_abs_pct_error"] < before["median_abs_pct_error"]
     keys = {(entry["family"], entry["compute_dtype"]) for entry in document["entries"]}
-    # hopper: 20 fp8 rows and 3 bf16 ones (a family entry on 23, an fp8 entry); the rest falls back to global
-    assert keys == {("*", "*"), ("hopper", "*"), ("hopper", "fp8")}
+    # hopper: 20 fp8 rows and 3 bf16 ones (a family entry on 23, an fp8 entry); NVIDIA's entry on those and the
+    # A100's 7 (too few for an ampere entry: the A100 falls back to NVIDIA's); nothing else but the global entry
+    assert keys == {("*", "*"), ("hopper", "*"), ("hopper", "fp8"), ("vendor:nvidia", "*")}
+    assert {entry["family"]: entry["rows"] for entry in document["entries"] if entry["compute_dtype"] == "*"} == {
+        "*": 30, "hopper": 23, "vendor:nvidia": 30}
     profile_from_entries("sample", document["entries"])  # a valid profile
     report = run_validator(tmp_path, SAMPLE, "--profile", str(output))
     assert report["summary"]["overall"]["median_abs_pct_error"] == pytest.approx(after["median_abs_pct_error"])
@@ -398,8 +401,10 @@ def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_t
               for level, medians in validation["candidates"].items()}
     assert validation["chosen_level"] == min(scores, key=scores.get)
     keys = {entry.key for entry in result.profile.entries}
-    assert keys == {"global": {("*", "*")}, "family": {("*", "*"), ("hopper", "*")},
-                    "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8")}}[validation["chosen_level"]]
+    nvidia = ("vendor:nvidia", "*")  # the A100's entry: NVIDIA's, fitted on every NVIDIA row (all of them here)
+    assert keys == {"global": {("*", "*")}, "family": {("*", "*"), ("hopper", "*"), nvidia},
+                    "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8"), nvidia}}[
+        validation["chosen_level"]]
 
 
 def test_the_tasks_run_in_worker_processes_and_come_back_in_their_order() -> None:

@@ -3,8 +3,8 @@ has never seen, per metric, and the choice of the shipped profile by that error.
 
 For each way of holding out (`HOLD_OUTS`: a GPU, a model family, an engine) every group is predicted
 by a fit on the other groups' rows (`holdout.leave_one_group_out`), at each specificity level of a profile
-(`fit.LEVELS`: one global entry; plus an entry per GPU family; plus one per compute precision within
-it). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
+(`fit.LEVELS`: one global entry; plus an entry per GPU family and one per GPU maker, the fallback of its
+GPUs whose family has none; plus one per compute precision within a family). The level with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-
 family-out medians) is the one a calibration ships: never the in-sample error. The folds are independent,
 so with `jobs` > 1 they run in that many worker processes at once (`task_runner`), every hold-out's folds in
 one queue (with the whole fit beside them, `service.calibrate`), to the same numbers.
@@ -61,7 +61,7 @@ CHOOSING_HOLD_OUTS = (GPU, MODEL_FAMILY)
 # resamples of the rows, drawn with replacement from a fixed seed (the same rows always give the same interval).
 MEDIAN_INTERVAL_RESAMPLES = 1000
 MEDIAN_INTERVAL_SEED = 0
-LEVEL_DESCRIPTIONS = {GLOBAL: "one global entry", FAMILY: "an entry per GPU family",
+LEVEL_DESCRIPTIONS = {GLOBAL: "one global entry", FAMILY: "an entry per GPU family (and per GPU maker)",
                       FAMILY_PRECISION: "an entry per GPU family and compute precision"}
 
 

@@ -196,10 +196,10 @@ def resolve_efficiency(
     """Efficiency for `gpu` at `compute_dtype` under the named profile (None = the default profile).
 
     Returns the efficiency and the name of the profile that produced it; the efficiency's `source`
-    says which entry of the profile (GPU family and precision, or the global fallback) applied.
+    says which entry of the profile (GPU family and precision, the GPU maker's, or the global fallback) applied.
     """
     resolved = get_profile(session, profile)
-    return resolved.efficiency_for(gpu.family, compute_dtype), resolved.name
+    return resolved.efficiency_for(gpu.family, compute_dtype, gpu.vendor), resolved.name
 
 
 # Storage --------------------------------------------------------------------------------------

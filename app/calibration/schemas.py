@@ -329,7 +329,7 @@ HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
 CROSS_VALIDATION_EXAMPLE = {
     "chosen_level": "family", "chosen_by": "the lowest mean of the leave-one-GPU-out and leave-one-model-family-out "
                                            "median absolute errors, over every held-out row",
-    "levels": {"global": "one global entry", "family": "an entry per GPU family",
+    "levels": {"global": "one global entry", "family": "an entry per GPU family (and per GPU maker)",
                "family_precision": "an entry per GPU family and compute precision"},
     "candidates": {"family": {"gpu": 24.1, "model_family": 20.3, "engine": 25.0}},
     "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
@@ -359,7 +359,9 @@ class ProfileEntryOut(BaseModel):
 
     model_config = schema_examples(PROFILE_ENTRY_EXAMPLE)
 
-    gpu_family: str
+    gpu_family: str = Field(description=(
+        "A GPU family (hopper), `*` for any, or a GPU maker's entry (`vendor:nvidia`): the one a GPU whose family "
+        "has no entry takes, before the global one"))
     compute_dtype: str
     rows: int = Field(description="Measurements this entry was fitted on (0 = inherited, not fitted here)")
     bandwidth_fraction_ratio: BandwidthFractionRatio

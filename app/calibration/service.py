@@ -182,6 +182,7 @@ class PreparedRow:
     row: ObservedRow
     prediction: PreparedPrediction
     family: str
+    vendor: str = ""  # the GPU's maker: its profile entry's last fallback before the global one
 
     @property
     def measured(self) -> float:
@@ -273,7 +274,7 @@ def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[lis
             skipped[row.row_id] = row.skipped_reason or "not predictable"
         else:
             try:
-                prepared.append(PreparedRow(row, prepare(row.measurement, model, gpu), gpu.family))
+                prepared.append(PreparedRow(row, prepare(row.measurement, model, gpu), gpu.family, gpu.vendor))
             except Unpredictable as exc:
                 skipped[row.row_id] = str(exc)
     return prepared, skipped
@@ -409,7 +410,7 @@ def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipp
         if item is None:
             outcomes.append(RowOutcome(row, "", None, skipped[row.row_id], None))
             continue
-        efficiency = profile.efficiency_for(item.family, item.compute_dtype)
+        efficiency = profile.efficiency_for(item.family, item.compute_dtype, item.vendor)
         predicted = item.predict(efficiency)
         if not (math.isfinite(predicted) and predicted > 0):  # never expected; never reported as a number
             outcomes.append(RowOutcome(row, item.family, None, f"no finite prediction ({predicted})", None))

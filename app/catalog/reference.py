@@ -68,6 +68,7 @@ def gpu_spec_from_record(record: Any, *, slug: str | None = None) -> GpuSpec:
         price_per_hour_usd=record.price_per_hour_usd,
         slug=slug,
         family=record.family,
+        vendor=getattr(record, "vendor", ""),
         pcie_links=links_over_pcie(slug, getattr(record, "interconnect", "")),
         **compute,
     )

@@ -66,7 +66,7 @@ WRITTEN_BY_DESCRIPTION = ("Name of the API key that last wrote this row, at upda
 MODEL_OUT_EXAMPLE = {**MODEL_IN_EXAMPLE, "slug": "llama-3-70b", "architecture": "dense",
                      "attention_type": "gqa", **ROW_EXAMPLE}
 GPU_SPEC_EXAMPLE: dict[str, Any] = {
-    "name": "NVIDIA H100 SXM5 80GB", "family": "hopper", "memory_bytes": 85520809984,
+    "name": "NVIDIA H100 SXM5 80GB", "family": "hopper", "vendor": "NVIDIA", "memory_bytes": 85520809984,
     "cuda_memory_bytes": 85029615043,
     "memory_bandwidth_bytes_per_s": 3.35e12, "interconnect_bandwidth_bytes_per_s": 4.5e11,
     "gpus_per_node": 8, "scale_out_bandwidth_bytes_per_s": 5e10, "fp32_tflops": 67.0,
@@ -74,7 +74,7 @@ GPU_SPEC_EXAMPLE: dict[str, Any] = {
     "int8_tops": 1979.0, "fp4_tflops": None, "tdp_w": 700.0, "price_per_hour_usd": 3.64,
 }
 GPU_IN_EXAMPLE = {
-    **GPU_SPEC_EXAMPLE, "vendor": "NVIDIA", "form_factor": "SXM5",
+    **GPU_SPEC_EXAMPLE, "form_factor": "SXM5",
     "interconnect": "NVLink 4 (18 links) + PCIe Gen5 x16",
     "price_source": "median(Lambda 3.99, RunPod 3.29); list price per GPU-hour",
     "source": "NVIDIA H100 datasheet", "notes": "Dense = datasheet sparse/2.",
@@ -180,6 +180,9 @@ class GpuSpecIn(BaseModel):
     family: Annotated[str, Field(pattern=r"^[a-z0-9-]{0,32}$")] = Field(
         "", description=("Generation used to group calibration: ampere, hopper, blackwell, blackwell-sm120, ada, "
                          "cdna3, ..."))
+    vendor: Annotated[str, Field(max_length=64, pattern=NO_NUL_PATTERN)] = Field(
+        "", description=("Its maker (NVIDIA, AMD, ...): where a calibration profile has no entry for the family, "
+                         "its efficiencies come from the maker's entry before the global one"))
     memory_bytes: Annotated[int, Field(ge=1, le=10**13)] = Field(description="Total as the driver reports it")
     cuda_memory_bytes: Annotated[int, Field(ge=1, le=10**13)] | None = Field(
         None, description="Total as CUDA reports it (torch.cuda.mem_get_info), what vLLM and TensorRT-LLM size "

@@ -378,7 +378,7 @@ def _plan_efficiencies(profile: CalibrationProfile, gpus: Sequence[GpuSpec], wei
                 continue  # the plan reports the configuration infeasible, with the reason
             key = (gpu.slug, compute_dtype)
             if key not in efficiencies:
-                efficiencies[key] = profile.efficiency_for(gpu.family, compute_dtype)
+                efficiencies[key] = profile.efficiency_for(gpu.family, compute_dtype, gpu.vendor)
                 profiles[key] = profile.name
     return efficiencies, profiles
 

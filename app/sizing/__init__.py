@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.05.1"  # + a V0 engine pays its own per-step overhead (serial_step_overhead_s)
+CALCULATION_VERSION = "2026.12.05.2"  # + a GPU whose family has no entry takes its maker's (vendor:nvidia)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.03.2"  # + TensorRT-LLM context servers run without the overlap scheduler

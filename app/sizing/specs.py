@@ -65,6 +65,9 @@ class GpuSpec:
     cuda_memory_bytes: int | None = None
     slug: str = ""
     family: str = ""  # vendor generation used to group calibration (e.g. "hopper", "ampere")
+    # Its maker, as the catalog writes it ("NVIDIA", "AMD"): a calibration profile's fallback for a GPU whose
+    # family has no entry of its own (`fit.CalibrationProfile.entry_for`). "" = not stated.
+    vendor: str = ""
     # The GPUs of a node talk over PCIe (no NVLink or other scale-up fabric): their collectives reach a
     # fraction of the link's rate that a calibration fits (`Efficiency.pcie_link_fraction`).
     pcie_links: bool = False

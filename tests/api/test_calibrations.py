@@ -31,7 +31,7 @@ from app.calibration.schemas import (
 )
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog.repository import bump_catalog_revision
-from app.catalog.schemas import MODEL_ARCHITECTURE_EXAMPLE
+from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from tests.api.problems import assert_problem
 from tests.api.test_slo_plan_disaggregated import LONG_PROMPTS
 
@@ -75,6 +75,26 @@ def roofline_efficiency(client: TestClient, **fields: Any) -> dict[str, Any]:
 
 
 # Profiles and the default ----------------------------------------------------------------------
+
+def test_a_gpu_of_a_family_without_an_entry_takes_its_makers_entry(client: TestClient,
+                                                                   default_profile_loaded: None) -> None:
+    """A GPU of a generation the shipped profile has no entry for (an inline spec of family "rubin", as a user
+    describes a new part) takes the shipped file's entry of its maker: NVIDIA's (`vendor:nvidia`, fitted on
+    every NVIDIA GPU's rows) or AMD's; a GPU whose maker has no entry, or is not stated, the global one (`*`).
+    Each is read off the file: its bandwidth fraction, and its source named in the answer."""
+    shipped = {entry["family"]: entry for entry in json.loads(DEFAULT_PROFILE_PATH.read_text())["entries"]
+               if entry["compute_dtype"] == "*"}
+    assert shipped["vendor:nvidia"]["rows"] > 0 and shipped["vendor:amd"]["rows"] > 0
+    for vendor, family in (("NVIDIA", "vendor:nvidia"), ("AMD", "vendor:amd"), ("Cerebras", "*"), ("", "*")):
+        gpu = {**GPU_SPEC_EXAMPLE, "family": "rubin", "vendor": vendor}
+        response = client.post("/v1/roofline", json={"model": "llama-3-8b", "gpu_spec": gpu, "phase": "decode",
+                                                     "context_tokens": 1024})
+        assert response.status_code == 200, response.text
+        used = response.json()["assumptions"]["efficiency"]
+        assert used["bandwidth_fraction_ratio"] == pytest.approx(shipped[family]["bandwidth_fraction"]), vendor
+        assert shipped[family]["source"] in used["source"]
+    assert shipped["vendor:nvidia"]["bandwidth_fraction"] != shipped["*"]["bandwidth_fraction"]
+
 
 def test_builtin_is_the_default_until_the_default_profile_is_loaded(client: TestClient) -> None:
     listing = client.get("/v1/calibrations").json()
@@ -273,8 +293,9 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     assert profile["rows_used"] == 30  # 35 predicted rows but the 5 Poisson ones
     assert profile["provenance"]["rows_total"] == 35
     keys = [(entry["gpu_family"], entry["compute_dtype"], entry["rows"]) for entry in profile["entries"]]
-    # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry).
-    assert keys == [("*", "*", 0), ("hopper", "*", 23), ("hopper", "fp8", 20)]
+    # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry);
+    # NVIDIA's entry is fitted on those and the A100's 7 (30 rows but the 5 Poisson ones), the A100's fallback.
+    assert keys == [("*", "*", 0), ("hopper", "*", 23), ("vendor:nvidia", "*", 30), ("hopper", "fp8", 20)]
     # Each fitted entry names the sources of its rows (examples/calibration-sample.csv): hopper's 23 are
     # TRTLLM_PERF_V09's 12 static batches + 6 batch-1 runs and TRTLLM_PERF_V017's 3 bf16 + 2 fp8 offline runs
     # (its 5 Poisson runs are not fitted); the fp8 entry's 20 leave out the 3 bf16 ones.
@@ -295,7 +316,7 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
         assert record is not None and record.origin == "user" and record.rows_used == 30
         stored = {(e["family"], e["compute_dtype"]): e for e in record.entries}
     hopper = stored[("hopper", "fp8")]
-    assert hopper["bandwidth_fraction"] == pytest.approx(profile["entries"][2]["bandwidth_fraction_ratio"])
+    assert hopper["bandwidth_fraction"] == pytest.approx(profile["entries"][3]["bandwidth_fraction_ratio"])
 
     used = roofline_efficiency(client, calibration="sample-trtllm", weight_dtype="fp8")
     assert used["calibration_profile"] == "sample-trtllm"

@@ -327,7 +327,8 @@ def test_only_inline_gpus(client):
     ({"price_per_hour_usd": None}, "/body/candidates/gpu_specs/0/price_per_hour_usd"),
     ({"slug": "h100-sxm"}, "/body/candidates/gpu_specs/0/slug"),  # a candidate catalog GPU's slug
     ({"memory_bytes": 0}, "/body/candidates/gpu_specs/0/memory_bytes"),
-    ({"vendor": "NVIDIA"}, "/body/candidates/gpu_specs/0/vendor"),  # not a spec field
+    ({"vendor": "N" * 65}, "/body/candidates/gpu_specs/0/vendor"),  # the catalog column holds 64
+    ({"form_factor": "SXM5"}, "/body/candidates/gpu_specs/0/form_factor"),  # not a spec field
 ])
 def test_inline_gpus_are_validated_like_catalog_rows(client, changes, pointer):
     spec = {key: value for key, value in inline_h100(client, **changes).items() if value is not None}

@@ -58,6 +58,7 @@ class ToyTarget:
     source_id: str = "toy"
     family: str = "hopper"
     compute_dtype: str = "bf16"
+    vendor: str = ""
     pays_host_work: bool = False
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
@@ -201,6 +202,7 @@ class ProductTarget:
     source_id: str
     family: str
     compute_dtype: str
+    vendor: str = ""
     pays_host_work: bool = False  # gpt-fast: no engine host loop between steps
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False
@@ -272,6 +274,42 @@ def test_fit_profile_fits_each_family_and_precision_with_enough_rows_and_keeps_t
     refitted = fit_profile(product_targets(), base, name="mine", fit_global=True, max_evaluations=60,
                            describe=lambda family, dtype, rows: "fit").profile
     assert refitted.entry_for("cdna3", "fp8").rows == 16
+
+
+def test_a_makers_entry_is_fitted_on_its_gpus_and_answers_for_a_family_without_an_entry() -> None:
+    """16 hopper rows measured at TRUE_EFFICIENCY (bandwidth 0.62) and 16 ampere rows at bandwidth 0.5, all
+    NVIDIA's; 16 cdna3 rows, AMD's only family. NVIDIA's entry is fitted on all 32 (its bandwidth between the two
+    families'), and answers for an NVIDIA family without an entry (ada); AMD's, on the same rows as cdna3's, is
+    cdna3's fit; a GPU of no stated maker gets the global entry. Each family's entry is the same fit as without
+    any maker (every family starts from, and is pulled toward, the global entry)."""
+    slow = dataclasses.replace(TRUE_EFFICIENCY, bandwidth_fraction=0.5)
+    hopper = [dataclasses.replace(t, vendor="NVIDIA") for t in product_targets()]
+    ampere = [dataclasses.replace(t, family="ampere", vendor="NVIDIA") for t in product_targets(slow)]
+    amd = [dataclasses.replace(t, family="cdna3", vendor="AMD") for t in product_targets()]
+    base = single_entry_profile("b", DEFAULT_EFFICIENCY)
+    fit = fit_profile(hopper + ampere + amd, base, name="x", fit_global=False, max_evaluations=60,
+                      describe=lambda family, dtype, rows: f"{family}/{dtype} on {len(rows)} rows")
+    assert [(e.family, e.compute_dtype, e.rows) for e in fit.entries] == [
+        ("ampere", ANY, 16), ("cdna3", ANY, 16), ("hopper", ANY, 16), ("vendor:amd", ANY, 16),
+        ("vendor:nvidia", ANY, 32), ("ampere", "bf16", 16), ("cdna3", "bf16", 16), ("hopper", "bf16", 16)]
+    nvidia = fit.profile.entry_for("ada", "fp8", "NVIDIA")
+    assert (nvidia.family, nvidia.rows) == ("vendor:nvidia", 32)
+    assert nvidia.efficiency.source == "vendor:nvidia/* on 32 rows"
+    families = [fit.profile.efficiency_for(family, "bf16", "NVIDIA").bandwidth_fraction for family in ("ampere", "hopper")]
+    assert min(families) < nvidia.efficiency.bandwidth_fraction < max(families)
+    amd_entry, cdna3 = fit.profile.entry_for("cdna4", "fp8", "AMD"), fit.profile.entry_for("cdna3", "fp8", "AMD")
+    assert amd_entry.key == ("vendor:amd", ANY) and amd_entry.efficiency.source == "vendor:amd/* on 16 rows"
+    assert dataclasses.replace(amd_entry.efficiency, source="") == dataclasses.replace(cdna3.efficiency, source="")
+    assert fit.profile.entry_for("ada", "fp8").key == (ANY, ANY)
+    assert fit.levels[GLOBAL].entry_for("ada", "fp8", "NVIDIA").key == (ANY, ANY)  # a maker's entry is a family's level
+    assert fit.levels[FAMILY].entry_for("ada", "fp8", "NVIDIA").key == ("vendor:nvidia", ANY)
+
+    unstated = [dataclasses.replace(t, vendor="") for t in hopper + ampere + amd]
+    alone = fit_profile(unstated, base, name="x", fit_global=False, max_evaluations=60,
+                        describe=lambda family, dtype, rows: f"{family}/{dtype} on {len(rows)} rows")
+    assert [e.family for e in alone.profile.entries if e.family.startswith("vendor:")] == []
+    assert {e.key: e for e in alone.profile.entries} == {
+        e.key: e for e in fit.profile.entries if not e.family.startswith("vendor:")}
 
 
 def test_fitted_sources_name_each_source_with_its_rows_the_most_first() -> None:
@@ -417,17 +455,25 @@ def test_a_flat_small_m_curve_lets_weight_only_int8_decode_read_half_the_bytes()
 # Profiles ---------------------------------------------------------------------------------------
 
 def test_profile_lookup_goes_from_specific_to_global() -> None:
-    """(family, precision), then (family, *), then (*, precision), then (*, *)."""
+    """(family, precision), then (family, *), then the maker's (vendor:<maker>, *), then (*, precision), then
+    (*, *)."""
     def efficiency(fraction: float) -> Efficiency:
         return dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=fraction)
 
     profile = CalibrationProfile("p", (
         ProfileEntry(ANY, ANY, efficiency(0.5)), ProfileEntry("hopper", "fp8", efficiency(0.8)),
-        ProfileEntry("hopper", ANY, efficiency(0.7)), ProfileEntry(ANY, "fp8", efficiency(0.6))))
+        ProfileEntry("hopper", ANY, efficiency(0.7)), ProfileEntry(ANY, "fp8", efficiency(0.6)),
+        ProfileEntry("vendor:nvidia", ANY, efficiency(0.65))))
     assert profile.efficiency_for("hopper", "fp8").bandwidth_fraction == 0.8
     assert profile.efficiency_for("hopper", "bf16").bandwidth_fraction == 0.7
+    assert profile.efficiency_for("hopper", "bf16", "NVIDIA").bandwidth_fraction == 0.7  # its family's first
     assert profile.efficiency_for("ampere", "fp8").bandwidth_fraction == 0.6
     assert profile.efficiency_for("ampere", "fp16").bandwidth_fraction == 0.5
+    # A family without an entry: its maker's entry, before every entry that is not the GPU's own.
+    assert profile.efficiency_for("ampere", "fp8", "NVIDIA").bandwidth_fraction == 0.65
+    assert profile.efficiency_for("ampere", "fp16", " nvidia ").bandwidth_fraction == 0.65
+    assert profile.efficiency_for("cdna3", "fp8", "AMD").bandwidth_fraction == 0.6  # no AMD entry
+    assert profile.entry_for("ampere", "fp16", "NVIDIA").key == ("vendor:nvidia", ANY)
 
 
 def test_a_profile_needs_a_global_entry_and_distinct_keys() -> None:
@@ -459,6 +505,7 @@ class _Ring:
     family: str
     source_id: str = "ring"
     compute_dtype: str = "bf16"
+    vendor: str = ""
     pays_host_work: bool = False
     pays_overlapped_host_work: bool = False
     pays_prefill_overhead: bool = False

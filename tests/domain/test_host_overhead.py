@@ -155,6 +155,7 @@ class _Steps:
     family: str
     source_id: str = "v0"
     compute_dtype: str = "bf16"
+    vendor: str = ""
     steps: int = 100
     pays_host_work: bool = True
     pays_overlapped_host_work: bool = False

@@ -2,8 +2,8 @@
 
 A calibration profile assigns an `Efficiency` to each (GPU family, compute precision) it has evidence
 for, with a global entry (`*`, `*`) as the fallback for everything else. Lookup goes from the most to
-the least specific entry: (family, precision), then (family, `*`), then (`*`, precision), then
-(`*`, `*`).
+the least specific entry: (family, precision), then (family, `*`), then the GPU maker's entry
+(`vendor:nvidia`, `*`), then (`*`, precision), then (`*`, `*`).
 
 Fitting adjusts six physically meaningful parameters per entry, each inside sane bounds
 (`FITTED_PARAMETERS`): the achieved fraction of HBM bandwidth, the scale of the tokens-per-step compute
@@ -230,7 +230,7 @@ def with_parameters(efficiency: Efficiency, values: dict[str, float]) -> Efficie
 
 @dataclass(frozen=True, slots=True)
 class ProfileEntry:
-    family: str  # GpuSpec.family, or ANY
+    family: str  # GpuSpec.family, a maker's `vendor_key`, or ANY
     compute_dtype: str  # or ANY
     efficiency: Efficiency
     rows: int = 0  # measurements this entry was fitted on; 0 = inherited, not fitted here
@@ -254,15 +254,30 @@ class CalibrationProfile:
         if (ANY, ANY) not in keys:
             raise ValueError("a profile needs a global entry (family '*', compute_dtype '*')")
 
-    def entry_for(self, family: str, compute_dtype: str) -> ProfileEntry:
+    def entry_for(self, family: str, compute_dtype: str, vendor: str = "") -> ProfileEntry:
+        """The most specific entry for a GPU of `family` made by `vendor` ("": not stated) at `compute_dtype`."""
         by_key = {entry.key: entry for entry in self.entries}
-        for key in ((family, compute_dtype), (family, ANY), (ANY, compute_dtype), (ANY, ANY)):
+        maker = ((vendor_key(vendor), ANY),) if vendor else ()
+        for key in ((family, compute_dtype), (family, ANY), *maker, (ANY, compute_dtype), (ANY, ANY)):
             if key in by_key:
                 return by_key[key]
         raise AssertionError("unreachable: the global entry always matches")
 
-    def efficiency_for(self, family: str, compute_dtype: str) -> Efficiency:
-        return self.entry_for(family, compute_dtype).efficiency
+    def efficiency_for(self, family: str, compute_dtype: str, vendor: str = "") -> Efficiency:
+        return self.entry_for(family, compute_dtype, vendor).efficiency
+
+
+# A maker's entry: the fallback of its GPUs whose family has no entry (a GPU alone in a new generation, or a
+# family with too few rows), fitted on every row of that maker's GPUs. A maker's GPUs share its kernel libraries,
+# collective library and engine builds (CUDA and NCCL; ROCm and RCCL), which the global entry averages with
+# every other maker's. Its key sits in the family column; the colon keeps it apart from every family name
+# (`[a-z0-9-]`).
+VENDOR_PREFIX = "vendor:"
+
+
+def vendor_key(vendor: str) -> str:
+    """The family column of a maker's entry: 'vendor:nvidia' for "NVIDIA"."""
+    return VENDOR_PREFIX + vendor.strip().lower()
 
 
 def single_entry_profile(name: str, efficiency: Efficiency) -> CalibrationProfile:
@@ -297,6 +312,11 @@ class FitTarget(Protocol):
 
     @property
     def family(self) -> str: ...
+
+    @property
+    def vendor(self) -> str:
+        """The GPU's maker ("": not stated, no maker's entry)."""
+        ...
 
     @property
     def compute_dtype(self) -> str: ...
@@ -399,9 +419,12 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     """Fit a profile from the general to the specific, each entry starting where the previous level left
     it: the global entry on every target (when `fit_global`); then, for each GPU family with at least
     MIN_ROWS_PER_ENTRY targets, a family entry (family, `*`) on all of them, the fallback for its
-    precisions without an entry; then each (family, compute precision) group with at least
-    MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit: the same
-    rows). The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
+    precisions without an entry; then, for each GPU maker with as many, the maker's entry (`vendor_key`, `*`)
+    on all of them, the fallback for its GPUs whose family has no entry (a maker whose rows are all of one
+    family gives it that family's fit: the same rows); then each (family, compute precision) group with at least
+    MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit). A maker's entry
+    starts from the global entry, as a family's does, and no entry below starts from it: a family entry is
+    pulled toward the global entry, so a family's fit is the same with or without its maker's. The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
     Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
     writes each fitted entry's `source` from the rows it was fitted on. An entry fits at most
     `max_rows_per_entry` of its rows, an equal share from each source (`spread`). The profile after each level
@@ -451,6 +474,22 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     by_family = {family: rows for family, rows in sorted(group_by(targets, lambda t: t.family).items())
                  if _step_rows(rows) >= MIN_ROWS_PER_ENTRY}
     family_fits = {family: fit((family, ANY), rows) for family, rows in by_family.items()}
+
+    def same_fit(key: tuple[str, str], family: str, rows: Sequence[FitTarget]) -> None:
+        """The entry `key` as the family's fit, on the same rows (described as its own)."""
+        family_fit = next(item for item in fits if (item.family, item.compute_dtype) == (family, ANY))
+        entries[key] = ProfileEntry(*key, replace(family_fits[family], source=describe(*key, spread(
+            [row for row in rows if row.measures_steps], max_rows_per_entry))), family_fit.rows)
+        fits.append(replace(family_fit, family=key[0], compute_dtype=key[1]))
+
+    for vendor, rows in sorted(group_by([t for t in targets if t.vendor], lambda t: vendor_key(t.vendor)).items()):
+        families = {row.family for row in rows}
+        if _step_rows(rows) < MIN_ROWS_PER_ENTRY:
+            continue
+        if len(families) == 1 and next(iter(families)) in family_fits:
+            same_fit((vendor, ANY), next(iter(families)), rows)
+        else:
+            fit((vendor, ANY), rows)
     snapshot(FAMILY)
     for family, family_rows in by_family.items():
         for dtype, rows in sorted(group_by(family_rows, lambda t: t.compute_dtype).items()):
@@ -459,13 +498,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
             if len(rows) < len(family_rows):
                 fit((family, dtype), rows)
             else:  # the family's only precision: the same rows, the same fit
-                family_fit = next(item for item in fits if (item.family, item.compute_dtype) == (family, ANY))
-                entries[(family, dtype)] = ProfileEntry(
-                    family, dtype, replace(family_fits[family],
-                                           source=describe(family, dtype, spread(
-                                               [row for row in rows if row.measures_steps], max_rows_per_entry))),
-                    family_fit.rows)
-                fits.append(replace(family_fit, compute_dtype=dtype))
+                same_fit((family, dtype), family, rows)
     snapshot(FAMILY_PRECISION)
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
 

@@ -84,7 +84,7 @@ def group_folds(training: Sequence[FitTarget], evaluation: Sequence[FitTarget], 
             levels = fit_profile(others, base, name="held-out", fit_global=fit_global,
                                  describe=lambda family, dtype, rows: "held-out fit", max_evaluations=max_evaluations,
                                  max_rows_per_entry=max_rows_per_entry).levels
-        return [{level: t.predict(profile.efficiency_for(t.family, t.compute_dtype)) for level, profile in levels.items()}
+        return [{level: t.predict(profile.efficiency_for(t.family, t.compute_dtype, t.vendor)) for level, profile in levels.items()}
                 for t in members[name]]
 
     return GroupFolds(fold, members)
