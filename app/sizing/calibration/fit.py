@@ -424,7 +424,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     family gives it that family's fit: the same rows); then each (family, compute precision) group with at least
     MIN_ROWS_PER_ENTRY targets (a family with one precision gives that group the family's fit). A maker's entry
     starts from the global entry, as a family's does, and no entry below starts from it: a family entry is
-    pulled toward the global entry, so a family's fit is the same with or without its maker's. The global entry does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
+    pulled toward the global entry, so a family's fit is the same with or without its maker's. The global entry
+    does not fit LINK_PARAMETERS (a family's node design): it keeps `base`'s.
     Everything the targets do not cover keeps `base`'s entries. `describe(family, dtype, rows)`
     writes each fitted entry's `source` from the rows it was fitted on. An entry fits at most
     `max_rows_per_entry` of its rows, an equal share from each source (`spread`). The profile after each level
