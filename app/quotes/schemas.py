@@ -52,8 +52,8 @@ class CatalogSnapshot(BaseModel):
     gpus: dict[str, GpuOut] = Field(description="Every candidate catalog GPU the plan resolved, by slug")
     calibration_profile: dict[str, Any] | None = Field(
         None, description="The calibration profile the plan used, whole: name, origin, description, entries "
-                          "(efficiencies per GPU family and precision), provenance, when and by which key it "
-                          "was stored (absent in quotes made before quotes kept it)")
+                          "(efficiencies per GPU family and precision, per GPU maker, and global), provenance, "
+                          "when and by which key it was stored (absent in quotes made before quotes kept it)")
     engine_rules_version: str | None = Field(None, description="Version of the engine rules the plan applied")
     calculation_version: str | None = Field(None, description="Version of the formulas the plan applied")
 
