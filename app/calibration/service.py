@@ -182,7 +182,7 @@ class PreparedRow:
     row: ObservedRow
     prediction: PreparedPrediction
     family: str
-    vendor: str = ""  # the GPU's maker: its profile entry's last fallback before the global one
+    vendor: str = ""  # the GPU's maker, whose profile entry answers when its family has none
 
     @property
     def measured(self) -> float:
