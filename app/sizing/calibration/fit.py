@@ -484,11 +484,11 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
         fits.append(replace(family_fit, family=key[0], compute_dtype=key[1]))
 
     for vendor, rows in sorted(group_by([t for t in targets if t.vendor], lambda t: vendor_key(t.vendor)).items()):
-        families = {row.family for row in rows}
         if _step_rows(rows) < MIN_ROWS_PER_ENTRY:
             continue
-        if len(families) == 1 and next(iter(families)) in family_fits:
-            same_fit((vendor, ANY), next(iter(families)), rows)
+        families = {row.family for row in rows}
+        if len(families) == 1:  # one family's rows (enough for its entry): its fit
+            same_fit((vendor, ANY), families.pop(), rows)
         else:
             fit((vendor, ANY), rows)
     snapshot(FAMILY)
