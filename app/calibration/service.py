@@ -42,11 +42,11 @@ from app.calibration.profiles import (
     RESERVED_PROFILE_NAMES,
     builtin_profile,
     default_profile_name,
-    entry_document,
     get_profile,
     get_record,
     page_of_records,
     profile_document,
+    profile_from_entries,
     store_profile,
 )
 from app.calibration.rows import ObservedRow, RowsInvalid, observed_rows
@@ -85,6 +85,7 @@ from app.sizing.calibration.fit import (
     PRIOR_WEIGHT,
     CalibrationProfile,
     FitTarget,
+    ProfileEntry,
     abs_pct_error,
     fit_profile,
     fitted_sources,
@@ -712,7 +713,7 @@ def profile_out(record: CalibrationProfileRecord) -> ProfileOut:
         name=record.name, description=record.description, origin=record.origin, created_at=record.created_at,
         rows_used=record.rows_used, source_sha256=record.source_sha256,
         fit_median_abs_pct_error=record.fit_median_abs_pct_error, written_by=record.written_by,
-        entries=[_entry_out(entry) for entry in record.entries],
+        entries=[_entry_out(entry) for entry in profile_from_entries(record.name, record.entries).entries],
         provenance=ProvenanceOut.model_validate(record.provenance),
     )
 
@@ -720,24 +721,25 @@ def profile_out(record: CalibrationProfileRecord) -> ProfileOut:
 def _builtin_out() -> ProfileOut:
     return ProfileOut(name=BUILTIN_PROFILE, description=BUILTIN_DESCRIPTION, origin="builtin", created_at=None,
                       rows_used=0, source_sha256=None, fit_median_abs_pct_error=None,
-                      entries=[_entry_out(entry_document(entry)) for entry in builtin_profile().entries],
+                      entries=[_entry_out(entry) for entry in builtin_profile().entries],
                       provenance=None)
 
 
-def _entry_out(entry: dict[str, Any]) -> ProfileEntryOut:
+def _entry_out(entry: ProfileEntry) -> ProfileEntryOut:
+    """An entry as the API shows it (a parameter a stored entry predates reads as `Efficiency`'s default)."""
+    efficiency = entry.efficiency
     return ProfileEntryOut(
-        gpu_family=entry["family"], compute_dtype=entry["compute_dtype"], rows=entry["rows"],
-        bandwidth_fraction_ratio=entry["bandwidth_fraction"], compute_scale_ratio=entry["compute_scale"],
+        gpu_family=entry.family, compute_dtype=entry.compute_dtype, rows=entry.rows,
+        bandwidth_fraction_ratio=efficiency.bandwidth_fraction, compute_scale_ratio=efficiency.compute_scale,
         compute_curve=[ComputeCurvePoint(tokens=tokens, compute_fraction_ratio=fraction)
-                       for tokens, fraction in entry["compute_curve"]],
-        per_step_overhead_ms=entry["per_step_overhead_s"] * 1e3,
-        per_layer_overhead_ms=entry["per_layer_overhead_s"] * 1e3,
-        allreduce_latency_ms=entry["allreduce_latency_s"] * 1e3,
-        pcie_link_fraction_ratio=entry.get("pcie_link_fraction", 1.0),  # absent: a profile before it
-        per_sequence_overhead_ms=entry.get("per_sequence_overhead_s", 0.0) * 1e3,  # absent: a profile before it
-        serial_step_overhead_ms=(entry["per_step_overhead_s"] if entry.get("serial_step_overhead_s") is None
-                                 else entry["serial_step_overhead_s"]) * 1e3,  # absent or None: the per-step one
-        overlapped_host_per_sequence_ms=entry.get("overlapped_host_per_sequence_s", 0.0) * 1e3,
-        prefill_moe_layer_overhead_ms=entry.get("prefill_moe_layer_overhead_s", 0.0) * 1e3,
-        source=entry["source"],
+                       for tokens, fraction in efficiency.compute_curve],
+        per_step_overhead_ms=efficiency.per_step_overhead_s * 1e3,
+        per_layer_overhead_ms=efficiency.per_layer_overhead_s * 1e3,
+        allreduce_latency_ms=efficiency.allreduce_latency_s * 1e3,
+        pcie_link_fraction_ratio=efficiency.pcie_link_fraction,
+        per_sequence_overhead_ms=efficiency.per_sequence_overhead_s * 1e3,
+        serial_step_overhead_ms=efficiency.serial_step_s * 1e3,
+        overlapped_host_per_sequence_ms=efficiency.overlapped_host_per_sequence_s * 1e3,
+        prefill_moe_layer_overhead_ms=efficiency.prefill_moe_layer_overhead_s * 1e3,
+        source=efficiency.source,
     )
