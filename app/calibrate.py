@@ -3,7 +3,7 @@
 Reads published measurements (the schema of measured-calibration.csv), fits the efficiencies of
 app.sizing.calibration.fit per GPU family and compute precision (plus one per GPU maker, and the global
 fallback) starting from the builtin constants, cross-validates (leave one GPU, model family, engine out) and ships the specificity level with the
-lowest held-out error, and writes the profile as JSON
+lowest held-out error (a more specific one only where its lead is more than sampling noise), and writes the profile as JSON
 (app/data/calibration/<name>-profile.json unless --output says otherwise). With --write-db it is also
 stored in DATABASE_URL. The shipped default profile is made with:
 

@@ -173,6 +173,11 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _score(value: float | None) -> str:
+    """A level's score to two decimals (levels a tenth of a point apart are told apart), '-' without one."""
+    return "-" if value is None else f"{value:.2f}%"
+
+
 def text_report(report: Report, source: dict[str, str]) -> str:
     summary = report.summary
     lines = [
@@ -475,6 +480,14 @@ def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:
     ]
     out += [f"| {validation['levels'][level]} | " + " | ".join(f"{_pct(medians.get(name))}%" for name in HOLD_OUT_LABELS)
             + " |" for level, medians in validation["candidates"].items()]
+    if validation.get("choice"):
+        out += ["", ("The choice, from the general to the specific (score: the mean of the leave-one-GPU-out and "
+                     "leave-one-model-family-out medians; a level ships over the one before it only where its score "
+                     "is the lower one in the share of paired resamples of the held-out rows shown):"), ""]
+        out += [f"- {validation['levels'][step['level']]} against {validation['levels'][step['against']]}: "
+                f"{_score(step['score'])} against {_score(step['against_score'])}, lower in "
+                f"{step['better_in']:.0%} of the resamples: {'shipped' if step['chosen'] else 'not shipped'}."
+                for step in validation["choice"]]
     for item in validation["hold_outs"]:
         label = HOLD_OUT_LABELS[item["held_out"]]
         out += ["", f"### {label[0].upper()}{label[1:]}", "",
@@ -494,18 +507,26 @@ def _defects_section(provenance: dict[str, Any] | None) -> list[str]:
     out = ["## Parameters at a bound (defects of the model)", ""]
     if not found:
         return out + ["No fitted parameter sits at a bound of its range.", ""]
-    at_prior = [item for item in found if _prior_on_bound(provenance, item)]
-    pushed = [item for item in found if item not in at_prior]
-    out += [(f"{len(found)} fitted parameters sit at a bound of their cited range. {len(pushed)} of them were pushed "
-             "there from their cited prior: each is a defect, the parameter absorbs physics the model lacks, and its "
-             "value is not a measurement of the hardware."), ""]
+    copies: dict[tuple[str, str], list[str]] = {}
+    for item in found:
+        if item.get("same_fit_as"):
+            copies.setdefault((item["same_fit_as"], item["parameter"]), []).append(
+                f"{item['gpu_family']}/{item['compute_dtype']}")
+    distinct = [item for item in found if not item.get("same_fit_as")]
+    at_prior = [item for item in distinct if _prior_on_bound(provenance, item)]
+    pushed = [item for item in distinct if item not in at_prior]
+    out += [(f"{len(distinct)} fitted parameters sit at a bound of their cited range"
+             + (f" ({len(found) - len(distinct)} more in entries that carry another's fit, a maker whose rows are "
+                "all one family's or a family's only precision, listed beside it)" if copies else "")
+             + f". {len(pushed)} of them were pushed there from their cited prior: each is a defect, the parameter "
+             "absorbs physics the model lacks, and its value is not a measurement of the hardware."), ""]
     if pushed:
-        out += _bound_table(pushed)
+        out += _bound_table(pushed, copies)
     if at_prior:
         out += [(f"{len(at_prior)} sit on the bound their cited prior sits on too (a cost that may be absent, prior "
                  "0): the data showed none of it. Listed all the same: a cost the data would put below zero, which "
                  "would be a defect, sits there too."), ""]
-        out += _bound_table(at_prior)
+        out += _bound_table(at_prior, copies)
     return out
 
 
@@ -517,9 +538,15 @@ def _prior_on_bound(provenance: dict[str, Any], item: dict[str, Any]) -> bool:
     return prior is not None and prior == (low if item["bound"] == "low" else high)
 
 
-def _bound_table(items: list[dict[str, Any]]) -> list[str]:
+def _bound_table(items: list[dict[str, Any]], copies: dict[tuple[str, str], list[str]]) -> list[str]:
+    """One row per defect: an entry, with the entries that carry its fit (`copies`, by 'family/precision' and
+    parameter) named beside it."""
+    def family(item: dict[str, Any]) -> str:
+        also = copies.get((f"{item['gpu_family']}/{item['compute_dtype']}", item["parameter"]))
+        return item["gpu_family"] + (f" (and {', '.join(also)}: the same fit)" if also else "")
+
     return (["| GPU family | compute | parameter | value | bound |", "|---|---|---|---:|---|"]
-            + [f"| {item['gpu_family']} | {item['compute_dtype']} | {item['parameter']} | {item['value']:.4g} | "
+            + [f"| {family(item)} | {item['compute_dtype']} | {item['parameter']} | {item['value']:.4g} | "
                f"{item['bound']} |" for item in items] + [""])
 
 

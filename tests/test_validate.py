@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from app import calibrate as calibrate_command
 from app import validate as validate_command
 from app.calibration import service
 from app.calibration.crossval import (
+    CHOICE_CONFIDENCE,
     MEDIAN_INTERVAL_RESAMPLES,
     _hold_out_document,
     held_out_error,
+    level_choice,
     median_interval,
     model_family,
     publisher,
@@ -32,7 +36,7 @@ from app.calibration.crossval import (
 from app.calibration.profiles import HeldOutErrors, builtin_profile, profile_from_entries
 from app.calibration.rows import RowsInvalid, observed_rows, read_rows, rows_from_csv
 from app.calibration.service import ReferenceCatalog, validate
-from app.sizing.calibration.fit import GLOBAL_PARAMETERS, parameters_at_bounds
+from app.sizing.calibration.fit import GLOBAL_PARAMETERS, parameters_at_bounds, same_fits
 from app.sizing.calibration.holdout import HeldOut
 from app.sizing.calibration.predict import Measurement, PoolLayout, prepare
 
@@ -383,8 +387,9 @@ def test_calibrating_on_the_sample_writes_a_profile_the_validator_reads(tmp_path
 
 def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_the_best_level() -> None:
     """On the sample: every predicted row is predicted once per hold-out by a fit that never saw its
-    GPU (or model family, or engine); the shipped level is the one whose mean of the GPU and model-family
-    held-out medians is lowest, and the shipped profile has that level's entries."""
+    GPU (or model family, or engine); the shipped level is the last one the choice's steps took (each step
+    scored by its level's mean of the GPU and model-family held-out medians, `_chosen_by_steps`), and the
+    shipped profile has that level's entries."""
     rows = read_rows(SAMPLE.read_text(), pointer="sample")
     result = service.calibrate(rows, ReferenceCatalog(), name="cv", description="", base=builtin_profile(),
                                fit_global=True, cross_validation=True, source_file="sample", source_sha256="0" * 64,
@@ -399,12 +404,28 @@ def test_cross_validation_holds_out_each_gpu_model_family_and_engine_and_ships_t
     assert families == {"EleutherAI", "meta-llama", "mistralai"}
     scores = {level: (medians["gpu"] + medians["model_family"]) / 2
               for level, medians in validation["candidates"].items()}
-    assert validation["chosen_level"] == min(scores, key=scores.get)
+    assert validation["chosen_level"] == _chosen_by_steps(validation, scores)
     keys = {entry.key for entry in result.profile.entries}
     nvidia = ("vendor:nvidia", "*")  # the A100's entry: NVIDIA's, fitted on every NVIDIA row (all of them here)
     assert keys == {"global": {("*", "*")}, "family": {("*", "*"), ("hopper", "*"), nvidia},
                     "family_precision": {("*", "*"), ("hopper", "*"), ("hopper", "fp8"), nvidia}}[
         validation["chosen_level"]]
+
+
+def _chosen_by_steps(validation: dict, scores: dict[str, float]) -> str:
+    """The level the recorded choice arrives at: from the global entry, each more specific level in turn against
+    the one chosen so far, taken where its score is lower in at least 95% of the paired resamples; each step's
+    scores are the candidates' (the mean of the GPU and model-family held-out medians)."""
+    chosen = "global"
+    assert [step["level"] for step in validation["choice"]] == ["family", "family_precision"]
+    for step in validation["choice"]:
+        assert step["against"] == chosen
+        assert step["score"] == pytest.approx(scores[step["level"]])
+        assert step["against_score"] == pytest.approx(scores[chosen])
+        assert step["chosen"] == (step["better_in"] >= 0.95)
+        if step["chosen"]:
+            chosen = step["level"]
+    return chosen
 
 
 def test_the_tasks_run_in_worker_processes_and_come_back_in_their_order() -> None:
@@ -511,7 +532,7 @@ def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defect
     assert [item["held_out"] for item in validation["hold_outs"]] == ["gpu", "model_family", "engine"]
     scores = {level: (medians["gpu"] + medians["model_family"]) / 2
               for level, medians in validation["candidates"].items()}
-    assert validation["chosen_level"] == min(scores, key=scores.get)
+    assert validation["chosen_level"] == _chosen_by_steps(validation, scores)
     for item in validation["hold_outs"]:
         stats = [item["overall"], *item["by_metric"].values(), *item["by_group"],
                  *(cell for layout in item["by_layout"] for cell in layout["by_metric"].values())]
@@ -522,6 +543,9 @@ def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defect
     listed = [(item["gpu_family"], item["compute_dtype"], item["parameter"], item["value"], item["bound"])
               for item in provenance["parameters_at_bounds"]]
     assert listed == parameters_at_bounds(profile)
+    copies = same_fits(profile)
+    assert [item["same_fit_as"] for item in provenance["parameters_at_bounds"]] == [
+        "/".join(copies[family, dtype]) if (family, dtype) in copies else None for family, dtype, *_ in listed]
     assert set(provenance["parameter_priors"]) == {bound.name for bound in GLOBAL_PARAMETERS}
 
 
@@ -675,6 +699,55 @@ def test_a_held_out_median_comes_with_its_90_percent_interval() -> None:
     assert low < 50.0 < high and median_interval(spread) == (low, high)
 
 
+def _held(predicted: dict[str, list[float]]) -> list[SimpleNamespace]:
+    """Held-out rows measured 100, each predicted at every level as given (one list per level, row by row)."""
+    count = len(next(iter(predicted.values())))
+    return [SimpleNamespace(target=SimpleNamespace(measured=100.0),
+                            predicted={level: values[i] for level, values in predicted.items()})
+            for i in range(count)]
+
+
+def _choice(gpu: dict[str, list[float]], family: dict[str, list[float]]) -> tuple[str, list[dict]]:
+    held = {"gpu": _held(gpu), "model_family": _held(family)}
+    candidates = {level: {name: float(np.median([abs(item.predicted[level] - 100.0) for item in items]))
+                          for name, items in held.items()}
+                  for level in ("global", "family", "family_precision")}
+    return level_choice(held, candidates)
+
+
+def test_a_more_specific_level_ships_only_where_its_lead_is_more_than_sampling_noise() -> None:
+    """`level_choice` on 20 GPU-held-out and 20 family-held-out rows, each measured 100.
+
+    - Global predicts 130 (30% off) everywhere, family 110 (10%): every paired resample has family's medians at
+      10 against 30, so family is lower in all of them (100% >= 95%) and replaces global.
+    - Family and precision predicts 109 (9%) on every row: lower than family in every resample, shipped.
+    - It predicts 109 on 11 of the GPU rows and 111 (11%) on 9: its median is 9 (the 10th and 11th of the sorted
+      errors are both 9), its score (9 + 10) / 2 = 9.5 against family's 10, the lowest score. A resample of the 20
+      rows has a lower median only when it draws at least 11 of the 9% rows (10 of them give (9 + 11) / 2 = 10,
+      fewer give 11); the family-held-out rows err alike at both levels. The count drawn is binomial (20, 11/20):
+      P(X >= 11) = sum over k = 11..20 of C(20, k) 0.55^k 0.45^(20-k), about 0.59, so it leads in about 59% of
+      resamples (1,000 of them: within 0.05, three standard deviations), under 95%: family ships.
+    - With no scored row (every prediction NaN) a level has no score and never ships."""
+    assert CHOICE_CONFIDENCE == 0.95
+    flat = {"global": [130.0] * 20, "family": [110.0] * 20}
+    chosen, steps = _choice({**flat, "family_precision": [109.0] * 20}, {**flat, "family_precision": [109.0] * 20})
+    assert chosen == "family_precision"
+    assert [(step["level"], step["against"], step["better_in"], step["chosen"]) for step in steps] == [
+        ("family", "global", 1.0, True), ("family_precision", "family", 1.0, True)]
+    assert steps[0]["score"] == pytest.approx(10.0) and steps[0]["against_score"] == pytest.approx(30.0)
+
+    chosen, steps = _choice({**flat, "family_precision": [109.0] * 11 + [111.0] * 9},
+                            {**flat, "family_precision": [110.0] * 20})
+    odds = sum(math.comb(20, k) * 0.55 ** k * 0.45 ** (20 - k) for k in range(11, 21))
+    assert odds == pytest.approx(0.59, abs=0.01)
+    assert steps[1]["score"] == pytest.approx(9.5) and steps[1]["against_score"] == pytest.approx(10.0)
+    assert steps[1]["better_in"] == pytest.approx(odds, abs=0.05) and not steps[1]["chosen"]
+    assert chosen == "family"
+
+    chosen, steps = _choice({**flat, "family_precision": [math.nan] * 20}, {**flat, "family_precision": [math.nan] * 20})
+    assert chosen == "family" and steps[1]["score"] is None and steps[1]["better_in"] == 0.0
+
+
 def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
     """The page's layout table gives each cell's median predicted / measured after its rows (×0.68: the
     prediction ran low, at 68% of the measured value), and each hold-out's group table a column of it; a
@@ -698,13 +771,38 @@ def test_the_accuracy_page_says_which_way_held_out_predictions_erred() -> None:
     assert "| 9.6% ✓ (30.0%, 145 rows) | 43.2% [40.8–48.6] ✗ (130.7%, 127 rows) |" in page  # the headline table
     assert "| b200 | 127 | 43.2% | 130.7% | ×0.68 |" in page
     assert "| gb200 | 145 | 9.6% | 30.0% | – |" in page
+    assert "The choice" not in page  # a profile fitted before the choice's steps were recorded shows none
+
+
+def test_the_accuracy_page_shows_each_step_of_the_level_choice() -> None:
+    """Each step: the level, the one chosen before it, both scores to two decimals (20.656 and 20.667 are told
+    apart), the share of resamples the level led in, and whether it shipped."""
+    stats = {"rows": 0, "median_abs_pct_error": None, "p90_abs_pct_error": None}
+    levels = {"global": "one global entry", "family": "an entry per GPU family",
+              "family_precision": "an entry per GPU family and compute precision"}
+    validation = {
+        "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
+        "hold_outs": [{"held_out": "gpu", "overall": stats, "by_group": [], "by_layout": [],
+                       "by_metric": {"throughput": stats, "tpot_itl": stats, "ttft": stats, "e2e": stats}}],
+        "chosen_level": "family", "chosen_by": "the rule", "levels": levels,
+        "candidates": {"family": {"gpu": 23.7, "model_family": 17.6}},
+        "choice": [{"level": "family", "against": "global", "score": 20.656, "against_score": 24.319,
+                    "better_in": 1.0, "chosen": True},
+                   {"level": "family_precision", "against": "family", "score": 20.667, "against_score": 20.656,
+                    "better_in": 0.54, "chosen": False}]}
+    page = "\n".join(validate_command._cross_validation_section(validation))
+    assert ("- an entry per GPU family against one global entry: 20.66% against 24.32%, lower in 100% of the "
+            "resamples: shipped.") in page
+    assert ("- an entry per GPU family and compute precision against an entry per GPU family: 20.67% against "
+            "20.66%, lower in 54% of the resamples: not shipped.") in page
 
 
 
 def test_the_accuracy_page_tells_a_parameter_pushed_to_a_bound_from_one_left_on_its_prior() -> None:
     """compute_scale's cited prior is 1.0, its range 0.3-1.0: an entry at 0.3 was pushed there (a defect).
     The overlapped host work's prior is 0, its range 0-1 ms: an entry at 0 sits where its prior does (the data
-    showed no such cost) and is listed apart, with the reason it is still listed. None is hidden."""
+    showed no such cost) and is listed apart, with the reason it is still listed. None is hidden. AMD's entry,
+    carrying cdna3's fit, is the same defect: counted apart and named in cdna3's row."""
     provenance = {
         "parameter_bounds": {"compute_scale": [0.3, 1.0], "overlapped_host_per_sequence_s": [0.0, 1e-3]},
         "parameter_priors": {"compute_scale": {"prior": 1.0, "source": "s"},
@@ -712,14 +810,22 @@ def test_the_accuracy_page_tells_a_parameter_pushed_to_a_bound_from_one_left_on_
         "parameters_at_bounds": [
             {"gpu_family": "cdna3", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3, "bound": "low"},
             {"gpu_family": "hopper", "compute_dtype": "fp8", "parameter": "overlapped_host_per_sequence_s",
-             "value": 2.7e-7, "bound": "low"}],
+             "value": 2.7e-7, "bound": "low"},
+            {"gpu_family": "vendor:amd", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3,
+             "bound": "low", "same_fit_as": "cdna3/*"}],
     }
     page = "\n".join(validate_command._defects_section(provenance))
-    assert "2 fitted parameters sit at a bound of their cited range. 1 of them were pushed there" in page
+    assert ("2 fitted parameters sit at a bound of their cited range (1 more in entries that carry another's fit, "
+            "a maker whose rows are all one family's or a family's only precision, listed beside it). 1 of them were "
+            "pushed there") in page
     assert "1 sit on the bound their cited prior sits on too" in page
-    pushed, on_prior = page.index("| cdna3 | * | compute_scale | 0.3 | low |"), page.index(
+    assert "| vendor:amd |" not in page
+    pushed, on_prior = page.index("| cdna3 (and vendor:amd/*: the same fit) | * | compute_scale | 0.3 | low |"), page.index(
         "| hopper | fp8 | overlapped_host_per_sequence_s | 2.7e-07 | low |")
     assert pushed < page.index("1 sit on the bound") < on_prior
+    alone = {**provenance, "parameters_at_bounds": provenance["parameters_at_bounds"][:2]}
+    assert "2 fitted parameters sit at a bound of their cited range. 1 of them" in "\n".join(
+        validate_command._defects_section(alone))
     assert validate_command._defects_section({**provenance, "parameters_at_bounds": []})[-2] == (
         "No fitted parameter sits at a bound of its range.")
 

@@ -328,10 +328,14 @@ HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_layout": [{"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}}]}
 CROSS_VALIDATION_EXAMPLE = {
     "chosen_level": "family", "chosen_by": "the lowest mean of the leave-one-GPU-out and leave-one-model-family-out "
-                                           "median absolute errors, over every held-out row",
+                                           "median absolute errors, over every held-out row, a more specific level "
+                                           "shipped only where it is lower than the level chosen so far in at least "
+                                           "95% of paired resamples of the held-out rows (`choice`)",
     "levels": {"global": "one global entry", "family": "an entry per GPU family (and per GPU maker)",
                "family_precision": "an entry per GPU family and compute precision"},
     "candidates": {"family": {"gpu": 24.1, "model_family": 20.3, "engine": 25.0}},
+    "choice": [{"level": "family", "against": "global", "score": 22.2, "against_score": 25.1, "better_in": 1.0,
+                "chosen": True}],
     "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
     "hold_outs": [HOLD_OUT_EXAMPLE]}
 BOUND_EXAMPLE = {"gpu_family": "cdna3", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3,
@@ -410,9 +414,24 @@ class HoldOutOut(BaseModel):
                     "breakdown existed)")
 
 
+class LevelStepOut(BaseModel):
+    """One step of the choice of a profile's level: a more specific level against the one chosen so far."""
+
+    model_config = schema_examples(CROSS_VALIDATION_EXAMPLE["choice"][0])
+
+    level: str
+    against: str = Field(description="The level chosen so far")
+    score: float | None = Field(description="The level's mean of the GPU and model-family held-out medians")
+    against_score: float | None
+    better_in: float = Field(description="Share of paired resamples of the held-out rows in which the level's "
+                                         "score is the lower one")
+    chosen: bool
+
+
 class CrossValidationOut(BaseModel):
     """Leave-one-GPU-out, leave-one-model-family-out and leave-one-engine-out errors; the profile's level
-    (how specific its entries are) is the one with the lowest held-out error."""
+    (how specific its entries are) is the one with the lowest held-out error, a more specific one only where
+    its lead is more than sampling noise (`choice`)."""
 
     model_config = schema_examples(CROSS_VALIDATION_EXAMPLE)
 
@@ -421,6 +440,10 @@ class CrossValidationOut(BaseModel):
     levels: dict[str, str]
     candidates: dict[str, dict[str, float | None]] = Field(
         description="Median held-out absolute % error of each level, per hold-out")
+    choice: list[LevelStepOut] = Field(
+        default_factory=list,
+        description="Each more specific level against the level chosen before it (empty in profiles fitted "
+                    "before this rule)")
     targets: dict[str, float] = Field(description="Target median held-out absolute % error per metric kind")
     hold_outs: list[HoldOutOut]
 
@@ -442,6 +465,9 @@ class ParameterAtBoundOut(BaseModel):
     parameter: str
     value: float
     bound: Literal["low", "high"]
+    same_fit_as: str | None = Field(
+        None, description="'family/precision' of the entry whose fit this entry carries (a maker whose rows are "
+                          "all one family's, a family's only precision): the same defect, listed under both")
 
 
 class FitErrorOut(BaseModel):

@@ -90,6 +90,7 @@ from app.sizing.calibration.fit import (
     fit_profile,
     fitted_sources,
     parameters_at_bounds,
+    same_fits,
 )
 from app.sizing.calibration.predict import (
     BATCH1,
@@ -511,9 +512,10 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
     runs, which would need a fresh simulation for every trial efficiency), and only rows that state their
     weight dtype (`PreparedRow.fittable`); every predicted row is reported before and after. With
-    `cross_validation`, the profile's specificity level is the one with the lowest held-out error
-    (crossval.py); without it, the most specific level. `jobs` > 1 runs the whole fit and the cross-validation's
-    folds in that many worker processes at once (`crossval.task_runner`): the same numbers, sooner.
+    `cross_validation`, the profile's specificity level is the one with the lowest held-out error, a more
+    specific one only where its lead is more than sampling noise (`crossval.level_choice`); without it, the
+    most specific level. `jobs` > 1 runs the whole fit and the cross-validation's folds in that many worker
+    processes at once (`crossval.task_runner`): the same numbers, sooner.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
@@ -557,6 +559,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         after = evaluate(rows, prepared, skipped, profile)
         say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
             f"{_pct(after.summary.overall.median_abs_pct_error)}")
+    copies = same_fits(profile)
     provenance = {
         "source_file": source_file,
         "source_sha256": source_sha256,
@@ -578,7 +581,8 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         "parameter_priors": {bound.name: {"prior": bound.prior, "source": bound.source}
                              for bound in GLOBAL_PARAMETERS},
         "parameters_at_bounds": [
-            {"gpu_family": family, "compute_dtype": dtype, "parameter": parameter, "value": value, "bound": side}
+            {"gpu_family": family, "compute_dtype": dtype, "parameter": parameter, "value": value, "bound": side,
+             "same_fit_as": "/".join(copies[family, dtype]) if (family, dtype) in copies else None}
             for family, dtype, parameter, value, side in parameters_at_bounds(profile)],
         "fit_error": {"before": _stats_document(before.summary.overall),
                       "after": _stats_document(after.summary.overall)},

@@ -35,6 +35,7 @@ from app.sizing.calibration.fit import (
     mean_abs_log_error,
     parameter_value,
     parameters_at_bounds,
+    same_fits,
     single_entry_profile,
     spread,
     with_parameters,
@@ -418,6 +419,20 @@ def test_a_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     assert parameters_at_bounds(profile) == [("cdna3", ANY, "bandwidth_fraction", 0.42, "low")]
     with pytest.raises(ValueError, match="prior"):
         ParameterBounds("x", 0.0, 1.0, 2.0, "a prior outside its range")
+
+
+def test_an_entry_that_carries_another_entrys_fit_is_known_as_its_copy() -> None:
+    """`same_fits`: cdna3's fit (bandwidth 0.42), carried by AMD's entry and by cdna3/fp16 under sources of their
+    own, makes both copies of cdna3 (the first in the profile's order); hopper at 0.43 differs in one value and is
+    nobody's copy; the global entry, inherited (0 rows), is not compared."""
+    cdna3 = dataclasses.replace(DEFAULT_EFFICIENCY, bandwidth_fraction=0.42, source="cdna3's rows")
+    profile = CalibrationProfile("p", (
+        ProfileEntry(ANY, ANY, cdna3),
+        ProfileEntry("cdna3", ANY, cdna3, 50),
+        ProfileEntry("cdna3", "fp16", dataclasses.replace(cdna3, source="cdna3 fp16's rows"), 50),
+        ProfileEntry("hopper", ANY, dataclasses.replace(cdna3, bandwidth_fraction=0.43), 40),
+        ProfileEntry("vendor:amd", ANY, dataclasses.replace(cdna3, source="AMD's rows"), 50)))
+    assert same_fits(profile) == {("cdna3", "fp16"): ("cdna3", ANY), ("vendor:amd", ANY): ("cdna3", ANY)}
 
 
 def test_small_m_flatness_adds_a_one_row_point_to_the_compute_curve() -> None:

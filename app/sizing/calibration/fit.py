@@ -574,6 +574,15 @@ def group_by(targets: Iterable[FitTarget], key: Callable[[FitTarget], str]) -> d
     return groups
 
 
+def same_fits(profile: CalibrationProfile) -> dict[tuple[str, str], tuple[str, str]]:
+    """Each fitted entry that carries another's fit (`fit_profile`: a maker whose rows are all one family's, a
+    family's only precision) -> the first entry with that fit in the profile's order, the efficiencies compared
+    whole but for their `source`. Their parameters at a bound are one defect, not two."""
+    fitted = [(entry.key, replace(entry.efficiency, source="")) for entry in profile.entries if entry.rows]
+    return {key: first for key, fit in fitted
+            if (first := next(other_key for other_key, other in fitted if other == fit)) != key}
+
+
 def parameters_at_bounds(profile: CalibrationProfile,
                          bounds: Sequence[ParameterBounds] = GLOBAL_PARAMETERS) -> list[tuple[str, str, str, float, str]]:
     """(family, compute_dtype, parameter, value, 'low'|'high') for every fitted entry's parameter at a
