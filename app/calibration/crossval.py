@@ -5,9 +5,9 @@ For each way of holding out (`HOLD_OUTS`: a GPU, a model family, an engine) ever
 by a fit on the other groups' rows (`holdout.leave_one_group_out`), at each specificity level of a profile
 (`fit.LEVELS`: one global entry; plus an entry per GPU family and one per GPU maker, the fallback of its
 GPUs whose family has none; plus one per compute precision within a family). A calibration ships the level
-with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-family-out medians),
-never by the in-sample error, and a more specific level only where its lead is more than sampling noise
-(`level_choice`). The folds are independent,
+with the lowest held-out error (the mean of the leave-one-GPU-out and leave-one-model-family-out medians; never
+the in-sample error), a more specific level only where its lead is more than sampling noise (`level_choice`).
+The folds are independent,
 so with `jobs` > 1 they run in that many worker processes at once (`task_runner`), every hold-out's folds in
 one queue (with the whole fit beside them, `service.calibrate`), to the same numbers.
 
