@@ -66,6 +66,7 @@ MEDIAN_INTERVAL_SEED = 0
 # A more specific level is shipped only where its score (the mean of the CHOOSING_HOLD_OUTS medians) is lower than
 # the level chosen so far in at least this share of paired resamples of the held-out rows (`level_choice`).
 CHOICE_CONFIDENCE = 0.95
+_RESAMPLES_AT_ONCE = 100  # `better_in`'s draws held in memory at once (100 x the rows)
 CHOSEN_BY = ("the lowest mean of the leave-one-GPU-out and leave-one-model-family-out median absolute errors, over "
              "every held-out row, a more specific level shipped only where it is lower than the level chosen so far "
              f"in at least {CHOICE_CONFIDENCE:.0%} of paired resamples of the held-out rows (`choice`)")
@@ -260,9 +261,6 @@ def better_in(held_outs: dict[str, Sequence[HeldOut]], simpler: str, specific: s
             difference[start:start + count] += (np.median(errors[specific][draws], axis=1)
                                                 - np.median(errors[simpler][draws], axis=1))
     return float(np.mean(difference < 0))
-
-
-_RESAMPLES_AT_ONCE = 100  # draws held in memory at once (100 x the rows)
 
 
 def _choice_score(medians: dict[str, float | None]) -> float:
