@@ -4,4 +4,4 @@
 CALCULATION_VERSION = "2026.12.05.2"  # + a GPU whose family has no entry takes its maker's (vendor:nvidia)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.03.2"  # + TensorRT-LLM context servers run without the overlap scheduler
+ENGINE_RULES_VERSION = "2026.12.05.1"  # + TensorRT-LLM launches turn on the chunked prefill the plan simulates

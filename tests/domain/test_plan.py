@@ -402,6 +402,36 @@ def test_layouts_in_each_engines_own_flags():
     assert "--data-parallel-size" not in launch().command  # plain TP4 is unchanged
 
 
+def test_trtllm_launch_turns_on_the_chunked_prefill_the_plan_simulates():
+    """The simulator splits a prompt over steps when it does not fit max_num_tokens beside the running decodes
+    (SchedulerConfig.chunked_prefill, on by default); TensorRT-LLM's LLM-API default is
+    enable_chunked_prefill: false (ENGINES.md 1.3), and trtllm-serve has no flag for it, so the command passes
+    an options file and the notes say what it holds."""
+    plain = launch(engine="trtllm")
+    assert SchedulerConfig(kv_capacity_tokens=1024, max_num_seqs=1, max_num_batched_tokens=1024).chunked_prefill
+    assert plain.command.endswith(" --extra_llm_api_options extra_llm_api_options.yaml")
+    assert any("enable_chunked_prefill: true" in note for note in plain.notes)
+    assert not any("enable_attention_dp" in note for note in plain.notes)  # no attention DP asked for
+
+
+def test_trtllm_disaggregated_workers_keep_one_options_file():
+    """A worker's role is LLM-API options too: the context servers of TensorRT-LLM's disaggregation recipe add
+    cache_transceiver_config and disable_overlap_scheduler: true, the generation servers only the transceiver
+    (ENGINES.md section 3). Both go in the one file the command already passes."""
+    spec = LaunchSpec(engine="trtllm", model_id="deepseek-ai/DeepSeek-V3", model_dtype="fp8", tensor_parallel=1,
+                      pipeline_parallel=1, weight_dtype="fp8", kv_dtype="fp8", max_num_seqs=64,
+                      max_num_batched_tokens=8192, max_model_len=9216, gpu_memory_utilization=0.9,
+                      data_parallel=8, expert_parallel=8)
+    prefill, decode = launch_command(spec, role="prefill"), launch_command(spec, role="decode")
+    for worker in (prefill, decode):
+        assert worker.command.count("--extra_llm_api_options") == 1
+        assert any("cache_transceiver_config: {backend: DEFAULT}" in note for note in worker.notes)
+        assert any("enable_chunked_prefill: true, enable_attention_dp: true, moe_expert_parallel_size: 8" in note
+                   for note in worker.notes)
+    assert any("disable_overlap_scheduler: true" in note for note in prefill.notes)
+    assert not any("disable_overlap_scheduler" in note for note in decode.notes)
+
+
 def test_sglangs_prefill_chunk_flag_is_the_replicas_which_it_divides_among_the_dp_ranks():
     """Each of 8 attention ranks schedules 1,024-token chunks (the plan's max_num_batched_tokens). SGLang
     divides --chunked-prefill-size by dp_size, so the flag that gives them is 8 x 1,024 = 8,192; without DP the

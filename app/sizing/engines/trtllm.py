@@ -34,6 +34,8 @@ PYTORCH_BACKEND_FROM = (1, 0, 0)  # the PyTorch backend is the default from 1.0
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_NUM_TOKENS = 8192
 TRTLLM_BLOCK_SIZE = 32
+# The YAML of LLM-API options a launch passes (`--extra_llm_api_options`): what trtllm-serve has no flag for.
+LLM_API_OPTIONS_FILE = "extra_llm_api_options.yaml"
 _FRACTION_SOURCE = ("TensorRT-LLM default free_gpu_memory_fraction 0.9 of the memory free after "
                     "weights and the profiled peak")
 
@@ -117,28 +119,33 @@ class Trtllm:
             words += ["--max_batch_size", str(spec.max_num_seqs)]
         words += ["--max_num_tokens", str(spec.max_num_batched_tokens),
                   "--max_seq_len", str(spec.max_model_len),
-                  "--kv_cache_free_gpu_memory_fraction", f"{spec.gpu_memory_utilization:g}"]
+                  "--kv_cache_free_gpu_memory_fraction", f"{spec.gpu_memory_utilization:g}",
+                  "--extra_llm_api_options", LLM_API_OPTIONS_FILE]
         return words
 
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
-        notes = []
+        """What the options file must hold (the LLM-API options that have no trtllm-serve flag), and which
+        checkpoint to serve. The plan's simulation splits a prompt over steps whenever it does not fit the
+        step's max_num_tokens beside the running decodes; TensorRT-LLM does so only with
+        `enable_chunked_prefill: true` (its LLM-API default is false, ENGINES.md 1.3), so the file sets it."""
+        options = ["enable_chunked_prefill: true"]
+        if spec.data_parallel > 1:
+            options += ["enable_attention_dp: true", f"moe_expert_parallel_size: {spec.expert_parallel}"]
+        notes = [f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
+                 "is false)"]
         if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
             notes.append("TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt")
-        if spec.data_parallel > 1:
-            notes.append(f"attention data parallelism over {spec.data_parallel} ranks: pass "
-                         "--extra_llm_api_options with `enable_attention_dp: true` (and "
-                         f"`moe_expert_parallel_size: {spec.expert_parallel}`)")
         return notes
 
     def disaggregation_words(self, role: str) -> list[str]:
-        return ["--extra_llm_api_options", "ctx.yaml" if role == PREFILL_ROLE else "gen.yaml"]
+        return []  # a worker's role is in its options file and the router's configuration
 
     def disaggregation_notes(self, role: str) -> list[str]:
-        notes = [(f"{'ctx' if role == PREFILL_ROLE else 'gen'}.yaml sets cache_transceiver_config: {{backend: DEFAULT}} "
-                 "(NIXL unless TRTLLM_USE_*_KVCACHE selects another)")]
-        if role == PREFILL_ROLE:
-            notes.append("context servers also set disable_overlap_scheduler: True")
-        return notes
+        options = "cache_transceiver_config: {backend: DEFAULT}"
+        if role == PREFILL_ROLE:  # the context servers of the disaggregation recipe
+            options += ", disable_overlap_scheduler: true"
+        return [f"{LLM_API_OPTIONS_FILE} also holds {options} (DEFAULT: NIXL unless TRTLLM_USE_*_KVCACHE "
+                "selects another)"]
 
     def disaggregation_router(self) -> str:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
