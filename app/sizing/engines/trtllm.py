@@ -131,8 +131,8 @@ class Trtllm:
         options = ["enable_chunked_prefill: true"]
         if spec.data_parallel > 1:
             options += ["enable_attention_dp: true", f"moe_expert_parallel_size: {spec.expert_parallel}"]
-        notes = [f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
-                 "is false)"]
+        notes = [(f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
+                  "is false)")]
         if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
             notes.append("TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt")
         return notes
@@ -144,8 +144,8 @@ class Trtllm:
         options = "cache_transceiver_config: {backend: DEFAULT}"
         if role == PREFILL_ROLE:  # the context servers of the disaggregation recipe
             options += ", disable_overlap_scheduler: true"
-        return [f"{LLM_API_OPTIONS_FILE} also holds {options} (DEFAULT: NIXL unless TRTLLM_USE_*_KVCACHE "
-                "selects another)"]
+        return [(f"{LLM_API_OPTIONS_FILE} also holds {options} (DEFAULT: NIXL unless TRTLLM_USE_*_KVCACHE "
+                 "selects another)")]
 
     def disaggregation_router(self) -> str:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
