@@ -697,35 +697,41 @@ def _observed_or_422(rows: Sequence[MeasurementRowIn]) -> list[ObservedRow]:
 
 
 def list_profiles(session: Session, limit: int, offset: int) -> ProfileList:
-    """`builtin` first (always there), then the stored profiles by name; one page of them."""
+    """`builtin` first (always there), then the stored profiles by name; one page of them. A summary reads the
+    record's own columns: no entry is parsed to list it."""
     records, stored = page_of_records(session, limit=max(limit - (offset == 0), 0), offset=max(offset - 1, 0))
-    items = ([_summary(_builtin_out())] if offset == 0 else []) + [_summary(profile_out(r)) for r in records]
+    items = ([ProfileSummaryOut(**_BUILTIN_SUMMARY)] if offset == 0 else []) + [
+        ProfileSummaryOut(**_summary_fields(record)) for record in records]
     return ProfileList(default_profile=default_profile_name(session), items=items, total=stored + 1, limit=limit,
                        offset=offset)
-
-
-def _summary(profile: ProfileOut) -> ProfileSummaryOut:
-    return ProfileSummaryOut.model_validate(profile.model_dump(include=set(ProfileSummaryOut.model_fields)))
 
 
 def read_profile(session: Session, name: str) -> ProfileOut:
     return _builtin_out() if name == BUILTIN_PROFILE else profile_out(get_record(session, name))
 
 
+_BUILTIN_SUMMARY: dict[str, Any] = {
+    "name": BUILTIN_PROFILE, "description": BUILTIN_DESCRIPTION, "origin": "builtin", "created_at": None,
+    "rows_used": 0, "source_sha256": None, "fit_median_abs_pct_error": None, "written_by": None}
+
+
+def _summary_fields(record: CalibrationProfileRecord) -> dict[str, Any]:
+    """The `ProfileSummaryOut` fields of a stored profile."""
+    return {"name": record.name, "description": record.description, "origin": record.origin,
+            "created_at": record.created_at, "rows_used": record.rows_used, "source_sha256": record.source_sha256,
+            "fit_median_abs_pct_error": record.fit_median_abs_pct_error, "written_by": record.written_by}
+
+
 def profile_out(record: CalibrationProfileRecord) -> ProfileOut:
     return ProfileOut(
-        name=record.name, description=record.description, origin=record.origin, created_at=record.created_at,
-        rows_used=record.rows_used, source_sha256=record.source_sha256,
-        fit_median_abs_pct_error=record.fit_median_abs_pct_error, written_by=record.written_by,
+        **_summary_fields(record),
         entries=[_entry_out(entry) for entry in profile_from_entries(record.name, record.entries).entries],
         provenance=ProvenanceOut.model_validate(record.provenance),
     )
 
 
 def _builtin_out() -> ProfileOut:
-    return ProfileOut(name=BUILTIN_PROFILE, description=BUILTIN_DESCRIPTION, origin="builtin", created_at=None,
-                      rows_used=0, source_sha256=None, fit_median_abs_pct_error=None,
-                      entries=[_entry_out(entry) for entry in builtin_profile().entries],
+    return ProfileOut(**_BUILTIN_SUMMARY, entries=[_entry_out(entry) for entry in builtin_profile().entries],
                       provenance=None)
 
 

@@ -108,6 +108,19 @@ def test_builtin_is_the_default_until_the_default_profile_is_loaded(client: Test
     assert roofline_efficiency(client)["calibration_profile"] == "builtin"
 
 
+def test_a_listed_summary_is_the_full_profiles_own_fields(client: TestClient, default_profile_loaded: None) -> None:
+    """The listing reads a record's columns without parsing its entries: each item must still be, field for
+    field, what reading that profile in full says (builtin's cited constants and the stored default)."""
+    items = client.get("/v1/calibrations").json()["items"]
+    assert [item["name"] for item in items] == ["builtin", "default"]
+    for item in items:
+        full = client.get(f"/v1/calibrations/{item['name']}").json()
+        assert item == {field: full[field] for field in item}
+        assert set(full) - set(item) == {"entries", "provenance"}
+    assert items[0]["origin"] == "builtin" and items[0]["rows_used"] == 0
+    assert items[1]["rows_used"] > 0 and items[1]["source_sha256"] is not None
+
+
 def test_the_loaded_default_profile_answers_requests_that_name_none(client: TestClient,
                                                                     default_profile_loaded: None) -> None:
     """Once `default` is stored, a request without `calibration` uses it: an H100 (hopper) at bf16 gets
