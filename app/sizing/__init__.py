@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.05.2"  # + a GPU whose family has no entry takes its maker's (vendor:nvidia)
+CALCULATION_VERSION = "2026.12.05.3"  # + an MoE exchange call among more than 8 GPUs grows as DeepEP measures it
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.05.1"  # + TensorRT-LLM launches turn on the chunked prefill the plan simulates

@@ -10,7 +10,12 @@ import pytest
 
 from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.sizing.engines import EngineConfig, layout_problems, resolve_engine
-from app.sizing.hardware.comm import link_bandwidth, moe_exchange_bytes_per_token, moe_exchange_time_s
+from app.sizing.hardware.comm import (
+    exchange_latency_scale,
+    link_bandwidth,
+    moe_exchange_bytes_per_token,
+    moe_exchange_time_s,
+)
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.roofline import roofline
 from app.sizing.layout import (
@@ -216,13 +221,33 @@ def test_deepseek_v3_all_to_all_bytes_per_layer_at_batch_64():
 
 def test_all_to_all_time_over_nvlink_and_across_nodes():
     """58 MoE layers x 2 exchanges x (alpha 10 us + 6,422,528 B / 450e9 B/s = 14.2723 us) = 116 x 24.2723 us
-    = 2.81559 ms inside an H200 node; across nodes at 50e9 B/s: 116 x (10 + 128.4506) us = 16.0603 ms."""
-    nvlink = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 8), 10e-6)
+    = 2.81559 ms among the 8 GPUs of an H200 node. Among 16, across nodes at 50e9 B/s, the call's latency is
+    DeepEP's EP16 over EP8 one, 313 / 191 = 1.638743 times alpha (16.38743 us):
+    116 x (16.38743 + 128.4506) us = 116 x 144.83803 us = 16.8012 ms."""
+    nvlink = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 8), 10e-6, 8)
     assert nvlink == pytest.approx(116 * (10e-6 + 6_422_528 / 450e9), rel=1e-12)
     assert nvlink == pytest.approx(2.81559e-3, rel=1e-5)
-    across = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 16), 10e-6)
-    assert across == pytest.approx(16.0603e-3, rel=1e-5)
-    assert moe_exchange_time_s(0, 58, 100.0, 450e9, 10e-6) == 0
+    across = moe_exchange_time_s(64, 58, 6_422_528 / 64, link_bandwidth(H200, 16), 10e-6, 16)
+    assert across == pytest.approx(16.8012e-3, rel=1e-5)
+    assert moe_exchange_time_s(0, 58, 100.0, 450e9, 10e-6, 8) == 0
+
+
+def test_an_exchange_calls_latency_grows_with_its_gpus_as_deepeps_measured_one():
+    """DeepEP low-latency dispatch + combine (deepseek-ai/DeepEP docs/legacy.md, ENGINES.md section 5):
+    EP8 77 + 114 = 191 us, EP16 118 + 195 = 313, EP32 155 + 273 = 428, EP64 173 + 314 = 487,
+    EP128 192 + 369 = 561, EP256 194 + 360 = 554. Over EP8's: 16 -> 313 / 191 = 1.638743; 32 -> 2.240838.
+    24 GPUs: log2 24 = 4.5849625, 0.5849625 of the way from EP16 to EP32: 313 + 0.5849625 x 115 = 380.2707 us
+    -> 1.990946. 72 (an NVL72 domain): log2 72 = 6.169925, 487 + 0.169925 x 74 = 499.5745 -> 2.615573.
+    Up to 8 GPUs the calibrated alpha stands (1), and past 256 EP256's 554 / 191 = 2.900524 holds."""
+    for gpus in (1, 2, 4, 8):
+        assert exchange_latency_scale(gpus) == 1.0
+    assert exchange_latency_scale(16) == pytest.approx(1.638743, rel=1e-6)
+    assert exchange_latency_scale(32) == pytest.approx(2.240838, rel=1e-6)
+    assert exchange_latency_scale(24) == pytest.approx(1.990946, rel=1e-6)
+    assert exchange_latency_scale(72) == pytest.approx(2.615573, rel=1e-6)
+    assert exchange_latency_scale(512) == pytest.approx(2.900524, rel=1e-6)
+    with pytest.raises(ValueError):
+        exchange_latency_scale(0)
 
 
 def test_each_rank_reads_only_its_own_experts_touched_by_every_rank():

@@ -163,13 +163,35 @@ def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, expe
     return (data_parallel - 1) * hidden_size * activation_bytes
 
 
-def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token: float,
-                        link_bandwidth_bytes_per_s: float, latency_s: float) -> float | np.ndarray:
-    """Dispatch and combine of one step over all MoE layers: 2 · layers · (alpha + tokens · bytes / bandwidth).
+# DeepEP's low-latency all-to-all kernels, dispatch + combine latency at each EP size, in us (author
+# measurement at 128 tokens per batch: deepseek-ai/DeepEP docs/legacy.md @dd758caf, ENGINES.md section 5):
+# EP8 77 + 114, EP16 118 + 195, EP32 155 + 273, EP64 173 + 314, EP128 192 + 369, EP256 194 + 360.
+DEEPEP_LOW_LATENCY_EXCHANGE_US = ((8, 191.0), (16, 313.0), (32, 428.0), (64, 487.0), (128, 561.0), (256, 554.0))
 
-    The link is NVLink when the tp·dp GPUs of the exchange sit in one node, the scale-out network when they
-    span nodes (`link_bandwidth`). 0 for an empty step or no exchange. Under expert parallelism the step
-    waits for the most loaded rank: callers pass its tokens, the rank's own times
+
+def exchange_latency_scale(gpus: int) -> float:
+    """How much longer one MoE exchange call among `gpus` GPUs takes than among 8 or fewer: DeepEP's measured
+    dispatch + combine latency at that EP size over its EP8 one, linear in log2(gpus) between the measured
+    sizes and held at EP256's beyond them (16 GPUs: 313 / 191 = 1.64; 32: 428 / 191 = 2.24). Each rank sends
+    to and waits on every other, so the call grows with the group, far less than linearly. 1 up to 8 GPUs:
+    the measurements start at EP8, and the calibrated alpha is the call's latency there."""
+    if gpus < 1:
+        raise ValueError("gpus must be >= 1")
+    sizes, latencies = zip(*DEEPEP_LOW_LATENCY_EXCHANGE_US, strict=True)
+    if gpus <= sizes[0]:
+        return 1.0
+    return float(np.interp(np.log2(gpus), np.log2(sizes), latencies)) / latencies[0]
+
+
+def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token: float,
+                        link_bandwidth_bytes_per_s: float, latency_s: float,
+                        gpus: int) -> float | np.ndarray:
+    """Dispatch and combine of one step over all MoE layers:
+    2 · layers · (alpha · exchange_latency_scale(gpus) + tokens · bytes / bandwidth).
+
+    `gpus` are the tp·dp GPUs of the exchange. The link is NVLink when they sit in one node (NVLink domain),
+    the scale-out network when they span nodes (`link_bandwidth`). 0 for an empty step or no exchange. Under
+    expert parallelism the step waits for the most loaded rank: callers pass its tokens, the rank's own times
     `flops.expected_expert_load_factor`.
     """
     if link_bandwidth_bytes_per_s <= 0:
@@ -178,6 +200,6 @@ def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token:
     if not bytes_per_token:
         time = tokens * 0.0
     else:
-        per_call = latency_s + tokens * bytes_per_token / link_bandwidth_bytes_per_s
+        per_call = latency_s * exchange_latency_scale(gpus) + tokens * bytes_per_token / link_bandwidth_bytes_per_s
         time = (tokens > 0) * MOE_EXCHANGES_PER_LAYER * num_moe_layers * per_call
     return float(time) if np.ndim(time) == 0 else time

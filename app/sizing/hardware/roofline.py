@@ -194,9 +194,10 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     comm = step_allreduce_time_s(cost.tokens, cost.num_layers, cost.hidden_state_bytes_per_token,
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel) * link_fraction,
                                  efficiency.allreduce_latency_s, tp_network_latency_s(gpu, cost.tensor_parallel))
+    exchange_gpus = cost.tensor_parallel * cost.data_parallel
     comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
-                                link_bandwidth(gpu, cost.tensor_parallel * cost.data_parallel) * link_fraction,
-                                efficiency.allreduce_latency_s)
+                                link_bandwidth(gpu, exchange_gpus) * link_fraction, efficiency.allreduce_latency_s,
+                                exchange_gpus)
     overhead = float(efficiency.overhead_time_s(cost.tokens, cost.num_layers))
     compute_time, memory_time = math.fsum(compute), math.fsum(memory)
     ideal = max(compute_time, memory_time)

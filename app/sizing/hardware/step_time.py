@@ -479,10 +479,12 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     exchange = steps.cost_model.moe_exchange_bytes_per_token
     if exchange:  # the most loaded EP rank's share: per routed token (one past the distinct experts)
         moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s * link_fraction
-        per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0)
+        gpus = steps.tensor_parallel * steps.data_parallel
+        per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0, gpus)
         assert structure.experts is not None and structure.width - 1 == _FIRST_WINDOW_AT + WINDOW_FEATURES * len(
             steps.cost_model.windows) + 1  # the routed tokens
-        linear[_STEP_AT] += layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency) - per_token
+        linear[_STEP_AT] += (layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency, gpus)
+                             - per_token)
         linear[structure.width - 1] += per_token
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
