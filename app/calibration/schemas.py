@@ -12,6 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
+from app.calibration.crossval import CHOSEN_BY, LEVEL_DESCRIPTIONS, TARGETS
 from app.calibration.held_out_schemas import (
     ERROR_STATS_EXAMPLE,
     HELD_OUT_STATS_EXAMPLE,
@@ -327,17 +328,11 @@ HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
                     "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
                     "by_layout": [{"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}}]}
 CROSS_VALIDATION_EXAMPLE = {
-    "chosen_level": "family", "chosen_by": "the lowest mean of the leave-one-GPU-out and leave-one-model-family-out "
-                                           "median absolute errors, over every held-out row, a more specific level "
-                                           "shipped only where it is lower than the level chosen so far in at least "
-                                           "95% of paired resamples of the held-out rows (`choice`)",
-    "levels": {"global": "one global entry", "family": "an entry per GPU family (and per GPU maker)",
-               "family_precision": "an entry per GPU family and compute precision"},
+    "chosen_level": "family", "chosen_by": CHOSEN_BY, "levels": LEVEL_DESCRIPTIONS,
     "candidates": {"family": {"gpu": 24.1, "model_family": 20.3, "engine": 25.0}},
     "choice": [{"level": "family", "against": "global", "score": 22.2, "against_score": 25.1, "better_in": 1.0,
                 "chosen": True}],
-    "targets": {"throughput": 12.0, "tpot_itl": 10.0, "ttft": 20.0, "e2e": 12.0},
-    "hold_outs": [HOLD_OUT_EXAMPLE]}
+    "targets": TARGETS, "hold_outs": [HOLD_OUT_EXAMPLE]}
 BOUND_EXAMPLE = {"gpu_family": "cdna3", "compute_dtype": "*", "parameter": "compute_scale", "value": 0.3,
                  "bound": "low"}
 FIT_ERROR_EXAMPLE = {"before": {"rows": 1056, "median_abs_pct_error": 36.2, "p90_abs_pct_error": 79.0},
