@@ -168,7 +168,8 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
         answers.append((answer, precisions, efficiency, profile))
     prefill_pool, decode_pool = pools
     try:
-        transfer = pools_kv_transfer(model, request.input_tokens, answers[1][1].kv_dtype, prefill_pool, decode_pool)
+        transfer = pools_kv_transfer(model, request.input_tokens, answers[1][1].kv_dtype, prefill_pool, decode_pool,
+                                     request.engine)
     except ValueError as exc:
         raise core_problem(exc) from None
     (prefill, prefill_precisions, _, prefill_profile), (decode, precisions, efficiency, profile) = answers

@@ -112,9 +112,10 @@ def resolve_pools(session: Session, model: ModelSpec, request: PoolsRef, gpu: Gp
 
 
 def pools_kv_transfer(model: ModelSpec, prompt_tokens: int, kv_dtype: str, prefill: ResolvedPool,
-                      decode: ResolvedPool) -> KvTransfer:
-    """One prompt's KV moved from a prefill worker to a decode worker over the link the pools have."""
-    link, bandwidth, latency = deployment_link(prefill.gpu, prefill.gpus, decode.gpu, decode.gpus)
+                      decode: ResolvedPool, engine: str | None = None) -> KvTransfer:
+    """One prompt's KV moved from a prefill worker to a decode worker over the link the pools have, as `engine`
+    moves it (None: engine-neutral, `disaggregation.transfer_link`)."""
+    link, bandwidth, latency = deployment_link(prefill.gpu, prefill.gpus, decode.gpu, decode.gpus, engine)
     return kv_transfer(model, prompt_tokens, kv_dtype, decode_tensor_parallel=decode.layout.tensor_parallel,
                        decode_pipeline_parallel=decode.layout.pipeline_parallel, link=link,
                        bandwidth_bytes_per_s=bandwidth, latency_s=latency)

@@ -55,7 +55,7 @@ from app.sizing.hardware.roofline import (
 from app.sizing.layout import KIND_DISAGGREGATED, TENSOR_PARALLEL, Layout
 from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
-from app.sizing.serving.disaggregation import DisaggregatedPlan, DisaggregatedResult, Pool
+from app.sizing.serving.disaggregation import NVLINK, DisaggregatedPlan, DisaggregatedResult, Pool
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.serving.speculative import SpeculativeDecoding
 from app.sizing.serving.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
@@ -474,7 +474,7 @@ def _replica_fields(configuration: plan_core.Configuration, engine: ResolvedEngi
 
 def _launch(configuration: plan_core.Configuration, engine: ResolvedEngine, model: ModelSpec, model_id: str,
             max_model_len: int, draft_tokens: int | None = None, draft_model_id: str | None = None,
-            role: str | None = None) -> LaunchOut:
+            role: str | None = None, kv_over_nvlink: bool = False) -> LaunchOut:
     """The engine's command for a replica, or for a disaggregated deployment's `role` worker."""
     launch = launch_command(LaunchSpec(
         engine=engine.engine, model_id=model_id, model_dtype=model.dtype,
@@ -483,7 +483,7 @@ def _launch(configuration: plan_core.Configuration, engine: ResolvedEngine, mode
         max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=engine.gpu_memory_utilization, draft_tokens=draft_tokens,
         draft_model_id=draft_model_id, data_parallel=configuration.data_parallel,
-        expert_parallel=configuration.expert_parallel), role)
+        expert_parallel=configuration.expert_parallel), role, kv_over_nvlink)
     return LaunchOut(command=launch.command, notes=list(launch.notes))
 
 
@@ -496,7 +496,8 @@ DISAGGREGATION_FORMULAS = (
     "prefill workers = the fewest whose requests' TTFT = prefill queueing + prefill + KV transfer + the decode "
     "worker's first step meets it"),
     ("KV transfer = latency + prompt KV bytes on the most loaded decode GPU / per-GPU link bandwidth (NVLink inside "
-    "one NVLink domain, else the scale-out network)"),
+    "one NVLink domain where the engine moves the KV over it, else the scale-out network: SGLang's Mooncake uses "
+    "RDMA inside a node, NVLink only across an NVL72 with the variables its launch command then sets)"),
 )
 
 
@@ -531,9 +532,10 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
             f"transfer ({transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link}) to every TTFT")
 
 
-def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str) -> PoolOut:
+def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str,
+              kv_over_nvlink: bool) -> PoolOut:
     configuration, engine = pool.configuration, pool.engine
-    launch = _launch(configuration, engine, model, model_id, max_model_len, role=role)
+    launch = _launch(configuration, engine, model, model_id, max_model_len, role=role, kv_over_nvlink=kv_over_nvlink)
     return PoolOut(
         gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
         pipeline_parallel=configuration.pipeline_parallel, workers=pool.workers, gpus=pool.gpus,
@@ -548,9 +550,9 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
     """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
     decode, predicted = plan.decode, plan.predicted
     configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu
-    prefill_out = _pool_out(plan.prefill, model, model_id, max_model_len, PREFILL_POOL)
-    decode_out = _pool_out(decode, model, model_id, max_model_len, DECODE_POOL)
     transfer = plan.transfer
+    prefill_out, decode_out = (_pool_out(pool, model, model_id, max_model_len, role, transfer.link == NVLINK)
+                               for pool, role in ((plan.prefill, PREFILL_POOL), (decode, DECODE_POOL)))
     offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
     return PlanOut(
         rank=rank, **_replica_fields(configuration, engine, decode.compute_dtype, max_model_len,

@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.05.3"  # + an MoE exchange call among more than 8 GPUs grows as DeepEP measures it
+CALCULATION_VERSION = "2026.12.05.4"  # + SGLang moves a disaggregated KV over RDMA unless MNNVL is on (NVL72)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.05.1"  # + TensorRT-LLM launches turn on the chunked prefill the plan simulates
+ENGINE_RULES_VERSION = "2026.12.05.2"  # + SGLang workers across an NVL72 switch on MNNVL for the KV transfer

@@ -31,6 +31,10 @@ LAYER_SLIDING = "sliding_attention"
 LAYER_CHUNKED = "chunked_attention"
 LAYER_TYPES = (LAYER_FULL, LAYER_SLIDING, LAYER_CHUNKED)
 
+# The most GPUs one host's baseboard joins (an HGX or OAM board of 8; the catalog's node rules,
+# `catalog.reference.node_topology`): an NVLink domain larger than that spans hosts (GB200/GB300 NVL72).
+MAX_GPUS_PER_HOST = 8
+
 
 def bits_per_value(dtype: str) -> float:
     try:
@@ -85,6 +89,12 @@ class GpuSpec:
             raise ValueError("gpus_per_node must be >= 1")
         if not any(self.peak_flops_per_s(d) for d in COMPUTE_DTYPES):
             raise ValueError("at least one peak compute rate is required")
+
+    @property
+    def nvlink_spans_hosts(self) -> bool:
+        """Whether its fast-interconnect domain (`gpus_per_node`) joins GPUs of several hosts (multi-node NVLink,
+        as in an NVL72): more than MAX_GPUS_PER_HOST."""
+        return self.gpus_per_node > MAX_GPUS_PER_HOST
 
     def peak_flops_per_s(self, compute_dtype: str) -> float | None:
         """Dense tensor rate for a compute precision, or None when the chip has no such unit."""

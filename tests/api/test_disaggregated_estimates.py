@@ -86,6 +86,18 @@ def test_capacity_pools_inside_one_node_move_the_kv_over_nvlink(client: TestClie
     assert transfer["time_ms"] == pytest.approx(0.0118 + 335_544_320 / 450e9 * 1e3)
 
 
+def test_sglang_pools_inside_one_node_move_the_kv_over_the_network(client: TestClient) -> None:
+    """The same 8 GPUs under SGLang: its default Mooncake transfer engine moves the KV over RDMA, through the
+    NICs, even inside one node (ENGINES.md section 3): 22.4 us + 335,544,320 / 50e9 s = 6.7333 ms."""
+    body = {**CAPACITY, "engine": "sglang", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 4}}
+    for key in ("gpu_memory_utilization", "reserved_bytes_per_gpu"):
+        body.pop(key)
+    transfer = post(client, "/v1/capacity", body)["disaggregation"]["kv_transfer"]
+    assert (transfer["link"], transfer["bandwidth_bytes_per_s"], transfer["bytes_per_gpu"]) == (
+        "network", 50e9, 335_544_320)
+    assert transfer["time_ms"] == pytest.approx(0.0224 + 335_544_320 / 50e9 * 1e3)
+
+
 def test_capacity_reasons_name_the_pool_that_cannot_serve(client: TestClient) -> None:
     """80e9 B kept back on each GPU: 85,520,809,984 - 18,166,071,296 (TP4 weights) - 80e9 < 0 and
     85,520,809,984 - 9,084,354,560 (TP8) - 80e9 < 0, so neither pool has KV cache left: both fail, each

@@ -78,6 +78,23 @@ def test_sglang_pools_are_launched_in_their_disaggregation_modes(client):
     assert pools["prefill"]["launch"]["command"].endswith("--disaggregation-mode prefill")
     assert pools["decode"]["launch"]["command"].endswith("--disaggregation-mode decode")
     assert "--pd-disaggregation" in pools["router"]
+    # SGLang's Mooncake moves the KV over RDMA inside an HGX node too: the network, and no MNNVL variables.
+    assert pools["kv_transfer"]["link"] == "network"
+    assert all(pools[role]["launch"]["command"].startswith("python -m sglang.launch_server ")
+               for role in ("prefill", "decode"))
+
+
+def test_sglang_pools_across_an_nvl72_switch_on_mnnvl(client):
+    """On GB200 NVL72 the plan moves the KV over NVLink, which SGLang does only with MNNVL switched on: both
+    workers' commands start with the two variables (ENGINES.md section 3)."""
+    body = plan(client, {**LONG_PROMPTS, "candidates": {**LONG_PROMPTS["candidates"], "gpus": ["gb200"],
+                                                          "tensor_parallel": [2, 4], "engine": "sglang",
+                                                          "deployment": "disaggregated"}})
+    pools = body["plans"][0]["disaggregation"]
+    assert pools["kv_transfer"]["link"] == "nvlink"
+    for role in ("prefill", "decode"):
+        assert pools[role]["launch"]["command"].startswith(
+            "SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True MC_FORCE_MNNVL=True python -m sglang.launch_server ")
 
 
 def test_an_aggregated_request_is_unchanged(client):

@@ -87,6 +87,33 @@ def test_the_transfer_takes_nvlink_only_inside_one_nvlink_domain() -> None:
     assert transfer_link(nvl72, 72)[0] == NVLINK
 
 
+def test_sglang_moves_the_kv_over_rdma_inside_a_node_and_over_nvlink_only_across_an_nvl72() -> None:
+    """SGLang's default transfer engine is Mooncake over RDMA, with NVLink (MNNVL) only on an NVL72 and only with
+    SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True MC_FORCE_MNNVL=True (ENGINES.md section 3). vLLM and TensorRT-LLM move
+    it with NIXL, and an engine-neutral estimate takes the GPUs' own link.
+
+    Llama-3.1-70B, 8,192-token prompt, fp8 KV, TP8 decode, 4 + 4 GPUs in one HGX node: 167,772,160 B per decode
+    GPU (the test above). Over the node's NIC: 167,772,160 / 50e9 = 3,355.4432 us + 22.4 us = 3,377.8432 us,
+    where NVLink would take 372.827 + 11.8 = 384.627 us.
+    """
+    assert transfer_link(H100, 8, "sglang") == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
+    for engine in ("vllm", "trtllm", "generic", None):
+        assert transfer_link(H100, 8, engine) == (NVLINK, 450e9, NVLINK_TRANSFER_LATENCY_S)
+    _, bandwidth, latency = transfer_link(H100, 8, "sglang")
+    seconds = transfer_times_s(LLAMA_3_1_70B, np.array([8192]), "fp8", decode_tensor_parallel=8,
+                               decode_pipeline_parallel=1, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+    assert seconds.tolist() == pytest.approx([3_377.8432e-6], abs=1e-12)
+    # An NVL72's domain spans hosts (72 GPUs, more than a baseboard's 8): MNNVL, where the launch sets its variables;
+    # a published run that states none ran on the defaults: RDMA.
+    nvl72 = dataclasses.replace(H100, gpus_per_node=72)
+    assert transfer_link(nvl72, 16, "sglang") == (NVLINK, 450e9, NVLINK_TRANSFER_LATENCY_S)
+    assert transfer_link(nvl72, 16, "sglang", as_launched=False) == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
+    assert transfer_link(nvl72, 16, "vllm", as_launched=False)[0] == NVLINK
+    assert transfer_link(nvl72, 73, "sglang")[0] == NETWORK
+    assert deployment_link(H100, 4, H100, 4, "sglang")[0] == NETWORK
+    assert deployment_link(nvl72, 8, nvl72, 8, "sglang")[0] == NVLINK
+
+
 def test_transfer_times_per_request_match_the_single_transfer() -> None:
     prompts = np.array([8192, 1024, 8192])
     times = transfer_times_s(LLAMA_3_1_70B, prompts, "fp8", decode_tensor_parallel=8, decode_pipeline_parallel=1,

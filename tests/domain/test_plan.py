@@ -432,6 +432,26 @@ def test_trtllm_disaggregated_workers_keep_one_options_file():
     assert not any("disable_overlap_scheduler" in note for note in decode.notes)
 
 
+def test_sglang_workers_switch_on_mnnvl_only_where_the_plan_moves_the_kv_over_nvlink():
+    """SGLang's Mooncake transfer engine moves the KV over RDMA unless SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True and
+    MC_FORCE_MNNVL=True are set (ENGINES.md section 3): a plan that moves it over NVLink (across an NVL72) starts
+    each worker's command with them, one that moves it over the network does not; the other engines need none."""
+    spec = LaunchSpec(engine="sglang", model_id="deepseek-ai/DeepSeek-V3", model_dtype="fp8", tensor_parallel=1,
+                      pipeline_parallel=1, weight_dtype="fp8", kv_dtype="fp8", max_num_seqs=64,
+                      max_num_batched_tokens=8192, max_model_len=9216, gpu_memory_utilization=0.9,
+                      data_parallel=8, expert_parallel=8)
+    for role in ("prefill", "decode"):
+        nvlink = launch_command(spec, role=role, kv_over_nvlink=True).command
+        assert nvlink.startswith("SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True MC_FORCE_MNNVL=True python -m "
+                                 "sglang.launch_server ")
+        assert nvlink.endswith(f" --disaggregation-mode {role}")
+        assert launch_command(spec, role=role).command.startswith("python -m sglang.launch_server ")
+        for engine in ("vllm", "trtllm"):
+            other = launch_command(dataclasses.replace(spec, engine=engine), role=role, kv_over_nvlink=True)
+            assert "MNNVL" not in other.command
+    assert "MNNVL" not in launch_command(spec, kv_over_nvlink=True).command  # an aggregated replica moves no KV
+
+
 def test_sglangs_prefill_chunk_flag_is_the_replicas_which_it_divides_among_the_dp_ranks():
     """Each of 8 attention ranks schedules 1,024-token chunks (the plan's max_num_batched_tokens). SGLang
     divides --chunked-prefill-size by dp_size, so the flag that gives them is 8 x 1,024 = 8,192; without DP the

@@ -827,7 +827,9 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
             raise Unpredictable(str(exc)) from None
         pools[role] = (replace(layout, scheduler=scheduler), steps, pool.workers * pool.dp)
     deployment_gpus = sum(pool.workers * pool.tp * pool.pp * pool.dp for pool in (m.prefill, m.decode))
-    _, bandwidth, latency = disaggregation.transfer_link(gpu, deployment_gpus)
+    # A published run states no transfer setting beyond the engine: its defaults (SGLang: RDMA, inside an NVL72 too).
+    _, bandwidth, latency = disaggregation.transfer_link(gpu, deployment_gpus, MODELLED_AS[m.engine],
+                                                         as_launched=False)
     transfer_s = float(disaggregation.transfer_times_s(
         model, np.array([m.isl]), kv_dtype, decode_tensor_parallel=m.decode.tp, decode_pipeline_parallel=1,
         bandwidth_bytes_per_s=bandwidth, latency_s=latency)[0])

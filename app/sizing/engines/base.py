@@ -231,6 +231,18 @@ class Engine(Protocol):
         """What sends each request to a prefill worker and then to a decode worker."""
         ...
 
+    def kv_transfer_over_nvlink(self, gpu: GpuSpec, as_launched: bool) -> bool:
+        """Whether the KV moves over NVLink between a prefill and a decode worker that share one of `gpu`'s
+        NVLink domains (False: over the scale-out network's RDMA NICs, even inside one node): with the settings
+        this service's launch command adds (`disaggregation_env`) when `as_launched`, else with the engine's
+        defaults (a published run that states no such setting)."""
+        ...
+
+    def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
+        """Environment assignments (NAME=value) a disaggregated worker's command starts with, for the KV link the
+        plan assumes (`kv_over_nvlink`)."""
+        ...
+
     def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
         """The engine's own rules a parallel layout breaks, beyond `layout.layout_problems`' generic ones."""
         ...

@@ -84,6 +84,12 @@ class Generic:
     def disaggregation_router(self) -> str:
         return "the engine's own prefill/decode router"
 
+    def kv_transfer_over_nvlink(self, gpu: GpuSpec, as_launched: bool) -> bool:
+        return True  # no engine of its own: the GPUs' fastest link
+
+    def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
+        return []
+
     def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
         return []  # no engine of its own: the generic rules only
 

@@ -28,15 +28,16 @@ class LaunchCommand:
     notes: tuple[str, ...]
 
 
-def launch_command(spec: LaunchSpec, role: str | None = None) -> LaunchCommand:
-    """The command for an aggregated replica, or for a disaggregated deployment's `role` worker."""
+def launch_command(spec: LaunchSpec, role: str | None = None, kv_over_nvlink: bool = False) -> LaunchCommand:
+    """The command for an aggregated replica, or for a disaggregated deployment's `role` worker whose KV the
+    plan moves over NVLink (`kv_over_nvlink`) or the network."""
     rules = ENGINES[spec.engine]
     words = rules.launch_words(spec)
     role_notes = [] if role is None else rules.disaggregation_notes(role)
     if words is None:
         return LaunchCommand(None, tuple(rules.launch_notes(spec) + role_notes))
     if role is not None:
-        words += rules.disaggregation_words(role)
+        words = rules.disaggregation_env(kv_over_nvlink) + words + rules.disaggregation_words(role)
     notes = _precision_notes(spec) + rules.launch_notes(spec) + role_notes
     if spec.draft_tokens is not None and not rules.speculative_flags:
         notes.append(f"speculative decoding ({spec.draft_tokens} draft tokens) is configured with the "

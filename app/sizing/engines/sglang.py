@@ -36,6 +36,9 @@ PIECEWISE_GRAPHS_FROM = (0, 5, 10)  # piecewise CUDA graphs on by default (ENGIN
 LARGE_GPU_RESERVE_FROM = (0, 4, 6)
 RESERVE_BY_GPU_SIZE_FROM = (0, 4, 9)
 RESERVE_BY_CHUNK_FROM = (0, 5, 5)
+# What moves the KV over multi-node NVLink (MNNVL) in an NVL72 instead of RDMA (ENGINES.md section 3,
+# sgl-project/sglang `docs/advanced_features/pd_disaggregation.md` @08edc506; aux data stays on TCP).
+MNNVL_ENV = ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True", "MC_FORCE_MNNVL=True")
 SGLANG_PAGE_SIZE = 1  # SGLang's default page_size: the radix cache allocates token by token
 _FRACTION_SOURCE = "SGLang {version} default mem_fraction_static for this GPU size and TP x PP"
 _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2, request pool of "
@@ -226,7 +229,17 @@ class Sglang:
 
     def disaggregation_notes(self, role: str) -> list[str]:
         return [(f"{role} worker: the KV moves with the Mooncake transfer engine over RDMA by default "
-                "(--disaggregation-transfer-backend, --disaggregation-ib-device)")]
+                 "(--disaggregation-transfer-backend, --disaggregation-ib-device); where the plan moves it over "
+                 f"NVLink across an NVL72 the command starts with {' '.join(MNNVL_ENV)} (MNNVL)")]
+
+    def kv_transfer_over_nvlink(self, gpu: GpuSpec, as_launched: bool) -> bool:
+        """Only where the NVLink domain spans hosts (an NVL72) and the launch sets MNNVL_ENV
+        (`disaggregation_env`): by default the Mooncake transfer engine moves the KV over RDMA, inside one node
+        too (ENGINES.md section 3; sgl-project/sglang `docs/advanced_features/pd_disaggregation.md` @08edc506)."""
+        return as_launched and gpu.nvlink_spans_hosts
+
+    def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
+        return list(MNNVL_ENV) if kv_over_nvlink else []
 
     def disaggregation_router(self) -> str:
         return ("python -m sglang_router.launch_router --pd-disaggregation --prefill PREFILL_URL ... "

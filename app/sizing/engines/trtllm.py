@@ -147,6 +147,12 @@ class Trtllm:
         return [(f"{LLM_API_OPTIONS_FILE} also holds {options} (DEFAULT: NIXL unless TRTLLM_USE_*_KVCACHE "
                  "selects another)")]
 
+    def kv_transfer_over_nvlink(self, gpu: GpuSpec, as_launched: bool) -> bool:
+        return True  # its DEFAULT cache transceiver is NIXL over UCX, as vLLM's (ENGINES.md section 3)
+
+    def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
+        return []
+
     def disaggregation_router(self) -> str:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
                 "or NVIDIA Dynamo")

@@ -241,6 +241,12 @@ class Vllm:
         return [(f"{role} worker: the KV moves over NIXL (UCX; set UCX_TLS/UCX_NET_DEVICES for RDMA); "
                 "VLLM_NIXL_SIDE_CHANNEL_HOST/PORT must be reachable from the other pool")]
 
+    def kv_transfer_over_nvlink(self, gpu: GpuSpec, as_launched: bool) -> bool:
+        return True  # NIXL over UCX (ENGINES.md section 3), which picks its transports: nothing keeps it off NVLink
+
+    def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
+        return []
+
     def disaggregation_router(self) -> str:
         return ("vLLM's NIXL proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --prefiller-hosts "
                 "PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / NVIDIA Dynamo")

@@ -7,10 +7,12 @@ pool gets its own GPU, layout and worker count.
 - **KV transfer** (ENGINES.md section 3: "bytes ≈ prompt tokens × per-token KV bytes"): every decode GPU
   receives its own shard of the prompt's KV over its own link, in parallel, so one transfer takes
   `latency + bytes on the most loaded decode GPU / per-GPU link bandwidth`. The link is NVLink when the
-  whole deployment sits in one NVLink domain (`gpus_per_node`: 8 in an HGX node, 72 in a GB200 NVL72),
-  else the scale-out network (NIXL/Mooncake over RDMA). The latency is NCCL's own model of one
-  point-to-point message (ENGINES.md section 5, NCCL `tuning.cc`, Simple protocol): base 8.4 µs + one
-  NVLink hop 3.4 µs = 11.8 µs, or + one network hop 14 µs = 22.4 µs.
+  whole deployment sits in one NVLink domain (`gpus_per_node`: 8 in an HGX node, 72 in a GB200 NVL72)
+  and the engine moves the KV over it there, else the scale-out network (NIXL/Mooncake over RDMA). SGLang's
+  default Mooncake engine uses RDMA inside one node too, and NVLink only across an NVL72 with the variables
+  its launch then sets (`Engine.kv_transfer_over_nvlink`, ENGINES.md section 3). The latency is NCCL's own
+  model of one point-to-point message (ENGINES.md section 5, NCCL `tuning.cc`, Simple protocol): base
+  8.4 µs + one NVLink hop 3.4 µs = 11.8 µs, or + one network hop 14 µs = 22.4 µs.
 - **Time to first token** = prefill queueing + prefill + KV transfer + the wait for the decode worker's
   first step that carries the request (the decode worker streams the first token with its first step).
   TPOT comes from the decode workers' batch alone.
@@ -37,7 +39,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from app.sizing.engines import EngineConfig
+from app.sizing.engines import ENGINES, EngineConfig
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout
@@ -109,12 +111,16 @@ class KvTransfer:
     time_s: float
 
 
-def transfer_link(gpu: GpuSpec, deployment_gpus: int) -> tuple[str, float, float]:
+def transfer_link(gpu: GpuSpec, deployment_gpus: int, engine: str | None = None,
+                  as_launched: bool = True) -> tuple[str, float, float]:
     """(link, per-GPU bandwidth, latency) the KV moves over: NVLink when the deployment's GPUs fit in one
-    NVLink domain of this GPU, else the scale-out network."""
+    NVLink domain of this GPU and `engine` moves the KV over it there (`kv_transfer_over_nvlink`, with the
+    settings its launch command adds when `as_launched`, else its defaults; None: an engine-neutral estimate,
+    which does), else the scale-out network."""
     if deployment_gpus < 1:
         raise ValueError("deployment_gpus must be >= 1")
-    if deployment_gpus <= gpu.gpus_per_node:
+    over_nvlink = engine is None or ENGINES[engine].kv_transfer_over_nvlink(gpu, as_launched)
+    if deployment_gpus <= gpu.gpus_per_node and over_nvlink:
         return NVLINK, gpu.interconnect_bandwidth_bytes_per_s, NVLINK_TRANSFER_LATENCY_S
     return NETWORK, gpu.scale_out_bandwidth_bytes_per_s, NETWORK_TRANSFER_LATENCY_S
 
@@ -506,18 +512,20 @@ def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Po
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
 
 
-def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec,
-                    decode_gpus: int) -> tuple[str, float, float]:
-    """(link, per-GPU bandwidth, latency) between the pools: NVLink when both pools are one GPU type and
-    the deployment fits in one of its NVLink domains, else the slower GPU's scale-out network."""
+def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec, decode_gpus: int,
+                    engine: str | None = None) -> tuple[str, float, float]:
+    """(link, per-GPU bandwidth, latency) between the pools: NVLink when both pools are one GPU type, the
+    deployment fits in one of its NVLink domains and `engine` moves the KV over it (`transfer_link`), else
+    the slower GPU's scale-out network."""
     if prefill_gpu == decode_gpu:
-        return transfer_link(decode_gpu, prefill_gpus + decode_gpus)
+        return transfer_link(decode_gpu, prefill_gpus + decode_gpus, engine)
     return NETWORK, min(prefill_gpu.scale_out_bandwidth_bytes_per_s,
                         decode_gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
 
 
 def _link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
-    return deployment_link(prefill.configuration.gpu, prefill.gpus, decode.configuration.gpu, decode.gpus)
+    return deployment_link(prefill.configuration.gpu, prefill.gpus, decode.configuration.gpu, decode.gpus,
+                           decode.engine.engine)
 
 
 def _pool_times(planner: _Planner, prefill_result: SimulationResult, decode_result: SimulationResult,
