@@ -4,4 +4,4 @@
 CALCULATION_VERSION = "2026.12.05.4"  # + SGLang moves a disaggregated KV over RDMA unless MNNVL is on (NVL72)
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.05.2"  # + SGLang workers across an NVL72 switch on MNNVL for the KV transfer
+ENGINE_RULES_VERSION = "2026.12.05.3"  # + the routers say Dynamo moves the KV between Kubernetes pods over RDMA only

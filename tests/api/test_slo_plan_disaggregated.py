@@ -53,6 +53,8 @@ def test_long_prompts_show_a_disaggregated_plan_beside_the_aggregated_one(client
     assert "--kv-transfer-config" in prefill["launch"]["command"]
     assert "--kv-transfer-config" in decode["launch"]["command"]
     assert "toy_proxy_server" in pools["router"]
+    # Dynamo between Kubernetes pods moves the KV over RDMA only, whatever link the plan took (ENGINES.md section 3).
+    assert "between Kubernetes pods it moves the KV over RDMA, never NVLink" in pools["router"]
     predicted = disaggregated["predicted"]
     assert predicted["ttft"]["at_slo_percentile_ms"] <= 2000
     assert predicted["tpot"]["at_slo_percentile_ms"] <= 30

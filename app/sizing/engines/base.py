@@ -146,6 +146,11 @@ def online_fp8(spec: LaunchSpec) -> bool:
     return spec.weight_dtype == "fp8" and spec.model_dtype in SIXTEEN_BIT
 
 
+# NVIDIA Dynamo, which routes either engine's disaggregated workers, moves the KV between Kubernetes pods over
+# RDMA only (ENGINES.md section 3; ai-dynamo/dynamo `docs/pages/kubernetes/disagg-communication-guide.md` @390ea9bb).
+DYNAMO_PODS = "NVIDIA Dynamo (between Kubernetes pods it moves the KV over RDMA, never NVLink)"
+
+
 class Engine(Protocol):
     """One serving engine's rules. Implemented once per engine module; listed in `engines.ENGINES`."""
 

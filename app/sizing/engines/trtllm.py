@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DYNAMO_PODS,
     OF_FREE,
     PREFILL_ROLE,
     RESERVE_AT_ADMISSION,
@@ -155,7 +156,7 @@ class Trtllm:
 
     def disaggregation_router(self) -> str:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
-                "or NVIDIA Dynamo")
+                f"or {DYNAMO_PODS}")
 
     def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
         """Each EP rank takes `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2), so ep must

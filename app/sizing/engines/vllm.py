@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DYNAMO_PODS,
     GIB,
     OF_TOTAL,
     ON_DEMAND,
@@ -249,7 +250,7 @@ class Vllm:
 
     def disaggregation_router(self) -> str:
         return ("vLLM's NIXL proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --prefiller-hosts "
-                "PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / NVIDIA Dynamo")
+                f"PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / {DYNAMO_PODS}")
 
     def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
         """`--enable-expert-parallel` is all or nothing: ep = DP·TP and each rank owns whole experts;
