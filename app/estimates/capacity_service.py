@@ -183,6 +183,10 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
         top.assumptions.defaults_used.append(
             f"prefill pool on {prefill_pool.gpu_label}: compute_dtype = {prefill_precisions.compute_dtype}, "
             f"calibration = {prefill_profile}")
+    env = ENGINES[request.engine].disaggregation_env(transfer.link == disaggregation.NVLINK)
+    if env:  # a setting the transfer assumes that the engine's defaults lack (SGLang's MNNVL across an NVL72)
+        top.assumptions.defaults_used.append(
+            f"KV transfer over {transfer.link} with {' '.join(env)} set for both pools' workers")
     return top.model_copy(update={
         "fits": not reasons, "reasons": reasons, "deployment": DISAGGREGATED,
         "disaggregation": CapacityDisaggregationOut(

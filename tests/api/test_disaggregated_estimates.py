@@ -98,6 +98,25 @@ def test_sglang_pools_inside_one_node_move_the_kv_over_the_network(client: TestC
     assert transfer["time_ms"] == pytest.approx(0.0224 + 335_544_320 / 50e9 * 1e3)
 
 
+def test_sglang_pools_across_an_nvl72_move_the_kv_over_nvlink_with_mnnvl_on(client: TestClient) -> None:
+    """Across a GB200 NVL72 (72 GPUs in one NVLink domain, beyond one host) SGLang moves the KV over NVLink
+    only with SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True MC_FORCE_MNNVL=True (ENGINES.md section 3): the answer takes
+    NVLink (gpus.csv: 900 GB/s per direction) and says the setting it assumes. DeepSeek-V3 fp8 with fp8 KV, an
+    8,192-token prompt on a TP8 decode pool: its MLA latent (512 + 64 values x 61 layers x 1 B = 35,136 B per
+    token) is whole on every decode GPU: 8,192 x 35,136 = 287,834,112 B; 11.8 us + 287,834,112 / 900e9 s =
+    0.331616 ms."""
+    body = {"model": "deepseek-v3", "gpu": "gb200", "weight_dtype": "fp8", "kv_dtype": "fp8", "engine": "sglang",
+            "deployment": "disaggregated", "prefill": {"tensor_parallel": 8}, "decode": {"tensor_parallel": 8},
+            "input_tokens": 8192, "output_tokens": 1024}
+    answer = post(client, "/v1/capacity", body)
+    transfer = answer["disaggregation"]["kv_transfer"]
+    assert (transfer["link"], transfer["bandwidth_bytes_per_s"], transfer["bytes_per_gpu"]) == (
+        "nvlink", 900e9, 287_834_112)
+    assert transfer["time_ms"] == pytest.approx(0.0118 + 287_834_112 / 900e9 * 1e3)
+    assert ("KV transfer over nvlink with SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True MC_FORCE_MNNVL=True set for both "
+            "pools' workers") in answer["assumptions"]["defaults_used"]
+
+
 def test_capacity_reasons_name_the_pool_that_cannot_serve(client: TestClient) -> None:
     """80e9 B kept back on each GPU: 85,520,809,984 - 18,166,071,296 (TP4 weights) - 80e9 < 0 and
     85,520,809,984 - 9,084,354,560 (TP8) - 80e9 < 0, so neither pool has KV cache left: both fail, each
