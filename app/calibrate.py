@@ -13,7 +13,8 @@ With --hold-out gpu=b200,h200-sxm (or model_family=..., engine=...) it only cros
 predicted by a fit on every other group's rows, prints their held-out errors per level, metric and layout, and
 writes no profile: a quick look at a change on the groups it is about, before a whole refit. With --rows FILE.csv
 it also writes each of their rows, its measured value and its held-out prediction and error at each level (which
-rows a change moved, where the medians only say by how much). The fits (the whole one and every held-out one)
+rows a change moved, where the medians only say by how much), with the run's stated engine version, layout, lengths
+and load to group them by. The fits (the whole one and every held-out one)
 run --jobs at a time (default: one per CPU this process may use), each in a worker process, a worker taking
 the next fit when it is done; the numbers do not depend on it.
 
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                              "their held-out errors and write no profile")
     parser.add_argument("--rows", type=Path, metavar="FILE.csv",
                         help="with --hold-out: also write each held-out row's measured value and its held-out "
-                             "prediction and absolute %% error at each level to this CSV")
+                             "prediction and absolute %% error at each level to this CSV, with the run's stated "
+                             "engine version, layout, lengths and load")
     args = parser.parse_args(argv)
 
     if args.hold_out is not None:

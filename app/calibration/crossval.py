@@ -45,7 +45,7 @@ from app.sizing.calibration.holdout import (
     in_order,
     leave_one_group_out,
 )
-from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS
+from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS, Measurement
 from app.sizing.layout import LAYOUT_KINDS
 
 # Metric kinds the targets are stated for.
@@ -192,8 +192,8 @@ def cross_validate_groups(training: Sequence[Any], evaluation: Sequence[Any], ba
 
 
 # The columns of `held_out_rows`, in order (the CSV `python -m app.calibrate --hold-out ... --rows FILE` writes).
-HELD_OUT_ROW_FIELDS = ("row_id", "source_id", "held_out_group", "model", "gpu", "engine", "metric", "stat",
-                       "layout_kind", "measured",
+HELD_OUT_ROW_FIELDS = ("row_id", "source_id", "held_out_group", "model", "gpu", "engine", "engine_version",
+                       "metric", "stat", "layout_kind", "layout", "isl", "osl", "concurrency", "batch", "measured",
                        *(f"{column}_{level}" for level in LEVELS for column in ("predicted", "abs_pct_error")))
 
 
@@ -201,13 +201,17 @@ def held_out_rows(held: Sequence[HeldOut]) -> list[dict[str, Any]]:
     """One record per held-out row (HELD_OUT_ROW_FIELDS): what it measured, and what a fit that never saw its
     group predicts at each level with its absolute % error (both None where the prediction is not a positive
     number: the summaries leave such rows out too). Where a median hides which rows a change moved, these
-    show them."""
+    show them; the run's stated version, layout (`stated_layout`), lengths and load let them be grouped
+    without going back to the measurements file."""
     records = []
     for item in held:
         row = item.target.row
+        m = row.measurement
         record = {"row_id": row.row_id, "source_id": row.source_id, "held_out_group": item.group,
-                  "model": row.model, "gpu": row.gpu, "engine": row.engine, "metric": row.metric,
-                  "stat": row.stat, "layout_kind": _layout_kind(item), "measured": item.target.measured}
+                  "model": row.model, "gpu": row.gpu, "engine": row.engine, "engine_version": m.engine_version,
+                  "metric": row.metric, "stat": row.stat, "layout_kind": _layout_kind(item),
+                  "layout": stated_layout(m), "isl": m.isl, "osl": m.osl, "concurrency": m.concurrency,
+                  "batch": m.batch, "measured": item.target.measured}
         for level in LEVELS:
             valid = _scored(item, level)
             record[f"predicted_{level}"] = float(item.predicted[level]) if valid else None
@@ -298,6 +302,22 @@ def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> di
                                      for metric in METRIC_KINDS}}
                       for kind in LAYOUT_KINDS if any(_layout_kind(item) == kind for item in held)],
     }
+
+
+def stated_layout(m: Measurement) -> str:
+    """The layout a run states, in short: `tp8 ep8` (degrees above 1; `tp1` when none is), and a disaggregated
+    run's pools as `P 1x dp8 ep8 | D 3x tp8 ep8 b2` (workers x each worker's degrees, b: its stated batch per
+    rank); empty where the source states no tensor parallel degree."""
+    if m.disaggregated and m.prefill is not None and m.decode is not None:
+        return " | ".join(f"{role} {pool.workers}x " + _degrees(pool.tp, pool.pp, pool.dp, pool.ep)
+                          + ("" if pool.batch is None else f" b{pool.batch}")
+                          for role, pool in (("P", m.prefill), ("D", m.decode)))
+    return "" if m.tp is None else _degrees(m.tp, m.pp or 1, m.dp or 1, m.ep or 1)
+
+
+def _degrees(tp: int, pp: int, dp: int, ep: int) -> str:
+    named = [f"{name}{degree}" for name, degree in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep)) if degree > 1]
+    return " ".join(named) or "tp1"
 
 
 def _layout_kind(item: HeldOut) -> str:
