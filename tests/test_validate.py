@@ -509,11 +509,11 @@ def test_a_hold_out_writes_the_rows_behind_its_medians(tmp_path, capsys) -> None
         lines = list(csv.DictReader(file))
     assert {line["row_id"]: float(line["measured"]) for line in lines} == a100
     assert {(line["held_out_group"], line["gpu"]) for line in lines} == {("a100-80gb-sxm", "a100-80gb-sxm")}
-    # Each line carries its run as the file states it: every A100 row of the sample is tp 1, pp 1 ("tp1"); the
+    # Each line carries its run as the file states it: every A100 row of the sample is tp 1, pp 1 ("TP1 PP1"); the
     # two Lambda rows say "vLLM 0.5.4" and are ShareGPT runs (no fixed lengths) of 320 requests, no concurrency.
     for line in lines:
         cells = rows_by_id[line["row_id"]]
-        assert line["layout"] == "tp1"
+        assert line["layout"] == "TP1 PP1"
         assert [line[column] for column in ("isl", "osl", "concurrency", "batch")] == [
             cells[column] for column in ("isl", "osl", "concurrency", "batch")]
     assert {line["engine_version"] for line in lines if line["source_id"] == "LAMBDA_VLLM_054"} == {"0.5.4"}
@@ -531,20 +531,21 @@ def test_a_hold_out_writes_the_rows_behind_its_medians(tmp_path, capsys) -> None
 
 
 def test_a_held_out_row_names_the_layout_its_run_states() -> None:
-    """`stated_layout`: the degrees above 1 (tp 8, ep 8 -> "tp8 ep8"), "tp1" for a single GPU, nothing where the
-    source states no tp; a disaggregated run's pools as aiconfigurator's AIC_SILICON_SAMPLE-1110 states them
-    (one prefill worker of 8 attention-DP ranks with 8-way EP and batch 1, three TP8 EP8 decode workers of
-    batch 2): "P 1x dp8 ep8 b1 | D 3x tp8 ep8 b2"."""
+    """`stated_layout`: the layout as a plan labels it (tp 8, ep 8 -> "TP8 EP8 PP1"; DP and EP named above 1),
+    nothing where the source states no tp; a disaggregated run's pools as aiconfigurator's AIC_SILICON_SAMPLE-1110
+    states them (one prefill worker of 8 attention-DP ranks with 8-way EP and batch 1, three TP8 EP8 decode workers
+    of batch 2): "P 1x TP1 DP8 EP8 PP1 b1 | D 3x TP8 EP8 PP1 b2"."""
     def run(**layout) -> Measurement:
         return Measurement(scenario="closed_loop", metric="tpot_ms", num_gpus=8, weight_dtype="fp8", engine="trtllm",
                            **layout)
 
-    assert stated_layout(run(tp=8, ep=8)) == "tp8 ep8"
-    assert stated_layout(run(tp=2, pp=4, dp=1)) == "tp2 pp4"
-    assert stated_layout(run(tp=1)) == "tp1"
+    assert stated_layout(run(tp=8, ep=8)) == "TP8 EP8 PP1"
+    assert stated_layout(run(tp=2, pp=4, dp=1)) == "TP2 PP4"
+    assert stated_layout(run(tp=1)) == "TP1 PP1"
     assert stated_layout(run()) == ""
     assert stated_layout(run(disaggregated=True, prefill=PoolLayout(workers=1, tp=1, dp=8, ep=8, batch=1),
-                             decode=PoolLayout(workers=3, tp=8, ep=8, batch=2))) == "P 1x dp8 ep8 b1 | D 3x tp8 ep8 b2"
+                             decode=PoolLayout(workers=3, tp=8, ep=8, batch=2))) == (
+        "P 1x TP1 DP8 EP8 PP1 b1 | D 3x TP8 EP8 PP1 b2")
 
 
 def test_the_shipped_default_profile_reports_its_cross_validation_and_its_defects() -> None:

@@ -46,7 +46,7 @@ from app.sizing.calibration.holdout import (
     leave_one_group_out,
 )
 from app.sizing.calibration.predict import E2E_MS, ITL_MS, THROUGHPUT_METRICS, TPOT_MS, TTFT_MS, Measurement
-from app.sizing.layout import LAYOUT_KINDS
+from app.sizing.layout import LAYOUT_KINDS, Layout
 
 # Metric kinds the targets are stated for.
 THROUGHPUT, TPOT_ITL, TTFT, E2E = "throughput", "tpot_itl", "ttft", "e2e"
@@ -305,19 +305,14 @@ def _hold_out_document(hold_out: str, held: Sequence[HeldOut], level: str) -> di
 
 
 def stated_layout(m: Measurement) -> str:
-    """The layout a run states, in short: `tp8 ep8` (degrees above 1; `tp1` when none is), and a disaggregated
-    run's pools as `P 1x dp8 ep8 | D 3x tp8 ep8 b2` (workers x each worker's degrees, b: its stated batch per
-    rank); empty where the source states no tensor parallel degree."""
+    """The layout a run states, as a plan labels it (`Layout.label`: `TP8 EP8 PP1`), and a disaggregated run's
+    pools as `P 1x TP1 DP8 EP8 PP1 b1 | D 3x TP8 EP8 PP1 b2` (workers x each worker's layout, b: its stated batch
+    per rank); empty where the source states no tensor parallel degree."""
     if m.disaggregated and m.prefill is not None and m.decode is not None:
-        return " | ".join(f"{role} {pool.workers}x " + _degrees(pool.tp, pool.pp, pool.dp, pool.ep)
+        return " | ".join(f"{role} {pool.workers}x {Layout(pool.tp, pool.pp, pool.dp, pool.ep).label}"
                           + ("" if pool.batch is None else f" b{pool.batch}")
                           for role, pool in (("P", m.prefill), ("D", m.decode)))
-    return "" if m.tp is None else _degrees(m.tp, m.pp or 1, m.dp or 1, m.ep or 1)
-
-
-def _degrees(tp: int, pp: int, dp: int, ep: int) -> str:
-    named = [f"{name}{degree}" for name, degree in (("tp", tp), ("pp", pp), ("dp", dp), ("ep", ep)) if degree > 1]
-    return " ".join(named) or "tp1"
+    return "" if m.tp is None else Layout(m.tp, m.pp or 1, m.dp or 1, m.ep or 1).label
 
 
 def _layout_kind(item: HeldOut) -> str:
