@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from app.catalog import repository
 from app.catalog.tables import ORIGIN_REFERENCE, GpuRecord, ModelRecord
-from app.sizing.specs import GpuSpec, ModelSpec
+from app.sizing.specs import MAX_GPUS_PER_HOST, GpuSpec, ModelSpec
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -181,12 +181,13 @@ def node_topology(slug: str, vendor: str, form_factor: str, interconnect: str,
         port_gbit, count = int(ports.group(1)), int(ports.group(2))
         scale_out = count * port_gbit * 1e9 / 8
         return NodeTopology(
-            8, scale_out,
-            f"Gaudi: 8 OAMs per server; scale-out over the {count} on-die {port_gbit} GbE ports "
+            MAX_GPUS_PER_HOST, scale_out,
+            f"Gaudi: {MAX_GPUS_PER_HOST} OAMs per server; scale-out over the {count} on-die {port_gbit} GbE ports "
             f"({count} x {port_gbit} Gb/s / 8 = {scale_out:.4g} B/s per direction)",
         )
     if "SXM" in form_factor or "OAM" in form_factor:
-        return NodeTopology(8, NIC_400G_BYTES_PER_S, f"SXM/OAM baseboard: 8 GPUs per node; {nic}")
+        return NodeTopology(MAX_GPUS_PER_HOST, NIC_400G_BYTES_PER_S,
+                            f"SXM/OAM baseboard: {MAX_GPUS_PER_HOST} GPUs per node; {nic}")
     if slug in NVLINK_BRIDGE_CARDS:
         cards = NVLINK_BRIDGE_CARDS[slug]
         return NodeTopology(
@@ -196,8 +197,8 @@ def node_topology(slug: str, vendor: str, form_factor: str, interconnect: str,
         )
     scale_out = min(NIC_400G_BYTES_PER_S, interconnect_bandwidth_bytes_per_s)
     return NodeTopology(
-        8, scale_out,
-        "PCIe card: 8 per server over PCIe; traffic leaving the server also crosses the card's "
+        MAX_GPUS_PER_HOST, scale_out,
+        f"PCIe card: {MAX_GPUS_PER_HOST} per server over PCIe; traffic leaving the server also crosses the card's "
         f"PCIe link, so scale-out = min(400 Gb/s NIC, PCIe) = {scale_out:.4g} B/s per direction",
     )
 

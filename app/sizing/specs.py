@@ -31,8 +31,9 @@ LAYER_SLIDING = "sliding_attention"
 LAYER_CHUNKED = "chunked_attention"
 LAYER_TYPES = (LAYER_FULL, LAYER_SLIDING, LAYER_CHUNKED)
 
-# The most GPUs one host's baseboard joins (an HGX or OAM board of 8; the catalog's node rules,
-# `catalog.reference.node_topology`): an NVLink domain larger than that spans hosts (GB200/GB300 NVL72).
+# The most GPUs one host joins (an HGX or OAM baseboard of 8, as many PCIe cards or Gaudi OAMs per server: the
+# catalog's node rules, `catalog.reference.node_topology`, read it from here): an NVLink domain larger than that
+# spans hosts (GB200/GB300 NVL72).
 MAX_GPUS_PER_HOST = 8
 
 
