@@ -275,7 +275,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "long), and the cost per "
          "MoE layer of a step with prompt "
          "tokens in engines that run such steps outside CUDA graphs: TensorRT-LLM's PyTorch backend, SGLang before "
-         "0.5.10, vLLM before 0.8) are fitted inside cited physical ranges, the global "
+         "0.5.10, vLLM before 0.8, and what each step of a disaggregated deployment's decode worker costs beyond "
+         "an aggregated worker's) are fitted inside cited physical ranges, the global "
          "entry pulled toward cited priors and each family or precision entry toward the level above it, minimizing "
          "the mean |ln(predicted / measured)|; never per row. The fixed costs of a step (per step, per layer, "
          "all-reduce latency) and the small-matmul floor, which shape small batches' short steps, are fitted "
@@ -288,7 +289,9 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "MoE model is read for "
          "one parameter only: after each entry's search, the cost per MoE layer of a prompt step is refitted on "
          "the entry's MoE rows with every other efficiency held (the entries below start from the search's "
-         "values)."),
+         "values). A disaggregated run's TPOT is read for one parameter only, the decode worker's extra cost "
+         "per step: one value for every entry, fitted last on those TPOTs, each at its own entry, with every "
+         "other efficiency held (such a run is simulated afresh per efficiency, too slow for the search)."),
         ("- A profile can be one global entry, an entry per GPU family (and per GPU maker, for that maker's GPUs "
          "whose family has none: fitted on all of the maker's rows, from the global entry, as a family's is), or "
          "an entry per GPU family and compute precision. Which one ships is decided by the cross-validated error above, never by the error on the "
@@ -306,8 +309,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
             ("| GPU family | compute | rows | HBM bandwidth fraction | compute scale | small-M flatness "
              "| per step (ms) | per step, V0 host loop (ms) | per layer (µs) | all-reduce α (µs) | PCIe link fraction "
              "| per sequence, V0 host loop (µs) | per sequence, overlapped host loop (µs) "
-             "| per MoE layer, prompt steps outside CUDA graphs (ms) |"),
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             "| per MoE layer, prompt steps outside CUDA graphs (ms) | per step, disaggregated decode worker (ms) |"),
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for entry in profile_from_entries(document["name"], document["entries"]).entries:
             e = entry.efficiency
@@ -316,7 +319,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
                        f"{e.per_step_overhead_s * 1e3:.3f} | {e.serial_step_s * 1e3:.3f} | "
                        f"{e.per_layer_overhead_s * 1e6:.1f} | "
                        f"{e.allreduce_latency_s * 1e6:.1f} | {e.pcie_link_fraction:.3f} | {e.per_sequence_overhead_s * 1e6:.1f} | "
-                       f"{e.overlapped_host_per_sequence_s * 1e6:.1f} | {e.prefill_moe_layer_overhead_s * 1e3:.3f} |")
+                       f"{e.overlapped_host_per_sequence_s * 1e6:.1f} | {e.prefill_moe_layer_overhead_s * 1e3:.3f} | "
+                       f"{e.decode_worker_step_overhead_s * 1e3:.3f} |")
         out.append("")
         priors = provenance.get("parameter_priors") or {}
         if priors:

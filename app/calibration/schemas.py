@@ -30,6 +30,7 @@ from app.estimates.schemas import (
     ComputeCurve,
     ComputeDtype,
     ComputeScaleRatio,
+    DecodeWorkerStepOverheadMs,
     KvDtype,
     OverlappedHostPerSequenceMs,
     PcieLinkFractionRatio,
@@ -318,6 +319,7 @@ PROFILE_ENTRY_EXAMPLE = {
     "per_step_overhead_ms": 3.414, "per_layer_overhead_ms": 0.0, "allreduce_latency_ms": 0.0777,
     "pcie_link_fraction_ratio": 1.0, "per_sequence_overhead_ms": 0.0, "serial_step_overhead_ms": 3.414,
     "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "decode_worker_step_overhead_ms": 0.0,
     "source": "calibration profile 'default', entry hopper/fp8: fitted on 2026-11-29 to 317 measurements of "
               "measured-calibration.csv (sha256 bddc14f88d4f), starting from 'builtin'",
 }
@@ -374,6 +376,7 @@ class ProfileEntryOut(BaseModel):
     serial_step_overhead_ms: SerialStepOverheadMs
     overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
     prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
+    decode_worker_step_overhead_ms: DecodeWorkerStepOverheadMs = 0.0
     source: str
 
 

@@ -95,11 +95,13 @@ from app.sizing.calibration.fit import (
 from app.sizing.calibration.predict import (
     BATCH1,
     CLOSED_LOOP,
+    ITL_MS,
     LATENCY_METRICS,
     POISSON,
     PUBLISHED_UNIT_PER_SI,
     STATIC_BATCH,
     THROUGHPUT_METRICS,
+    TPOT_MS,
     TTFT_MS,
     UNSTATED_STAT,
     Measurement,
@@ -225,12 +227,15 @@ class PreparedRow:
         cycle instead moved those rows' median error from 40-44% to 70-92% (TensorRT-LLM, vLLM, SGLang).
         Fitted to them, the efficiencies would absorb the harness. At a light load the others' prompts take
         one prefill step at most, in step or not: the TTFT measures the prompt steps (`measures_steps`), and is
-        read only where the row pays the cost of MoE prompt steps, the one efficiency fitted to it."""
+        read only where the row pays the cost of MoE prompt steps, the one efficiency fitted to it. A
+        disaggregated run's TPOT is simulated afresh per efficiency, and read for one parameter alone
+        (`measures_decode_worker_step`)."""
         m = self.prediction.measurement
         users = self.prediction.users_per_scheduler
         queued_ttft = m.metric == TTFT_MS and users is not None and users > LIGHT_LOAD_USERS
-        unread = not self.measures_steps and not self.pays_prefill_overhead
-        return self.prediction.timing_invariant and m.weight_dtype is not None and not queued_ttft and not unread
+        unread = not self.measures_steps and not self.pays_prefill_overhead and not self.measures_decode_worker_step
+        return ((self.prediction.timing_invariant or self.measures_decode_worker_step) and m.weight_dtype is not None
+                and not queued_ttft and not unread)
 
     @property
     def measures_latency(self) -> bool:
@@ -242,9 +247,20 @@ class PreparedRow:
         light load, where vLLM's users of dense models come out 2-4x faster than in step and TensorRT-LLM's
         and SGLang's slower (fitted to them, the throughput and E2E errors on the four NVIDIA GPUs of the
         layout rows rose 14.9 -> 17.5% and 24.9 -> 33.9%, 2026-12-04). Such a row measures only the cost of
-        an MoE model's prompt steps, fitted with everything else held (`fit.fit_profile`)."""
+        an MoE model's prompt steps, fitted with everything else held (`fit.fit_profile`). Nor is a disaggregated
+        run's TPOT (`measures_decode_worker_step`)."""
         m = self.prediction.measurement
-        return not (m.scenario == CLOSED_LOOP and m.metric == TTFT_MS and (m.concurrency or 1) > 1)
+        return not (m.scenario == CLOSED_LOOP and m.metric == TTFT_MS and (m.concurrency or 1) > 1
+                    or self.measures_decode_worker_step)
+
+    @property
+    def measures_decode_worker_step(self) -> bool:
+        """Whether it is the TPOT (or ITL) of a disaggregated run: what it measures beyond an aggregated run's
+        steps is what a decode worker's step costs more (`fit.fit_decode_worker_step`), fitted with everything
+        else held; the other efficiencies are read on aggregated runs (a disaggregated run is simulated afresh
+        per efficiency, too slow for the search)."""
+        m = self.prediction.measurement
+        return m.decode is not None and m.metric in (TPOT_MS, ITL_MS)
 
     def predict(self, efficiency: Efficiency) -> float:
         """The prediction in the metric's published unit (ms for latencies)."""
@@ -751,5 +767,6 @@ def _entry_out(entry: ProfileEntry) -> ProfileEntryOut:
         serial_step_overhead_ms=efficiency.serial_step_s * 1e3,
         overlapped_host_per_sequence_ms=efficiency.overlapped_host_per_sequence_s * 1e3,
         prefill_moe_layer_overhead_ms=efficiency.prefill_moe_layer_overhead_s * 1e3,
+        decode_worker_step_overhead_ms=efficiency.decode_worker_step_overhead_s * 1e3,
         source=efficiency.source,
     )

@@ -225,6 +225,7 @@ def efficiency_out(efficiency: Efficiency, profile: str) -> EfficiencyOut:
         serial_step_overhead_ms=round(efficiency.serial_step_s * 1e3, 6),
         overlapped_host_per_sequence_ms=round(efficiency.overlapped_host_per_sequence_s * 1e3, 6),
         prefill_moe_layer_overhead_ms=round(efficiency.prefill_moe_layer_overhead_s * 1e3, 6),
+        decode_worker_step_overhead_ms=round(efficiency.decode_worker_step_overhead_s * 1e3, 6),
         source=efficiency.source,
     )
 

@@ -206,6 +206,7 @@ EFFICIENCY_EXAMPLE: dict[str, Any] = {
     "compute_scale_ratio": 1.0, "per_step_overhead_ms": 0.3, "per_layer_overhead_ms": 0.003,
     "allreduce_latency_ms": 0.0075, "pcie_link_fraction_ratio": 0.84, "per_sequence_overhead_ms": 0.0,
     "serial_step_overhead_ms": 0.3, "overlapped_host_per_sequence_ms": 0.0, "prefill_moe_layer_overhead_ms": 0.0,
+    "decode_worker_step_overhead_ms": 0.0,
     "source": "defaults: compute curve = published A100 fp16 GEMM sweep (33% of peak at M=64 ... 93% at 16k); "
               "bandwidth 0.70 = batch-1 decode on A100-80GB; overhead 0.3 ms/step + 3 us/layer; two-GPU all-reduce "
               "alpha 7.5 us; PCIe links at 0.84 of their rate. Uncalibrated for this GPU and precision.",
@@ -291,6 +292,10 @@ PrefillMoeLayerOverheadMs = Annotated[float, Field(description=(
     "The profile's cost per MoE layer of an engine step that carries prompt tokens, charged only where the "
     "engine runs such steps outside CUDA graphs (TensorRT-LLM's PyTorch backend, SGLang before 0.5.10): "
     "never in a roofline, never for a dense model"))]
+DecodeWorkerStepOverheadMs = Annotated[float, Field(description=(
+    "The profile's cost of each step of a disaggregated deployment's decode worker beyond an aggregated worker's "
+    "(its loop tracks the KV transfers in flight), one value for every GPU and engine fitted on published "
+    "disaggregated runs: charged on decode pools only, never in a roofline"))]
 
 
 class EfficiencyOut(BaseModel):
@@ -310,6 +315,7 @@ class EfficiencyOut(BaseModel):
     serial_step_overhead_ms: SerialStepOverheadMs | None = None  # None: a quote's result stored before it
     overlapped_host_per_sequence_ms: OverlappedHostPerSequenceMs = 0.0
     prefill_moe_layer_overhead_ms: PrefillMoeLayerOverheadMs = 0.0
+    decode_worker_step_overhead_ms: DecodeWorkerStepOverheadMs = 0.0
     source: str
 
 

@@ -65,6 +65,7 @@ class ToyTarget:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_decode_worker_step: bool = False
     measures_latency: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
@@ -86,6 +87,7 @@ class MoeTtft(ToyTarget):
 
     pays_prefill_overhead: bool = True
     measures_steps: bool = False
+    measures_decode_worker_step: bool = False
 
     def predict(self, efficiency: Efficiency) -> float:
         return super().predict(efficiency) + 58 * efficiency.prefill_moe_layer_overhead_s
@@ -209,6 +211,7 @@ class ProductTarget:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_decode_worker_step: bool = False
     measures_latency: bool = True
 
     def predict(self, efficiency: Efficiency) -> float:
@@ -407,13 +410,14 @@ def test_a_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     0.4248 and 0.8952 are at a bound, 0.43 is not. Only fitted entries (rows > 0) are inspected; the
     other parameters here sit inside their ranges (compute scale 0.8, flatness 0.5, 0.3 ms, 3 us, 7.5 us,
     0.5 ms of host work per sequence, 0.1 ms of it overlapped, 1 ms per MoE layer of a step with prompt
-    tokens, links at 0.84 of their rate)."""
+    tokens, links at 0.84 of their rate, 2 ms per step of a disaggregated decode worker)."""
     bound = ParameterBounds("bandwidth_fraction", 0.42, 0.90, 0.70, "test")
     assert (bound.at_bound(0.4248), bound.at_bound(0.8952), bound.at_bound(0.43)) == ("low", "high", None)
     inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5,
                                                   "per_sequence_overhead_s": 0.5e-3,
                                                   "overlapped_host_per_sequence_s": 0.1e-3,
-                                                  "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84})
+                                                  "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84,
+                                                  "decode_worker_step_overhead_s": 2e-3})
     at_floor = dataclasses.replace(inside, bandwidth_fraction=0.42)
     profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, at_floor), ProfileEntry("cdna3", ANY, at_floor, 50)))
     assert parameters_at_bounds(profile) == [("cdna3", ANY, "bandwidth_fraction", 0.42, "low")]
@@ -526,6 +530,7 @@ class _Ring:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = True
     measures_steps: bool = True
+    measures_decode_worker_step: bool = False
     measures_latency: bool = True
 
     def predict(self, efficiency) -> float:

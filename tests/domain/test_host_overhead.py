@@ -162,6 +162,7 @@ class _Steps:
     pays_prefill_overhead: bool = False
     pays_pcie_link: bool = False
     measures_steps: bool = True
+    measures_decode_worker_step: bool = False
     measures_latency: bool = True
 
     def predict(self, efficiency) -> float:
@@ -234,14 +235,16 @@ def test_a_stored_entry_without_the_serial_per_step_overhead_charges_the_per_ste
 
 def test_the_host_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     """Range 0-1 ms: a fitted entry at 0 sits at its low bound (within 1% of the range: 10 us); 0.5 ms
-    does not. The GPU parameters (and the MoE prompt-step overhead, 1 ms, the overlapped host work, 0.1 ms, and
-    the links at 0.84 of their rate) sit inside their ranges here."""
+    does not. The GPU parameters (and the MoE prompt-step overhead, 1 ms, the overlapped host work, 0.1 ms, the
+    links at 0.84 of their rate, and the decode worker's 2 ms per step) sit inside their ranges here."""
     assert [bound.name for bound in HOST_PARAMETERS] == ["per_sequence_overhead_s", "serial_step_overhead_s",
-                                                         "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"]
+                                                         "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s",
+                                                         "decode_worker_step_overhead_s"]
     assert "per_sequence_overhead_s" not in {bound.name for bound in FITTED_PARAMETERS}
     inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "small_m_flatness": 0.5,
                                                   "prefill_moe_layer_overhead_s": 1e-3, "pcie_link_fraction": 0.84,
-                                                  "overlapped_host_per_sequence_s": 0.1e-3})
+                                                  "overlapped_host_per_sequence_s": 0.1e-3,
+                                                  "decode_worker_step_overhead_s": 2e-3})
     some = dataclasses.replace(inside, per_sequence_overhead_s=0.5e-3)
     profile = CalibrationProfile("p", (ProfileEntry(ANY, ANY, some, 50), ProfileEntry("hopper", ANY, inside, 50)))
     assert parameters_at_bounds(profile) == [("hopper", ANY, "per_sequence_overhead_s", 0.0, "low")]

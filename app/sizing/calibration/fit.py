@@ -13,7 +13,9 @@ per-sequence host work), the per-layer overhead, and the all-reduce latency; one
 communicate over PCIe (`LINK_PARAMETERS`): the achieved fraction of the link's rate in their collectives;
 and three paid only by some engines (`HOST_PARAMETERS`): the host work per sequence per step of engines that do not overlap it with the
 GPU (added to the step), the same of engines that do (the least a step lasts), and the cost per MoE layer of
-a step with prompt tokens in engines that run such steps outside CUDA graphs. A parameter paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
+a step with prompt tokens in engines that run such steps outside CUDA graphs; and the extra cost of each step
+of a disaggregated deployment's decode worker, one value for every entry (`fit_decode_worker_step`). A parameter
+paid only by some rows is fitted only where rows pay it; a family's is pulled toward the
 global entry's, which a family without such rows keeps. Priors: the cited values in
 the global entry; in a family's or a precision's entry, the values of the level above (partial pooling:
 what its rows do not pin down stays where the wider data put it). The objective is the mean absolute log error over the measurements of the entry,
@@ -157,6 +159,13 @@ HOST_PARAMETERS: tuple[ParameterBounds, ...] = (
                     "kernels at SIZING.md section 5's few us each, plus the host work between them (routing, "
                     "token permutation; ENGINES.md: DeepEP's normal mode cannot be captured in a CUDA graph); "
                     "range 0-5 ms per MoE layer; prior 0", paid_by="pays_prefill_overhead"),
+    ParameterBounds("decode_worker_step_overhead_s", 0.0, 5e-3, 0.0,
+                    "what each step of a disaggregated deployment's decode worker costs beyond an aggregated "
+                    "worker's: its loop tracks the KV transfers in flight (ENGINES.md section 3: SGLang's transfer "
+                    "backends, TensorRT-LLM's cache transceiver) before launching the next step; its size is in no "
+                    "reference: one value for every GPU and engine, fitted on the disaggregated runs' TPOTs "
+                    "(`fit_decode_worker_step`); the per-step overhead's range (SIZING.md section 5: order 0.1-1 ms "
+                    "per step); prior 0", paid_by="measures_decode_worker_step"),
 )
 # Between GPUs that talk over PCIe (`GpuSpec.pcie_links`) the collectives of a layout (tensor-parallel
 # all-reduce, pipeline hand-off, MoE exchange) carry less than the link's datasheet rate. A link's one-way
@@ -351,7 +360,14 @@ class FitTarget(Protocol):
     @property
     def measures_steps(self) -> bool:
         """Whether every efficiency is fitted to it; else only the cost of an MoE model's prompt steps
-        (prefill_moe_layer_overhead_s), with everything else held (`fit_profile`)."""
+        (prefill_moe_layer_overhead_s), or a disaggregated decode worker's step (`measures_decode_worker_step`),
+        with everything else held (`fit_profile`)."""
+        ...
+
+    @property
+    def measures_decode_worker_step(self) -> bool:
+        """Whether it is the TPOT of a disaggregated run, which measures what a decode worker's step costs
+        beyond an aggregated worker's (decode_worker_step_overhead_s) and nothing else (`fit_decode_worker_step`)."""
         ...
 
     def predict(self, efficiency: Efficiency) -> float: ...
@@ -443,7 +459,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     levels: dict[str, CalibrationProfile] = {}
 
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
-        moe_rows = spread([row for row in rows if row.pays_prefill_overhead], max_rows_per_entry)
+        moe_rows = spread([row for row in rows if row.pays_prefill_overhead and not row.measures_decode_worker_step],
+                          max_rows_per_entry)
         rows = spread([row for row in rows if row.measures_steps], max_rows_per_entry)
         start = CalibrationProfile(name, tuple(searched.values())).efficiency_for(*key)
         bounds = GLOBAL_PARAMETERS
@@ -501,7 +518,44 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
             else:  # the family's only precision: the same rows, the same fit
                 same_fit((family, dtype), family, rows)
     snapshot(FAMILY_PRECISION)
+    decode_rows = [target for target in targets if target.measures_decode_worker_step]
+    # One value for every entry, fitted on the shipped-by-default level's predictions, where as many TPOTs as an
+    # entry of its own needs measure it; fewer keep the base's (one model family's four TPOTs, all that is left
+    # when DeepSeek's are held out, would set it for every run).
+    if len(decode_rows) >= MIN_ROWS_PER_ENTRY:
+        step = fit_decode_worker_step(decode_rows, levels[FAMILY])
+        levels = {level: with_decode_worker_step(profile, step) for level, profile in levels.items()}
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
+
+
+DECODE_WORKER_STEP = next(bound for bound in HOST_PARAMETERS if bound.name == "decode_worker_step_overhead_s")
+
+
+def fit_decode_worker_step(targets: Sequence[FitTarget], profile: CalibrationProfile) -> float:
+    """What a disaggregated decode worker's step costs beyond an aggregated worker's (DECODE_WORKER_STEP), one
+    value for every GPU and engine: the one that minimizes the mean absolute log error over `targets` (the
+    TPOTs of disaggregated runs, each at its entry of `profile`) plus the prior's penalty.
+
+    A decode worker's request takes one step per token, each step `value` longer, so a TPOT predicted without it
+    grows by `value`: each target is simulated once, at 0, and the search runs on those TPOTs (the closed loop's
+    users stay the same, and so do the decode batches; a longer step also delays the users' next requests, a
+    second-order effect on the TPOT that this leaves out). Its value is then charged in full in every prediction.
+    A golden-section search over the parameter's range. TPOTs are in ms (`FitTarget.predict`)."""
+    without = [target.predict(replace(profile.efficiency_for(target.family, target.compute_dtype, target.vendor),
+                                      decode_worker_step_overhead_s=0.0)) for target in targets]
+
+    def objective(value: float) -> float:
+        errors = [abs_log_error(ms + value * 1e3, target.measured) for ms, target in zip(without, targets, strict=True)]
+        return math.fsum(errors) / len(errors) + prior_penalty(np.array([value]), (DECODE_WORKER_STEP,))
+
+    return golden_section(objective, DECODE_WORKER_STEP.low, DECODE_WORKER_STEP.high)
+
+
+def with_decode_worker_step(profile: CalibrationProfile, value: float) -> CalibrationProfile:
+    """`profile` with `value` as every entry's decode_worker_step_overhead_s."""
+    return CalibrationProfile(profile.name, tuple(
+        replace(entry, efficiency=replace(entry.efficiency, decode_worker_step_overhead_s=value))
+        for entry in profile.entries))
 
 
 PROMPT_STEP_OVERHEAD = next(bound for bound in HOST_PARAMETERS if bound.name == "prefill_moe_layer_overhead_s")

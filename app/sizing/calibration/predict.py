@@ -863,7 +863,7 @@ class _DisaggregatedRun(_Run):
         if combined is None:
             pools = []
             for (layout, steps, ranks), prefill_pool in ((self._prefill, True), (self._decode, False)):
-                pool_efficiency = host.adjusted(efficiency, layout.pipeline_parallel, prefill_pool)
+                pool_efficiency = host.adjusted(efficiency, layout.pipeline_parallel, prefill_pool, not prefill_pool)
                 pools.append(disaggregation.PoolRanks(_retimed(steps, pool_efficiency).step_time_s, layout.scheduler,
                                                       ranks))
             try:

@@ -84,10 +84,10 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
 
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
-                  pipeline_parallel: int = 1, prefill_pool: bool = False) -> Efficiency:
+                  pipeline_parallel: int = 1, prefill_pool: bool = False, decode_pool: bool = False) -> Efficiency:
     """The efficiency an engine runs at (`HostRules.adjusted` under `host_rules(engine, version)`); `engine`
     None: the GPU's own time, each engine-dependent overhead zero."""
-    return host_rules(engine, version).adjusted(efficiency, pipeline_parallel, prefill_pool)
+    return host_rules(engine, version).adjusted(efficiency, pipeline_parallel, prefill_pool, decode_pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,8 @@ class HostRules:
     hidden_in_pipeline: bool  # `Engine.overlaps_host_work_in_pipeline`
     hidden_in_prefill_pool: bool  # `Engine.overlaps_host_work_in_prefill_pool`
 
-    def adjusted(self, efficiency: Efficiency, pipeline_parallel: int = 1, prefill_pool: bool = False) -> Efficiency:
+    def adjusted(self, efficiency: Efficiency, pipeline_parallel: int = 1, prefill_pool: bool = False,
+                 decode_pool: bool = False) -> Efficiency:
         """The efficiency this engine runs at: its per-sequence host overhead kept only where the engine does
         not overlap host work with the GPU, its overlapped host work only where it does, its overhead per MoE
         layer of a step with prompt tokens only where such steps run outside CUDA graphs; each zero
@@ -109,20 +110,23 @@ class HostRules:
         time added to it; with `pipeline_parallel` stages an engine may not (`hidden_in_pipeline`), and each
         micro-batch's step then pays them on top; nor may it on a disaggregated deployment's prefill workers
         (`prefill_pool`, `hidden_in_prefill_pool`). An engine that does not overlap host work at all adds the
-        per-step overhead of its serial loop instead (`Efficiency.serial_step_s`)."""
+        per-step overhead of its serial loop instead (`Efficiency.serial_step_s`). What a disaggregated decode
+        worker's step costs beyond an aggregated one's (`Efficiency.decode_worker_step_overhead_s`) is kept on a
+        decode pool's workers (`decode_pool`) alone, under any engine."""
         serial_step = self.host_work and efficiency.serial_step_s != efficiency.per_step_overhead_s
+        decode_step = efficiency.decode_worker_step_overhead_s != 0 and not decode_pool
         if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
                 and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0
-                and not serial_step):
+                and not serial_step and not decode_step):
             return efficiency  # nothing engine-dependent to keep, drop or move
         hidden = self.overlapped_host and (pipeline_parallel == 1 or self.hidden_in_pipeline) and (
             not prefill_pool or self.hidden_in_prefill_pool)
         if ((self.host_work or efficiency.per_sequence_overhead_s == 0)
                 and (self.overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
                 and (self.prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
-                and hidden == efficiency.step_overhead_overlapped and not serial_step):
+                and hidden == efficiency.step_overhead_overlapped and not serial_step and not decode_step):
             return efficiency
-        return _without(efficiency, self.host_work, self.overlapped_host, self.prefill_overhead, hidden)
+        return _without(efficiency, self.host_work, self.overlapped_host, self.prefill_overhead, hidden, decode_pool)
 
 
 NO_ENGINE = HostRules(host_work=False, overlapped_host=False, prefill_overhead=False, hidden_in_pipeline=False,
@@ -146,13 +150,14 @@ def host_rules(engine: str | None, version: str = "") -> HostRules:
 
 @lru_cache(maxsize=64)
 def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, prefill_overhead: bool,
-             hidden: bool) -> Efficiency:
+             hidden: bool, decode_pool: bool) -> Efficiency:
     # One per profile entry: a plan screens a hundred configurations with the same few efficiencies.
     return replace(efficiency, per_sequence_overhead_s=efficiency.per_sequence_overhead_s if host_work else 0.0,
                    per_step_overhead_s=efficiency.serial_step_s if host_work else efficiency.per_step_overhead_s,
                    overlapped_host_per_sequence_s=(efficiency.overlapped_host_per_sequence_s if overlapped_host
                                                    else 0.0),
                    prefill_moe_layer_overhead_s=efficiency.prefill_moe_layer_overhead_s if prefill_overhead else 0.0,
+                   decode_worker_step_overhead_s=efficiency.decode_worker_step_overhead_s if decode_pool else 0.0,
                    step_overhead_overlapped=hidden)
 
 

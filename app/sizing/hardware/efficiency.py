@@ -68,6 +68,12 @@ class Efficiency:
     # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
     # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for.
     prefill_moe_layer_overhead_s: float = 0.0
+    # What each step of a disaggregated deployment's decode worker costs beyond an aggregated worker's: its loop
+    # tracks the KV transfers in flight every step (SGLang's decode scheduler polls its transfer queue and agrees
+    # on it across its ranks; TensorRT-LLM's generation servers check their cache transceiver) before it launches
+    # the next one. Added to every step, never hidden under the GPU's; 0 everywhere but a decode pool
+    # (`engines.host_adjusted`, decode_pool).
+    decode_worker_step_overhead_s: float = 0.0
     # Whether `per_step_overhead_s` is host work the engine does while the GPU runs the step (an engine that
     # prepares step n + 1 during step n: `engines.host_adjusted` sets it): then a step lasts at least that plus
     # the overlapped per-sequence work, and the overhead is not added to the GPU's time. False: added (an engine
@@ -102,7 +108,8 @@ class Efficiency:
         if not 0 < self.pcie_link_fraction <= 1:
             raise ValueError("pcie_link_fraction must be in (0, 1]")
         for name in ("per_step_overhead_s", "per_layer_overhead_s", "allreduce_latency_s", "per_sequence_overhead_s",
-                     "serial_step_s", "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s"):
+                     "serial_step_s", "overlapped_host_per_sequence_s", "prefill_moe_layer_overhead_s",
+                     "decode_worker_step_overhead_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
         curve_tokens = np.array([point[0] for point in self.compute_curve], dtype=float)

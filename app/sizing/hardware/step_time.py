@@ -463,6 +463,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
     # The per-step overhead: added to the step, or host work the step lasts at least (an overlapping engine's).
     overlapped = efficiency.step_overhead_overlapped
     linear[_STEP_AT] += efficiency.overhead_time_s(1.0, layers, 0.0 if overlapped else step_scale, layer_scale)
+    linear[_STEP_AT] += step_scale * efficiency.decode_worker_step_overhead_s  # a decode pool's: never hidden
     # Host work per sequence it samples: the non-overlapping engine's, and an overlapping engine's where it is
     # not hidden (pipeline stages, `engines.host_adjusted`).
     linear[_SAMPLED_AT] += step_scale * (efficiency.per_sequence_overhead_s

@@ -525,8 +525,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
 
     `weight_recipe`, when given, decides the weight bytes and the step-time model's weight reads (each parameter
     group in its own format); `weight_dtype` then only the default compute precision. `decode_only`: the
-    operating point of a disaggregated decode worker (`operating_point`); `prefill_only`: of a prefill worker,
-    under its engine's rule for those (`engines.host_adjusted`, prefill_pool). Impossible configurations are
+    operating point of a disaggregated decode worker (`operating_point`); `prefill_only`: of a prefill worker;
+    each under its engine's rules for its pool (`engines.host_adjusted`, prefill_pool and decode_pool). Impossible configurations are
     answers (fits False, reasons, a suggestion), not errors; only inconsistent input (TP not dividing the
     heads, PP above the layers, unknown dtypes, a compute precision the GPU lacks, max_model_len beyond the
     model) raises ValueError.
@@ -561,7 +561,7 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
             pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
             efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version, pipeline_parallel,
-                                     prefill_pool=prefill_only),
+                                     prefill_pool=prefill_only, decode_pool=decode_only),
             activation_dtype=activation_dtype, max_num_batched_tokens=resolved.max_num_batched_tokens,
             data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only)
     return CapacityResult(
