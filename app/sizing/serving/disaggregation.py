@@ -22,6 +22,9 @@ pool gets its own GPU, layout and worker count.
   arrives with its prompt cached except the last token, whose step emits the first streamed token, and
   generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
   TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.
+  Each decode worker's step costs the profile's `decode_worker_step_overhead_s` more than an aggregated
+  worker's (its loop tracks the KV transfers in flight; fitted on published disaggregated runs), which the
+  engine rules charge on decode pools alone (`engines.host_adjusted`, decode_pool).
 - **Memory per pool** (`pool_capacity`, /v1/capacity): each pool's workers under the engine's accounting
   of an aggregated replica, charged what a worker of the role holds per request.
 
