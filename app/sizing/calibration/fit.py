@@ -26,6 +26,10 @@ a bounded Nelder–Mead search (below); nothing is ever tuned per measurement.
 `FitTarget` is what a fit needs of a measurement: the measured value, where it came from, its group,
 and a function from an `Efficiency` to the predicted value. The validator's prepared predictions
 (`predict.py`) are such targets, so a fit optimizes exactly what validation reports.
+
+Longer than 600 lines because the parameter table (each bound with its cited source and the rows that pay it),
+the profile types and the level-by-level fit that reads both (the search, the prompt-step refit, the decode
+worker's step) share their definitions: split apart, each part would import the others' internals.
 """
 
 from __future__ import annotations
