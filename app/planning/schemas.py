@@ -421,7 +421,8 @@ class PlanAssumptionsOut(BaseModel):
 
 POOL_EXAMPLE = {
     "gpu": "h100-sxm", "gpu_name": "NVIDIA H100 SXM5 80GB", "tensor_parallel": 2, "pipeline_parallel": 1,
-    "workers": 4, "gpus": 8, "load_per_worker_requests_per_s": 1.0, "kv_tokens_per_worker": 1050000,
+    "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 2, "layout": "TP2 PP1", "workers": 4, "gpus": 8,
+    "load_per_worker_requests_per_s": 1.0, "kv_tokens_per_worker": 1050000,
     "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "cost_per_hour_usd": 29.12,
     "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...",
                "notes": []},
@@ -437,8 +438,13 @@ class PoolOut(BaseModel):
     gpu_name: str
     tensor_parallel: int
     pipeline_parallel: int
+    data_parallel: int = Field(description="Attention data-parallel ranks per worker (each its own requests and KV "
+                                           "cache)")
+    expert_parallel: int
+    moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over")
+    layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8 PP1"')
     workers: int
-    gpus: int
+    gpus: int = Field(description="workers x tensor_parallel x pipeline_parallel x data_parallel")
     load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst")
     kv_tokens_per_worker: int
     max_num_seqs: int | None

@@ -534,11 +534,13 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
 
 def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str,
               kv_over_nvlink: bool) -> PoolOut:
-    configuration, engine = pool.configuration, pool.engine
+    configuration, engine, layout = pool.configuration, pool.engine, pool.configuration.layout
     launch = _launch(configuration, engine, model, model_id, max_model_len, role=role, kv_over_nvlink=kv_over_nvlink)
     return PoolOut(
         gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
-        pipeline_parallel=configuration.pipeline_parallel, workers=pool.workers, gpus=pool.gpus,
+        pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
+        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
+        workers=pool.workers, gpus=pool.gpus,
         load_per_worker_requests_per_s=pool.load_per_worker, kv_tokens_per_worker=pool.kv_tokens_per_worker,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
         cost_per_hour_usd=pool.cost_per_hour_usd, launch=launch)

@@ -125,3 +125,36 @@ def test_disaggregation_with_speculative_decoding_is_a_422(client):
     response = client.post("/v1/slo-plan", json=body)
     assert response.status_code == 422
     assert [error["pointer"] for error in response.json()["errors"]] == ["/body/candidates/deployment"]
+
+
+def test_each_pool_states_its_own_layout(client):
+    """DeepSeek-V3 on H200 at 20 req/s (1k in / 1k out): the search tries each pool's DP/EP layouts, and two plans
+    may differ in a pool's expert parallelism alone. Each pool states its layout, so they read apart:
+    - gpus = workers x tp x pp x dp (each worker is tp x pp x dp GPUs);
+    - moe_tensor_parallel = tp x dp / ep (the GPUs each routed expert is split over);
+    - the label names TP, then DP and EP where above 1, then PP ("TP8 EP8 PP1");
+    - vLLM's command has --data-parallel-size exactly when dp > 1, --enable-expert-parallel exactly when ep > 1."""
+    body = plan(client, {"model": "deepseek-v3",
+                         "workload": {"input_tokens": 1000, "output_tokens": 1000, "requests_per_s": 20},
+                         "slo": {"ttft_ms": 2000, "tpot_ms": 50, "percentile": 95},
+                         "candidates": {"gpus": ["h200-sxm"], "deployment": "disaggregated"}})
+    descriptions = []
+    for disaggregated in body["plans"]:
+        pools = disaggregated["disaggregation"]
+        for pool in (pools["prefill"], pools["decode"]):
+            tp, pp, dp, ep = (pool[name] for name in ("tensor_parallel", "pipeline_parallel", "data_parallel",
+                                                      "expert_parallel"))
+            assert pool["gpus"] == pool["workers"] * tp * pp * dp
+            assert pool["moe_tensor_parallel"] == tp * dp // ep
+            assert pool["layout"] == " ".join([f"TP{tp}", *([f"DP{dp}"] if dp > 1 else []),
+                                               *([f"EP{ep}"] if ep > 1 else []), f"PP{pp}"])
+            command = pool["launch"]["command"]
+            assert (f"--data-parallel-size {dp}" in command) == (dp > 1)
+            assert ("--enable-expert-parallel" in command) == (ep > 1)
+        descriptions.append(tuple(sorted((role, key, str(value)) for role in ("prefill", "decode")
+                                         for key, value in pools[role].items() if key != "launch")))
+    assert len(body["plans"]) >= 2
+    # Plans that differ only in a pool's layout no longer read the same without their commands.
+    assert len(set(descriptions)) == len(descriptions)
+    assert any(pools["disaggregation"][role]["expert_parallel"] > 1 for pools in body["plans"]
+               for role in ("prefill", "decode"))
