@@ -61,10 +61,11 @@ class Case:
     repeats: int = REPEATS  # fewer for calls that take a good part of a second
 
 
-def _sweep(model: str, gpu: str, context_tokens: int) -> object:
+def _sweep(model: str, gpu: str, context_tokens: int, weights: str = "bf16", **layout: int) -> object:
     return decode_batch_sweep(MODELS[model], GPUS[gpu], context_tokens, [2**i for i in range(11)],
-                              weight_dtype="bf16", kv_dtype="bf16", compute_dtype="bf16",
-                              activation_dtype="bf16", tensor_parallel=1, efficiency=DEFAULT_EFFICIENCY)
+                              weight_dtype=weights, kv_dtype="bf16", compute_dtype=weights,
+                              activation_dtype="bf16", efficiency=DEFAULT_EFFICIENCY,
+                              **{"tensor_parallel": 1, **layout})
 
 
 def _capacity(model: str, gpu: str, tensor_parallel: int) -> object:
@@ -126,6 +127,8 @@ CASES: list[Case] = [
          lambda: _sweep("llama-3-8b", "h100-sxm", 1024)),
     Case("/v1/roofline/batch-sweep", "decode_batch_sweep(mixtral-8x7b, 11 batches)",
          lambda: _sweep("mixtral-8x7b", "h100-sxm", 1024)),
+    Case("/v1/roofline/batch-sweep", "decode_batch_sweep(deepseek-v3 fp8, DP8 EP8, 11 batches: knee searched)",
+         lambda: _sweep("deepseek-v3", "h200-sxm", 1024, "fp8", data_parallel=8, expert_parallel=8)),
     Case("/v1/capacity", "capacity(llama-3-70b, 4 x h100-sxm, vllm)",
          lambda: _capacity("llama-3-70b", "h100-sxm", 4)),
     Case("/v1/capacity", "capacity(llama-3.1-405b, 1 x h100-sxm: no fit, suggestion search)",

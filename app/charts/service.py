@@ -30,6 +30,7 @@ from app.estimates import service as estimates
 from app.estimates.schemas import BatchSweepRequest, BatchSweepResponse, RooflineRequest, RooflineResponse
 from app.planning import service as planning
 from app.planning.schemas import PlanOut, SloPlanRequest, SloPlanResponse
+from app.sizing.layout import Layout
 
 SVG_MEDIA_TYPE = "image/svg+xml"
 WIDTH_PX, HEIGHT_PX = 800, 500
@@ -170,7 +171,7 @@ def draw_roofline(prefill: RooflineResponse, decode: RooflineResponse, peak_flop
         ax.set_ylabel("Performance per GPU (TFLOP/s)")
         ax.set_title(f"Roofline: {_printable(prefill.model)} on {_printable(prefill.gpu)}\n"
                      f"compute {prefill.compute_dtype}, weights {assumptions.weight_dtype}, "
-                     f"KV {assumptions.kv_dtype}; batch {prefill.batch_size:,}, TP{prefill.tensor_parallel}")
+                     f"KV {assumptions.kv_dtype}; batch {prefill.batch_size:,}, {_step_layout(prefill)}")
         ax.legend(loc="lower right", framealpha=0.95)
 
     return _render(draw)
@@ -240,7 +241,7 @@ def draw_batch_sweep(sweep: BatchSweepResponse) -> bytes:
         top.set_title(f"Decode batching: {_printable(sweep.model)} on {_printable(sweep.gpu)}\n"
                       f"compute {sweep.compute_dtype}, weights {assumptions.weight_dtype}, "
                       f"KV {assumptions.kv_dtype}; {sweep.context_tokens:,} cached tokens per sequence, "
-                      f"TP{sweep.tensor_parallel}")
+                      f"{_step_layout(sweep)}")
 
     return _render(draw)
 
@@ -335,14 +336,19 @@ def _latency(plan: PlanOut, metric: PlanMetric) -> float | None:
     return percentiles.at_slo_percentile_ms
 
 
+def _step_layout(step: RooflineResponse | BatchSweepResponse) -> str:
+    """A step's layout as the titles state it: "TP4", or "TP1 DP8 EP8" (one rank's batch under attention DP)."""
+    layout = Layout(step.tensor_parallel, 1, step.data_parallel, step.expert_parallel)
+    return layout.stage_label + (" (batch per rank)" if layout.data_parallel > 1 else "")
+
+
 def _plan_label(plan: PlanOut) -> str:
     if plan.disaggregation is not None:
         prefill, decode = plan.disaggregation.prefill, plan.disaggregation.decode
-        return (f"#{plan.rank}: {prefill.workers} x {prefill.gpu} TP{prefill.tensor_parallel} prefill + "
-                f"{decode.workers} x {decode.gpu} TP{decode.tensor_parallel} decode {plan.weight_dtype}, "
+        return (f"#{plan.rank}: {prefill.workers} x {prefill.gpu} {prefill.layout} prefill + "
+                f"{decode.workers} x {decode.gpu} {decode.layout} decode {plan.weight_dtype}, "
                 f"${plan.cost_per_hour_usd:,.2f}/h")
-    return (f"#{plan.rank}: {plan.replicas} x {plan.gpu} TP{plan.tensor_parallel} {plan.weight_dtype}, "
-            f"${plan.cost_per_hour_usd:,.2f}/h")
+    return f"#{plan.rank}: {plan.replicas} x {plan.gpu} {plan.layout} {plan.weight_dtype}, ${plan.cost_per_hour_usd:,.2f}/h"
 
 
 def _listing(names: Sequence[str], most: int = 3) -> str:

@@ -704,12 +704,15 @@ class RooflineResponse(BaseModel):
 # /v1/roofline/batch-sweep ------------------------------------------------------------------
 
 class BatchSweepRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
-    """Decode step time and throughput against batch size: the seed's money slide."""
+    """Decode step time and throughput against batch size: the seed's money slide. With attention data
+    parallelism each batch size is one rank's sequences, every rank decoding as many (as /v1/roofline)."""
 
     model_config = schema_examples(
         {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 1024},
         {"model": "llama-3-70b", "gpu": "h100-sxm", "context_tokens": 4096, "tensor_parallel": 8,
          "batch_sizes": [1, 8, 32, 64, 128, 256]},
+        {"model": "deepseek-v3", "gpu": "h200-sxm", "context_tokens": 2048, "weight_dtype": "fp8",
+         "data_parallel": 8, "expert_parallel": 8},
     )
 
     context_tokens: CachedTokens = Field(description="Tokens already cached per sequence")
@@ -717,6 +720,8 @@ class BatchSweepRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
         None, min_length=1, max_length=MAX_SWEEP_POINTS,
         description=f"Batch sizes to evaluate (at most {MAX_SWEEP_POINTS}); null = 1, 2, 4, ..., 1024")
     tensor_parallel: TensorParallel = 1
+    data_parallel: DataParallel = 1
+    expert_parallel: ExpertParallel = 1
 
 
 SWEEP_POINT_EXAMPLE = {
@@ -734,8 +739,10 @@ class BatchSweepPoint(BaseModel):
     bound: Bound = Field(description="Of the ideal step")
     ideal_step_time_ms: float
     expected_step_time_ms: float
-    ideal_tokens_per_s: float = Field(description="Aggregate over the batch")
-    expected_tokens_per_s: float = Field(description="Aggregate over the batch")
+    ideal_tokens_per_s: float = Field(description="Aggregate over the batch (one attention data-parallel rank's; "
+                                                  "the replica's is data_parallel times it)")
+    expected_tokens_per_s: float = Field(description="Aggregate over the batch (one attention data-parallel "
+                                                     "rank's; the replica's is data_parallel times it)")
     ideal_tokens_per_s_per_user: float
     expected_tokens_per_s_per_user: float
     kv_bytes_per_gpu: int = Field(description="The batch's KV cache on one GPU")
@@ -750,6 +757,8 @@ class BatchSweepResponse(BaseModel):
     gpu: str = Field(description="Catalog slug, or the inline gpu_spec's name")
     context_tokens: int
     tensor_parallel: int
+    data_parallel: int
+    expert_parallel: int
     compute_dtype: ComputeDtype
     ridge_point: float
     points: list[BatchSweepPoint]
@@ -764,7 +773,7 @@ class BatchSweepResponse(BaseModel):
 
     model_config = schema_examples({
         "model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128, "tensor_parallel": 1,
-        "compute_dtype": "bf16", "ridge_point": 295.3731,
+        "data_parallel": 1, "expert_parallel": 1, "compute_dtype": "bf16", "ridge_point": 295.3731,
         "points": [
             {"batch_size": 1, "bound": "memory", "ideal_step_time_ms": 4.486935, "expected_step_time_ms": 6.811674,
              "ideal_tokens_per_s": 222.87, "expected_tokens_per_s": 146.81, "ideal_tokens_per_s_per_user": 222.87,

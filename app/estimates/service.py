@@ -221,7 +221,9 @@ ROOFLINE_FORMULAS = (
 KNEE_FORMULA = (
     "knee: smallest batch B whose ideal decode step is compute-bound: B x (t x bw - s) >= W + X x D(B), with t "
     "one sequence's compute time at peak, s its own bytes (KV, activations), W the weights read once per step, "
-    "X one routed expert's bytes and D(B) the distinct experts touched; none when t x bw <= s"
+    "X one routed expert's bytes and D(B) the distinct experts touched; none when t x bw <= s. Under expert "
+    "parallelism the most loaded rank's routed tokens are B times a load factor that falls with B: the smallest "
+    "compute-bound B is searched on the roofline instead"
 )
 ATTENTION_TRAFFIC_NOTE = (
     "HBM bytes of this step's attention on one GPU. FlashAttention tiles Q, K and V through on-chip SRAM, so "
@@ -378,24 +380,29 @@ class DecodeSweep:
     knee_batch_size: int | None
 
     def bound(self, batch_size: int) -> str:
-        # Compute-boundness is monotone in the batch (knee_batch_size's docstring), so the knee decides it.
+        # Compute-boundness is monotone in the batch (knee_batch_size's docstring: proved without expert parallelism,
+        # taken so and checked by the tests with it), so the knee decides it.
         return COMPUTE if self.knee_batch_size is not None and batch_size >= self.knee_batch_size else MEMORY
 
 
 def decode_batch_sweep(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch_sizes: Sequence[int], *,
                        weight_dtype: str, kv_dtype: str, compute_dtype: str, activation_dtype: str,
-                       tensor_parallel: int, efficiency: Efficiency) -> DecodeSweep:
+                       tensor_parallel: int, efficiency: Efficiency, data_parallel: int = 1,
+                       expert_parallel: int = 1) -> DecodeSweep:
     """The batch-sweep's pure calculation: every batch evaluated at once by the vectorized step-time
-    model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the analytic knee."""
-    step_model = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel, weight_dtype=weight_dtype,
-                                       kv_dtype=kv_dtype, compute_dtype=compute_dtype, activation_dtype=activation_dtype,
-                                       efficiency=host_adjusted(efficiency, None))  # the GPU's time: no engine loop
+    model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the analytic knee. With
+    attention data parallelism a batch is one rank's sequences, every rank decoding as many."""
+    layout = {"tensor_parallel": tensor_parallel, "data_parallel": data_parallel, "expert_parallel": expert_parallel}
+    step_model = build_step_time_model(model, gpu, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                                       compute_dtype=compute_dtype, activation_dtype=activation_dtype,
+                                       efficiency=host_adjusted(efficiency, None),  # the GPU's time: no engine loop
+                                       **layout)
     sequences = np.asarray(batch_sizes, dtype=float)
     contexts = sequences * context_tokens
     ideal = np.atleast_1d(step_model.ideal_step_time_s(sequences, contexts, 0, 0))
     expected = np.atleast_1d(step_model.step_time_s(sequences, contexts, 0, 0))
-    knee = knee_batch_size(model, gpu, context_tokens, weight_dtype, kv_dtype, compute_dtype, tensor_parallel,
-                           activation_dtype)
+    knee = knee_batch_size(model, gpu, context_tokens, weight_dtype, kv_dtype, compute_dtype,
+                           activation_dtype=activation_dtype, **layout)
     return DecodeSweep(tuple(batch_sizes), tuple(ideal.tolist()), tuple(expected.tolist()), knee)
 
 
@@ -404,7 +411,9 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
     tp = request.tensor_parallel
-    layout = check_parallelism(model, tp)
+    layout = check_parallelism(model, tp, data_parallel=request.data_parallel,
+                               expert_parallel=request.expert_parallel)
+    ranks = {"data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     precisions = resolve_precisions(model, gpu, gpu_label, request)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = list(precisions.defaults_used)
@@ -418,11 +427,11 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
         sweep = decode_batch_sweep(
             model, gpu, context, batch_sizes, weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
             compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
-            tensor_parallel=tp, efficiency=efficiency)
-        weights = weight_bytes_per_gpu(model, precisions.weight_dtype, tp)
+            tensor_parallel=tp, efficiency=efficiency, **ranks)
+        weights = weight_bytes_per_gpu(model, precisions.weight_dtype, tp, **ranks)
         # The KV each sequence holds once this step has written its token.
         kv_per_sequence = kv_cache_size(model, context + 1, precisions.kv_dtype, tp).bytes_per_sequence_per_gpu
-        explanation = _knee_explanation(model, gpu, context, sweep, precisions, tp, efficiency,
+        explanation = _knee_explanation(model, gpu, context, sweep, precisions, layout, efficiency,
                                         weights, kv_per_sequence)
     except ValueError as exc:
         raise core_problem(exc) from None
@@ -439,7 +448,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
             fits_in_gpu_memory=weights + kv <= gpu.memory_bytes,
         ))
     return BatchSweepResponse(
-        model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp,
+        model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp, **ranks,
         compute_dtype=precisions.compute_dtype, ridge_point=ridge_point(gpu, precisions.compute_dtype),
         points=points, knee_batch_size=sweep.knee_batch_size, knee_explanation=explanation,
         warnings=sequence_warnings(model, context + 1, "The sequence (context_tokens + the decoded token)"),
@@ -451,11 +460,12 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
 
 
 def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep: DecodeSweep,
-                      precisions: ResolvedPrecisions, tensor_parallel: int, efficiency: Efficiency,
+                      precisions: ResolvedPrecisions, layout: Layout, efficiency: Efficiency,
                       weights: int, kv_per_sequence: int) -> str:
     knee = sweep.knee_batch_size
     if knee is not None:
-        text = (f"From {knee:,} sequences on, the ideal decode step is compute-bound: the weight read, paid once "
+        rank = " on each attention data-parallel rank" if layout.data_parallel > 1 else ""
+        text = (f"From {knee:,} sequences{rank} on, the ideal decode step is compute-bound: the weight read, paid once "
                 "per step, is shared by enough sequences that their FLOPs outlast the step's memory traffic. Below "
                 "the knee the step is memory-bound and each added sequence costs only its own KV and activation "
                 "traffic.")
@@ -468,7 +478,8 @@ def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep
     # Why never: compare what one more sequence adds to the ideal step's compute and memory times.
     one, two = (
         roofline(decode_cost(model, context_tokens, batch, precisions.weight_dtype, precisions.kv_dtype,
-                             precisions.activation_dtype, tensor_parallel),
+                             precisions.activation_dtype, layout.tensor_parallel, layout.data_parallel,
+                             layout.expert_parallel),
                  gpu, precisions.compute_dtype, efficiency)
         for batch in (1, 2))
     added_compute = two.compute_time_s - one.compute_time_s

@@ -86,12 +86,17 @@ class Layout:
 
     @property
     def label(self) -> str:
+        """"TP8 PP1", "TP1 DP8 EP8 PP1": DP and EP named where above 1."""
+        return f"{self.stage_label} PP{self.pipeline_parallel}"
+
+    @property
+    def stage_label(self) -> str:
+        """The label of one pipeline stage's GPUs: "TP8", "TP1 DP8 EP8"."""
         parts = [f"TP{self.tensor_parallel}"]
         if self.data_parallel > 1:
             parts.append(f"DP{self.data_parallel}")
         if self.expert_parallel > 1:
             parts.append(f"EP{self.expert_parallel}")
-        parts.append(f"PP{self.pipeline_parallel}")
         return " ".join(parts)
 
 

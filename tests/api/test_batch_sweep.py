@@ -193,3 +193,72 @@ def test_sweeps_are_monotone_and_agree_with_the_roofline(
         assert point["bound"] == step.json()["bound"], point
         assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
         assert point["expected_step_time_ms"] == pytest.approx(step.json()["expected_time_ms"], rel=1e-9)
+
+
+# Attention data parallelism and expert parallelism ------------------------------------------------------------
+
+DEEPSEEK_H200 = {"model": "deepseek-v3", "gpu": "h200-sxm", "context_tokens": 2047, "weight_dtype": "fp8",
+                 "kv_dtype": "bf16"}
+
+
+def test_dp8_ep8_sweeps_one_ranks_batch_beside_its_weights(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 on H200 (150,754,820,096 B), bf16 MLA cache: 576 values x 2 B x 61 layers = 70,272 B per
+    token on every GPU of a rank (the latent is not split by TP), 2,048 tokens after the step: 143,917,056 B a
+    sequence. Weights per GPU (tests/domain/test_layout.py, by hand): TP8 85,119,449,088 B, DP8 + EP8
+    100,817,025,024 B (the attention replicated on every rank).
+    - TP8: (150,754,820,096 - 85,119,449,088) / 143,917,056 = 456.06: 456 sequences fit, for the whole replica.
+    - DP8 + EP8: (150,754,820,096 - 100,817,025,024) / 143,917,056 = 346.99: 346 fit (49,795,301,376 B of KV),
+      347 need 49,939,218,432 B and do not; each of the 8 ranks holds its own, 2,768 in the replica."""
+    tp8 = post(client, {**DEEPSEEK_H200, "tensor_parallel": 8, "batch_sizes": [456, 457]})
+    dep8 = post(client, {**DEEPSEEK_H200, "data_parallel": 8, "expert_parallel": 8, "batch_sizes": [346, 347]})
+    assert (tp8["tensor_parallel"], tp8["data_parallel"], tp8["expert_parallel"]) == (8, 1, 1)
+    assert (dep8["tensor_parallel"], dep8["data_parallel"], dep8["expert_parallel"]) == (1, 8, 8)
+    for answer, weights, fitting in ((tp8, 85_119_449_088, 456), (dep8, 100_817_025_024, 346)):
+        fits, overflows = answer["points"]
+        assert fits["kv_bytes_per_gpu"] == fitting * 143_917_056
+        assert fits["weights_and_kv_bytes_per_gpu"] == weights + fitting * 143_917_056
+        assert (fits["fits_in_gpu_memory"], overflows["fits_in_gpu_memory"]) == (True, False)
+    assert dep8["points"][0]["kv_bytes_per_gpu"] == 49_795_301_376
+
+
+@pytest.mark.parametrize("layout", [{"data_parallel": 8, "expert_parallel": 8}, {"tensor_parallel": 8,
+                                                                                  "expert_parallel": 8},
+                                    {"tensor_parallel": 2, "data_parallel": 4, "expert_parallel": 8}])
+def test_a_dp_ep_sweep_agrees_with_the_roofline(client: TestClient, layout: dict[str, int]) -> None:
+    """Each point is /v1/roofline's decode step at the same layout (its batch one rank's), its bound included,
+    at the ends of the sweep and on both sides of the knee; the knee's text says the batch is per rank.
+
+    Whether there is a knee, roughly by hand: a sequence brings s = 143,917,056 B of KV reads per GPU (above);
+    it turns compute-bound only if its compute time t at the peaks moves more than s at 4.8 TB/s. Attention over
+    2,048 positions costs 2 x heads x 1,088 (MLA's absorbed widths) x 2,048 x 61 FLOPs at the bf16 peak (989.5
+    TFLOP/s), the linear layers 2 FLOPs per weight this GPU multiplies at the fp8 peak (1,979 TFLOP/s):
+    - TP8 EP8: 16 heads, 4.35 GFLOP (4.4 us); about 37e9 / 8 weights, 9.2 GFLOP (4.7 us): t x bw = 43 MB < s,
+      no knee at any batch;
+    - DP8 EP8 (TP1): 128 heads, 34.8 GFLOP (35 us); 74 GFLOP (37 us): 346 MB > s;
+    - TP2 DP4 EP8: 64 heads, 17.4 GFLOP (17.6 us); k x dp / ep = 4 whole experts per own token (20.4 GFLOP) and
+      the rest at TP2 (about 15 GFLOP), 18 us: 171 MB > s."""
+    deployment = {**DEEPSEEK_H200, **layout}
+    answer = post(client, {**deployment, "batch_sizes": [1, 64]})
+    knee = answer["knee_batch_size"]
+    assert (knee is None) == (layout.get("data_parallel", 1) == 1)
+    sweep = post(client, {**deployment, "batch_sizes": [1, 64, 4096] + ([knee - 1, knee] if knee else [])})
+    for point in sweep["points"]:
+        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
+        assert step.status_code == 200, step.text
+        assert point["bound"] == step.json()["bound"], point
+        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
+        assert point["expected_step_time_ms"] == pytest.approx(step.json()["expected_time_ms"], rel=1e-9)
+    if knee is None:
+        assert answer["knee_explanation"].startswith("None: ")
+        assert {point["bound"] for point in sweep["points"]} == {"memory"}
+    else:
+        assert f"From {knee:,} sequences on each attention data-parallel rank on" in answer["knee_explanation"]
+
+
+@pytest.mark.parametrize(("layout", "pointer"), [
+    ({"data_parallel": 8, "expert_parallel": 3}, "/body/expert_parallel"),  # 3 does not divide 1 x 8
+    ({"data_parallel": 0}, "/body/data_parallel"),
+    ({"expert_parallel": 1025}, "/body/expert_parallel"),
+])
+def test_a_layout_the_model_cannot_take_is_a_422(client: TestClient, layout: dict[str, int], pointer: str) -> None:
+    assert_problem(client.post(URL, json={**DEEPSEEK_H200, **layout}), 422, pointer)

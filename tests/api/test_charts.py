@@ -257,6 +257,17 @@ def test_batch_sweep_chart_marks_the_knee(client: TestClient) -> None:
     assert not has_group(root, "unfit-aggregate")  # 1,024 x 131,072 x 129 B of KV + 16.06e9 B of weights fit
 
 
+def test_charts_of_an_attention_dp_layout_say_so(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 on H200 as DP8 + EP8: both titles name the layout, and that the batch is one rank's."""
+    layout = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "kv_dtype": "bf16",
+              "data_parallel": 8, "expert_parallel": 8}
+    sweep = chart(client.post(SWEEP, json={**layout, "context_tokens": 2047}))
+    assert one_text(sweep, "cached tokens per sequence").endswith("2,047 cached tokens per sequence, "
+                                                                   "TP1 DP8 EP8 (batch per rank)")
+    step = chart(client.post(ROOFLINE, json={**layout, "phase": "decode", "context_tokens": 2047, "batch_size": 4}))
+    assert one_text(step, "; batch 4").endswith("; batch 4, TP1 DP8 EP8 (batch per rank)")
+
+
 def test_aggregate_rises_and_per_user_falls(client: TestClient) -> None:
     """The money slide: a bigger batch shares the weight read (aggregate tokens/s up, the curve rises:
     smaller y in SVG coordinates) and each user waits for the whole batch (per-user tokens/s down)."""
@@ -391,7 +402,7 @@ def test_slo_plan_chart_highlights_the_frontier(client: TestClient, plan_answer:
         assert not has_group(root, "plans")
     for plan in on_frontier:
         assert text_in(root, f"frontier-rank-{plan['rank']}") == f"#{plan['rank']}"
-        assert (f"#{plan['rank']}: {plan['replicas']} x {plan['gpu']} TP{plan['tensor_parallel']} "
+        assert (f"#{plan['rank']}: {plan['replicas']} x {plan['gpu']} {plan['layout']} "
                 f"{plan['weight_dtype']}, ${plan['cost_per_hour_usd']:,.2f}/h") in all_text
     # Nothing is cheaper than the cheapest plan, so it is on the frontier, at its lowest marker.
     cheapest = min(priced, key=lambda plan: plan["cost_per_hour_usd"])
@@ -502,8 +513,8 @@ def test_slo_plan_chart_shows_both_kinds_of_deployment(client: TestClient) -> No
         all_text = texts(root)
         for plan in split_on_frontier:
             prefill, decode = plan["disaggregation"]["prefill"], plan["disaggregation"]["decode"]
-            assert (f"#{plan['rank']}: {prefill['workers']} x {prefill['gpu']} TP{prefill['tensor_parallel']} "
-                    f"prefill + {decode['workers']} x {decode['gpu']} TP{decode['tensor_parallel']} decode "
+            assert (f"#{plan['rank']}: {prefill['workers']} x {prefill['gpu']} {prefill['layout']} "
+                    f"prefill + {decode['workers']} x {decode['gpu']} {decode['layout']} decode "
                     f"{plan['weight_dtype']}, ${plan['cost_per_hour_usd']:,.2f}/h") in all_text
     if split_others:
         assert len(markers(group(root, "plans-disaggregated"))) == len(split_others)

@@ -231,24 +231,51 @@ def test_knee_batch_is_none_at_long_context() -> None:
     assert knee_batch_size(LLAMA_3_8B, H100_SXM, 365, "bf16", "bf16", "bf16") is None
 
 
-@pytest.mark.parametrize(("model", "weight_dtype", "tp"), [
-    (MIXTRAL_8X7B, "bf16", 1), (MIXTRAL_8X7B, "fp8", 2), (DEEPSEEK_V3, "fp8", 8), (GEMMA_2_9B, "bf16", 1),
-    (LLAMA_3_70B, "fp8", 4),
+@pytest.mark.parametrize(("model", "weight_dtype", "tp", "dp", "ep"), [
+    (MIXTRAL_8X7B, "bf16", 1, 1, 1), (MIXTRAL_8X7B, "fp8", 2, 1, 1), (DEEPSEEK_V3, "fp8", 8, 1, 1),
+    (GEMMA_2_9B, "bf16", 1, 1, 1), (LLAMA_3_70B, "fp8", 4, 1, 1),
+    # Attention data parallelism: the batch is one rank's, dp·B tokens reach the experts, a GPU reads its 1/ep.
+    (DEEPSEEK_V3, "fp8", 1, 8, 8), (DEEPSEEK_V3, "fp8", 8, 1, 8), (MIXTRAL_8X7B, "bf16", 1, 2, 2),
+    (MIXTRAL_8X7B, "fp8", 2, 4, 8),
 ])
 def test_knee_batch_is_where_the_roofline_turns_compute_bound(model: ModelSpec, weight_dtype: str,
-                                                              tp: int) -> None:
-    """MoE models read more distinct experts as the batch grows (E·(1-(1-k/E)^B)): the knee is found by
-    bisection, and must agree with the roofline itself on both sides."""
+                                                              tp: int, dp: int, ep: int) -> None:
+    """MoE models read more distinct experts as the batch grows (E·(1-(1-k/E)^(dp·B))): the knee is found by
+    bisection, and must agree with the roofline itself on both sides, under every layout."""
     compute_dtype = default_compute_dtype(H100_SXM, weight_dtype)
-    knee = knee_batch_size(model, H100_SXM, 63, weight_dtype, "bf16", compute_dtype, tp)
+    knee = knee_batch_size(model, H100_SXM, 63, weight_dtype, "bf16", compute_dtype, tp, data_parallel=dp,
+                           expert_parallel=ep)
     assert knee is not None
 
     def bound(batch: int) -> str:
-        cost = decode_cost(model, 63, batch, weight_dtype=weight_dtype, tensor_parallel=tp)
+        cost = decode_cost(model, 63, batch, weight_dtype=weight_dtype, tensor_parallel=tp, data_parallel=dp,
+                           expert_parallel=ep)
         return roofline(cost, H100_SXM, compute_dtype).bound
 
     assert bound(knee) == COMPUTE
     assert knee == 1 or bound(knee - 1) == MEMORY
+
+
+@pytest.mark.parametrize(("model", "tp", "dp", "ep"), [(DEEPSEEK_V3, 1, 8, 8), (MIXTRAL_8X7B, 1, 2, 2),
+                                                   (MIXTRAL_8X7B, 2, 4, 8)])
+def test_an_expert_parallel_knee_is_the_first_compute_bound_batch(model: ModelSpec, tp: int, dp: int,
+                                                                  ep: int) -> None:
+    """Under EP the most loaded rank's routed tokens are B x a load factor that falls with B, so the knee is
+    searched rather than solved: every batch below it is memory-bound on the roofline itself (all of them
+    checked, not only the neighbour), and a sequence of 32k tokens, whose KV reads outgrow its FLOPs, has none."""
+    knee = knee_batch_size(model, H100_SXM, 63, "bf16", "bf16", "bf16", tp, data_parallel=dp, expert_parallel=ep)
+    assert knee is not None
+
+    def compute_bound(batch: int, context: int = 63) -> bool:
+        result = roofline(decode_cost(model, context, batch, tensor_parallel=tp, data_parallel=dp,
+                                      expert_parallel=ep), H100_SXM, "bf16")
+        return result.compute_time_s >= result.memory_time_s
+
+    assert compute_bound(knee)
+    assert not any(compute_bound(batch) for batch in range(1, knee))
+    assert knee_batch_size(model, H100_SXM, 32_768, "bf16", "bf16", "bf16", tp, data_parallel=dp,
+                           expert_parallel=ep) is None
+    assert not compute_bound(2**30, 32_768)
 
 
 def test_moe_knee_is_later_than_if_only_active_experts_were_read() -> None:

@@ -42,8 +42,9 @@ from app.sizing.model.flops import (
     SAMPLED,
     TOKENS,
     PhaseCost,
+    attended_positions,
     decode_cost,
-    expected_distinct_experts,
+    kv_tokens_read,
     step_cost_model,
 )
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec, ModelSpec
@@ -221,44 +222,53 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
 
 def knee_batch_size(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str, kv_dtype: str,
                     compute_dtype: str, tensor_parallel: int = 1,
-                    activation_dtype: str = "bf16") -> int | None:
+                    activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1) -> int | None:
     """Smallest decode batch whose IDEAL step is compute-bound at `context_tokens` per sequence, or None
-    when no batch ever is.
+    when no batch ever is. With attention data parallelism the batch is one rank's, every rank bringing as
+    many (`decode_cost`), and D(B) is the distinct experts a GPU reads of its 1/ep share when dp·B tokens
+    route (`StepCostModel.distinct_experts`, X the bytes of one on this GPU): the same concave form. Under
+    expert parallelism the step waits for the most loaded rank, whose routed tokens are B times a load
+    factor that falls from its cap towards 1 as the batch grows (`flops.expected_expert_load_factor`): the
+    expert FLOPs and activations are no longer B times one sequence's, so the knee is searched on the
+    roofline itself (`_searched_knee`).
 
     A decode step of B sequences costs, in the ideal roofline,
         compute(B) = B · t                     (t: one sequence's FLOPs over the peaks; FLOPs have no
                                                 per-step part)
         memory(B)  = (W + B · s + X · D(B)) / bw
     with W the weights read once per step, s one sequence's KV/activation/embedding-row bytes, X the
-    bytes of one routed expert across the MoE layers and D(B) = E·(1 − (1 − k/E)^B) the distinct experts
-    touched. The step is compute-bound when g(B) = B · (t · bw − s) − W − X · D(B) >= 0.
+    bytes of one routed expert across the MoE layers (on this GPU: its 1/ep share, split over moe_tp) and
+    D(B) = E·(1 − (1 − k/E)^(dp·B)) the distinct experts touched. The step is compute-bound when
+    g(B) = B · (t · bw − s) − W − X · D(B) >= 0.
 
     - Dense (X = 0): g is linear; if t·bw <= s (at long context every sequence brings its own KV reads,
       so the intensity saturates below the ridge) it never is; else B* = ceil(W / (t·bw − s)).
-    - MoE: D is concave and increasing (D'' = −E·(1−k/E)^B·ln²(1−k/E) <= 0), so g is convex with
+    - MoE: D is concave and increasing (D'' = −E·dp²·(1−k/E)^(dp·B)·ln²(1−k/E) <= 0), so g is convex with
       g(0) = −W <= 0; a convex function that starts <= 0 stays >= 0 once it reaches 0, so "compute-bound"
       is monotone in B and the smallest such B is found by bisection between the dense bound
       ceil(W / (t·bw − s)) (D >= 0) and ceil((W + X·E) / (t·bw − s)) (D <= E).
     """
     if context_tokens < 0:
         raise ValueError("context_tokens must be >= 0")
-    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel)
-    one = decode_cost(model, context_tokens, 1, weight_dtype, kv_dtype, activation_dtype, tensor_parallel)
+    layout = {"tensor_parallel": tensor_parallel, "data_parallel": data_parallel, "expert_parallel": expert_parallel}
+    if expert_parallel > 1 and model.is_moe:
+        return _searched_knee(model, gpu, context_tokens, weight_dtype, kv_dtype, compute_dtype, activation_dtype,
+                              layout)
+    model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, **layout)
+    one = decode_cost(model, context_tokens, 1, weight_dtype, kv_dtype, activation_dtype, **layout)
     peaks = operator_peaks([op.name for op in one.operators], gpu, compute_dtype, activation_dtype)
     bandwidth = gpu.memory_bandwidth_bytes_per_s
     seconds_per_sequence = sum(op.flops / peak for op, peak in zip(one.operators, peaks, strict=True))
     per_step = model_costs.weight_bytes_per_step
     per_expert = model_costs.bytes_per_distinct_expert
-    experts_at_one = expected_distinct_experts(model.num_experts, model.num_experts_per_tok, 1) \
-        if model.is_moe else 0.0
+    experts_at_one = model_costs.distinct_experts(1) if model.is_moe else 0.0
     per_sequence = one.bytes - per_step - per_expert * experts_at_one
     slope = seconds_per_sequence * bandwidth - per_sequence
     if slope <= 0:
         return None
 
     def compute_bound(batch: int) -> bool:
-        experts = expected_distinct_experts(model.num_experts, model.num_experts_per_tok, batch) \
-            if model.is_moe else 0.0
+        experts = model_costs.distinct_experts(batch) if model.is_moe else 0.0
         return batch * slope - per_step - per_expert * experts >= 0
 
     low = max(1, math.ceil(per_step / slope))
@@ -274,6 +284,50 @@ def knee_batch_size(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_
         else:
             low = middle + 1
     return high
+
+
+# Beyond this batch the most loaded rank's load factor is within half a percent of 1 (1 + E[max of ep standard
+# normals] / sqrt(B·k/ep), with B·k/ep >= 2^20 up to the requests' 1,024 ranks: 1 + 3.2 / 1,024) and every
+# expert is touched, so the step's times grow linearly: a step still memory-bound here stays so at any batch.
+_LARGEST_SEARCHED_BATCH = 2**30
+_SEARCH_POINTS = 256  # batches timed at once per pass: a DeepSeek-V3 EP8 sweep's core call 0.2-0.4 ms (2026-12-06)
+
+
+def _searched_knee(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str, kv_dtype: str,
+                   compute_dtype: str, activation_dtype: str, layout: dict[str, int]) -> int | None:
+    """The knee under expert parallelism: the smallest batch whose ideal roofline is compute-bound. Batches
+    spread geometrically over 1.._LARGEST_SEARCHED_BATCH are timed at once (the step's linear forms over
+    arrays, as `roofline` times one: FLOPs over each operator's peak against bytes over the bandwidth); the
+    first compute-bound one and the memory-bound one before it bracket the knee, and each further pass times
+    evenly spread batches of the bracket until it holds every batch in it. That takes compute-boundness to be
+    monotone between the batches of a pass, as it is where the load factor is 1 (`knee_batch_size`); the
+    tests check the result against every batch below it."""
+    costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, **layout)
+    peaks = operator_peaks(costs.operator_names, gpu, compute_dtype, activation_dtype)[:, None]
+    bandwidth = gpu.memory_bandwidth_bytes_per_s
+    read = [kv_tokens_read(context_tokens, 1, window) for window in costs.windows]
+    attended = [attended_positions(context_tokens, 1, window) for window in costs.windows]
+
+    def compute_bound(batches: np.ndarray) -> np.ndarray:
+        seqs = batches.astype(float)
+        shape = costs.shape(tokens=seqs, sampled=seqs, attended=[0.0] * len(read), kv_read=[seqs * r for r in read],
+                            decode_attended=[seqs * a for a in attended])
+        flops, weight, kv, activation = costs.evaluate([np.broadcast_to(value, seqs.shape) for value in shape])
+        return (flops / peaks).sum(axis=0) >= (weight + kv + activation).sum(axis=0) / bandwidth
+
+    low, high = 1, _LARGEST_SEARCHED_BATCH
+    batches = np.unique(np.geomspace(low, high, _SEARCH_POINTS).round().astype(np.int64))
+    while True:
+        bound = compute_bound(batches)
+        if not bound.any():
+            if high == _LARGEST_SEARCHED_BATCH:
+                return None  # linear from here on (above)
+            raise AssertionError("a bracket's compute-bound end was timed memory-bound")
+        first = int(np.argmax(bound))
+        if first == 0 or batches[first] - batches[first - 1] == 1:
+            return int(batches[first])
+        low, high = int(batches[first - 1]) + 1, int(batches[first])
+        batches = np.unique(np.linspace(low, high, min(_SEARCH_POINTS, high - low + 1)).round().astype(np.int64))
 
 
 def _bound(compute_time: float, memory_time: float) -> str:
