@@ -262,3 +262,36 @@ def test_a_dp_ep_sweep_agrees_with_the_roofline(client: TestClient, layout: dict
 ])
 def test_a_layout_the_model_cannot_take_is_a_422(client: TestClient, layout: dict[str, int], pointer: str) -> None:
     assert_problem(client.post(URL, json={**DEEPSEEK_H200, **layout}), 422, pointer)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(model=st.sampled_from(["mixtral-8x7b", "deepseek-v3", "gpt-oss-120b", "qwen3-235b-a22b", "llama-3-8b"]),
+       gpu=st.sampled_from(["h100-sxm", "h200-sxm", "b200"]), context_tokens=st.integers(0, 200_000),
+       tensor_parallel=st.sampled_from([1, 2, 4, 8]), data_parallel=st.sampled_from([1, 2, 4, 8, 16]),
+       expert_parallel=st.sampled_from([1, 2, 4, 8, 16, 32]),
+       batch_sizes=st.lists(st.integers(1, 100_000), min_size=1, max_size=16))
+def test_any_layout_is_swept_or_refused_and_agrees_with_the_roofline(
+        client: TestClient, model: str, gpu: str, context_tokens: int, tensor_parallel: int, data_parallel: int,
+        expert_parallel: int, batch_sizes: list[int]) -> None:
+    """Every layout is a 200 or a 422 naming a layout field, never an error; a swept one is monotone, and at its
+    ends and on both sides of its knee it is /v1/roofline's step at the same layout."""
+    deployment = {"model": model, "gpu": gpu, "context_tokens": context_tokens, "tensor_parallel": tensor_parallel,
+                  "data_parallel": data_parallel, "expert_parallel": expert_parallel}
+    response = client.post(URL, json={**deployment, "batch_sizes": batch_sizes})
+    if response.status_code == 422:
+        pointers = {error["pointer"] for error in response.json()["errors"]}
+        assert pointers <= {f"/body/{name}" for name in ("tensor_parallel", "data_parallel", "expert_parallel")}, \
+            response.text
+        return
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    points = answer["points"]
+    ideal = [point["ideal_step_time_ms"] for point in points]
+    assert all(later >= earlier * (1 - 1e-12) for earlier, later in itertools.pairwise(ideal))
+    knee = answer["knee_batch_size"]
+    checks = {points[0]["batch_size"], points[-1]["batch_size"]} | ({knee - 1, knee} - {0} if knee else set())
+    for point in post(client, {**deployment, "batch_sizes": sorted(checks)})["points"]:
+        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
+        assert step.status_code == 200, step.text
+        assert point["bound"] == step.json()["bound"], point
+        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
