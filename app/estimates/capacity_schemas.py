@@ -311,7 +311,7 @@ class CapacityAssumptions(BaseModel):
 
 POOL_CAPACITY_EXAMPLE: dict[str, Any] = {
     "role": "decode", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1,
-    "expert_parallel": 1, "workers": 1, "gpus_per_worker": 1, "gpus": 1, "fits": True, "reasons": [],
+    "expert_parallel": 1, "moe_tensor_parallel": 1, "layout": "TP1 PP1", "workers": 1, "gpus_per_worker": 1, "gpus": 1, "fits": True, "reasons": [],
     "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens_per_worker": 420944,
     "kv_blocks_per_worker": 26309, "tokens_per_request": 1500, "requests_per_worker": CONCURRENCY_EXAMPLE,
     "requests": 279, "engine": ENGINE_EXAMPLE,
@@ -332,6 +332,8 @@ class PoolCapacityOut(BaseModel):
     pipeline_parallel: int
     data_parallel: int
     expert_parallel: int
+    moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over")
+    layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8 PP1"')
     workers: int
     gpus_per_worker: int = Field(description="tensor_parallel x pipeline_parallel x data_parallel")
     gpus: int = Field(description="workers x gpus_per_worker")

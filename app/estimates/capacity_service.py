@@ -254,7 +254,8 @@ def _pool_capacity_out(answer: disaggregation.PoolCapacity, pool: ResolvedPool) 
     return PoolCapacityOut(
         role=answer.role, gpu=pool.gpu_label, tensor_parallel=layout.tensor_parallel,
         pipeline_parallel=layout.pipeline_parallel, data_parallel=layout.data_parallel,
-        expert_parallel=layout.expert_parallel, workers=answer.workers, gpus_per_worker=layout.gpus,
+        expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
+        workers=answer.workers, gpus_per_worker=layout.gpus,
         gpus=answer.gpus, fits=worker.fits, reasons=list(worker.reasons), memory=_memory_out(worker),
         kv_bytes_per_token_per_gpu=worker.kv_bytes_per_token_per_gpu, kv_tokens_per_worker=worker.kv_tokens,
         kv_blocks_per_worker=worker.kv_blocks, tokens_per_request=answer.tokens_per_request,

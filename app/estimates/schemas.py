@@ -590,7 +590,7 @@ class RooflineAssumptions(BaseModel):
 
 POOL_STEP_EXAMPLE = {
     "role": "decode", "gpu": "h100-sxm", "tensor_parallel": 8, "data_parallel": 1, "expert_parallel": 1,
-    "workers": 1, "gpus": 8, "phase": "decode", "batch_size": 64, "prompt_tokens": None, "context_tokens": 8192,
+    "moe_tensor_parallel": 8, "layout": "TP8", "workers": 1, "gpus": 8, "phase": "decode", "batch_size": 64, "prompt_tokens": None, "context_tokens": 8192,
     "tokens": 64, "compute_dtype": "fp8", "bound": "memory", "ideal_time_ms": 6.1, "expected_time_ms": 9.4,
     "comm_time_ms": 1.2, "overhead_time_ms": 0.54, "expected_tokens_per_s": 6808.5,
 }
@@ -607,6 +607,8 @@ class PoolStepOut(BaseModel):
     tensor_parallel: int
     data_parallel: int
     expert_parallel: int
+    moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over")
+    layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8" (no pipeline stages here)')
     workers: int
     gpus: int = Field(description="workers x tensor_parallel x data_parallel")
     phase: Phase = Field(description="prefill: one prompt alone (the compute in its TTFT); decode: batch_size "

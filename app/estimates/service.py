@@ -354,9 +354,9 @@ def _disaggregated_roofline(session: Session, request: RooflineRequest, model: M
 
 
 def _pool_step_out(step: RooflineResponse, pool: ResolvedPool) -> PoolStepOut:
-    return PoolStepOut(role=pool.role, workers=pool.workers, gpus=pool.gpus,
-                       **{name: getattr(step, name) for name in PoolStepOut.model_fields
-                          if name not in ("role", "workers", "gpus")})
+    own = {"role": pool.role, "workers": pool.workers, "gpus": pool.gpus,
+           "moe_tensor_parallel": pool.layout.moe_tensor_parallel, "layout": pool.layout.stage_label}
+    return PoolStepOut(**own, **{name: getattr(step, name) for name in PoolStepOut.model_fields if name not in own})
 
 
 def _roofline_assumptions(precisions: ResolvedPrecisions, efficiency: Efficiency, profile: str,

@@ -152,6 +152,9 @@ def test_roofline_of_each_pool_and_the_transfer(client: TestClient) -> None:
     assert pools["kv_transfer"]["time_ms"] == pytest.approx(NETWORK_TRANSFER_MS)
     assert pools["ttft_ms"] == pytest.approx(prefill["expected_time_ms"] + NETWORK_TRANSFER_MS
                                              + decode["expected_time_ms"])
+    # A dense model's MLP splits over the TP group (moe_tensor_parallel = tp x dp / ep); one step has no stages.
+    assert [(pools[role]["moe_tensor_parallel"], pools[role]["layout"]) for role in ("prefill", "decode")] == [
+        (4, "TP4"), (8, "TP8")]
 
 
 def test_requests_without_the_new_fields_mean_what_they_meant(client: TestClient) -> None:
@@ -220,3 +223,7 @@ def test_a_pool_layout_its_engine_refuses(client: TestClient) -> None:
     assert_problem(client.post("/v1/capacity", json={**body, "engine": "vllm"}), 422, "/body/decode/expert_parallel")
     answer = post(client, "/v1/capacity", {**body, "engine": "generic"})
     assert answer["disaggregation"]["decode"]["expert_parallel"] == 2
+    # Each expert over 4 x 1 / 2 = 2 GPUs; the pools name their layouts as the planner's do.
+    decode, prefill = answer["disaggregation"]["decode"], answer["disaggregation"]["prefill"]
+    assert (decode["moe_tensor_parallel"], decode["layout"]) == (2, "TP4 EP2 PP1")
+    assert (prefill["moe_tensor_parallel"], prefill["layout"]) == (4, "TP4 PP1")
