@@ -43,6 +43,16 @@ def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
     return response.json()
 
 
+def assert_roofline_steps(client: TestClient, deployment: dict[str, Any], points: list[dict[str, Any]]) -> None:
+    """Each sweep point is /v1/roofline's decode step of its batch at the same deployment, its bound included."""
+    for point in points:
+        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
+        assert step.status_code == 200, step.text
+        assert point["bound"] == step.json()["bound"], point
+        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
+        assert point["expected_step_time_ms"] == pytest.approx(step.json()["expected_time_ms"], rel=1e-9)
+
+
 def test_knee_of_llama_3_8b_at_short_context(client: TestClient) -> None:
     """At c = 128: F = 15,009,316,864 + 524,288 x 129 = 15,076,950,016 FLOPs and
     s = 4,344,320 + 131,072 x 130 = 21,383,680 B per sequence. Compute-bound once
@@ -187,12 +197,7 @@ def test_sweeps_are_monotone_and_agree_with_the_roofline(
     knee = answer["knee_batch_size"]
     checks = {points[0]["batch_size"], points[-1]["batch_size"]} | ({knee - 1, knee} - {0} if knee else set())
     sweep = post(client, {**deployment, "batch_sizes": sorted(checks)})
-    for point in sweep["points"]:
-        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
-        assert step.status_code == 200, step.text
-        assert point["bound"] == step.json()["bound"], point
-        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
-        assert point["expected_step_time_ms"] == pytest.approx(step.json()["expected_time_ms"], rel=1e-9)
+    assert_roofline_steps(client, deployment, sweep["points"])
 
 
 # Attention data parallelism and expert parallelism ------------------------------------------------------------
@@ -242,12 +247,7 @@ def test_a_dp_ep_sweep_agrees_with_the_roofline(client: TestClient, layout: dict
     knee = answer["knee_batch_size"]
     assert (knee is None) == (layout.get("data_parallel", 1) == 1)
     sweep = post(client, {**deployment, "batch_sizes": [1, 64, 4096] + ([knee - 1, knee] if knee else [])})
-    for point in sweep["points"]:
-        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
-        assert step.status_code == 200, step.text
-        assert point["bound"] == step.json()["bound"], point
-        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
-        assert point["expected_step_time_ms"] == pytest.approx(step.json()["expected_time_ms"], rel=1e-9)
+    assert_roofline_steps(client, deployment, sweep["points"])
     if knee is None:
         assert answer["knee_explanation"].startswith("None: ")
         assert {point["bound"] for point in sweep["points"]} == {"memory"}
@@ -290,8 +290,4 @@ def test_any_layout_is_swept_or_refused_and_agrees_with_the_roofline(
     assert all(later >= earlier * (1 - 1e-12) for earlier, later in itertools.pairwise(ideal))
     knee = answer["knee_batch_size"]
     checks = {points[0]["batch_size"], points[-1]["batch_size"]} | ({knee - 1, knee} - {0} if knee else set())
-    for point in post(client, {**deployment, "batch_sizes": sorted(checks)})["points"]:
-        step = client.post("/v1/roofline", json={**deployment, "phase": "decode", "batch_size": point["batch_size"]})
-        assert step.status_code == 200, step.text
-        assert point["bound"] == step.json()["bound"], point
-        assert point["ideal_step_time_ms"] == pytest.approx(step.json()["ideal_time_ms"], rel=1e-9)
+    assert_roofline_steps(client, deployment, post(client, {**deployment, "batch_sizes": sorted(checks)})["points"])
