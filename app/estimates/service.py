@@ -390,8 +390,9 @@ def decode_batch_sweep(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batc
                        tensor_parallel: int, efficiency: Efficiency, data_parallel: int = 1,
                        expert_parallel: int = 1) -> DecodeSweep:
     """The batch-sweep's pure calculation: every batch evaluated at once by the vectorized step-time
-    model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the analytic knee. With
-    attention data parallelism a batch is one rank's sequences, every rank decoding as many."""
+    model (which reproduces roofline(decode_cost(...)) for a uniform batch), plus the knee (`knee_batch_size`:
+    solved, or searched under expert parallelism). With attention data parallelism a batch is one rank's
+    sequences, every rank decoding as many."""
     layout = {"tensor_parallel": tensor_parallel, "data_parallel": data_parallel, "expert_parallel": expert_parallel}
     step_model = build_step_time_model(model, gpu, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                                        compute_dtype=compute_dtype, activation_dtype=activation_dtype,
