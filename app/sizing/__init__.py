@@ -1,7 +1,7 @@
 """The sizing core: pure functions over frozen dataclasses (no web, database, settings, logging or clock)."""
 
 # Echoed by every sizing response so a stored quote names the formulas that produced it.
-CALCULATION_VERSION = "2026.12.06.1"  # + a disaggregated decode worker's fitted extra cost per step
+CALCULATION_VERSION = "2026.12.06.2"  # + decode workers pay no prompt-step cost per MoE layer
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 ENGINE_RULES_VERSION = "2026.12.05.3"  # + the routers say Dynamo moves the KV between Kubernetes pods over RDMA only

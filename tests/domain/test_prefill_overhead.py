@@ -66,3 +66,23 @@ def test_only_engines_that_run_prompt_steps_outside_graphs_pay_it(engine: str, v
 def test_without_an_engine_it_is_not_charged() -> None:
     """The GPU's own time (a roofline, the planner's analytic screening) has no engine loop."""
     assert host_adjusted(ONE_MS, None).prefill_moe_layer_overhead_s == 0.0
+
+
+@pytest.mark.parametrize(("engine", "version"), [("trtllm", "1.0.0"), ("sglang", "0.5.9"), ("vllm", "0.6.3")])
+def test_a_disaggregated_decode_worker_never_pays_it(engine: str, version: str) -> None:
+    """A decode worker runs no prompt step: its requests arrive with the prompt's KV cache and first token and join
+    the decode batch, which the engine replays as a graph (TensorRT-LLM's generation-only requests, above). Under
+    each engine that pays it aggregated, its prefill workers still pay 1 ms per MoE layer and its decode workers
+    nothing: DeepSeek-V3's first step of an arriving request (its last prompt token, 16 sequences decoding beside
+    it) costs 58 x 1 ms = 58 ms more aggregated or on a prefill worker, and exactly what it costs without the
+    overhead on a decode worker."""
+    assert host_adjusted(ONE_MS, engine, version).prefill_moe_layer_overhead_s == 1e-3
+    assert host_adjusted(ONE_MS, engine, version, prefill_pool=True).prefill_moe_layer_overhead_s == 1e-3
+    decode = host_adjusted(ONE_MS, engine, version, decode_pool=True)
+    assert decode.prefill_moe_layer_overhead_s == 0.0
+    arriving = (16, 16 * 2048, 1, 2048)  # 16 decoding + one request's last prompt token after 2,047 cached
+    without = _steps(DEEPSEEK_V3, host_adjusted(DEFAULT_EFFICIENCY, engine, version, decode_pool=True), 8)
+    assert _steps(DEEPSEEK_V3, decode, 8).step_time_s(*arriving) == without.step_time_s(*arriving)
+    aggregated = _steps(DEEPSEEK_V3, host_adjusted(ONE_MS, engine, version), 8)
+    assert aggregated.step_time_s(*arriving) - _steps(DEEPSEEK_V3, host_adjusted(DEFAULT_EFFICIENCY, engine, version),
+                                                      8).step_time_s(*arriving) == pytest.approx(58e-3, rel=1e-9)

@@ -112,8 +112,12 @@ class HostRules:
         (`prefill_pool`, `hidden_in_prefill_pool`). An engine that does not overlap host work at all adds the
         per-step overhead of its serial loop instead (`Efficiency.serial_step_s`). What a disaggregated decode
         worker's step costs beyond an aggregated one's (`Efficiency.decode_worker_step_overhead_s`) is kept on a
-        decode pool's workers (`decode_pool`) alone, under any engine."""
+        decode pool's workers (`decode_pool`) alone, under any engine; and those workers never pay the cost per
+        MoE layer of a prompt step: a request reaches them with its prompt's KV cache and first token, and joins
+        the decode batch, which the engines replay as CUDA graphs (TensorRT-LLM's generation-only requests;
+        `disaggregation.decode_role_requests` times its first step as the one-token step it is)."""
         serial_step = self.host_work and efficiency.serial_step_s != efficiency.per_step_overhead_s
+        prefill_overhead = self.prefill_overhead and not decode_pool
         decode_step = efficiency.decode_worker_step_overhead_s != 0 and not decode_pool
         if (efficiency.per_sequence_overhead_s == 0 and efficiency.overlapped_host_per_sequence_s == 0
                 and efficiency.prefill_moe_layer_overhead_s == 0 and efficiency.per_step_overhead_s == 0
@@ -123,10 +127,10 @@ class HostRules:
             not prefill_pool or self.hidden_in_prefill_pool)
         if ((self.host_work or efficiency.per_sequence_overhead_s == 0)
                 and (self.overlapped_host or efficiency.overlapped_host_per_sequence_s == 0)
-                and (self.prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
+                and (prefill_overhead or efficiency.prefill_moe_layer_overhead_s == 0)
                 and hidden == efficiency.step_overhead_overlapped and not serial_step and not decode_step):
             return efficiency
-        return _without(efficiency, self.host_work, self.overlapped_host, self.prefill_overhead, hidden, decode_pool)
+        return _without(efficiency, self.host_work, self.overlapped_host, prefill_overhead, hidden, decode_pool)
 
 
 NO_ENGINE = HostRules(host_work=False, overlapped_host=False, prefill_overhead=False, hidden_in_pipeline=False,

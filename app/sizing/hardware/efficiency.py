@@ -66,7 +66,8 @@ class Efficiency:
     overlapped_host_per_sequence_s: float = 0.0
     # Fixed cost per MoE layer of a step that carries prompt tokens, in engines that run such steps outside
     # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
-    # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for.
+    # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for. Never on a
+    # disaggregated decode worker, which runs no prompt step (`engines.HostRules.adjusted`).
     prefill_moe_layer_overhead_s: float = 0.0
     # What each step of a disaggregated deployment's decode worker costs beyond an aggregated worker's: its loop
     # tracks the KV transfers in flight every step (SGLang's decode scheduler polls its transfer queue and agrees
