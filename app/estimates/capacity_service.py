@@ -97,19 +97,19 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     disaggregated deployment, of each pool (`disaggregation.pool_capacity`) and the KV transfer between."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
+    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
     pools, layout = None, None
     if request.deployment == DISAGGREGATED:
-        pools = resolve_pools(session, model, request, gpu, gpu_label, request.engine)
+        pools = resolve_pools(session, model, request, gpu, gpu_label, request.engine, weights=recipe)
     else:
         layout = check_parallelism(model, request.tensor_parallel, request.pipeline_parallel,
                                    data_parallel=request.data_parallel, expert_parallel=request.expert_parallel,
-                                   engine=request.engine)
+                                   engine=request.engine, weights=recipe)
     if request.max_model_len is not None and request.max_model_len > model.max_position_embeddings:
         raise Unprocessable(
             f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
             errors=[("/body/max_model_len",
                      f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
-    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
     if recipe is not None and request.weight_dtype not in (None, recipe.dtype):
         raise Unprocessable(
             f"weight_dtype {request.weight_dtype} contradicts weight_recipe {recipe.name} ({recipe.dtype})",

@@ -31,6 +31,7 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import Layout
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.serving.disaggregation import KvTransfer, deployment_link, kv_transfer
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
@@ -64,13 +65,14 @@ def resolve_gpu(session: Session, ref: GpuRef) -> tuple[GpuSpec, str]:
 
 def check_parallelism(model: ModelSpec, tensor_parallel: int, pipeline_parallel: int = 1, *,
                       data_parallel: int = 1, expert_parallel: int = 1, engine: str | None = None,
-                      pointer: str = "/body") -> Layout:
-    """The request's layout, or a 422 naming every rule it breaks (`app.sizing.layout`)."""
+                      pointer: str = "/body", weights: WeightRecipe | None = None) -> Layout:
+    """The request's layout, or a 422 naming every rule it breaks (`app.sizing.layout`, and the engine's own
+    for the checkpoint's recipe `weights`)."""
     try:
         layout = Layout(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel)
     except ValueError as exc:
         raise Unprocessable(str(exc), errors=[(f"{pointer}/expert_parallel", str(exc))]) from None
-    problems = layout_problems(model, layout, engine)
+    problems = layout_problems(model, layout, engine, weights=weights)
     if problems:
         raise Unprocessable("; ".join(problem.rule for problem in problems),
                             errors=[(f"{pointer}/{problem.field}", problem.rule) for problem in problems])
@@ -93,10 +95,10 @@ class ResolvedPool:
 
 
 def resolve_pools(session: Session, model: ModelSpec, request: PoolsRef, gpu: GpuSpec, gpu_label: str,
-                  engine: str | None = None) -> tuple[ResolvedPool, ResolvedPool]:
+                  engine: str | None = None, weights: WeightRecipe | None = None) -> tuple[ResolvedPool, ResolvedPool]:
     """(prefill, decode) pools of a disaggregated request: each pool's GPU (404 naming the pool's gpu when
     the catalog lacks it; null = the request's `gpu`, `gpu_label`) and layout (422 naming the pool's field
-    that breaks a rule of the model or of `engine`)."""
+    that breaks a rule of the model or of `engine`, for the checkpoint's recipe `weights`)."""
     pools = []
     for role in (PREFILL_POOL, DECODE_POOL):
         pool = getattr(request, role)
@@ -106,7 +108,7 @@ def resolve_pools(session: Session, model: ModelSpec, request: PoolsRef, gpu: Gp
                            else (gpu, gpu_label))
         layout = check_parallelism(model, pool.tensor_parallel, pool.pipeline_parallel,
                                    data_parallel=pool.data_parallel, expert_parallel=pool.expert_parallel,
-                                   engine=engine, pointer=pointer)
+                                   engine=engine, pointer=pointer, weights=weights)
         pools.append(ResolvedPool(role, pool_gpu, label, layout, pool.workers))
     return pools[0], pools[1]
 

@@ -272,6 +272,26 @@ def test_qwen2_5_7b_at_tp7_is_a_422_naming_the_rules(client: TestClient) -> None
                        "tensor_parallel 7 must divide the MLP width 18,944"]
 
 
+def test_a_block_fp8_checkpoint_that_vllm_cannot_split_is_a_422(client: TestClient) -> None:
+    """Qwen3-235B-A22B in 128 x 128 FP8 blocks (weight_recipe deepseek_fp8, as Qwen/Qwen3-235B-A22B-FP8):
+    at TP8 each of its 1,536-wide experts is 1,536 / 8 = 192 columns per rank, 1.5 blocks, which vLLM refuses
+    to load (ENGINES.md section 2); with EP8 each rank holds whole experts (moe_tp 8 / 8 = 1) and it loads.
+    A disaggregated decode pool at TP8 is refused the same way, named by its own field."""
+    body = {"model": "qwen3-235b-a22b", "gpu": "h200-sxm", "weight_recipe": "deepseek_fp8", "engine": "vllm",
+            **WORKLOAD}
+    problem = assert_problem(client.post("/v1/capacity", json={**body, "tensor_parallel": 8}), 422,
+                             "/body/tensor_parallel")
+    assert [error["detail"] for error in problem["errors"]] == [
+        ("the expert width 1,536 over 8 ranks is 192 per rank, not whole 128x128 blocks of weight_recipe "
+         "deepseek_fp8 (fp8_block experts): vLLM loads a block format only in whole blocks per rank")]
+    ep8 = post(client, {**body, "tensor_parallel": 8, "expert_parallel": 8})
+    assert (ep8["moe_tensor_parallel"], ep8["fits"]) == (1, True)
+    assert ep8["assumptions"]["weight_recipe"].startswith("deepseek_fp8: ")
+    assert_problem(client.post("/v1/capacity", json={
+        **body, "deployment": "disaggregated", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 8}}),
+        422, "/body/decode/tensor_parallel")
+
+
 def test_deepseek_v3_dp8_ep8_keeps_each_ranks_own_kv(client: TestClient) -> None:
     """DeepSeek-V3 fp8 on 8 x H200 under vLLM's accounting. Weights per GPU (derived by hand in
     tests/domain/test_layout.py): TP8 85,119,449,088 B, DP8+EP8 100,817,025,024 B. The MLA latent costs

@@ -30,6 +30,7 @@ from app.sizing.layout import (
 )
 from app.sizing.layout import layout_problems as generic_layout_problems
 from app.sizing.model.flops import DISTINCT_EXPERTS, decode_cost, step_cost_model
+from app.sizing.model.recipes import RECIPES
 from app.sizing.model.weights import weight_bytes_for_layout
 from app.sizing.serving.capacity import kv_token_capacity, memory_budget
 from app.sizing.serving.plan import configurations, default_tensor_parallel
@@ -95,6 +96,48 @@ def test_expert_rules_per_engine():
     ep24 = Layout(tensor_parallel=8, data_parallel=3, expert_parallel=24)
     assert [p.field for p in layout_problems(GPT_OSS_120B, ep24, "trtllm")] == [EXPERT_PARALLEL]
     assert layout_problems(GPT_OSS_120B, ep24, "vllm") == []
+
+
+# Qwen/Qwen3-235B-A22B config.json: 94 layers, all MoE (decoder_sparse_step 1, no mlp_only_layers), 64 heads of
+# 128, 4 KV heads, 128 experts of width 1,536, top-8, no shared expert. Qwen/Qwen3-235B-A22B-FP8 stores them in
+# 128 x 128 FP8 blocks (its card: "fine-grained fp8 quantization with block size of 128"; quant_method fp8,
+# weight_block_size [128, 128]), which `recipes.recipe_from_quantization_config` reads as deepseek_fp8.
+QWEN3_235B = ModelSpec(name="Qwen3-235B-A22B", slug="qwen3-235b-a22b", num_hidden_layers=94, hidden_size=4096,
+                       num_attention_heads=64, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                       intermediate_size=12288, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536)
+
+
+def test_block_fp8_checkpoints_split_only_on_whole_blocks_under_vllm():
+    """ENGINES.md section 2, vLLM rules: "FP8-block weights need per-rank dims divisible by 128".
+
+    Qwen3-235B-A22B in 128 x 128 FP8 blocks:
+    - TP8: query 64 x 128 / 8 = 1,024 per rank (8 blocks); 8 ranks >= 4 KV heads, so each rank holds one
+      whole KV head of 128 (1 block); each expert 1,536 / 8 = 192 per rank = 1.5 blocks: refused, the fix
+      being tensor_parallel (the only degree that splits the experts here).
+    - TP4: experts 1,536 / 4 = 384 = 3 blocks; query 2,048; KV 4 / 4 = one head of 128: loads.
+    - TP8 with EP8: moe_tp = 8 x 1 / 8 = 1, each rank whole experts of 1,536 = 12 blocks: loads.
+    DeepSeek-V3 in its native FP8 blocks:
+    - TP8: q_b 128 x (128 + 64) / 8 = 3,072 (24 blocks), kv_b 128 x (128 + 128) / 8 = 4,096, o input
+      128 x 128 / 8 = 2,048, dense MLP 18,432 / 8 = 2,304 (18 blocks), expert and shared expert
+      2,048 / 8 = 256 (2 blocks): loads.
+    - TP8 x DP4 without EP: vLLM splits the experts over all 32 ranks, 2,048 / 32 = 64 = half a block:
+      refused on expert_parallel (--enable-expert-parallel, EP32, gives each rank whole experts and loads).
+    Per-tensor FP8 (the plain fp8 dtype) has no blocks, and ENGINES.md states the rule for vLLM alone."""
+    blocks = RECIPES["deepseek_fp8"]
+    problems = layout_problems(QWEN3_235B, Layout(8), "vllm", weights=blocks)
+    assert [(p.field, p.rule) for p in problems] == [(TENSOR_PARALLEL, (
+        "the expert width 1,536 over 8 ranks is 192 per rank, not whole 128x128 blocks of weight_recipe "
+        "deepseek_fp8 (fp8_block experts): vLLM loads a block format only in whole blocks per rank"))]
+    assert layout_problems(QWEN3_235B, Layout(4), "vllm", weights=blocks) == []
+    assert layout_problems(QWEN3_235B, Layout(8, expert_parallel=8), "vllm", weights=blocks) == []
+    assert layout_problems(DEEPSEEK_V3, Layout(8), "vllm", weights=blocks) == []
+    dp4 = layout_problems(DEEPSEEK_V3, Layout(8, 1, 4, 1), "vllm", weights=blocks)
+    assert [(p.field, p.rule.split(" per rank")[0]) for p in dp4] == [
+        (EXPERT_PARALLEL, "the expert width 2,048 over 32 ranks is 64")]
+    assert layout_problems(DEEPSEEK_V3, Layout(8, 1, 4, 32), "vllm", weights=blocks) == []
+    assert layout_problems(QWEN3_235B, Layout(8), "vllm", weights=RECIPES["fp8_dynamic"]) == []
+    assert layout_problems(QWEN3_235B, Layout(8), "vllm") == []
+    assert layout_problems(QWEN3_235B, Layout(8), "sglang", weights=blocks) == []
 
 
 def test_experts_must_split_evenly_and_exist():

@@ -13,7 +13,7 @@ from app.sizing.engines.base import Engine, ResolvedEngine, parse_version
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
-from app.sizing.model.recipes import RECIPES
+from app.sizing.model.recipes import RECIPES, WeightRecipe
 from app.sizing.specs import KV_DTYPES, GpuSpec, ModelSpec
 
 ENGINES: dict[str, Engine] = {engine.name: engine for engine in (vllm.ENGINE, sglang.ENGINE, trtllm.ENGINE,
@@ -56,11 +56,12 @@ class EngineConfig:
 
 
 def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
-                    gpus_per_node: int | None = None) -> list[LayoutProblem]:
-    """Every rule `layout` breaks: the generic ones (`layout.layout_problems`), then the engine's own."""
+                    gpus_per_node: int | None = None, weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    """Every rule `layout` breaks: the generic ones (`layout.layout_problems`), then the engine's own (with
+    `weights`, the checkpoint recipe's too)."""
     problems = generic_layout_problems(model, layout, gpus_per_node)
     if engine is not None:
-        problems += ENGINES[engine].layout_problems(model, layout)
+        problems += ENGINES[engine].layout_problems(model, layout, weights)
     return problems
 
 

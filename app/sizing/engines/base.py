@@ -248,6 +248,8 @@ class Engine(Protocol):
         plan assumes (`kv_over_nvlink`)."""
         ...
 
-    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
-        """The engine's own rules a parallel layout breaks, beyond `layout.layout_problems`' generic ones."""
+    def layout_problems(self, model: ModelSpec, layout: Layout,
+                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+        """The engine's own rules a parallel layout breaks, beyond `layout.layout_problems`' generic ones;
+        with `weights`, a checkpoint's recipe, also the rules its storage formats put on the split."""
         ...

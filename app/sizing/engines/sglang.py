@@ -245,7 +245,8 @@ class Sglang:
         return ("python -m sglang_router.launch_router --pd-disaggregation --prefill PREFILL_URL ... "
                 "--decode DECODE_URL ...")
 
-    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout,
+                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
         """SGLang spells attention DP inside its TP group (`--tp tp·dp --dp dp --enable-dp-attention`), gives
         each EP rank E/ep experts, and does not combine DP attention with pipeline stages (SGL 0.5.10
         `server_args.py`)."""

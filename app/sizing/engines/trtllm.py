@@ -158,7 +158,8 @@ class Trtllm:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
                 f"or {DYNAMO_PODS}")
 
-    def layout_problems(self, model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout,
+                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
         """Each EP rank takes `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2), so ep must
         divide the experts."""
         ep = layout.expert_parallel

@@ -42,6 +42,9 @@ class WeightFormat:
     dtype: str  # the compute-facing dtype family (`specs.WEIGHT_DTYPES` + fp32)
     description: str
     source: str
+    # Side of the square blocks that share one scale (0: none). A checkpoint in such a format can be split
+    # over ranks only on block boundaries (`Engine.layout_problems` with its recipe).
+    tile: int = 0
 
 
 _FORMATS = (
@@ -52,7 +55,7 @@ _FORMATS = (
                  "ModelOpt 0.47 numerics/fp8.yaml; compressed-tensors 0.20.1 FP8 / FP8_DYNAMIC"),
     WeightFormat("fp8_block", Fraction(8) + Fraction(32, 128 * 128), "fp8",
                  "FP8 E4M3 with one FP32 scale per 128x128 block",
-                 "deepseek-ai/DeepSeek-V3 README_WEIGHTS.md @9b4e9788 (weight_block_size [128, 128])"),
+                 "deepseek-ai/DeepSeek-V3 README_WEIGHTS.md @9b4e9788 (weight_block_size [128, 128])", tile=128),
     WeightFormat("int8", Fraction(8), "int8", "INT8, per-channel scale (W8A8)",
                  "compressed-tensors 0.20.1 W8A8"),
     WeightFormat("int4", Fraction(4) + Fraction(16, 128), "int4",
