@@ -91,7 +91,7 @@ def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
     assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
     assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
-    assert data["calculation_version"] == "2026.12.06.2"
+    assert data["calculation_version"] == "2026.12.06.3"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
@@ -121,14 +121,14 @@ def test_405b_on_one_h100_is_an_answer_not_an_error(client: TestClient) -> None:
 
 
 def test_sglang_fraction_on_h200(client: TestClient) -> None:
-    """SGLang on H200 (143,771 MiB): fraction round((143,771 − 13,440) / 143,771, 3) = 0.907;
-    0.907 x 150,754,820,096 = 136,734,621,827 (.072 dropped) − 16,060,522,496 = 120,674,099,331 B of KV;
-    page size 1: // 131,072 = 920,670 tokens."""
+    """SGLang 0.5.10 on H200 (143,771 MiB): reserved 13,440 MiB + the piecewise CUDA graphs' 58 x 8 = 464,
+    fraction round((143,771 − 13,904) / 143,771, 3) = 0.903; 0.903 x 150,754,820,096 = 136,131,602,546
+    (.688 dropped) − 16,060,522,496 = 120,071,080,050 B of KV; page size 1: // 131,072 = 916,069 tokens."""
     data = post(client, {"model": "llama-3.1-8b", "gpu": "h200-sxm", "engine": "sglang", **WORKLOAD})
-    assert data["engine"]["gpu_memory_utilization"] == 0.907
+    assert data["engine"]["gpu_memory_utilization"] == 0.903
     assert data["engine"]["block_size"] == 1
-    assert data["memory"]["kv_budget_bytes_per_gpu"] == 120_674_099_331
-    assert data["kv_tokens"] == 920_670
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 120_071_080_050
+    assert data["kv_tokens"] == 916_069
 
 
 def test_trtllm_rule(client: TestClient) -> None:
@@ -310,17 +310,18 @@ def test_deepseek_v3_dp8_ep8_keeps_each_ranks_own_kv(client: TestClient) -> None
 
 
 def test_sglang_dp_attention_reserves_more_and_chunks_each_rank(client: TestClient) -> None:
-    """SGLang, DeepSeek-V3 fp8 on 8 x H200 (150,754,820,096 B = 143,771 MiB) as DP8 + EP8: SGLang's tp is the
-    8 GPUs, so cuda_graph_max_bs 512; reserved 512 + 1.5 x 8,192 + 2 x 512 + 8/8 x 1,024 = 14,848 MiB, + 3 x 512
-    x 8 = 12,288 and 1.5 x 512 x 8 = 6,144 under DP attention: 33,280 MiB, mem_fraction_static
-    (143,771 - 33,280) / 143,771 = 0.76852 -> 0.769; each rank prefills 8,192 / 8 = 1,024 tokens per step. As
-    TP8 (no DP): 14,848 MiB reserved, (143,771 - 14,848) / 143,771 = 0.89673 -> 0.897, and chunks of 8,192."""
+    """SGLang 0.5.10, DeepSeek-V3 fp8 on 8 x H200 (150,754,820,096 B = 143,771 MiB) as DP8 + EP8: SGLang's tp is
+    the 8 GPUs, so cuda_graph_max_bs 512; reserved 512 + 1.5 x 8,192 + 2 x 512 + 8/8 x 1,024 = 14,848 MiB, + 3 x
+    512 x 8 = 12,288 and 1.5 x 512 x 8 = 6,144 under DP attention, + 1,536 for the piecewise CUDA graphs of an
+    MLA model: 34,816 MiB, mem_fraction_static (143,771 - 34,816) / 143,771 = 0.75784 -> 0.758; each rank
+    prefills 8,192 / 8 = 1,024 tokens per step. As TP8 (no DP): 14,848 + 1,536 = 16,384 MiB reserved,
+    (143,771 - 16,384) / 143,771 = 0.88604 -> 0.886, and chunks of 8,192."""
     body = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "engine": "sglang", **WORKLOAD}
     dep8 = post(client, {**body, "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8})["engine"]
     tp8 = post(client, {**body, "tensor_parallel": 8})["engine"]
-    assert (dep8["gpu_memory_utilization"], dep8["max_num_batched_tokens"]) == (0.769, 1024)
+    assert (dep8["gpu_memory_utilization"], dep8["max_num_batched_tokens"]) == (0.758, 1024)
     assert "divided by its 8 data-parallel ranks" in dep8["sources"]["max_num_batched_tokens"]
-    assert (tp8["gpu_memory_utilization"], tp8["max_num_batched_tokens"]) == (0.897, 8192)
+    assert (tp8["gpu_memory_utilization"], tp8["max_num_batched_tokens"]) == (0.886, 8192)
 
 
 @pytest.mark.parametrize(("change", "pointer"), [

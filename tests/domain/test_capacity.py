@@ -253,7 +253,7 @@ def test_vllm_version_decides_utilization_and_cuda_graphs() -> None:
 
 
 def test_sglang_mem_fraction_static_reproduces_its_rule() -> None:
-    """SGLang 0.5 `_handle_gpu_memory_settings`, memory in MiB:
+    """SGLang 0.5.5 `_handle_gpu_memory_settings`, memory in MiB:
     H100 81,559 MiB (< 90 GiB bucket: chunked_prefill_size 8192, cuda_graph_max_bs 256 at tp < 4):
     reserved = 512 + 1.5·8192 + 2·256 + 1·1/8·1024 = 512 + 12,288 + 512 + 128 = 13,440 MiB (above the
     10 GiB floor); (81,559 − 13,440) / 81,559 = 0.83521 -> 0.835.
@@ -263,10 +263,40 @@ def test_sglang_mem_fraction_static_reproduces_its_rule() -> None:
     H100 with chunked_prefill_size 2048: 512 + 3,072 + 512 + 128 = 4,224 MiB, raised to the 10,240 MiB
     floor of GPUs over 60 GiB: 71,319 / 81,559 = 0.87445 -> 0.874.
     """
+    v055 = "0.5.5"
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, 2048, version=v055) == (0.874, 2048, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version=v055) == (0.835, 8192, 256)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, version=v055) == (0.907, 8192, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None, version=v055) == (0.818, 8192, 512)
+
+
+def test_sglang_from_0_5_10_reserves_its_piecewise_cuda_graphs() -> None:
+    """ENGINES.md 1.2: piecewise CUDA graphs, on by default from 0.5.10 (the default version), add 8 MiB per
+    captured size, 58 sizes in the reference's worked example, to the 0.5.5 reserve; 1.5 GiB with MLA.
+    H100 TP1: 13,440 + 58·8 = 13,904 MiB; 67,655 / 81,559 = 0.82952 -> 0.830 (the worked example's).
+    H100 TP8: 14,848 + 464 = 15,312; 66,247 / 81,559 = 0.81226 -> 0.812 (the worked example's).
+    H200 TP1: 143,771 − 13,904 = 129,867; / 143,771 = 0.90329 -> 0.903.
+    H200 TP8 of an MLA model: 14,848 + 1,536 = 16,384; 127,387 / 143,771 = 0.88604 -> 0.886.
+    H100 with chunks of 2048: 4,224 + 464 = 4,688, still under the 10,240 MiB floor: 0.874.
+    """
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None) == (0.830, 8192, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version="0.5.10") == (0.830, 8192, 256)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None) == (0.812, 8192, 512)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None) == (0.903, 8192, 256)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 8, 1, None, mla=True) == (0.886, 8192, 512)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 8, 1, None, version="0.5.9", mla=True)[0] == 0.897
     assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, 2048) == (0.874, 2048, 256)
-    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None) == (0.835, 8192, 256)
-    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None) == (0.907, 8192, 256)
-    assert sglang_mem_fraction_static(H100.memory_bytes, 8, 1, None) == (0.818, 8192, 512)
+
+
+def test_sglang_size_defaults_of_a_24_gib_gpu_by_release() -> None:
+    """ENGINES.md 1.2, GPU-size defaults: 20-35 GiB takes chunks of 2048 and cuda_graph_max_bs 24 (tp < 4) in
+    0.5.10, 4096 and 48 in 0.5.23. A 24 GiB GPU (24,576 MiB), TP1:
+    0.5.10: 512 + 1.5·2048 + 2·24 + 1/8·1024 + 58·8 = 512 + 3,072 + 48 + 128 + 464 = 4,224 MiB (no floor
+    under 60 GiB); 20,352 / 24,576 = 0.82812 -> 0.828.
+    0.5.23: 512 + 1.5·4096 + 2·48 + 128 + 464 = 7,344; 17,232 / 24,576 = 0.70117 -> 0.701."""
+    gpu_24gib = 24 * 1024 * 1024 * 1024
+    assert sglang_mem_fraction_static(gpu_24gib, 1, 1, None) == (0.828, 2048, 24)
+    assert sglang_mem_fraction_static(gpu_24gib, 1, 1, None, version="0.5.23") == (0.701, 4096, 48)
 
 
 def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_ranks() -> None:
@@ -280,10 +310,11 @@ def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_
     13,568; + 3·256·2 = 1,536 (256 <= 300: nothing more) -> 15,104; 66,455 / 81,559 = 0.81481 -> 0.815.
     A given chunk of 4,096 is divided too: 4,096 / 4 = 1,024 per rank. vLLM gives each rank the whole budget.
     """
-    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, 8) == (0.769, 8192, 512)
-    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, 2) == (0.815, 8192, 256)
+    assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, 8, version="0.5.5") == (0.769, 8192, 512)
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, 2, version="0.5.5") == (0.815, 8192, 256)
+    # 0.5.10 (the default) adds the piecewise graphs' 464 MiB: 33,744 -> 110,027 / 143,771 = 0.76529 -> 0.765.
     sglang = resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H200, 1, data_parallel=8)
-    assert (sglang.gpu_memory_utilization, sglang.max_num_batched_tokens) == (0.769, 1024)
+    assert (sglang.gpu_memory_utilization, sglang.max_num_batched_tokens) == (0.765, 1024)
     given = resolve_engine(EngineConfig(engine="sglang", max_num_batched_tokens=4096), LLAMA_3_1_8B, H200, 1,
                            data_parallel=4)
     assert given.max_num_batched_tokens == 1024
@@ -317,7 +348,8 @@ def test_sglang_fraction_follows_the_release_asked_for() -> None:
     # Through the engine's defaults: the release a request names.
     old = resolve_engine(EngineConfig(engine="sglang", engine_version="0.5.2"), LLAMA_3_1_8B, H100, 8)
     assert old.gpu_memory_utilization == 0.831 and "SGLang 0.5.2" in dict(old.sources)["gpu_memory_utilization"]
-    assert resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H100, 8).gpu_memory_utilization == 0.818
+    # The default release, 0.5.10: 0.5.5's 14,848 MiB + the piecewise graphs' 464 -> 0.812.
+    assert resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H100, 8).gpu_memory_utilization == 0.812
 
 
 def test_a_data_parallel_rank_of_one_gpu_joins_a_multi_gpu_group() -> None:
@@ -334,17 +366,17 @@ def test_a_data_parallel_rank_of_one_gpu_joins_a_multi_gpu_group() -> None:
 
 
 def test_sglang_pool_holds_weights_and_kv_only() -> None:
-    """SGLang, Llama-3.1-8B on H100: KV = 0.835 x 85,520,809,984 − weights
-    = 71,409,876,336 (.64 dropped) − 16,060,522,496 = 55,349,353,840 B; page size 1, so
-    55,349,353,840 // 131,072 = 422,282 tokens (422,282 · 131,072 = 55,349,346,304).
-    max_running_requests = min(422,282 // 2, pool of clamp(int(422,282 / 131,072 · 512) = 1,649, 2048,
-    4096) = 2048) = 2048.
+    """SGLang 0.5.10 (the default), Llama-3.1-8B on H100: fraction 0.830 (the piecewise graphs' 464 MiB on top
+    of 0.5.5's 13,440), KV = 0.830 x 85,520,809,984 − weights = 70,982,272,286 (.72 dropped) − 16,060,522,496
+    = 54,921,749,790 B; page size 1, so 54,921,749,790 // 131,072 = 419,019 tokens (419,019 · 131,072 =
+    54,921,658,368). max_running_requests = min(419,019 // 2, pool of clamp(int(419,019 / 131,072 · 512) =
+    1,636, 2048, 4096) = 2048) = 2048.
     """
     result = run(LLAMA_3_1_8B, engine=EngineConfig(engine="sglang"))
-    assert result.memory.usable_bytes_per_gpu == 71_409_876_336
+    assert result.memory.usable_bytes_per_gpu == 70_982_272_286
     assert result.memory.activation_bytes_per_gpu == result.memory.overhead_bytes_per_gpu == 0
-    assert result.memory.kv_budget_bytes_per_gpu == 55_349_353_840
-    assert (result.kv_tokens, result.kv_blocks) == (422_282, 422_282)
+    assert result.memory.kv_budget_bytes_per_gpu == 54_921_749_790
+    assert (result.kv_tokens, result.kv_blocks) == (419_019, 419_019)
     assert result.engine.max_num_seqs == 2048
     assert result.operating_point is not None and result.operating_point.concurrency_view == STEADY_STATE
 

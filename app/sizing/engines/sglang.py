@@ -36,6 +36,15 @@ PIECEWISE_GRAPHS_FROM = (0, 5, 10)  # piecewise CUDA graphs on by default (ENGIN
 LARGE_GPU_RESERVE_FROM = (0, 4, 6)
 RESERVE_BY_GPU_SIZE_FROM = (0, 4, 9)
 RESERVE_BY_CHUNK_FROM = (0, 5, 5)
+# From 0.5.10 (piecewise CUDA graphs on by default) the reserve grows by 8 MiB per piecewise graph size on a
+# model without MLA, by 1.5 GiB on one with MLA (ENGINES.md 1.2, SGL 0.5.10 `_handle_gpu_memory_settings`). The
+# reference counts the sizes only in its worked example, 58 (H100, chunked_prefill_size 8192: 464 MiB).
+PIECEWISE_GRAPH_SIZES = 58
+PIECEWISE_MIB_PER_SIZE = 8
+PIECEWISE_MLA_MIB = 1.5 * 1024
+# SGLang 0.5.23 changed the 20-35 GiB tier of its size defaults to chunks of 4096 and CUDA-graph batches of
+# 48 (tp < 4) / 160 (ENGINES.md 1.2).
+SMALL_TIER_CHANGED_FROM = (0, 5, 23)
 # What moves the KV over multi-node NVLink (MNNVL) in an NVL72 instead of RDMA (ENGINES.md section 3,
 # sgl-project/sglang `docs/advanced_features/pd_disaggregation.md` @08edc506; aux data stays on TCP).
 MNNVL_ENV = ("SGLANG_MOONCAKE_CUSTOM_MEM_POOL=True", "MC_FORCE_MNNVL=True")
@@ -47,16 +56,17 @@ _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2,
 
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
                                chunked_prefill_size: int | None, data_parallel: int = 1,
-                               version: str | None = None) -> tuple[float, int, int]:
+                               version: str | None = None, mla: bool = False) -> tuple[float, int, int]:
     """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies, at
-    release `version` (None: 0.5.5 and later; earlier releases: `_earlier_mem_fraction_static`).
+    release `version` (None: the default version, 0.5.10; before 0.5.5: `_earlier_mem_fraction_static`), for
+    a model with multi-head latent attention when `mla`.
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
-    buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (< 20 GiB: 2048 / 8; < 35: 2048 /
-    16, 80 at tp >= 4; < 60: 4096 / 32, 160; < 90: 8192 / 256, 512; < 160: 8192 / 256, 512; else 16384 /
-    512), then reserved = 512 + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs
-    + tp·pp/8·1024 MiB, at least 10 GiB on GPUs over 60 GiB, and fraction = round((mem − reserved)/mem, 3).
-    H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835; H200 (143,771 MiB): 0.907.
+    buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (`_size_defaults`), then reserved = 512
+    + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs + tp·pp/8·1024 MiB, from 0.5.10 plus the
+    piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA), at least 10 GiB on GPUs over 60 GiB, and
+    fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835
+    in 0.5.5; 13,904 MiB and 0.830 in 0.5.10 (ENGINES.md's worked example).
 
     With attention data parallelism (`data_parallel` ranks, `--enable-dp-attention`) SGLang's tp is the
     whole group, tensor_parallel · data_parallel GPUs, and it reserves 3·cuda_graph_max_bs·dp MiB more
@@ -65,25 +75,30 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     """
     memory_mib = gpu_memory_bytes / MIB
     tensor_parallel *= data_parallel  # SGLang's --tp-size spans the attention data-parallel ranks
-    at = parse_version(version) if version is not None else RESERVE_BY_CHUNK_FROM
+    at = parse_version(version if version is not None else ENGINE.default_version)
     if at < RESERVE_BY_CHUNK_FROM:
         return _earlier_mem_fraction_static(memory_mib, tensor_parallel, pipeline_parallel, chunked_prefill_size,
                                             data_parallel > 1, at)
-    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size)
+    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size, at)
     reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
                     + tensor_parallel * pipeline_parallel / 8 * 1024)
     if data_parallel > 1:
         reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
+    if at >= PIECEWISE_GRAPHS_FROM:
+        reserved_mib += PIECEWISE_MLA_MIB if mla else PIECEWISE_GRAPH_SIZES * PIECEWISE_MIB_PER_SIZE
     if memory_mib > 60 * 1024:
         reserved_mib = max(reserved_mib, 10 * 1024)
     return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
 
 
-def _size_defaults(memory_mib: float, tensor_parallel: int, chunked_prefill_size: int | None) -> tuple[int, int]:
-    """SGLang 0.5's chunked_prefill_size (unless given) and cuda_graph_max_bs for the GPU's memory and its tp."""
+def _size_defaults(memory_mib: float, tensor_parallel: int, chunked_prefill_size: int | None,
+                   at: tuple[int, int, int]) -> tuple[int, int]:
+    """SGLang's chunked_prefill_size (unless given) and cuda_graph_max_bs for the GPU's memory and its tp, as
+    0.5.10 sets them (ENGINES.md 1.2); from 0.5.23 the 20-35 GiB tier takes 4096 and 48 / 160."""
+    small_tier = (4096, 48, 160) if at >= SMALL_TIER_CHANGED_FROM else (2048, 24, 80)
     buckets = (  # (memory below, MiB; chunked_prefill_size; cuda_graph_max_bs at tp < 4; at tp >= 4)
         (20 * 1024, 2048, 8, 8),
-        (35 * 1024, 2048, 16, 80),
+        (35 * 1024, *small_tier),
         (60 * 1024, 4096, 32, 160),
         (90 * 1024, 8192, 256, 512),
         (160 * 1024, 8192, 256, 512),
@@ -117,7 +132,7 @@ def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeli
             return round((memory_mib - 13 * 1024) / memory_mib, 3), chunk, graph_bs
         by_tp = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
         return next(fraction for least, fraction in by_tp if tensor_parallel >= least), chunk, graph_bs
-    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size)
+    chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size, at)
     gpus = tensor_parallel * pipeline_parallel
     reserved_gib = (2.8 + gpus / 10 if memory_mib < 35 * 1024 else 9.5 + gpus / 2 if memory_mib < 90 * 1024
                     else 12 + gpus / 2 if memory_mib < 160 * 1024 else 32.0)
@@ -150,7 +165,7 @@ class Sglang:
                  data_parallel: int = 1) -> dict[str, Default]:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens,
-                                                               data_parallel, version)
+                                                               data_parallel, version, model.is_mla)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "
