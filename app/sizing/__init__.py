@@ -4,4 +4,4 @@
 CALCULATION_VERSION = "2026.12.06.3"  # + SGLang 0.5.10 reserves its piecewise CUDA graphs; 24 graph batches at 20-35 GiB
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
-ENGINE_RULES_VERSION = "2026.12.06.2"  # + SGLang 0.5.10 piecewise-graph reserve, 0.5.23 small-GPU tier; vLLM block-FP8 splits
+ENGINE_RULES_VERSION = "2026.12.06.3"  # + TensorRT-LLM attention-DP ranks are one GPU each; SGLang piecewise graphs; vLLM block FP8

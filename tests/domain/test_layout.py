@@ -89,13 +89,20 @@ def test_expert_rules_per_engine():
     """DeepSeek-V3, 256 experts, on 8 GPUs as TP8 with EP2 (moe_tp 4): vLLM's --enable-expert-parallel
     forces ep = dp x tp = 8, so EP2 is a vLLM error; TensorRT-LLM and SGLang accept it (256 % 2 = 0).
     gpt-oss-120b has 128 experts: EP 8 x 3 = 24 does not divide 128 (TensorRT-LLM's E // ep), vLLM
-    accepts it (the first 128 mod 24 = 8 ranks get one more); 2880 / (24/24) = 2880 per expert."""
+    accepts it (the first 128 mod 24 = 8 ranks get one more); 2880 / (24/24) = 2880 per expert.
+    TensorRT-LLM's attention DP gives every GPU its own attention rank (KV sized with tp_size 1, ENGINES.md
+    section 2), so its DP ranks are one GPU each: TP8 x DP3 and DeepSeek's TP2 x DP4 are refused on
+    tensor_parallel; SGLang splits attention over tp / dp GPUs of its group and takes TP2 x DP4."""
     ep2 = Layout(8, expert_parallel=2)
     assert [p.field for p in layout_problems(DEEPSEEK_V3, ep2, "vllm")] == [EXPERT_PARALLEL]
     assert layout_problems(DEEPSEEK_V3, ep2, "trtllm") == layout_problems(DEEPSEEK_V3, ep2, "sglang") == []
     ep24 = Layout(tensor_parallel=8, data_parallel=3, expert_parallel=24)
-    assert [p.field for p in layout_problems(GPT_OSS_120B, ep24, "trtllm")] == [EXPERT_PARALLEL]
+    assert [p.field for p in layout_problems(GPT_OSS_120B, ep24, "trtllm")] == [EXPERT_PARALLEL, TENSOR_PARALLEL]
     assert layout_problems(GPT_OSS_120B, ep24, "vllm") == []
+    tp2_dp4 = Layout(tensor_parallel=2, data_parallel=4, expert_parallel=8)
+    assert [p.field for p in layout_problems(DEEPSEEK_V3, tp2_dp4, "trtllm")] == [TENSOR_PARALLEL]
+    assert layout_problems(DEEPSEEK_V3, tp2_dp4, "sglang") == []
+    assert layout_problems(DEEPSEEK_V3, Layout(tensor_parallel=1, data_parallel=8, expert_parallel=8), "trtllm") == []
 
 
 # Qwen/Qwen3-235B-A22B config.json: 94 layers, all MoE (decoder_sparse_step 1, no mlp_only_layers), 64 heads of

@@ -21,7 +21,7 @@ from app.sizing.engines.base import (
     non_torch_default,
     parse_version,
 )
-from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem
+from app.sizing.layout import EXPERT_PARALLEL, TENSOR_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -161,12 +161,21 @@ class Trtllm:
     def layout_problems(self, model: ModelSpec, layout: Layout,
                         weights: WeightRecipe | None = None) -> list[LayoutProblem]:
         """Each EP rank takes `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2), so ep must
-        divide the experts."""
+        divide the experts. `enable_attention_dp` makes every GPU of `tp_size` its own attention rank, holding
+        all the KV heads of its own requests (the KV per token is sized with tp_size 1, ENGINES.md section 2):
+        attention data parallelism comes with tensor_parallel 1, never with attention split over GPUs."""
+        problems = []
         ep = layout.expert_parallel
         if model.is_moe and ep > 1 and model.num_experts % ep:
-            return [LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} must divide the {model.num_experts} "
-                                  "routed experts (TensorRT-LLM gives each rank E // ep)")]
-        return []
+            problems.append(LayoutProblem(EXPERT_PARALLEL, f"expert_parallel {ep} must divide the "
+                                          f"{model.num_experts} routed experts (TensorRT-LLM gives each rank E // ep)"))
+        if layout.data_parallel > 1 and layout.tensor_parallel > 1:
+            problems.append(LayoutProblem(TENSOR_PARALLEL, (
+                f"TensorRT-LLM's attention data parallelism gives every GPU its own attention rank: data_parallel "
+                f"{layout.data_parallel} needs tensor_parallel 1, not {layout.tensor_parallel} (data_parallel "
+                f"{layout.data_parallel * layout.tensor_parallel} with tensor_parallel 1 is the layout "
+                f"--tp_size {layout.data_parallel * layout.tensor_parallel} with enable_attention_dp runs)")))
+        return problems
 
 
 def _pytorch_backend(version: str) -> bool:
