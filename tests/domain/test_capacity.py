@@ -288,6 +288,24 @@ def test_sglang_from_0_5_10_reserves_its_piecewise_cuda_graphs() -> None:
     assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, 2048) == (0.874, 2048, 256)
 
 
+def test_sglang_sets_memory_aside_for_speculative_decoding() -> None:
+    """ENGINES.md 1.2: from 0.5.5 SGLang reserves 4 GiB more for EAGLE and 6 GiB for a standalone draft model
+    (after the 10 GiB floor; nothing named for n-gram drafting); 0.4.9-0.5.2 reserve 2 GiB for any.
+    H100 TP1, 0.5.10: 13,904 + 4,096 = 18,000 MiB -> 63,559 / 81,559 = 0.77930 -> 0.779 (EAGLE);
+    13,904 + 6,144 = 20,048 -> 61,511 / 81,559 = 0.75419 -> 0.754 (draft model); n-gram 0.830 as without.
+    0.5.2: (9.5 + 1/2)·1024 = 10,240 + 2,048 = 12,288 -> 69,271 / 81,559 = 0.84933 -> 0.849 (n-gram too)."""
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="eagle")[0] == 0.779
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="draft_model")[0] == 0.754
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="ngram")[0] == 0.830
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version="0.5.2", speculative="ngram")[0] == 0.849
+    drafted = resolve_engine(EngineConfig(engine="sglang", speculative="draft_model"), LLAMA_3_1_8B, H100, 1)
+    assert drafted.gpu_memory_utilization == 0.754
+    assert resolve_engine(EngineConfig(speculative="draft_model"), LLAMA_3_1_8B, H100, 1).gpu_memory_utilization == \
+        resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1).gpu_memory_utilization  # vLLM: no such reserve
+    with pytest.raises(ValueError, match="speculative"):
+        EngineConfig(speculative="medusa")
+
+
 def test_sglang_size_defaults_of_a_24_gib_gpu_by_release() -> None:
     """ENGINES.md 1.2, GPU-size defaults: 20-35 GiB takes chunks of 2048 and cuda_graph_max_bs 24 (tp < 4) in
     0.5.10, 4096 and 48 in 0.5.23. A 24 GiB GPU (24,576 MiB), TP1:

@@ -14,6 +14,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.serving.plan import (
     MAX_CONFIGURATIONS,
     Configuration,
+    DraftModel,
     HaPolicy,
     PlanInputs,
     SearchSpaceTooLarge,
@@ -34,7 +35,14 @@ from app.sizing.serving.simulate import SchedulerConfig
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime, tokens_per_pass
 from app.sizing.serving.workload import Fixed, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
-from tests.domain.models_for_tests import FALCON_7B, GEMMA_2_9B, LLAMA_3_1_405B, LLAMA_3_8B, LLAMA_3_70B
+from tests.domain.models_for_tests import (
+    FALCON_7B,
+    GEMMA_2_9B,
+    LLAMA_3_1_405B,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    QWEN2_5_0_5B,
+)
 from tests.domain.test_roofline import H100_SXM
 
 # H100 SXM as the reference catalog has it (driver-reported memory, dense peaks, NVLink per direction).
@@ -337,6 +345,23 @@ def test_speculative_decoding_reports_its_tokens_per_pass():
     result = eight_b_plan(speculative=SpeculativeDecoding(3, 0.6, has_draft_model=False))
     assert result.feasible
     assert result.plans[0].tokens_per_pass == pytest.approx(2.176)
+
+
+def test_an_sglang_plan_keeps_the_memory_sglang_sets_aside_for_its_draft_model():
+    """SGLang 0.5.10 (the default) sets 6 GiB more aside for a standalone draft model and nothing more for
+    n-gram drafting (ENGINES.md 1.2). H100, 81,559 MiB, chunks of 8,192, cuda_graph_max_bs 256 (tp < 4):
+    TP1 reserves 512 + 12,288 + 512 + 128 + the piecewise graphs' 464 = 13,904 MiB; with the draft model
+    20,048: (81,559 − 20,048) / 81,559 = 0.75419 -> 0.754; n-gram 67,655 / 81,559 = 0.82952 -> 0.830.
+    TP2: 512 + 12,288 + 512 + 256 + 464 = 14,032; with the draft 20,176: 61,383 / 81,559 = 0.75262 -> 0.753;
+    n-gram 67,527 / 81,559 = 0.82795 -> 0.828."""
+    drafted = eight_b_plan(engine="sglang", speculative=SpeculativeDecoding(3, 0.6),
+                           draft=DraftModel(QWEN2_5_0_5B, "bf16"))
+    ngram = eight_b_plan(engine="sglang", speculative=SpeculativeDecoding(3, 0.6, has_draft_model=False))
+    assert drafted.plans and ngram.plans
+    for found in drafted.plans:
+        assert found.engine.gpu_memory_utilization == {1: 0.754, 2: 0.753}[found.configuration.tensor_parallel]
+    for found in ngram.plans:
+        assert found.engine.gpu_memory_utilization == {1: 0.830, 2: 0.828}[found.configuration.tensor_parallel]
 
 
 def test_a_request_longer_than_the_model_is_refused():

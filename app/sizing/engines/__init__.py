@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
-from app.sizing.engines.base import Engine, ResolvedEngine, parse_version
+from app.sizing.engines.base import SPECULATIVE_KINDS, Engine, ResolvedEngine, parse_version
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
@@ -35,10 +35,15 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
     max_model_len: int | None = None
+    # The speculative decoding the engine runs beside the model, which some engines reserve memory for:
+    # DRAFT_MODEL (a separate draft model), EAGLE (a draft head) or NGRAM (prompt lookup); None: none.
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; expected one of {list(ENGINES)}")
+        if self.speculative not in (None, *SPECULATIVE_KINDS):
+            raise ValueError(f"unknown speculative decoding {self.speculative!r}; expected one of {SPECULATIVE_KINDS}")
         if self.engine_version is not None:
             parse_version(self.engine_version)
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:

@@ -33,6 +33,12 @@ RESERVE_AT_ADMISSION = "reserve_at_admission"  # input + full output reserved up
 STEADY_STATE = "steady_state"
 ADMISSION = "admission"
 
+# Kinds of speculative decoding an engine may run beside the model (`EngineConfig.speculative`).
+DRAFT_MODEL = "draft_model"  # a separate, smaller model drafts (SGLang's STANDALONE)
+EAGLE = "eagle"  # a draft head on the model's own hidden states (EAGLE, MTP)
+NGRAM = "ngram"  # prompt lookup: no model drafts
+SPECULATIVE_KINDS = (DRAFT_MODEL, EAGLE, NGRAM)
+
 # Measured on H100 80 GB, vLLM, Llama-3.1-8B, TP1 and TP2+ (SIZING.md s7).
 NON_TORCH_BYTES_SINGLE_GPU = round(0.13 * GIB)  # measured at TP1 (0.13-0.15 GiB)
 # With 2+ GPUs NCCL adds its buffers: 0.55-0.6 GiB measured; the upper end, to stay on the safe side.

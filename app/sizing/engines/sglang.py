@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DRAFT_MODEL,
+    EAGLE,
     MIB,
     OF_TOTAL,
     ON_DEMAND,
@@ -42,6 +44,10 @@ RESERVE_BY_CHUNK_FROM = (0, 5, 5)
 PIECEWISE_GRAPH_SIZES = 58
 PIECEWISE_MIB_PER_SIZE = 8
 PIECEWISE_MLA_MIB = 1.5 * 1024
+# What SGLang reserves for speculative decoding (ENGINES.md 1.2): 2 GiB for any in 0.4.9-0.5.2; from 0.5.5,
+# 4 GiB for EAGLE and 6 GiB for a standalone draft model (the reference names no reserve for n-gram drafting).
+SPECULATIVE_MIB_BEFORE_0_5_5 = 2 * 1024
+SPECULATIVE_MIB = {EAGLE: 4 * 1024, DRAFT_MODEL: 6 * 1024}
 # SGLang 0.5.23 changed the 20-35 GiB tier of its size defaults to chunks of 4096 and CUDA-graph batches of
 # 48 (tp < 4) / 160 (ENGINES.md 1.2).
 SMALL_TIER_CHANGED_FROM = (0, 5, 23)
@@ -56,16 +62,17 @@ _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2,
 
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
                                chunked_prefill_size: int | None, data_parallel: int = 1,
-                               version: str | None = None, mla: bool = False) -> tuple[float, int, int]:
+                               version: str | None = None, mla: bool = False,
+                               speculative: str | None = None) -> tuple[float, int, int]:
     """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies, at
     release `version` (None: the default version, 0.5.10; before 0.5.5: `_earlier_mem_fraction_static`), for
-    a model with multi-head latent attention when `mla`.
+    a model with multi-head latent attention when `mla`, running `speculative` decoding (`EngineConfig`).
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
     buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (`_size_defaults`), then reserved = 512
     + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs + tp·pp/8·1024 MiB, from 0.5.10 plus the
-    piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA), at least 10 GiB on GPUs over 60 GiB, and
-    fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835
+    piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA), at least 10 GiB on GPUs over 60 GiB, then 4 GiB
+    more for EAGLE or 6 GiB for a draft model, and fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835
     in 0.5.5; 13,904 MiB and 0.830 in 0.5.10 (ENGINES.md's worked example).
 
     With attention data parallelism (`data_parallel` ranks, `--enable-dp-attention`) SGLang's tp is the
@@ -78,7 +85,7 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     at = parse_version(version if version is not None else ENGINE.default_version)
     if at < RESERVE_BY_CHUNK_FROM:
         return _earlier_mem_fraction_static(memory_mib, tensor_parallel, pipeline_parallel, chunked_prefill_size,
-                                            data_parallel > 1, at)
+                                            data_parallel > 1, at, speculative is not None)
     chunk, graph_bs = _size_defaults(memory_mib, tensor_parallel, chunked_prefill_size, at)
     reserved_mib = (512 + 1.5 * max(chunk, 2048) + 2 * graph_bs
                     + tensor_parallel * pipeline_parallel / 8 * 1024)
@@ -88,6 +95,7 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
         reserved_mib += PIECEWISE_MLA_MIB if mla else PIECEWISE_GRAPH_SIZES * PIECEWISE_MIB_PER_SIZE
     if memory_mib > 60 * 1024:
         reserved_mib = max(reserved_mib, 10 * 1024)
+    reserved_mib += SPECULATIVE_MIB.get(speculative or "", 0)
     return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
 
 
@@ -113,14 +121,14 @@ def _size_defaults(memory_mib: float, tensor_parallel: int, chunked_prefill_size
 
 def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeline_parallel: int,
                                  chunked_prefill_size: int | None, dp_attention: bool,
-                                 at: tuple[int, int, int]) -> tuple[float, int, int]:
+                                 at: tuple[int, int, int], speculative: bool = False) -> tuple[float, int, int]:
     """The default fraction of SGLang releases before 0.5.5 (ENGINES.md 1.2; `tensor_parallel` is SGLang's,
     the attention data-parallel ranks included):
     - 0.4.0: by TP alone, 0.88 at TP1, 0.87 from 2, 0.85 from 4, 0.81 from 8, 0.79 from 16;
     - 0.4.6: the same on GPUs of at most 80 GiB (81,920 MiB), above it (memory - 13 GiB) / memory;
     - 0.4.9 (to 0.5.2): (memory - reserved) / memory, reserved = (2.8 + tp·pp/10) GiB below 35 GiB,
       (9.5 + tp·pp/2) GiB below 90 GiB, (12 + tp·pp/2) GiB below 160 GiB, else 32 GiB; 4 GiB more under
-      attention data parallelism.
+      attention data parallelism, 2 GiB more with any `speculative` decoding.
     Fractions are rounded to three decimals, as SGLang does. Their chunk and CUDA-graph batch: 0.4.0's 8192
     tokens and 160 (2048 and 8 below 25 GB, taken as GiB: no catalog GPU lies between) before 0.4.9; from 0.4.9,
     for which the reference gives none, 0.5.10's buckets (`_size_defaults`)."""
@@ -137,7 +145,8 @@ def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeli
     reserved_gib = (2.8 + gpus / 10 if memory_mib < 35 * 1024 else 9.5 + gpus / 2 if memory_mib < 90 * 1024
                     else 12 + gpus / 2 if memory_mib < 160 * 1024 else 32.0)
     reserved_gib += 4 if dp_attention else 0
-    return round((memory_mib - reserved_gib * 1024) / memory_mib, 3), chunk, graph_bs
+    reserved_mib = reserved_gib * 1024 + (SPECULATIVE_MIB_BEFORE_0_5_5 if speculative else 0)
+    return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
 
 
 def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
@@ -165,12 +174,14 @@ class Sglang:
                  data_parallel: int = 1) -> dict[str, Default]:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens,
-                                                               data_parallel, version, model.is_mla)
+                                                               data_parallel, version, model.is_mla,
+                                                               config.speculative)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "
-                                                  f"(chunked_prefill_size {chunk}, "
-                                                  f"cuda_graph_max_bs {graph_bs})")),
+                                                  f"(chunked_prefill_size {chunk}, cuda_graph_max_bs {graph_bs}"
+                                                  + (f", speculative decoding: {config.speculative}"
+                                                     if config.speculative else "") + ")")),
             "max_num_seqs": (None, _MAX_RUNNING_SOURCE),
             "max_num_batched_tokens": (chunk, "SGLang default chunked_prefill_size for this GPU size"),
             "block_size": (SGLANG_PAGE_SIZE, "SGLang default page_size 1"),

@@ -58,7 +58,7 @@ from typing import Protocol
 import numpy as np
 
 from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, layout_problems, resolve_engine
-from app.sizing.engines.base import ResolvedEngine
+from app.sizing.engines.base import DRAFT_MODEL, NGRAM, ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
@@ -255,6 +255,13 @@ class PlanInputs:
         if longest > self.model.max_position_embeddings:
             raise ValueError(f"the longest request (prompt + answer up to {longest:,} tokens) exceeds the model's "
                              f"{self.model.max_position_embeddings:,} positions")
+
+    @property
+    def speculative_kind(self) -> str | None:
+        """What the engine runs beside the model (`EngineConfig.speculative`): a draft model or n-gram lookup."""
+        if self.speculative is None:
+            return None
+        return DRAFT_MODEL if self.speculative.has_draft_model else NGRAM
 
 
 # Results -----------------------------------------------------------------------------------------
@@ -686,7 +693,7 @@ class _Planner:
             return infeasible(f"no efficiency for {gpu.slug or gpu.name} at {compute_dtype}")
         config = EngineConfig(engine=inputs.engine, max_num_seqs=configuration.max_num_seqs,
                               max_num_batched_tokens=configuration.max_num_batched_tokens,
-                              max_model_len=self.max_model_len)
+                              max_model_len=self.max_model_len, speculative=inputs.speculative_kind)
         engine = resolve_engine(config, model, gpu, tp, pp, data_parallel=dp)
         efficiency = host_adjusted(efficiency, engine.engine, engine.engine_version, pp, role == PREFILL_POOL,
                                    role == DECODE_POOL)
