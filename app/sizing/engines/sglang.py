@@ -72,8 +72,9 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
     buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (`_size_defaults`), then reserved = 512
     + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs + tp·pp/8·1024 MiB, from 0.5.10 plus the
     piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA), at least 10 GiB on GPUs over 60 GiB, then 4 GiB
-    more for EAGLE or 6 GiB for a draft model, and fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB) at TP1: reserved 13,440 MiB, fraction 0.835
-    in 0.5.5; 13,904 MiB and 0.830 in 0.5.10 (ENGINES.md's worked example).
+    more for EAGLE or 6 GiB for a draft model, and fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB)
+    at TP1: reserved 13,440 MiB, fraction 0.835 in 0.5.5; 13,904 MiB and 0.830 in 0.5.10 (ENGINES.md's worked
+    example).
 
     With attention data parallelism (`data_parallel` ranks, `--enable-dp-attention`) SGLang's tp is the
     whole group, tensor_parallel · data_parallel GPUs, and it reserves 3·cuda_graph_max_bs·dp MiB more
