@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from app.sizing.model.params import shared_expert_width
+from app.sizing.model.recipes import ATTENTION, DENSE_MLP, EXPERTS, SHARED_EXPERTS
 from app.sizing.specs import ModelSpec
 
 TENSOR_PARALLEL = "tensor_parallel"
@@ -127,23 +128,60 @@ def _heads(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
     return problems
 
 
-def _widths(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
-    """Sharded feed-forward widths must split evenly (vLLM's `divide()` asserts, TensorRT-LLM likewise)."""
-    tp, problems = layout.tensor_parallel, []
-    has_dense = len(model.moe_layer_indices) < model.num_hidden_layers
-    if has_dense and model.dense_intermediate_size % tp:
-        problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the MLP width "
-                                      f"{model.dense_intermediate_size:,}"))
+@dataclass(frozen=True, slots=True)
+class SplitWidth:
+    """One width of a linear layer that a layout shares out over ranks."""
+
+    group: str  # the weights' parameter group (`recipes.GROUPS`): what a checkpoint stores it in
+    field: str  # the layout field that splits it
+    name: str  # e.g. "the MLP width"
+    width: int
+    ranks: int
+
+
+def split_widths(model: ModelSpec, layout: Layout) -> tuple[SplitWidth, ...]:
+    """Every linear width the layout shares out: attention's query and key/value projections over tp (the KV
+    heads over at most as many ranks as there are, replicated beyond), or MLA's query and key/value
+    up-projections and its output projection's input (its down-projections are replicated); the dense MLP
+    and the shared experts over tp; the routed experts over moe_tp, an EP or DP degree's to fix once either
+    is set."""
+    tp = layout.tensor_parallel
+    heads = model.num_attention_heads
+    if model.is_mla:
+        assert model.qk_nope_head_dim and model.qk_rope_head_dim and model.v_head_dim  # is_mla guarantees them
+        widths = [SplitWidth(ATTENTION, TENSOR_PARALLEL, "the MLA query up-projection",
+                             heads * (model.qk_nope_head_dim + model.qk_rope_head_dim), tp),
+                  SplitWidth(ATTENTION, TENSOR_PARALLEL, "the MLA key/value up-projection",
+                             heads * (model.qk_nope_head_dim + model.v_head_dim), tp),
+                  SplitWidth(ATTENTION, TENSOR_PARALLEL, "the MLA output projection's input",
+                             heads * model.v_head_dim, tp)]
+    else:
+        head_dim, kv_heads = model.resolved_head_dim, model.num_key_value_heads
+        widths = [SplitWidth(ATTENTION, TENSOR_PARALLEL, "the query projection", heads * head_dim, tp),
+                  SplitWidth(ATTENTION, TENSOR_PARALLEL, "the key and value projections", kv_heads * head_dim,
+                             min(tp, kv_heads))]
+    if len(model.moe_layer_indices) < model.num_hidden_layers:
+        widths.append(SplitWidth(DENSE_MLP, TENSOR_PARALLEL, "the MLP width", model.dense_intermediate_size, tp))
     if model.is_moe:
-        moe_tp = layout.moe_tensor_parallel
-        if model.expert_intermediate_size % moe_tp:
-            field = TENSOR_PARALLEL if layout.expert_parallel == 1 and layout.data_parallel == 1 else EXPERT_PARALLEL
-            problems.append(LayoutProblem(field, f"each expert is split over tensor_parallel x "
-                                          f"data_parallel / expert_parallel = {moe_tp} ranks, which must divide "
-                                          f"the expert width {model.expert_intermediate_size:,}"))
-        if model.n_shared_experts and shared_expert_width(model) % tp:
-            problems.append(LayoutProblem(TENSOR_PARALLEL, f"tensor_parallel {tp} must divide the shared-expert "
-                                          f"width {shared_expert_width(model):,}"))
+        field = TENSOR_PARALLEL if layout.expert_parallel == 1 and layout.data_parallel == 1 else EXPERT_PARALLEL
+        widths.append(SplitWidth(EXPERTS, field, "the expert width", model.expert_intermediate_size,
+                                 layout.moe_tensor_parallel))
+        if model.n_shared_experts:
+            widths.append(SplitWidth(SHARED_EXPERTS, TENSOR_PARALLEL, "the shared-expert width",
+                                     shared_expert_width(model), tp))
+    return tuple(widths)
+
+
+def _widths(model: ModelSpec, layout: Layout) -> list[LayoutProblem]:
+    """Sharded feed-forward widths must split evenly (vLLM's `divide()` asserts, TensorRT-LLM likewise); the
+    attention's are the heads' to split (`_heads`)."""
+    problems = []
+    for split in split_widths(model, layout):
+        if split.group == ATTENTION or split.width % split.ranks == 0:
+            continue
+        degree = (f"each expert is split over tensor_parallel x data_parallel / expert_parallel = {split.ranks} "
+                  "ranks, which" if split.group == EXPERTS else f"tensor_parallel {split.ranks}")
+        problems.append(LayoutProblem(split.field, f"{degree} must divide {split.name} {split.width:,}"))
     return problems
 
 

@@ -34,11 +34,10 @@ from app.sizing.engines.base import (
     online_fp8,
     parse_version,
 )
-from app.sizing.layout import EXPERT_PARALLEL, TENSOR_PARALLEL, Layout, LayoutProblem
+from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem, split_widths
 from app.sizing.model import activations
 from app.sizing.model.activations import activation_values_per_token
-from app.sizing.model.params import shared_expert_width
-from app.sizing.model.recipes import ATTENTION, DENSE_MLP, EXPERTS, FORMATS, SHARED_EXPERTS, WeightRecipe
+from app.sizing.model.recipes import FORMATS, WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
 if TYPE_CHECKING:
@@ -267,50 +266,20 @@ class Vllm:
         return _block_problems(model, layout, weights) if weights is not None else []
 
 
-def _rank_widths(model: ModelSpec, layout: Layout) -> list[tuple[str, str, str, int, int]]:
-    """(recipe group, layout field, what, width, ranks) of each linear width the layout splits over more than
-    one rank: attention's query and key/value projections (one whole KV head per rank once tp >= the KV
-    heads), or MLA's query and key/value up-projections and output projection (its down-projections are
-    replicated, not split); the dense MLP and shared experts over tp, the routed experts over moe_tp. Widths
-    that do not split evenly are the generic rules' to report (`layout._heads`, `layout._widths`)."""
-    tp, moe_tp = layout.tensor_parallel, layout.moe_tensor_parallel
-    heads = model.num_attention_heads
-    widths: list[tuple[str, str, str, int, int]] = []
-    if model.is_mla:
-        assert model.qk_nope_head_dim and model.qk_rope_head_dim and model.v_head_dim  # is_mla guarantees them
-        widths += [(ATTENTION, TENSOR_PARALLEL, "the MLA query up-projection",
-                    heads * (model.qk_nope_head_dim + model.qk_rope_head_dim), tp),
-                   (ATTENTION, TENSOR_PARALLEL, "the MLA key/value up-projection",
-                    heads * (model.qk_nope_head_dim + model.v_head_dim), tp),
-                   (ATTENTION, TENSOR_PARALLEL, "the MLA output projection's input", heads * model.v_head_dim, tp)]
-    else:
-        head_dim, kv_heads = model.resolved_head_dim, model.num_key_value_heads
-        widths += [(ATTENTION, TENSOR_PARALLEL, "the query projection", heads * head_dim, tp),
-                   (ATTENTION, TENSOR_PARALLEL, "the key and value projections",
-                    kv_heads * head_dim if tp < kv_heads else tp * head_dim, tp)]  # replicated: one head each
-    if len(model.moe_layer_indices) < model.num_hidden_layers:
-        widths.append((DENSE_MLP, TENSOR_PARALLEL, "the MLP width", model.dense_intermediate_size, tp))
-    if model.is_moe:
-        field = TENSOR_PARALLEL if layout.expert_parallel == 1 and layout.data_parallel == 1 else EXPERT_PARALLEL
-        widths.append((EXPERTS, field, "the expert width", model.expert_intermediate_size, moe_tp))
-        if model.n_shared_experts:
-            widths.append((SHARED_EXPERTS, TENSOR_PARALLEL, "the shared-expert width", shared_expert_width(model), tp))
-    return [w for w in widths if w[4] > 1 and w[3] % w[4] == 0]
-
-
 def _block_problems(model: ModelSpec, layout: Layout, weights: WeightRecipe) -> list[LayoutProblem]:
     """Each rank's share of a width stored in square blocks must be whole blocks: "FP8-block weights need
     per-rank dims divisible by 128" (ENGINES.md section 2, vLLM rules: 0.19.0 `fp8_utils.py`
-    `validate_fp8_block_shape`). So Qwen3-235B-A22B in FP8 blocks (expert width 1,536) loads at TP4 (384 per
-    rank) but not at TP8 (192)."""
+    `validate_fp8_block_shape`), for each width the layout splits over more than one rank (`split_widths`;
+    one that does not split evenly is the generic rules' to report). So Qwen3-235B-A22B in FP8 blocks (expert
+    width 1,536) loads at TP4 (384 per rank) but not at TP8 (192)."""
     problems = []
-    for group, field, what, width, ranks in _rank_widths(model, layout):
-        tile = FORMATS[weights.format_of(group)].tile
-        if tile and (width // ranks) % tile:
-            problems.append(LayoutProblem(field, (
-                f"{what} {width:,} over {ranks} ranks is {width // ranks:,} per rank, not whole {tile}x{tile} blocks "
-                f"of weight_recipe {weights.name} ({weights.format_of(group)} {group}): vLLM loads a block "
-                "format only in whole blocks per rank")))
+    for split in split_widths(model, layout):
+        tile, share = FORMATS[weights.format_of(split.group)].tile, split.width // split.ranks
+        if tile and split.ranks > 1 and split.width % split.ranks == 0 and share % tile:
+            problems.append(LayoutProblem(split.field, (
+                f"{split.name} {split.width:,} over {split.ranks} ranks is {share:,} per rank, not whole "
+                f"{tile}x{tile} blocks of weight_recipe {weights.name} ({weights.format_of(split.group)} "
+                f"{split.group}): vLLM loads a block format only in whole blocks per rank")))
     return problems
 
 
