@@ -72,7 +72,8 @@ CAPACITY_FORMULAS = (
      "tensor-parallel split (replica KV = dp x one rank's) and holds the attention, dense and shared-expert "
      "weights; routed experts are dealt to the expert-parallel ranks and split over tp x dp / ep GPUs"),
     ("MoE exchange per MoE layer (dp > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
-     "(ep-1)/ep x hidden x 2 B per token / tp, without ep: (dp-1) x hidden x 2 B per token; NVLink "
+     "(ep-1)/ep x hidden x 2 B per token / tp (each token to its experts: sglang, trtllm), without ep or in vllm "
+     "(its default allgather_reducescatter): (dp-1) x hidden x 2 B per token; NVLink "
      "inside a node, the scale-out link across nodes. With dp = 1 (TP attention, with or without ep) every GPU "
      "already holds every token and the TP all-reduce sums the experts' outputs: no exchange"),
     ("TP beyond one node's GPUs: each all-reduce's ring leaves a node through all its GPUs' NICs (min(NVLink, "

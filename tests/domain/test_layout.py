@@ -9,8 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
-from app.sizing.engines import EngineConfig, layout_problems, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, layout_problems, resolve_engine
 from app.sizing.hardware.comm import (
+    ALL_GATHER,
+    PER_EXPERT,
     exchange_latency_scale,
     link_bandwidth,
     moe_exchange_bytes_per_token,
@@ -18,6 +20,7 @@ from app.sizing.hardware.comm import (
 )
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.roofline import roofline
+from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import (
     EXPERT_PARALLEL,
     KIND_DP_EP,
@@ -267,6 +270,73 @@ def test_deepseek_v3_all_to_all_bytes_per_layer_at_batch_64():
     assert step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 8, 1, 8).moe_exchange_bytes_per_token == 0
     assert 64 * moe_exchange_bytes_per_token(7168, 2, 8, tensor_parallel=1, data_parallel=8,
                                              expert_parallel=1) == 6_422_528
+
+
+def test_vllms_default_exchange_gathers_every_ranks_tokens_whatever_the_routing():
+    """ENGINES.md section 2: vLLM's `--all2all-backend` defaults to `allgather_reducescatter`: every GPU gathers
+    the other dp − 1 ranks' tokens and reduce-scatters the sums back, (dp − 1)·h values per own token, where
+    an exchange per expert copy sends k·(ep − 1)/ep·h. DP8 + EP8, tp 1, bf16 activations (2 B):
+    - gpt-oss-120b (h 2,880, top-4): per expert 4 · 7/8 · 2,880 · 2 = 20,160 B; gathered 7 · 2,880 · 2 = 40,320 B.
+    - Llama-4 Maverick (h 5,120, top-1): per expert 1 · 7/8 · 5,120 · 2 = 8,960 B; gathered 7 · 5,120 · 2
+      = 71,680 B, eight times as much.
+    - DeepSeek-V3 (h 7,168, top-8): both 8 · 7/8 · 7,168 · 2 = 7 · 7,168 · 2 = 100,352 B.
+    With TP attention (dp 1) neither moves a token."""
+    def both(h, k):
+        return tuple(moe_exchange_bytes_per_token(h, 2, k, tensor_parallel=1, data_parallel=8, expert_parallel=8,
+                                                  exchange=exchange) for exchange in (PER_EXPERT, ALL_GATHER))
+
+    assert both(2880, 4) == (20_160, 40_320)
+    assert both(5120, 1) == (8_960, 71_680)
+    assert both(7168, 8) == (100_352, 100_352)
+    assert moe_exchange_bytes_per_token(2880, 2, 4, tensor_parallel=8, data_parallel=1, expert_parallel=8,
+                                        exchange=ALL_GATHER) == 0
+    assert step_cost_model(GPT_OSS_120B, "bf16", "bf16", "bf16", 1, 8, 8,
+                           ALL_GATHER).moe_exchange_bytes_per_token == 40_320
+    with pytest.raises(ValueError, match="unknown MoE exchange"):
+        moe_exchange_bytes_per_token(2880, 2, 4, tensor_parallel=1, data_parallel=8, expert_parallel=8,
+                                     exchange="pplx")
+    assert {name: engine.moe_exchange for name, engine in ENGINES.items()} == {
+        "vllm": ALL_GATHER, "sglang": PER_EXPERT, "trtllm": PER_EXPERT, "generic": PER_EXPERT}
+
+
+def test_a_gathered_exchange_moves_the_ranks_own_tokens_not_the_most_loaded_ranks():
+    """gpt-oss-120b DP8 + EP8 on H200 (NVLink 450e9 B/s), a decode step of 64 sequences per rank at 1,000
+    cached tokens. The calls' latency is the same either way (same GPUs, 36 MoE layers x 2); the bytes differ.
+    Per expert the step waits for the most loaded EP rank: the 8 ranks' 512 tokens send 512 · 4 = 2,048 copies,
+    256 per rank on average, the most loaded expecting 1 + 1.42360 / sqrt(256) = 1.0889750 times that
+    (`flops.expected_expert_load_factor`), so 64 · 1.0889750 · 20,160 B per call. Gathered, every rank's
+    64 tokens move alike: 64 · 40,320 B. Difference: 72 · 64 · (40,320 − 1.0889750 · 20,160) / 450e9
+    = 72 · 64 · 18,366.264 / 450e9 = 0.188070 ms."""
+    steps = {exchange: build_step_time_model(GPT_OSS_120B, H200, weight_dtype="bf16", kv_dtype="bf16",
+                                             data_parallel=8, expert_parallel=8, moe_exchange=exchange)
+             for exchange in (PER_EXPERT, ALL_GATHER)}
+    gathered, per_expert = (steps[e].step_time_s(64, 64 * 1000, 0, 0) for e in (ALL_GATHER, PER_EXPERT))
+    assert gathered - per_expert == pytest.approx(72 * 64 * (40_320 - 1.0889750 * 20_160) / 450e9, rel=1e-6)
+    assert gathered - per_expert == pytest.approx(0.188070e-3, rel=1e-5)
+
+
+def test_vllm_capacity_times_its_decode_step_with_the_gathered_exchange(monkeypatch):
+    """/v1/capacity for gpt-oss-120b DP8 + EP8 on H200 under vLLM, against the same answer with vLLM's rule
+    switched to an exchange per expert copy: only the exchange's bytes differ. At b sequences per rank the
+    8 ranks route 8·b·4 copies, 4·b per EP rank, the most loaded expecting 1 + 1.42360 / sqrt(4·b) of that,
+    so the decode steps differ by 72 calls · b · (40,320 − (1 + 1.42360 / sqrt(4·b)) · 20,160) / 450e9 s."""
+    from app.sizing.engines.vllm import Vllm
+    from app.sizing.serving.capacity import capacity
+
+    def answer():
+        return capacity(GPT_OSS_120B, H200, tensor_parallel=1, pipeline_parallel=1, weight_dtype="bf16",
+                        kv_dtype="bf16", compute_dtype=None, engine=EngineConfig(engine="vllm"), input_tokens=1000,
+                        output_tokens=1000, efficiency=DEFAULT_EFFICIENCY, data_parallel=8,
+                        expert_parallel=8).operating_point
+
+    gathered = answer()
+    monkeypatch.setattr(Vllm, "moe_exchange", PER_EXPERT)
+    per_expert = answer()
+    b = gathered.batch_size / 8
+    assert per_expert.batch_size == gathered.batch_size and b >= 1
+    factor = 1 + 1.42360 / (4 * b) ** 0.5
+    assert gathered.expected_decode_step_s - per_expert.expected_decode_step_s == pytest.approx(
+        72 * b * (40_320 - factor * 20_160) / 450e9, rel=1e-5)
 
 
 def test_all_to_all_time_over_nvlink_and_across_nodes():

@@ -67,7 +67,7 @@ def test_the_protocol_has_the_members_the_callers_use() -> None:
         "disaggregation_words", "graphs_prefill_steps", "kv_allocation", "kv_dtype", "kv_transfer_over_nvlink",
         "launch_notes", "launch_words",
         "layout_problems",
-        "mixes_prefill_into_decode", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
+        "mixes_prefill_into_decode", "moe_exchange", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
         "overlaps_host_work_in_prefill_pool",
         "published_checkpoints", "sizes_from_cuda_total",
         "speculative_flags", "start_refusals", "utilization_of"])

@@ -76,6 +76,7 @@ from app.sizing import engines
 from app.sizing import layout as layouts
 from app.sizing.engines import EngineConfig, resolve_engine
 from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
+from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
@@ -422,7 +423,8 @@ def _prepared_run(model: ModelSpec, gpu: GpuSpec, tp: int, scenario: str, num_gp
     requests_at_once = {BATCH1: 1, STATIC_BATCH: batch, CLOSED_LOOP: concurrency, OFFLINE: num_requests}.get(scenario)
     full = pp > 1 and (requests_at_once is None or requests_at_once >= layout.replicas)
     try:
-        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep, full)
+        steps = _step_model(model, gpu, tp, pp, weight_dtype, kv_dtype, compute_dtype, dp, ep, full,
+                            engines.ENGINES[MODELLED_AS[engine]].moe_exchange)
     except ValueError as exc:
         raise Unpredictable(str(exc)) from None
     if scenario == BATCH1:
@@ -472,12 +474,15 @@ def _requests(isl: int | None, osl: int | None, lengths: PairedLengths | None, c
 
 @lru_cache(maxsize=1024)
 def _step_model(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_dtype: str | WeightRecipe, kv_dtype: str,
-                compute_dtype: str | None, dp: int = 1, ep: int = 1, pipeline_period: bool = False) -> StepTimeModel:
+                compute_dtype: str | None, dp: int = 1, ep: int = 1, pipeline_period: bool = False,
+                moe_exchange: str = PER_EXPERT) -> StepTimeModel:
     """One deployment's step-time model (shared by every run on it): with `pipeline_period`, a full
-    pipeline's period (`step_time.pipeline_period_scales`)."""
+    pipeline's period (`step_time.pipeline_period_scales`); its MoE layers exchange tokens the measured
+    engine's way (`moe_exchange`)."""
     return build_step_time_model(model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weight_dtype,
                                  kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=DEFAULT_EFFICIENCY,
-                                 data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period)
+                                 data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period,
+                                 moe_exchange=moe_exchange)
 
 
 @lru_cache(maxsize=4096)
@@ -822,7 +827,8 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
             scheduler = replace(scheduler, max_num_seqs=seqs,
                                 max_num_batched_tokens=max(scheduler.max_num_batched_tokens, seqs))
         try:
-            steps = _step_model(model, gpu, pool.tp, 1, weights, kv_dtype, compute_dtype, pool.dp, pool.ep)
+            steps = _step_model(model, gpu, pool.tp, 1, weights, kv_dtype, compute_dtype, pool.dp, pool.ep,
+                                moe_exchange=engines.ENGINES[MODELLED_AS[m.engine]].moe_exchange)
         except ValueError as exc:
             raise Unpredictable(str(exc)) from None
         pools[role] = (replace(layout, scheduler=scheduler), steps, pool.workers * pool.dp)

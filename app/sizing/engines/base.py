@@ -173,6 +173,9 @@ class Engine(Protocol):
     # True when its max_num_batched_tokens (prefill chunk) is the replica's, split among the attention
     # data-parallel ranks; False when each rank's scheduler gets the whole of it.
     divides_prefill_chunk_by_dp: bool
+    # How its MoE layers move tokens between attention data-parallel ranks by default: `comm.PER_EXPERT`
+    # or `comm.ALL_GATHER` (`comm.moe_exchange_bytes_per_token`).
+    moe_exchange: str
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

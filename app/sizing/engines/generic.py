@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec, model_dtype_kv
+from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -28,6 +29,7 @@ class Generic:
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
     divides_prefill_chunk_by_dp = False
+    moe_exchange = PER_EXPERT
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

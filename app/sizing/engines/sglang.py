@@ -22,6 +22,7 @@ from app.sizing.engines.base import (
     online_fp8,
     parse_version,
 )
+from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -169,6 +170,9 @@ class Sglang:
     # `_handle_data_parallelism` divides chunked_prefill_size by dp_size under --enable-dp-attention, given
     # or default ("to avoid MoE kernel issues"; ENGINES.md 1.2, SGL 0.5.10 `server_args.py`).
     divides_prefill_chunk_by_dp = True
+    # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
+    # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
+    moe_exchange = PER_EXPERT
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -21,6 +21,7 @@ from app.sizing.engines.base import (
     non_torch_default,
     parse_version,
 )
+from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import EXPERT_PARALLEL, TENSOR_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
 from app.sizing.model.recipes import WeightRecipe
@@ -51,6 +52,9 @@ class Trtllm:
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
     divides_prefill_chunk_by_dp = False
+    # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
+    # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
+    moe_exchange = PER_EXPERT
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -34,6 +34,7 @@ from app.sizing.engines.base import (
     online_fp8,
     parse_version,
 )
+from app.sizing.hardware.comm import ALL_GATHER
 from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem, split_widths
 from app.sizing.model import activations
 from app.sizing.model.activations import activation_values_per_token
@@ -136,6 +137,7 @@ class Vllm:
     kv_allocation = ON_DEMAND
     speculative_flags = True
     divides_prefill_chunk_by_dp = False
+    moe_exchange = ALL_GATHER  # `--all2all-backend allgather_reducescatter` by default (ENGINES.md section 2)
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

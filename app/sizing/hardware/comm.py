@@ -133,31 +133,45 @@ def pipeline_hops_time_s(tokens: ArrayLike, pipeline_parallel: int, message_byte
 # The MoE exchange of a data- or expert-parallel layout ---------------------------------------------
 
 MOE_EXCHANGES_PER_LAYER = 2  # dispatch before the experts, combine after them
+# How an engine's MoE layers move the tokens of an attention data-parallel layout with expert parallelism
+# (ENGINES.md section 2). PER_EXPERT: each token goes to the GPUs owning its routed experts and comes back
+# (an all-to-all). ALL_GATHER: every GPU gathers every rank's tokens, runs its own experts on all of them
+# and reduce-scatters the sums back, vLLM's default `--all2all-backend allgather_reducescatter` (vLLM 0.19.0
+# `engine/arg_utils.py`).
+PER_EXPERT = "per_expert"
+ALL_GATHER = "allgather_reducescatter"
+MOE_EXCHANGES = (PER_EXPERT, ALL_GATHER)
 
 
 def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, experts_per_token: int, *,
-                                 tensor_parallel: int, data_parallel: int, expert_parallel: int) -> float:
+                                 tensor_parallel: int, data_parallel: int, expert_parallel: int,
+                                 exchange: str = PER_EXPERT) -> float:
     """Bytes one GPU sends per token of its data-parallel rank, per MoE layer, in each direction.
 
-    - Attention data parallelism with expert parallelism (dp > 1, ep > 1), dispatch then combine: each of a
-      token's k expert copies leaves the GPU unless its expert is local, a share (ep-1)/ep under uniform
-      routing, so k·(ep-1)/ep·h values per token. A rank's tokens are split over its tp GPUs. (Engines that
-      send a token once per destination GPU rather than once per expert, as DeepEP does, send less: this is
-      an upper bound.)
-    - Attention data parallelism without EP (dp > 1, experts tensor-split over all tp·dp GPUs): vLLM's
-      all-gather of every rank's tokens, then a reduce-scatter: (dp-1)·h values received per own token.
+    - Attention data parallelism with expert parallelism (dp > 1, ep > 1) and a `PER_EXPERT` exchange,
+      dispatch then combine: each of a token's k expert copies leaves the GPU unless its expert is local, a
+      share (ep-1)/ep under uniform routing, so k·(ep-1)/ep·h values per token. A rank's tokens are split
+      over its tp GPUs. (Engines that send a token once per destination GPU rather than once per expert, as
+      DeepEP does, send less: this is an upper bound.)
+    - Attention data parallelism with an `ALL_GATHER` exchange (vLLM's default), or without EP (experts
+      tensor-split over all tp·dp GPUs, which gather every rank's tokens too): an all-gather of every rank's
+      tokens, then a reduce-scatter: (dp-1)·h values received per own token, whatever k and ep are. It is
+      the per-expert exchange's k·(ep-1)/ep·h at dp = ep with k = 8 (DeepSeek-V3, Qwen3-MoE: 7·h at DP8),
+      twice it for gpt-oss (k = 4: 3.5·h) and eight times it for Llama-4 Maverick (k = 1: 0.875·h).
     - Tensor-parallel attention (dp = 1), with or without EP: 0. The attention's all-reduce leaves every
       token of the step on every GPU of the group, so each GPU runs its own experts (or expert slices) on
       the tokens routed to them without receiving any, and the partial outputs are summed by the same
-      all-reduce as a TP MoE layer (`step_allreduce_time_s`). ENGINES.md section 2: vLLM's default MoE
-      exchange (`allgather_reducescatter`) gathers across the DP ranks, of which there is one; TensorRT-LLM
-      and SGLang keep each attention rank's own requests apart only under attention DP.
+      all-reduce as a TP MoE layer (`step_allreduce_time_s`). ENGINES.md section 2: vLLM's all-gather is
+      across the DP ranks, of which there is one; TensorRT-LLM and SGLang keep each attention rank's own
+      requests apart only under attention DP.
     """
     if min(tensor_parallel, data_parallel, expert_parallel) < 1:
         raise ValueError("parallel degrees must be >= 1")
+    if exchange not in MOE_EXCHANGES:
+        raise ValueError(f"unknown MoE exchange {exchange!r}; expected one of {list(MOE_EXCHANGES)}")
     if data_parallel == 1:
         return 0.0
-    if expert_parallel > 1:
+    if expert_parallel > 1 and exchange == PER_EXPERT:
         return experts_per_token * (expert_parallel - 1) / expert_parallel * hidden_size * activation_bytes \
             / tensor_parallel
     return (data_parallel - 1) * hidden_size * activation_bytes
@@ -191,8 +205,8 @@ def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token:
 
     `gpus` are the tp·dp GPUs of the exchange. The link is NVLink when they sit in one node (NVLink domain),
     the scale-out network when they span nodes (`link_bandwidth`). 0 for an empty step or no exchange. Under
-    expert parallelism the step waits for the most loaded rank: callers pass its tokens, the rank's own times
-    `flops.expected_expert_load_factor`.
+    expert parallelism with a `PER_EXPERT` exchange the step waits for the most loaded rank: callers pass its
+    tokens, the rank's own times `flops.expected_expert_load_factor` (an all-gather moves every rank's alike).
     """
     if link_bandwidth_bytes_per_s <= 0:
         raise ValueError("link_bandwidth_bytes_per_s must be positive")

@@ -71,6 +71,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from app.sizing.hardware.comm import (
+    PER_EXPERT,
     link_bandwidth,
     moe_exchange_time_s,
     pipeline_hops_time_s,
@@ -398,16 +399,18 @@ def build_step_time_model(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: in
                           pipeline_parallel: int = 1, weight_dtype: str | WeightRecipe, kv_dtype: str,
                           compute_dtype: str | None = None, efficiency: Efficiency = DEFAULT_EFFICIENCY,
                           activation_dtype: str = "bf16", data_parallel: int = 1,
-                          expert_parallel: int = 1, pipeline_period: bool = False) -> StepTimeModel:
+                          expert_parallel: int = 1, pipeline_period: bool = False,
+                          moe_exchange: str = PER_EXPERT) -> StepTimeModel:
     """Step times of one GPU of one attention data-parallel rank (`data_parallel` ranks of
-    `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens, `comm.py`).
+    `tensor_parallel` GPUs each step together: the MoE layers exchange their tokens the engine's way,
+    `moe_exchange`, `comm.py`).
     `weight_dtype`: a plain dtype or a checkpoint's recipe (each operator reads its group's format).
     `pipeline_period`: with pp > 1, the period of a full pipeline rather than one step's trip (see the
     module docstring)."""
     layer_scale, step_scale = pipeline_period_scales(model.num_hidden_layers, pipeline_parallel, pipeline_period)
     compute_dtype = compute_dtype or default_compute_dtype(gpu, resolve_recipe(weight_dtype).dtype)
     model_costs = step_cost_model(model, weight_dtype, kv_dtype, activation_dtype, tensor_parallel,
-                                  data_parallel, expert_parallel)
+                                  data_parallel, expert_parallel, moe_exchange)
     peaks = operator_peaks(model_costs.operator_names, gpu, compute_dtype, activation_dtype)
     compute_seconds = model_costs.flops / peaks[:, np.newaxis]
     memory_seconds = model_costs.bytes / gpu.memory_bandwidth_bytes_per_s
@@ -478,7 +481,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         linear[_STEP_AT] += pipeline_hops_time_s(1.0, pp, 0.0, bandwidth, latency)
         linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
     exchange = steps.cost_model.moe_exchange_bytes_per_token
-    if exchange:  # the most loaded EP rank's share: per routed token (one past the distinct experts)
+    if exchange:  # per token of the most loaded EP rank (routed: one past the distinct experts), else of the rank
         moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s * link_fraction
         gpus = steps.tensor_parallel * steps.data_parallel
         per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0, gpus)
@@ -486,7 +489,7 @@ def _prepare(steps: StepTimeModel) -> _Forms:
             steps.cost_model.windows) + 1  # the routed tokens
         linear[_STEP_AT] += (layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency, gpus)
                              - per_token)
-        linear[structure.width - 1] += per_token
+        linear[structure.width - 1 if steps.cost_model.moe_exchange_routed else _TOKENS_AT] += per_token
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
     experts = structure.experts

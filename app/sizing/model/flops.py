@@ -57,7 +57,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.hardware.comm import moe_exchange_bytes_per_token
+from app.sizing.hardware.comm import PER_EXPERT, moe_exchange_bytes_per_token
 from app.sizing.model import recipes as groups
 from app.sizing.model.kv import kv_bytes_per_token_per_layer
 from app.sizing.model.params import (
@@ -300,6 +300,9 @@ class StepCostModel:
     num_moe_layers: int = 0
     moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per MoE layer and direction
     expert_parallel: int = 1
+    # Whether the exchange follows the routing (`comm.PER_EXPERT` under EP: the most loaded EP rank's tokens
+    # set its time) or moves every rank's tokens alike (an all-gather: the rank's own tokens set it).
+    moe_exchange_routed: bool = False
 
     def shape(self, tokens: ArrayLike, sampled: ArrayLike, attended: Sequence[ArrayLike],
               kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0,
@@ -360,9 +363,10 @@ class StepCostModel:
 @lru_cache(maxsize=256)
 def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16", kv_dtype: str = "bf16",
                     activation_dtype: str = "bf16", tensor_parallel: int = 1, data_parallel: int = 1,
-                    expert_parallel: int = 1) -> StepCostModel:
+                    expert_parallel: int = 1, moe_exchange: str = PER_EXPERT) -> StepCostModel:
     """The per-operator linear forms of a model at these precisions and layout (computed once), on one GPU
-    of one attention data-parallel rank, per token of that rank.
+    of one attention data-parallel rank, per token of that rank; `moe_exchange`: how the engine moves the
+    MoE layers' tokens between data-parallel ranks (`comm.moe_exchange_bytes_per_token`).
 
     Attention, dense MLP, shared experts, embedding and LM head split by `tensor_parallel` (and are
     replicated across data-parallel ranks). The routed experts of one MoE layer serve the tokens of all dp
@@ -468,8 +472,9 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
         moe_token_scale=data_parallel, num_moe_layers=len(moe_layers),
         moe_exchange_bytes_per_token=moe_exchange_bytes_per_token(
             h, act_b, model.num_experts_per_tok, tensor_parallel=tp, data_parallel=data_parallel,
-            expert_parallel=expert_parallel) if model.is_moe else 0.0,
+            expert_parallel=expert_parallel, exchange=moe_exchange) if model.is_moe else 0.0,
         expert_parallel=expert_parallel,
+        moe_exchange_routed=expert_parallel > 1 and moe_exchange == PER_EXPERT,
     )
 
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, resolve_engine
 from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
+from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import build_step_time_model
@@ -283,18 +284,21 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
                     input_tokens: int, output_tokens: int, tensor_parallel: int, pipeline_parallel: int,
                     weight_dtype: str | WeightRecipe, kv_dtype: str, compute_dtype: str, efficiency: Efficiency,
                     max_num_batched_tokens: int, activation_dtype: str = "bf16", data_parallel: int = 1,
-                    expert_parallel: int = 1, decode_only: bool = False) -> OperatingPoint:
+                    expert_parallel: int = 1, decode_only: bool = False,
+                    moe_exchange: str = PER_EXPERT) -> OperatingPoint:
     """Decode step, prefill and the steady-state rates at `batch_size` running requests (see
     `OperatingPoint`), timed with the step-time model of this deployment. The requests are spread over the
-    data-parallel ranks and, within a rank, over the pp micro-batches in flight. `decode_only`: a disaggregated
-    decode worker, whose prompts arrive prefilled (`disaggregation`): no prefill (0), tpot = the decode step."""
+    data-parallel ranks and, within a rank, over the pp micro-batches in flight; their MoE layers exchange
+    tokens the engine's way (`moe_exchange`, `comm.moe_exchange_bytes_per_token`). `decode_only`: a
+    disaggregated decode worker, whose prompts arrive prefilled (`disaggregation`): no prefill (0), tpot = the
+    decode step."""
     if batch_size < 1 or input_tokens < 1 or output_tokens < 1:
         raise ValueError("batch_size, input_tokens and output_tokens must be >= 1")
     steps = build_step_time_model(model, gpu, tensor_parallel=tensor_parallel,
                                   pipeline_parallel=pipeline_parallel, weight_dtype=weight_dtype,
                                   kv_dtype=kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
                                   activation_dtype=activation_dtype, data_parallel=data_parallel,
-                                  expert_parallel=expert_parallel,
+                                  expert_parallel=expert_parallel, moe_exchange=moe_exchange,
                                   pipeline_period=1 < pipeline_parallel <= batch_size / data_parallel)
     # The step producing output token t+1 reads the prompt and t-1 generated tokens, t = 1..output-1.
     mean_context = input_tokens + max(output_tokens - 2, 0) / 2
@@ -563,7 +567,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version, pipeline_parallel,
                                      prefill_pool=prefill_only, decode_pool=decode_only),
             activation_dtype=activation_dtype, max_num_batched_tokens=resolved.max_num_batched_tokens,
-            data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only)
+            data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only,
+            moe_exchange=ENGINES[resolved.engine].moe_exchange)
     return CapacityResult(
         fits=fits,
         reasons=accounting.reasons,

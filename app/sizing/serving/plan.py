@@ -747,7 +747,8 @@ class _Planner:
             target = build_step_time_model(
                 model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
                 kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
-                data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period)
+                data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period,
+                moe_exchange=ENGINES[engine.engine].moe_exchange)
             return target if inputs.speculative is None else SpeculativeStepTime(target, inputs.speculative,
                                                                                  draft_steps)
 
