@@ -21,7 +21,7 @@ Columns beyond the schema are read only by `layout_skip_reason`, and the notes' 
 predicted plugs in here (its cell read in `_observed_row`, its meaning carried by `Measurement`).
 
 Two facts a row implies rather than states are read here too: the checkpoint recipe of a model whose
-quantized weights come in one published form (`CHECKPOINT_RECIPES`), and the length distribution of a
+quantized weights come in one published form (`recipes.PUBLISHED_RECIPES`), and the length distribution of a
 run on ShareGPT without fixed lengths (`dataset_lengths`: the shipped histograms of app/data/datasets,
 made by scripts/sharegpt_lengths.py; never the row's own measured values).
 """
@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from app.calibration.schemas import MeasurementRowIn
 from app.errors import json_pointer
 from app.sizing.calibration.predict import Measurement, PoolLayout
+from app.sizing.model.recipes import PUBLISHED_RECIPES
 from app.sizing.serving.workload import PairedLengths
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
@@ -159,10 +160,9 @@ def layout_conflict(cells: Mapping[str, str]) -> str | None:
 
 # What a row implies without stating it -------------------------------------------------------------
 
-# (model, weight dtype) -> the recipe of the one published checkpoint of that precision. gpt-oss ships only
-# as OpenAI's MXFP4 checkpoint (experts MXFP4, attention/router/embeddings bf16: models.json notes, ENGINES.md
-# section 4); aiconfigurator labels its runs "nvfp4" (measured-calibration-2-sources.md, AIC_SILICON_SAMPLE).
-CHECKPOINT_RECIPES = {("gpt-oss-120b", "fp4"): "gpt_oss_mxfp4", ("gpt-oss-20b", "fp4"): "gpt_oss_mxfp4"}
+# A row of a model at a weight dtype it ships in one published form ran that checkpoint
+# (`recipes.PUBLISHED_RECIPES`): aiconfigurator labels its gpt-oss runs "nvfp4" (measured-calibration-2-sources.md,
+# AIC_SILICON_SAMPLE), and gpt-oss ships only as OpenAI's MXFP4 checkpoint.
 
 DATASETS_DIR = Path(__file__).resolve().parents[1] / "data" / "datasets"
 # Which tokenizer's ShareGPT histogram a model's rows draw from, by slug prefix (first match): the
@@ -354,7 +354,7 @@ def _observed_row(row: MeasurementRowIn) -> ObservedRow:
         scenario=row.scenario, metric=row.metric, num_gpus=row.num_gpus, weight_dtype=row.weight_dtype,
         engine=row.engine, engine_version=stated_version(row.engine_version), stat=row.stat, tp=row.tp, pp=row.pp, dp=row.dp, ep=row.ep, moe_tp=row.moe_tp,
         disaggregated=row.deployment == "disaggregated", prefill=_pool(row, "prefill"), decode=_pool(row, "decode"),
-        compute_dtype=row.compute_dtype, weight_recipe=CHECKPOINT_RECIPES.get((row.model, row.weight_dtype)),
+        compute_dtype=row.compute_dtype, weight_recipe=PUBLISHED_RECIPES.get((row.model, row.weight_dtype)),
         kv_dtype=row.kv_dtype, isl=row.isl, osl=row.osl, batch=row.batch, concurrency=row.concurrency,
         num_requests=row.num_requests, request_rate=row.request_rate,
         lengths=dataset_lengths(row.model, row.notes) if row.isl is None and row.osl is None else None)

@@ -141,8 +141,9 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
         None, description="A published checkpoint's quantization recipe: each parameter group (attention, dense "
                           "MLP, experts, router, embedding, LM head) in its own format, e.g. gpt_oss_mxfp4 (MXFP4 "
                           "experts, bf16 rest), meta_fp8, modelopt_fp8, modelopt_nvfp4 (4.5 bits), deepseek_fp8, "
-                          "awq_int4. Overrides weight_dtype for the weight bytes; null = weight_dtype for every "
-                          "linear layer")
+                          "awq_int4. Overrides weight_dtype for the weight bytes; null = the model's one published "
+                          "checkpoint of weight_dtype where it ships one (gpt-oss in fp4: gpt_oss_mxfp4), else "
+                          "weight_dtype for every linear layer")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1,
         description="vllm/generic: fraction of TOTAL memory the engine may use (vLLM 0.92, generic 0.9); "

@@ -35,6 +35,7 @@ from app.estimates.inputs import (
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
+    published_checkpoint,
     resolve_gpu,
     resolve_model,
     resolve_pools,
@@ -46,7 +47,7 @@ from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import KIND_DISAGGREGATED, Layout
-from app.sizing.model.recipes import RECIPES, uniform_recipe
+from app.sizing.model.recipes import RECIPES, WeightRecipe, uniform_recipe
 from app.sizing.serving import capacity as capacity_core
 from app.sizing.serving import disaggregation
 from app.sizing.specs import KV_DTYPES, ModelSpec
@@ -98,7 +99,10 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     disaggregated deployment, of each pool (`disaggregation.pool_capacity`) and the KV transfer between."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
-    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
+    if request.weight_recipe is not None:
+        recipe, recipe_lines = RECIPES[request.weight_recipe], []
+    else:  # the model's one published checkpoint of the dtype (gpt-oss in fp4), else the plain dtype
+        recipe, recipe_lines = published_checkpoint(model, request.weight_dtype)
     pools, layout = None, None
     if request.deployment == DISAGGREGATED:
         pools = resolve_pools(session, model, request, gpu, gpu_label, request.engine, weights=recipe)
@@ -135,7 +139,8 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     arguments = {"engine": engine, "input_tokens": request.input_tokens, "output_tokens": request.output_tokens,
                  "weight_recipe": recipe}
     if pools is not None:
-        return _disaggregated_capacity(session, request, model, model_label, pools, requested, kv_source, arguments)
+        return _disaggregated_capacity(session, request, model, model_label, pools, requested, kv_source, arguments,
+                                       recipe_lines)
     assert layout is not None
     precisions = resolve_precisions(model, gpu, gpu_label, requested)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
@@ -148,12 +153,12 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
         raise core_problem(exc) from None
     held_out = held_out_errors(session, request, request.calibration, request.engine).out(layout.kind, [gpu.slug])
     return _capacity_out(request, model_label, gpu_label, layout, result, precisions, efficiency, profile,
-                         kv_source, CAPACITY_FORMULAS, held_out)
+                         kv_source, CAPACITY_FORMULAS, held_out, recipe, recipe_lines)
 
 
 def _disaggregated_capacity(session: Session, request: CapacityRequest, model: ModelSpec, model_label: str,
                             pools: tuple[ResolvedPool, ResolvedPool], requested: CapacityRequest, kv_source: str,
-                            arguments: dict[str, Any]) -> CapacityResponse:
+                            arguments: dict[str, Any], recipe_lines: Sequence[str]) -> CapacityResponse:
     """Each pool's workers under the engine's accounting (`disaggregation.pool_capacity`, each on its own GPU
     with its own precisions and efficiencies) and one prompt's KV transfer; one decode worker on top."""
     answers: list[tuple[disaggregation.PoolCapacity, ResolvedPrecisions, Efficiency, str]] = []
@@ -179,7 +184,7 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
         KIND_DISAGGREGATED, [prefill_pool.gpu.slug, decode_pool.gpu.slug])
     top = _capacity_out(request, model_label, decode_pool.gpu_label, decode_pool.layout, decode.worker, precisions,
                         efficiency, profile, kv_source, (*CAPACITY_FORMULAS, *DISAGGREGATED_CAPACITY_FORMULAS),
-                        held_out)
+                        held_out, arguments["weight_recipe"], recipe_lines)
     if prefill_pool.gpu != decode_pool.gpu:
         top.assumptions.defaults_used.append(
             f"prefill pool on {prefill_pool.gpu_label}: compute_dtype = {prefill_precisions.compute_dtype}, "
@@ -210,13 +215,14 @@ _OPERATING_POINT_FIELDS = tuple(OperatingPointOut.model_fields)
 def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, layout: Layout,
                   result: capacity_core.CapacityResult, precisions: ResolvedPrecisions, efficiency: Efficiency,
                   profile: str, kv_source: str, formulas: Sequence[str],
-                  held_out_error: HeldOutErrorOut | None) -> CapacityResponse:
-    """One replica's (or one decode worker's) capacity answer."""
+                  held_out_error: HeldOutErrorOut | None, recipe: WeightRecipe | None,
+                  recipe_lines: Sequence[str]) -> CapacityResponse:
+    """One replica's (or one decode worker's) capacity answer; `recipe`: the checkpoint's, given or the model's
+    published one (`recipe_lines` say so), None for the plain dtype."""
     resolved = result.engine
-    defaults = [*precisions.defaults_used]
+    defaults = [*precisions.defaults_used, *recipe_lines]
     if request.kv_dtype is None:
         defaults.append(f"kv_dtype = {precisions.kv_dtype} ({kv_source})")
-    recipe = RECIPES[request.weight_recipe] if request.weight_recipe is not None else None
     weights_recipe = recipe if recipe is not None else uniform_recipe(precisions.weight_dtype)
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")

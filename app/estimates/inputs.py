@@ -31,7 +31,7 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import Layout
-from app.sizing.model.recipes import WeightRecipe
+from app.sizing.model.recipes import WeightRecipe, published_recipe
 from app.sizing.serving.disaggregation import KvTransfer, deployment_link, kv_transfer
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
@@ -161,6 +161,26 @@ class ResolvedPrecisions:
     compute_dtype: str
     activation_dtype: str  # activations and 16-bit operands (attention, LM head, router)
     defaults_used: tuple[str, ...]  # one line per precision that was not given
+
+
+def published_weights(model: ModelSpec, weight_dtype: str) -> tuple[str | WeightRecipe, list[str]]:
+    """What `weight_dtype` weights of `model` are where the request names no checkpoint recipe: the recipe of the
+    model's one published checkpoint in that dtype (`recipes.published_recipe`: gpt-oss in fp4 is OpenAI's
+    MXFP4 experts with bf16 attention), with the defaults_used line that says so; else the plain dtype."""
+    recipe = published_recipe(model.slug, weight_dtype)
+    if recipe is None:
+        return weight_dtype, []
+    line = (f"weight_recipe = {recipe.name} (the model's one published {weight_dtype} checkpoint: "
+            f"{recipe.description})")
+    return recipe, [line]
+
+
+def published_checkpoint(model: ModelSpec, weight_dtype: str | None) -> tuple[WeightRecipe | None, list[str]]:
+    """`published_weights` for a request that may leave its weight dtype null (the model's published dtype):
+    the recipe, or None for the plain dtype, and the line that says so."""
+    dtype = weight_dtype or (model.dtype if model.dtype in WEIGHT_DTYPES else "bf16")
+    weights, lines = published_weights(model, dtype)
+    return (weights if isinstance(weights, WeightRecipe) else None), lines
 
 
 def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested: Precisions) -> ResolvedPrecisions:

@@ -125,7 +125,9 @@ class Precisions(BaseModel):
 
     model_config = INPUT_CONFIG
 
-    weight_dtype: WeightDtype | None = Field(None, description="null = the model's published dtype")
+    weight_dtype: WeightDtype | None = Field(None, description=(
+        "null = the model's published dtype. A dtype the model ships in one checkpoint is sized as that checkpoint "
+        "(gpt-oss in fp4: OpenAI's MXFP4 experts with bf16 attention, recipe gpt_oss_mxfp4); defaults_used says so"))
     kv_dtype: KvDtype | None = Field(
         None, description="null = the model's 16-bit dtype (bf16 for fp8/fp4/int4-quantized checkpoints)")
     compute_dtype: ComputeDtype | None = Field(

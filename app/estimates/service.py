@@ -25,6 +25,7 @@ from app.estimates.inputs import (
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
+    published_weights,
     resolve_gpu,
     resolve_model,
     resolve_pools,
@@ -74,6 +75,7 @@ from app.sizing.model.kv import (
     mha_equivalent_bytes_per_sequence,
 )
 from app.sizing.model.params import ceil_div
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.disaggregation import first_token_s
 from app.sizing.specs import GpuSpec, ModelSpec, bits_per_value
@@ -255,8 +257,9 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
     """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it, with the `held_out` errors of
     predictions like it."""
     precisions = resolve_precisions(model, gpu, gpu_label, request)
+    weights, weight_lines = published_weights(model, precisions.weight_dtype)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-    defaults = [*precisions.defaults_used, *defaults_used]
+    defaults = [*precisions.defaults_used, *weight_lines, *defaults_used]
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")
     cached = context_tokens or 0
@@ -265,7 +268,7 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
     if phase == PREFILL and context_tokens is None:
         defaults.append("context_tokens = 0 (no cached prefix)")
     tp = layout.tensor_parallel
-    dtypes = {"weight_dtype": precisions.weight_dtype, "kv_dtype": precisions.kv_dtype,
+    dtypes = {"weight_dtype": weights, "kv_dtype": precisions.kv_dtype,
               "activation_dtype": precisions.activation_dtype, "tensor_parallel": tp,
               "data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     try:
@@ -386,7 +389,7 @@ class DecodeSweep:
 
 
 def decode_batch_sweep(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch_sizes: Sequence[int], *,
-                       weight_dtype: str, kv_dtype: str, compute_dtype: str, activation_dtype: str,
+                       weight_dtype: str | WeightRecipe, kv_dtype: str, compute_dtype: str, activation_dtype: str,
                        tensor_parallel: int, efficiency: Efficiency, data_parallel: int = 1,
                        expert_parallel: int = 1) -> DecodeSweep:
     """The batch-sweep's pure calculation: every batch evaluated at once by the vectorized step-time
@@ -416,8 +419,9 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
                                expert_parallel=request.expert_parallel)
     ranks = {"data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     precisions = resolve_precisions(model, gpu, gpu_label, request)
+    weights, weight_lines = published_weights(model, precisions.weight_dtype)
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
-    defaults = list(precisions.defaults_used)
+    defaults = [*precisions.defaults_used, *weight_lines]
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")
     if request.batch_sizes is None:
@@ -426,14 +430,14 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
     context = request.context_tokens
     try:
         sweep = decode_batch_sweep(
-            model, gpu, context, batch_sizes, weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
+            model, gpu, context, batch_sizes, weight_dtype=weights, kv_dtype=precisions.kv_dtype,
             compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
             tensor_parallel=tp, efficiency=efficiency, **ranks)
-        weights = weight_bytes_per_gpu(model, precisions.weight_dtype, tp, **ranks)
+        weight_bytes = weight_bytes_per_gpu(model, weights, tp, **ranks)
         # The KV each sequence holds once this step has written its token.
         kv_per_sequence = kv_cache_size(model, context + 1, precisions.kv_dtype, tp).bytes_per_sequence_per_gpu
         explanation = _knee_explanation(model, gpu, context, sweep, precisions, layout, efficiency,
-                                        weights, kv_per_sequence)
+                                        weights, weight_bytes, kv_per_sequence)
     except ValueError as exc:
         raise core_problem(exc) from None
     points = []
@@ -445,8 +449,8 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
             ideal_step_time_ms=ideal * 1e3, expected_step_time_ms=expected * 1e3,
             ideal_tokens_per_s=batch / ideal, expected_tokens_per_s=batch / expected,
             ideal_tokens_per_s_per_user=1 / ideal, expected_tokens_per_s_per_user=1 / expected,
-            kv_bytes_per_gpu=kv, weights_and_kv_bytes_per_gpu=weights + kv,
-            fits_in_gpu_memory=weights + kv <= gpu.memory_bytes,
+            kv_bytes_per_gpu=kv, weights_and_kv_bytes_per_gpu=weight_bytes + kv,
+            fits_in_gpu_memory=weight_bytes + kv <= gpu.memory_bytes,
         ))
     return BatchSweepResponse(
         model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp, **ranks,
@@ -462,7 +466,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
 
 def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep: DecodeSweep,
                       precisions: ResolvedPrecisions, layout: Layout, efficiency: Efficiency,
-                      weights: int, kv_per_sequence: int) -> str:
+                      weights: str | WeightRecipe, weight_bytes: int, kv_per_sequence: int) -> str:
     knee = sweep.knee_batch_size
     if knee is not None:
         rank = " on each attention data-parallel rank" if layout.data_parallel > 1 else ""
@@ -470,7 +474,7 @@ def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep
                 "per step, is shared by enough sequences that their FLOPs outlast the step's memory traffic. Below "
                 "the knee the step is memory-bound and each added sequence costs only its own KV and activation "
                 "traffic.")
-        if weights + knee * kv_per_sequence > gpu.memory_bytes:
+        if weight_bytes + knee * kv_per_sequence > gpu.memory_bytes:
             text += (f" But {knee:,} sequences of {context_tokens:,} tokens need "
                      f"{knee * kv_per_sequence / 1e9:,.1f} GB of KV cache per GPU next to the weights, more than "
                      f"the GPU's {gpu.memory_bytes / 1e9:,.1f} GB: KV memory caps the batch before the compute "
@@ -478,7 +482,7 @@ def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep
         return text
     # Why never: compare what one more sequence adds to the ideal step's compute and memory times.
     one, two = (
-        roofline(decode_cost(model, context_tokens, batch, precisions.weight_dtype, precisions.kv_dtype,
+        roofline(decode_cost(model, context_tokens, batch, weights, precisions.kv_dtype,
                              precisions.activation_dtype, layout.tensor_parallel, layout.data_parallel,
                              layout.expert_parallel),
                  gpu, precisions.compute_dtype, efficiency)

@@ -223,8 +223,10 @@ class CandidatesIn(BaseModel):
                     "layouts of each valid GPU count")
     expert_parallel: list[ExpertParallel] | None = Field(
         None, min_length=1, max_length=8, description="Expert-parallel degrees to combine; see data_parallel")
-    weight_dtypes: list[WeightDtype] | None = Field(None, min_length=1, max_length=6,
-                                                    description="null = the model's published dtype")
+    weight_dtypes: list[WeightDtype] | None = Field(None, min_length=1, max_length=6, description=(
+        "null = the model's published dtype. A dtype the model ships in one checkpoint is planned as that checkpoint "
+        "(gpt-oss in fp4: recipe gpt_oss_mxfp4, MXFP4 experts with bf16 attention); assumptions.defaults_used says "
+        "so"))
     kv_dtypes: list[KvDtype] | None = Field(None, min_length=1, max_length=4,
                                             description="null = the model's 16-bit dtype")
     engine: Engine = Field("vllm", description="Whose memory accounting and scheduler to model")

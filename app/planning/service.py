@@ -20,6 +20,7 @@ from app.estimates.inputs import (
     default_kv_dtype,
     efficiency_out,
     kv_transfer_out,
+    published_weights,
 )
 from app.planning.schemas import (
     CandidatesIn,
@@ -179,6 +180,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     if weight_dtypes is None:
         weight_dtypes = [model.dtype if model.dtype in WEIGHT_DTYPES else "bf16"]
         defaults.append(f"weight_dtypes = [{weight_dtypes[0]}] (the model's published dtype)")
+    for dtype in weight_dtypes:  # a dtype the model ships in one checkpoint is planned as that checkpoint
+        defaults += published_weights(model, dtype)[1]
     kv_dtypes = candidates.kv_dtypes
     if kv_dtypes is None:
         kv_dtype, why = default_kv_dtype(model)

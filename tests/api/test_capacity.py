@@ -334,6 +334,27 @@ def test_an_invalid_expert_layout_is_a_422(client: TestClient, change: dict[str,
     assert_problem(client.post("/v1/capacity", json=body), 422, pointer)
 
 
+@pytest.mark.parametrize("dtype", [{}, {"weight_dtype": "fp4"}])
+def test_gpt_oss_in_fp4_is_sized_as_its_one_published_checkpoint(client: TestClient, dtype: dict[str, str]) -> None:
+    """gpt-oss ships in fp4 only as OpenAI's MXFP4 checkpoint, so fp4 (given, or the model's published dtype)
+    sizes that recipe: attention stays bf16, 1,911,029,760 B (955,514,880 params x 2 B), where reading every
+    decoder matrix as MXFP4 would give it 955,514,880 x 4.25 / 8 = 507,617,280 B. All weights: 65,168,968,320 B
+    (test_gpt_oss_recipe_counts_each_group_in_its_format), not 65,168,968,320 - 1,911,029,760 + 507,617,280
+    = 63,765,555,840 B. defaults_used says which checkpoint was assumed."""
+    data = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", **dtype, **WORKLOAD})
+    memory = data["memory"]
+    assert memory["weights_bytes_per_gpu"] == 65_168_968_320
+    groups = {g["group"]: (g["format"], g["bytes"]) for g in memory["weight_groups_per_gpu"]}
+    assert groups["attention"] == ("bf16", 1_911_029_760)
+    assert data["assumptions"]["weight_recipe"].startswith("gpt_oss_mxfp4: OpenAI gpt-oss")
+    assert any(line.startswith("weight_recipe = gpt_oss_mxfp4 (the model's one published fp4 checkpoint")
+               for line in data["assumptions"]["defaults_used"])
+    explicit = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_recipe": "gpt_oss_mxfp4",
+                             **WORKLOAD})
+    assert not any(line.startswith("weight_recipe =") for line in explicit["assumptions"]["defaults_used"])
+    assert explicit["kv_tokens"] == data["kv_tokens"]
+
+
 def test_gpt_oss_recipe_counts_each_group_in_its_format(client: TestClient) -> None:
     """gpt-oss-120b as published (tests/domain/test_recipes.py): MXFP4 experts 60,914,073,600 B, bf16
     attention 1,911,029,760 B, router 26,542,080 B, embedding and head 1,158,266,880 B each, norms and

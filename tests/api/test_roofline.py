@@ -198,6 +198,22 @@ def test_fp4_weights_on_hopper_are_weight_only(client: TestClient) -> None:
     assert answer["ridge_point"] == pytest.approx(989.5e12 / 3.35e12)
 
 
+def test_gpt_oss_in_fp4_reads_its_published_checkpoints_bf16_attention(client: TestClient) -> None:
+    """gpt-oss-120b ships in fp4 only as OpenAI's MXFP4 checkpoint, whose attention is bf16: a decode step of one
+    sequence at context 0 on one GPU reads the attention projections' weights at 2 B: qkv 36 x 2,880 x (64 x 64 +
+    2 x 8 x 64) = 530,841,600 and out 36 x 4,096 x 2,880 = 424,673,280 params, 955,514,880 x 2 = 1,911,029,760 B,
+    plus the token's activations (under 2 MB). Read as MXFP4 they would be 507,617,280 B. The batch sweep's
+    weights are the recipe's 65,168,968,320 B (tests/api/test_capacity.py)."""
+    answer = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "phase": "decode", "context_tokens": 0})
+    projections = sum(op["bytes"] for op in answer["operators"] if op["name"] in ("qkv", "out"))
+    assert 1_911_029_760 < projections < 1_911_029_760 + 2_000_000
+    assert any(line.startswith("weight_recipe = gpt_oss_mxfp4") for line in answer["assumptions"]["defaults_used"])
+    sweep = client.post("/v1/roofline/batch-sweep", json={"model": "gpt-oss-120b", "gpu": "h100-sxm",
+                                                           "context_tokens": 0, "batch_sizes": [1]}).json()
+    point = sweep["points"][0]
+    assert point["weights_and_kv_bytes_per_gpu"] - point["kv_bytes_per_gpu"] == 65_168_968_320
+
+
 GPU_SPEC = {"name": "Hypothetical X1", "memory_bytes": 100 * 10**9, "memory_bandwidth_bytes_per_s": 2e12,
             "interconnect_bandwidth_bytes_per_s": 4e11, "bf16_tflops": 500.0}
 

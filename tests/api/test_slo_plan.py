@@ -365,3 +365,22 @@ def test_a_model_one_node_cannot_hold_is_planned_in_pipeline_stages_across_nodes
     # Asked for one stage only, the same request has no plan.
     only_one = post(client, {**body, "candidates": {**body["candidates"], "pipeline_parallel": [1]}}).json()
     assert only_one["feasible"] is False
+
+
+def test_gpt_oss_fp4_is_planned_as_its_published_mxfp4_checkpoint(client):
+    """gpt-oss ships in fp4 only as OpenAI's checkpoint: MXFP4 experts, bf16 attention (recipe gpt_oss_mxfp4; its
+    weights are worked in tests/api/test_capacity.py). The plan's KV pool is /v1/capacity's for that recipe on the
+    same GPU and layout, and the plan says which checkpoint it sized."""
+    body = {"model": "gpt-oss-120b", "workload": {"input_tokens": 1000, "output_tokens": 500, "requests_per_s": 1},
+            "slo": {"ttft_ms": 5000, "tpot_ms": 200, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1], "data_parallel": [1],
+                           "expert_parallel": [1]}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["plans"], answer["infeasible"]
+    sizing = {"model": "gpt-oss-120b", "gpu": "h100-sxm", "input_tokens": 1000, "output_tokens": 500,
+              "weight_recipe": "gpt_oss_mxfp4"}
+    assert answer["plans"][0]["kv_tokens_per_replica"] == client.post("/v1/capacity", json=sizing).json()["kv_tokens"]
+    assert any(line.startswith("weight_recipe = gpt_oss_mxfp4 (the model's one published fp4 checkpoint")
+               for line in answer["assumptions"]["defaults_used"])

@@ -47,6 +47,7 @@ from app.sizing.model.flops import (
     kv_tokens_read,
     step_cost_model,
 )
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec, ModelSpec
 
 MEMORY = "memory"
@@ -220,8 +221,8 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
     )
 
 
-def knee_batch_size(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str, kv_dtype: str,
-                    compute_dtype: str, tensor_parallel: int = 1,
+def knee_batch_size(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str | WeightRecipe,
+                    kv_dtype: str, compute_dtype: str, tensor_parallel: int = 1,
                     activation_dtype: str = "bf16", data_parallel: int = 1, expert_parallel: int = 1) -> int | None:
     """Smallest decode batch whose IDEAL step is compute-bound at `context_tokens` per sequence, or None
     when no batch ever is. With attention data parallelism the batch is one rank's, every rank bringing as
@@ -293,8 +294,8 @@ _LARGEST_SEARCHED_BATCH = 2**30
 _SEARCH_POINTS = 256  # batches timed at once per pass: a DeepSeek-V3 EP8 sweep's core call 0.2-0.4 ms (2026-12-06)
 
 
-def _searched_knee(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str, kv_dtype: str,
-                   compute_dtype: str, activation_dtype: str, layout: dict[str, int]) -> int | None:
+def _searched_knee(model: ModelSpec, gpu: GpuSpec, context_tokens: int, weight_dtype: str | WeightRecipe,
+                   kv_dtype: str, compute_dtype: str, activation_dtype: str, layout: dict[str, int]) -> int | None:
     """The knee under expert parallelism: the smallest batch whose ideal roofline is compute-bound. Batches
     spread geometrically over 1.._LARGEST_SEARCHED_BATCH are timed at once (the step's linear forms over
     arrays, as `roofline` times one: FLOPs over each operator's peak against bytes over the bandwidth); the

@@ -196,6 +196,19 @@ RECIPES: dict[str, WeightRecipe] = {r.name: r for r in (
 )}
 RECIPE_NAMES = tuple(RECIPES)
 
+# (catalog model, weight dtype) -> the recipe of the one checkpoint of that precision the model ships as, which a
+# run or a plan of the model at that dtype serves unless it names another checkpoint. gpt-oss ships only as
+# OpenAI's MXFP4 checkpoint: experts MXFP4, attention, router and embeddings bf16 (models.json notes,
+# ENGINES.md section 4), not every decoder matrix in fp4 as the plain dtype would read.
+PUBLISHED_RECIPES = {("gpt-oss-120b", "fp4"): "gpt_oss_mxfp4", ("gpt-oss-20b", "fp4"): "gpt_oss_mxfp4"}
+
+
+def published_recipe(model_slug: str, weight_dtype: str) -> WeightRecipe | None:
+    """The recipe of the catalog model's one published checkpoint in `weight_dtype` (`PUBLISHED_RECIPES`);
+    None where it names none, and the plain dtype stands for the weights."""
+    name = PUBLISHED_RECIPES.get((model_slug, weight_dtype))
+    return RECIPES[name] if name is not None else None
+
 
 def resolve_recipe(weights: str | WeightRecipe) -> WeightRecipe:
     """A recipe object, a recipe's name, or a plain weight dtype."""

@@ -64,6 +64,7 @@ from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.layout import Layout, valid_tensor_parallel
 from app.sizing.model.kv import layer_mix
+from app.sizing.model.recipes import published_recipe
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -415,11 +416,13 @@ def cross_node_pipelines(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tens
         return ()
     tp = max(degrees)
     room = PIPELINE_WEIGHT_SHARE * gpu.memory_bytes
-    if weight_bytes_per_gpu(model, weight_dtype, tp) < room:
+    checkpoint = published_recipe(model.slug, weight_dtype)
+    weights = checkpoint or weight_dtype
+    if weight_bytes_per_gpu(model, weights, tp) < room:
         return ()
     valid = [pp for pp in PIPELINE_STAGES
-             if not layout_problems(model, Layout(tp, pp), engine, gpu.gpus_per_node)]
-    fitting = [pp for pp in valid if weight_bytes_per_gpu(model, weight_dtype, tp, pp) < room]
+             if not layout_problems(model, Layout(tp, pp), engine, gpu.gpus_per_node, checkpoint)]
+    fitting = [pp for pp in valid if weight_bytes_per_gpu(model, weights, tp, pp) < room]
     if not fitting:
         return ()
     return tuple((tp, pp) for pp in valid if pp in (fitting[0], 2 * fitting[0]))
@@ -680,7 +683,9 @@ class _Planner:
         def infeasible(*reasons: str) -> Infeasible:
             return Infeasible(configuration, reasons)
 
-        problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node)
+        checkpoint = published_recipe(model.slug, configuration.weight_dtype)  # None: the plain dtype throughout
+        weights = checkpoint or configuration.weight_dtype
+        problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node, checkpoint)
         if problems:
             return infeasible(*(f"{configuration.layout.label} on {gpu.slug or gpu.name}: {problem.rule}"
                                 for problem in problems))
@@ -700,7 +705,7 @@ class _Planner:
         engine = replace(engine, sources=tuple(
             (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
         memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
-                               weight_dtype=configuration.weight_dtype, data_parallel=dp, expert_parallel=ep)
+                               weight_dtype=weights, data_parallel=dp, expert_parallel=ep)
         kv_budget = memory.kv_budget_bytes_per_gpu
         draft_steps = None
         if inputs.draft is not None:
@@ -710,7 +715,8 @@ class _Planner:
                                   f"{inputs.draft.weight_dtype} weights")
         if kv_budget <= 0:
             return infeasible(
-                f"weights need {_gb(memory.weights_bytes_per_gpu)} per GPU ({configuration.weight_dtype}, "
+                f"weights need {_gb(memory.weights_bytes_per_gpu)} per GPU "
+                f"({checkpoint.name if checkpoint else configuration.weight_dtype}, "
                 f"{_layout_text(configuration.layout)}); with {_gb(memory.activation_bytes_per_gpu)} of activations and "
                 f"{_gb(memory.overhead_bytes_per_gpu)} of engine overhead"
                 + (" and the draft model" if inputs.draft is not None else "")
@@ -745,7 +751,7 @@ class _Planner:
 
         def timed(pipeline_period: bool) -> StepTimeFn:  # callable, and times runs of decode steps in closed form
             target = build_step_time_model(
-                model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=configuration.weight_dtype,
+                model, gpu, tensor_parallel=tp, pipeline_parallel=pp, weight_dtype=weights,
                 kv_dtype=configuration.kv_dtype, compute_dtype=compute_dtype, efficiency=efficiency,
                 data_parallel=dp, expert_parallel=ep, pipeline_period=pipeline_period,
                 moe_exchange=ENGINES[engine.engine].moe_exchange)
