@@ -163,6 +163,12 @@ class ResolvedPrecisions:
     defaults_used: tuple[str, ...]  # one line per precision that was not given
 
 
+def served_dtype(model: ModelSpec) -> str:
+    """The weight dtype a request that names none serves: the model's published dtype (an fp32 checkpoint is
+    served in bf16)."""
+    return model.dtype if model.dtype in WEIGHT_DTYPES else "bf16"
+
+
 def published_weights(model: ModelSpec, weight_dtype: str) -> tuple[str | WeightRecipe, list[str]]:
     """What `weight_dtype` weights of `model` are where the request names no checkpoint recipe: the recipe of the
     model's one published checkpoint in that dtype (`recipes.published_recipe`: gpt-oss in fp4 is OpenAI's
@@ -178,8 +184,7 @@ def published_weights(model: ModelSpec, weight_dtype: str) -> tuple[str | Weight
 def published_checkpoint(model: ModelSpec, weight_dtype: str | None) -> tuple[WeightRecipe | None, list[str]]:
     """`published_weights` for a request that may leave its weight dtype null (the model's published dtype):
     the recipe, or None for the plain dtype, and the line that says so."""
-    dtype = weight_dtype or (model.dtype if model.dtype in WEIGHT_DTYPES else "bf16")
-    weights, lines = published_weights(model, dtype)
+    weights, lines = published_weights(model, weight_dtype or served_dtype(model))
     return (weights if isinstance(weights, WeightRecipe) else None), lines
 
 
@@ -188,12 +193,9 @@ def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested
     defaults = []
     weight_dtype = requested.weight_dtype
     if weight_dtype is None:
-        if model.dtype in WEIGHT_DTYPES:
-            weight_dtype = model.dtype
-            defaults.append(f"weight_dtype = {weight_dtype} (the model's published dtype)")
-        else:  # fp32 checkpoints are served in bf16
-            weight_dtype = "bf16"
-            defaults.append(f"weight_dtype = bf16 (the model's {model.dtype} weights, served in bf16)")
+        weight_dtype = served_dtype(model)
+        defaults.append(f"weight_dtype = {weight_dtype} (the model's published dtype)" if weight_dtype == model.dtype
+                        else f"weight_dtype = bf16 (the model's {model.dtype} weights, served in bf16)")
     kv_dtype = requested.kv_dtype
     if kv_dtype is None:
         kv_dtype, why = default_kv_dtype(model)

@@ -21,6 +21,7 @@ from app.estimates.inputs import (
     efficiency_out,
     kv_transfer_out,
     published_weights,
+    served_dtype,
 )
 from app.planning.schemas import (
     CandidatesIn,
@@ -60,7 +61,7 @@ from app.sizing.serving.disaggregation import NVLINK, DisaggregatedPlan, Disaggr
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.serving.speculative import SpeculativeDecoding
 from app.sizing.serving.workload import Fixed, Histogram, LengthDistribution, LogNormal, Workload
-from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
+from app.sizing.specs import GpuSpec, ModelSpec
 
 # /v1/slo-plan
 
@@ -178,7 +179,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     _check_plan_parallelism(model, candidates)
     weight_dtypes = candidates.weight_dtypes
     if weight_dtypes is None:
-        weight_dtypes = [model.dtype if model.dtype in WEIGHT_DTYPES else "bf16"]
+        weight_dtypes = [served_dtype(model)]
         defaults.append(f"weight_dtypes = [{weight_dtypes[0]}] (the model's published dtype)")
     for dtype in weight_dtypes:  # a dtype the model ships in one checkpoint is planned as that checkpoint
         defaults += published_weights(model, dtype)[1]
@@ -364,7 +365,7 @@ def _plan_speculation(sources: PlanSources, speculative: SpeculativeIn | None,
     if speculative.draft_model is None:
         return spec, None, None
     draft_model, draft_id = at_pointer("/body/speculative/draft_model", sources.model, speculative.draft_model)
-    draft_dtype = draft_model.dtype if draft_model.dtype in WEIGHT_DTYPES else "bf16"
+    draft_dtype = served_dtype(draft_model)
     return spec, plan_core.DraftModel(draft_model, draft_dtype), draft_id
 
 
