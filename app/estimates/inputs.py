@@ -169,23 +169,17 @@ def served_dtype(model: ModelSpec) -> str:
     return model.dtype if model.dtype in WEIGHT_DTYPES else "bf16"
 
 
-def published_weights(model: ModelSpec, weight_dtype: str) -> tuple[str | WeightRecipe, list[str]]:
-    """What `weight_dtype` weights of `model` are where the request names no checkpoint recipe: the recipe of the
-    model's one published checkpoint in that dtype (`recipes.published_recipe`: gpt-oss in fp4 is OpenAI's
-    MXFP4 experts with bf16 attention), with the defaults_used line that says so; else the plain dtype."""
-    recipe = published_recipe(model.slug, weight_dtype)
-    if recipe is None:
-        return weight_dtype, []
-    line = (f"weight_recipe = {recipe.name} (the model's one published {weight_dtype} checkpoint: "
-            f"{recipe.description})")
-    return recipe, [line]
-
-
 def published_checkpoint(model: ModelSpec, weight_dtype: str | None) -> tuple[WeightRecipe | None, list[str]]:
-    """`published_weights` for a request that may leave its weight dtype null (the model's published dtype):
-    the recipe, or None for the plain dtype, and the line that says so."""
-    weights, lines = published_weights(model, weight_dtype or served_dtype(model))
-    return (weights if isinstance(weights, WeightRecipe) else None), lines
+    """What `weight_dtype` weights of `model` (None: the dtype it serves) are where the request names no
+    checkpoint recipe: the recipe of the model's one published checkpoint in that dtype
+    (`recipes.published_recipe`: gpt-oss in fp4 is OpenAI's MXFP4 experts with bf16 attention) and the
+    defaults_used line that says so; (None, []) where the plain dtype stands for the weights."""
+    dtype = weight_dtype or served_dtype(model)
+    recipe = published_recipe(model.slug, dtype)
+    if recipe is None:
+        return None, []
+    line = f"weight_recipe = {recipe.name} (the model's one published {dtype} checkpoint: {recipe.description})"
+    return recipe, [line]
 
 
 def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested: Precisions) -> ResolvedPrecisions:

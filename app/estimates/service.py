@@ -25,7 +25,7 @@ from app.estimates.inputs import (
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
-    published_weights,
+    published_checkpoint,
     resolve_gpu,
     resolve_model,
     resolve_pools,
@@ -257,7 +257,8 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
     """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it, with the `held_out` errors of
     predictions like it."""
     precisions = resolve_precisions(model, gpu, gpu_label, request)
-    weights, weight_lines = published_weights(model, precisions.weight_dtype)
+    recipe, weight_lines = published_checkpoint(model, precisions.weight_dtype)
+    weights = recipe or precisions.weight_dtype
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = [*precisions.defaults_used, *weight_lines, *defaults_used]
     if request.calibration is None:
@@ -419,7 +420,8 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
                                expert_parallel=request.expert_parallel)
     ranks = {"data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
     precisions = resolve_precisions(model, gpu, gpu_label, request)
-    weights, weight_lines = published_weights(model, precisions.weight_dtype)
+    recipe, weight_lines = published_checkpoint(model, precisions.weight_dtype)
+    weights = recipe or precisions.weight_dtype
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = [*precisions.defaults_used, *weight_lines]
     if request.calibration is None:

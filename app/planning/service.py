@@ -20,7 +20,7 @@ from app.estimates.inputs import (
     default_kv_dtype,
     efficiency_out,
     kv_transfer_out,
-    published_weights,
+    published_checkpoint,
     served_dtype,
 )
 from app.planning.schemas import (
@@ -182,7 +182,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
         weight_dtypes = [served_dtype(model)]
         defaults.append(f"weight_dtypes = [{weight_dtypes[0]}] (the model's published dtype)")
     for dtype in weight_dtypes:  # a dtype the model ships in one checkpoint is planned as that checkpoint
-        defaults += published_weights(model, dtype)[1]
+        defaults += published_checkpoint(model, dtype)[1]
     kv_dtypes = candidates.kv_dtypes
     if kv_dtypes is None:
         kv_dtype, why = default_kv_dtype(model)

@@ -300,9 +300,7 @@ class StepCostModel:
     num_moe_layers: int = 0
     moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per MoE layer and direction
     expert_parallel: int = 1
-    # Whether the exchange follows the routing (`comm.PER_EXPERT` under EP: the most loaded EP rank's tokens
-    # set its time) or moves every rank's tokens alike (an all-gather: the rank's own tokens set it).
-    moe_exchange_routed: bool = False
+    moe_exchange: str = PER_EXPERT  # how the engine moves the MoE layers' tokens (`comm.MOE_EXCHANGES`)
 
     def shape(self, tokens: ArrayLike, sampled: ArrayLike, attended: Sequence[ArrayLike],
               kv_read: Sequence[ArrayLike], score_entries: ArrayLike = 0.0,
@@ -332,6 +330,12 @@ class StepCostModel:
         return np.multiply(tokens, expected_expert_load_factor(
             self.num_experts, self.experts_per_token, np.multiply(tokens, self.moe_token_scale),
             self.expert_parallel)) if self.expert_parallel > 1 else tokens  # type: ignore[return-value]
+
+    @property
+    def moe_exchange_routed(self) -> bool:
+        """Whether the exchange follows the routing (`comm.PER_EXPERT` under EP: the most loaded EP rank's
+        tokens set its time) or moves every rank's tokens alike (an all-gather: the rank's own tokens set it)."""
+        return self.expert_parallel > 1 and self.moe_exchange == PER_EXPERT
 
     def rows_per_expert(self, tokens: ArrayLike) -> float | np.ndarray:
         """Rows each touched routed expert's GEMM multiplies when every data-parallel rank brings `tokens`."""
@@ -474,7 +478,7 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
             h, act_b, model.num_experts_per_tok, tensor_parallel=tp, data_parallel=data_parallel,
             expert_parallel=expert_parallel, exchange=moe_exchange) if model.is_moe else 0.0,
         expert_parallel=expert_parallel,
-        moe_exchange_routed=expert_parallel > 1 and moe_exchange == PER_EXPERT,
+        moe_exchange=moe_exchange,
     )
 
 
