@@ -220,7 +220,9 @@ class CandidatesIn(BaseModel):
         None, min_length=1, max_length=8,
         description="Attention data-parallel degrees to combine with tensor_parallel; null (with expert_parallel "
                     "null) = plain TP, plus for MoE models when tensor_parallel is null too the DP+EP and TP+EP "
-                    "layouts of each valid GPU count")
+                    "layouts of each valid GPU count, and, on a GPU one node of which cannot hold the model's "
+                    "weights (when pipeline_parallel is null too), DP+EP over the fewest whole nodes that hold "
+                    "them and twice as many")
     expert_parallel: list[ExpertParallel] | None = Field(
         None, min_length=1, max_length=8, description="Expert-parallel degrees to combine; see data_parallel")
     weight_dtypes: list[WeightDtype] | None = Field(None, min_length=1, max_length=6, description=(

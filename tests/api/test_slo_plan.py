@@ -367,6 +367,32 @@ def test_a_model_one_node_cannot_hold_is_planned_in_pipeline_stages_across_nodes
     assert only_one["feasible"] is False
 
 
+def test_an_moe_model_one_node_cannot_hold_is_also_planned_in_attention_dp_and_ep_across_nodes(client):
+    """DeepSeek-V3 in fp8 is 85.1 GB per GPU at TP8, above 90% of an H100's 85.5 GB: one node cannot hold it.
+    Beside the pipelines, the default search tries DEP16 over two nodes (59.9 GB of weights per GPU, worked in
+    tests/domain/test_plan.py) and DEP32. Under TensorRT-LLM the DEP16 plan is one replica of 16 GPUs on 2 nodes,
+    launched with --tp_size 16 --ep_size 16 and attention DP in its YAML; the defaults say why it was searched,
+    and a request that lists its TP degrees gets no such layout."""
+    body = {"model": "deepseek-v3",
+            "workload": {"input_tokens": 1000, "output_tokens": 1000, "requests_per_s": 5},
+            "slo": {"ttft_ms": 3000, "tpot_ms": 80, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "engine": "trtllm"}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    wide = [plan for plan in result["plans"] if plan["data_parallel"] == 16]
+    assert wide, [plan["layout"] for plan in result["plans"]]
+    plan = wide[0]
+    assert (plan["layout"], plan["gpus_per_replica"], plan["nodes"]) == ("TP1 DP16 EP16 PP1", 16, 2 * plan["replicas"])
+    assert "--tp_size 16 --pp_size 1 --ep_size 16 " in plan["launch"]["command"]
+    assert "enable_attention_dp: true" in " ".join(plan["launch"]["notes"])
+    assert any(text.startswith("where one node of a GPU cannot hold an MoE model's weights, also attention DP + EP")
+               for text in result["assumptions"]["defaults_used"])
+    listed = post(client, {**body, "candidates": {**body["candidates"], "tensor_parallel": [8]}}).json()
+    considered = listed["plans"] + listed["infeasible"]
+    assert considered and all(item["data_parallel"] == 1 for item in considered)
+
+
 def test_gpt_oss_fp4_is_planned_as_its_published_mxfp4_checkpoint(client):
     """gpt-oss ships in fp4 only as OpenAI's checkpoint: MXFP4 experts, bf16 attention (recipe gpt_oss_mxfp4; its
     weights are worked in tests/api/test_capacity.py). The plan's KV pool is /v1/capacity's for that recipe on the

@@ -11,6 +11,7 @@ import pytest
 
 from app.sizing.engines.launch import LaunchSpec, launch_command
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
+from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.plan import (
     MAX_CONFIGURATIONS,
     Configuration,
@@ -23,6 +24,7 @@ from app.sizing.serving.plan import (
     _Run,
     configurations,
     cost_per_million_tokens,
+    cross_node_expert_layouts,
     cross_node_pipelines,
     default_tensor_parallel,
     nodes_needed,
@@ -36,6 +38,7 @@ from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepT
 from app.sizing.serving.workload import Fixed, LogNormal, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
 from tests.domain.models_for_tests import (
+    DEEPSEEK_V3,
     FALCON_7B,
     GEMMA_2_9B,
     LLAMA_3_1_405B,
@@ -508,6 +511,43 @@ def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cann
     assert len(default) == search_space_size(LLAMA_3_1_405B, [H100_SXM], None, None, ["bf16"], ["bf16"])
     assert {c.pipeline_parallel for c in configurations(LLAMA_3_1_405B, [H100_SXM], None, [1], ["bf16"],
                                                          ["bf16"])} == {1}
+
+
+def test_the_default_search_adds_attention_dp_and_ep_across_nodes_for_an_moe_model_one_node_cannot_hold():
+    """DeepSeek-V3 in fp8 on H100s (85,520,809,984 B each, 90% = 76,968,728,985.6 B; 8 GPUs per node).
+    - At TP8 (the largest degree inside a node) its routed experts alone are 58 MoE layers x 256 experts
+      x 3 x 7,168 x 2,048 / 8 = 81.74e9 B per GPU: one node cannot hold it.
+    - DEP16 (two nodes; tp 1, each GPU its own attention rank and 256 / 16 = 16 experts), bytes per GPU:
+      routed experts 16 x 58 x 3 x 7,168 x 2,048 = 40,869,298,176 (fp8);
+      attention 61 x (7,168 x 1,536 + 1,536 x 128 x 192 + 7,168 x 576 + 512 x 128 x 256 + 128 x 128 x 7,168)
+      = 61 x 187,105,280 = 11,413,422,080; dense MLP 3 x 3 x 7,168 x 18,432 = 1,189,085,184;
+      shared experts 58 x 3 x 7,168 x 2,048 = 2,554,331,136; routers 58 x 256 x 7,168 x 2 B (bf16)
+      = 212,860,928; embedding and LM head 2 x 129,280 x 7,168 x 2 B = 3,706,716,160; norms
+      (61 x (2 x 7,168 + 1,536 + 512) + 7,168) x 2 B = 2,013,184. Total 59,947,726,848 B < 76.97e9: the
+      fewest nodes are 2, and twice as many, DEP32 (4 nodes).
+    - On H200s (150,754,820,096 B, 90% = 135.7e9) TP8 holds it (85.1e9 B per GPU): nothing added.
+    - A dense model one node cannot hold (Llama-3.1-405B in bf16) gets pipelines only."""
+    h200 = dataclasses.replace(H100_SXM, slug="h200-sxm", memory_bytes=150_754_820_096)
+    assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 1, 1, 16, 16) == 59_947_726_848
+    assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8) >= 0.9 * H100_SXM.memory_bytes
+    assert cross_node_expert_layouts(DEEPSEEK_V3, H100_SXM, "fp8", None) == ((1, 16, 16), (1, 32, 32))
+    for engine in ("vllm", "sglang", "trtllm"):
+        assert cross_node_expert_layouts(DEEPSEEK_V3, H100_SXM, "fp8", None, engine) == ((1, 16, 16), (1, 32, 32))
+    assert cross_node_expert_layouts(DEEPSEEK_V3, h200, "fp8", None) == ()
+    assert cross_node_expert_layouts(LLAMA_3_1_405B, H100_SXM, "bf16", None) == ()
+    # The default search lists them last, after the pipelines; any given degree leaves them out.
+    default = configurations(DEEPSEEK_V3, [H100_SXM], None, None, ["fp8"], ["bf16"])
+    assert [(c.tensor_parallel, c.pipeline_parallel, c.data_parallel, c.expert_parallel)
+            for c in default[-4:]] == [(8, 2, 1, 1), (8, 4, 1, 1), (1, 1, 16, 16), (1, 1, 32, 32)]
+    assert len(default) == search_space_size(DEEPSEEK_V3, [H100_SXM], None, None, ["fp8"], ["bf16"])
+    for given in ({"tensor_parallel": [8]}, {"pipeline_parallel": [1]}, {"data_parallel": [8]}):
+        listed = configurations(DEEPSEEK_V3, [H100_SXM], given.get("tensor_parallel"),
+                                given.get("pipeline_parallel"), ["fp8"], ["bf16"],
+                                data_parallel=given.get("data_parallel"))
+        assert max(c.data_parallel for c in listed) <= 8
+        assert len(listed) == search_space_size(DEEPSEEK_V3, [H100_SXM], given.get("tensor_parallel"),
+                                                given.get("pipeline_parallel"), ["fp8"], ["bf16"],
+                                                data_parallel=given.get("data_parallel"))
 
 
 def test_the_analytic_ceiling_is_the_rate_at_the_largest_batch_within_the_tpot_slo():

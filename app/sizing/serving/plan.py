@@ -64,7 +64,7 @@ from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.layout import Layout, valid_tensor_parallel
 from app.sizing.model.kv import layer_mix
-from app.sizing.model.recipes import published_recipe
+from app.sizing.model.recipes import WeightRecipe, published_recipe
 from app.sizing.model.weights import weight_bytes_per_gpu
 from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -92,6 +92,8 @@ MAX_CONFIGURATIONS = 512  # GPUs x TP x PP x weight dtypes x KV dtypes x knob va
 # at or above it leave no KV cache.
 PIPELINE_STAGES = (2, 4, 8)
 PIPELINE_WEIGHT_SHARE = 0.90
+# Its attention DP + EP layouts across nodes (`cross_node_expert_layouts`): whole nodes tried.
+EXPERT_LAYOUT_NODES = (2, 4, 8)
 DEFAULT_SIMULATED_REQUESTS = 2000
 PLANS_KEPT = 3  # plans returned per price class; also what a configuration's bound must beat
 PLANS_PER_GPU = 2  # the cheapest few per GPU type, for a meaningful frontier
@@ -408,24 +410,68 @@ def cross_node_pipelines(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tens
     NICs, each paying NCCL's inter-node steps (`comm.tp_network_latency_s`), where a pipeline crosses
     between nodes once per stage boundary (SIZING.md section 6), so such a model is split into pipeline
     stages across nodes, each stage a full node's TP (the largest searched degree). "Cannot hold": its
-    weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of the GPU's memory. Then the fewest stages (of `PIPELINE_STAGES`) whose weights per GPU fall below that
-    share, and twice as many (more room for the KV cache) where the layout is valid; () when the node holds
-    the model."""
+    weights per GPU at that TP reach `PIPELINE_WEIGHT_SHARE` of the GPU's memory. Then the fewest stages (of
+    `PIPELINE_STAGES`) whose weights per GPU fall below that share, and twice as many (more room for the KV
+    cache) where the layout is valid; () when the node holds the model."""
+    beyond = _beyond_one_node(model, gpu, weight_dtype, tensor_parallel)
+    if beyond is None:
+        return ()
+    tp, weights, checkpoint = beyond
+    layouts = [Layout(tp, pp) for pp in PIPELINE_STAGES]
+    return tuple((layout.tensor_parallel, layout.pipeline_parallel)
+                 for layout in _fewest_that_hold(model, gpu, weights, checkpoint, layouts, engine))
+
+
+def cross_node_expert_layouts(model: ModelSpec, gpu: GpuSpec, weight_dtype: str,
+                              tensor_parallel: Sequence[int] | None,
+                              engine: str | None = None) -> tuple[tuple[int, int, int], ...]:
+    """(tp, dp, ep) layouts the default search adds for an MoE model one node of this GPU cannot hold (as
+    `cross_node_pipelines` judges it): attention DP with one EP rank per GPU over whole nodes ("DEP g", g =
+    nodes x the node's GPUs), the wide expert parallelism DeepSeek-V3 is served with across nodes. No tensor
+    parallelism crosses a node; each GPU keeps its own requests' attention and KV, its share of the routed
+    experts, and a copy of everything else, and the experts' exchange crosses the scale-out network
+    (`comm.py`). The fewest nodes (of `EXPERT_LAYOUT_NODES`) whose weights per GPU fall below
+    `PIPELINE_WEIGHT_SHARE` of its memory, and twice as many, where the model (every EP rank owns an expert)
+    and the engine accept the layout; () for dense models and models one node holds."""
+    if not model.is_moe:
+        return ()
+    beyond = _beyond_one_node(model, gpu, weight_dtype, tensor_parallel)
+    if beyond is None:
+        return ()
+    _, weights, checkpoint = beyond
+    layouts = [Layout(1, 1, size, size) for size in (nodes * gpu.gpus_per_node for nodes in EXPERT_LAYOUT_NODES)]
+    return tuple((layout.tensor_parallel, layout.data_parallel, layout.expert_parallel)
+                 for layout in _fewest_that_hold(model, gpu, weights, checkpoint, layouts, engine))
+
+
+def _beyond_one_node(model: ModelSpec, gpu: GpuSpec, weight_dtype: str, tensor_parallel: Sequence[int] | None,
+                     ) -> tuple[int, str | WeightRecipe, WeightRecipe | None] | None:
+    """(a full node's TP, the weights as planned, their published checkpoint or None) when one node of this GPU
+    cannot hold the model: its weights per GPU at the largest searched TP degree reach `PIPELINE_WEIGHT_SHARE` of
+    the GPU's memory; None when it can (or no degree is valid)."""
     degrees = tensor_parallel if tensor_parallel is not None else default_tensor_parallel(model, gpu)
     if not degrees:
-        return ()
-    tp = max(degrees)
-    room = PIPELINE_WEIGHT_SHARE * gpu.memory_bytes
+        return None
     checkpoint = published_recipe(model.slug, weight_dtype)
     weights = checkpoint or weight_dtype
-    if weight_bytes_per_gpu(model, weights, tp) < room:
-        return ()
-    valid = [pp for pp in PIPELINE_STAGES
-             if not layout_problems(model, Layout(tp, pp), engine, gpu.gpus_per_node, checkpoint)]
-    fitting = [pp for pp in valid if weight_bytes_per_gpu(model, weights, tp, pp) < room]
+    if weight_bytes_per_gpu(model, weights, max(degrees)) < PIPELINE_WEIGHT_SHARE * gpu.memory_bytes:
+        return None
+    return max(degrees), weights, checkpoint
+
+
+def _fewest_that_hold(model: ModelSpec, gpu: GpuSpec, weights: str | WeightRecipe, checkpoint: WeightRecipe | None,
+                      layouts: Sequence[Layout], engine: str | None) -> list[Layout]:
+    """Of `layouts`, ever more GPUs, the valid ones (the model's, the engine's and the node's rules) with the fewest
+    GPUs whose weights per GPU fall below `PIPELINE_WEIGHT_SHARE` of the GPU's memory, and with twice as many."""
+    valid = [layout for layout in layouts
+             if not layout_problems(model, layout, engine, gpu.gpus_per_node, checkpoint)]
+    fitting = [layout.gpus for layout in valid
+               if weight_bytes_per_gpu(model, weights, layout.tensor_parallel, layout.pipeline_parallel,
+                                       layout.expert_parallel, layout.data_parallel)
+               < PIPELINE_WEIGHT_SHARE * gpu.memory_bytes]
     if not fitting:
-        return ()
-    return tuple((tp, pp) for pp in valid if pp in (fitting[0], 2 * fitting[0]))
+        return []
+    return [layout for layout in valid if layout.gpus in (fitting[0], 2 * fitting[0])]
 
 
 def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: Sequence[int] | None,
@@ -440,6 +486,9 @@ def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel
     pipelines = 0 if pipeline_parallel is not None else sum(
         len(cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine))
         for gpu in gpus for weight_dtype in weight_dtypes)
+    if _searches_expert_layouts(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
+        pipelines += sum(len(cross_node_expert_layouts(model, gpu, weight_dtype, tensor_parallel, engine))
+                         for gpu in gpus for weight_dtype in weight_dtypes)
     return ((per_gpu * stages * len(weight_dtypes) + pipelines) * len(kv_dtypes) * len(max_num_seqs)
             * len(max_num_batched_tokens))
 
@@ -453,7 +502,8 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
     """Every combination, GPU by GPU. Layouts: the given tensor-, data- and expert-parallel degrees combined;
     with none given, `default_tensor_parallel` and, for MoE models, `expert_layouts` (for `engine`). Pipeline
     stages: the given degrees with every layout; with none given, one stage, plus `cross_node_pipelines` for
-    a model one node cannot hold (those layouts last, GPU by GPU).
+    a model one node cannot hold (those layouts last, GPU by GPU), and for such an MoE model, when no layout
+    degree is given either, `cross_node_expert_layouts` (after them).
 
     Raises SearchSpaceTooLarge beyond MAX_CONFIGURATIONS, before listing anything.
     """
@@ -485,7 +535,23 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
             for seqs in max_num_seqs
             for batched in max_num_batched_tokens
         ]
+    if _searches_expert_layouts(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
+        found += [
+            Configuration(gpu, tp, 1, weight_dtype, kv_dtype, seqs, batched, dp, ep)
+            for gpu in gpus
+            for weight_dtype in weight_dtypes
+            for tp, dp, ep in cross_node_expert_layouts(model, gpu, weight_dtype, tensor_parallel, engine)
+            for kv_dtype in kv_dtypes
+            for seqs in max_num_seqs
+            for batched in max_num_batched_tokens
+        ]
     return found
+
+
+def _searches_expert_layouts(tensor_parallel: Sequence[int] | None, pipeline_parallel: Sequence[int] | None,
+                             data_parallel: Sequence[int] | None, expert_parallel: Sequence[int] | None) -> bool:
+    """Whether the search picks the layouts itself (no degree given), and so adds `cross_node_expert_layouts`."""
+    return tensor_parallel is None and pipeline_parallel is None and data_parallel is None and expert_parallel is None
 
 
 # Fleet arithmetic --------------------------------------------------------------------------------
