@@ -69,8 +69,8 @@ SLO_PLAN_FORMULAS = (
     ("replicas = ceil(requests_per_s x peak_to_mean_ratio / (max load per replica x max_utilization_ratio)) + "
      "extra_replicas; "
      "the max load is the highest simulated per-replica load meeting every SLO at the percentile"),
-    ("GPUs = replicas x tensor_parallel x pipeline_parallel; nodes: tensor parallelism stays inside one node and "
-     "replicas smaller than a node share nodes"),
+    ("GPUs = replicas x tensor_parallel x pipeline_parallel x data_parallel; nodes: tensor parallelism stays "
+     "inside one node and replicas smaller than a node share nodes"),
     ("cost per hour = GPUs x price per GPU-hour; $ per million output tokens = cost per hour / (output tokens per "
      "hour at the peak load) x 1e6"),
     ("TPOT = (E2E - TTFT) / (output tokens - 1), per request; percentiles over the simulated requests after the "
@@ -572,9 +572,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
             analytic_ceiling=decode.load_per_worker),
         replicas=plan.prefill.workers + decode.workers, extra_replicas=0,
         gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
-        nodes=sum(plan_core.nodes_needed(pool.workers, pool.configuration.tensor_parallel,
-                                         pool.configuration.pipeline_parallel, pool.configuration.gpu.gpus_per_node)
-                  for pool in (plan.prefill, decode)),
+        nodes=sum(plan_core.replica_nodes(pool.configuration, pool.workers) for pool in (plan.prefill, decode)),
         price_per_gpu_hour_usd=decode.price_per_gpu_hour_usd, price_source=decode.price_source,
         cost_per_hour_usd=plan.cost_per_hour_usd,
         cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,

@@ -64,6 +64,30 @@ def test_long_prompts_show_a_disaggregated_plan_beside_the_aggregated_one(client
     assert any("KV transfer" in formula for formula in body["assumptions"]["formulas"])
 
 
+def test_moe_pools_may_run_attention_dp_and_ep(client):
+    """DeepSeek-V3 in fp8 at 8k in / 1k out on H200s under TensorRT-LLM: each pool may run DP8 + EP8 workers (8
+    attention ranks of one GPU each, every rank its own requests). A DP8 decode rank holds the whole MLA latent
+    of its requests on its one GPU, so the mean prompt's KV moved to it is 8,000 tokens x 61 layers x
+    (512 + 64) x 2 B (bf16) = 562,176,000 B, all on one GPU. A pool's GPUs are workers x TP x DP, a DP8 worker
+    fills one 8-GPU node (as a TP8 one does), and the decode command turns attention DP on."""
+    body = {"model": "deepseek-v3",
+            "workload": {"input_tokens": 8000, "output_tokens": 1000, "requests_per_s": 8},
+            "slo": {"ttft_ms": 3000, "tpot_ms": 60, "percentile": 95},
+            "candidates": {"gpus": ["h200-sxm"], "engine": "trtllm", "deployment": "disaggregated"},
+            "simulated_requests": 500}
+    result = plan(client, body)
+    wide = [p for p in result["plans"] if p["disaggregation"]["decode"]["data_parallel"] == 8]
+    assert wide, [p["disaggregation"]["decode"]["layout"] for p in result["plans"]]
+    pools = wide[0]["disaggregation"]
+    decode = pools["decode"]
+    assert decode["layout"] == "TP1 DP8 EP8 PP1"
+    for pool in (pools["prefill"], decode):
+        assert pool["gpus"] == pool["workers"] * pool["tensor_parallel"] * pool["data_parallel"] == 8 * pool["workers"]
+    assert wide[0]["nodes"] == pools["prefill"]["workers"] + decode["workers"]
+    assert pools["kv_transfer"]["bytes_per_request"] == pools["kv_transfer"]["bytes_per_gpu"] == 562_176_000
+    assert "enable_attention_dp: true" in " ".join(decode["launch"]["notes"])
+
+
 def test_short_chat_prompts_explain_why_aggregated_wins(client):
     body = plan(client, CHAT)
     assert body["plans"][0]["deployment"] == "aggregated"

@@ -24,6 +24,8 @@ from app.sizing.serving.disaggregation import (
     NVLINK_TRANSFER_LATENCY_S,
     PoolRanks,
     PoolTimes,
+    _pool_option,
+    _simulate_role,
     closed_loop,
     combine,
     decode_role_requests,
@@ -36,11 +38,19 @@ from app.sizing.serving.disaggregation import (
     transfer_link,
     transfer_times_s,
 )
-from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL, PlanInputs, Slo, configurations
+from app.sizing.serving.plan import (
+    DECODE_POOL,
+    PREFILL_POOL,
+    Configuration,
+    PlanInputs,
+    Slo,
+    _Planner,
+    configurations,
+)
 from app.sizing.serving.simulate import SchedulerConfig, simulate
 from app.sizing.serving.workload import Fixed, Requests, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
-from tests.domain.models_for_tests import LLAMA_3_70B
+from tests.domain.models_for_tests import DEEPSEEK_V3, LLAMA_3_70B
 
 # meta-llama/Llama-3.1-70B config.json: the KV geometry of Llama-3-70B (80 layers, 8 KV heads of 128),
 # with 131,072 positions.
@@ -206,6 +216,33 @@ def test_a_disaggregated_plan_adds_up_and_meets_the_slo() -> None:
         assert plan.predicted.tpot.at_slo_percentile_s <= 0.04
         assert plan.transfer.prompt_tokens == 8000
         assert plan.transfer.link == (NVLINK if plan.gpus <= 8 else NETWORK)
+
+
+def test_a_pool_worker_with_attention_dp_ranks_is_its_ranks_side_by_side() -> None:
+    """A DeepSeek-V3 worker of 8 H200s as DP8 + EP8 (its weights: 100.8 GB per GPU) runs 8 schedulers, each
+    with its own requests. With a step of 5 ms + 50 us per prompt token, a 1,000-token prompt is one chunk of
+    5 + 50 = 55 ms, so a rank prefills 1 / 0.055 = 18.18 prompts/s. For 100 req/s the analytic prefill pool
+    is ceil(100 / (8 x 18.18)) = ceil(0.6875) = 1 worker of 8 ranks; the same worker taken as one scheduler
+    would need ceil(100 / 18.18) = ceil(5.5) = 6. Simulated at 8 req/s per worker, a rank sees 8 / 8 = 1 req/s:
+    the very requests, at the very times, of one scheduler at 1 req/s. The worker's KV is its 8 ranks'."""
+    h200 = dataclasses.replace(H100, name="H200 SXM", slug="h200-sxm", memory_bytes=150_754_820_096)
+    inputs = PlanInputs(model=DEEPSEEK_V3, workload=Workload(Fixed(1000), Fixed(100), requests_per_s=100.0),
+                        slo=Slo(ttft_s=2.0, tpot_s=0.1, percentile=95),
+                        efficiencies={("h200-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES},
+                        simulated_requests=200)
+    planner = _Planner(inputs)
+    screened = planner.screen(Configuration(h200, 1, 1, "fp8", "bf16", None, None, 8, 8), PREFILL_POOL)
+    assert screened.schedulers == 8
+    ranks = dataclasses.replace(screened, step_time=_step_time,
+                                scheduler=SchedulerConfig(1_000_000, max_num_batched_tokens=8192))
+    alone = dataclasses.replace(ranks, schedulers=1)
+    assert _pool_option(planner, ranks, PREFILL_POOL).workers == 1
+    assert _pool_option(planner, alone, PREFILL_POOL).workers == 6
+    requests = planner._unit_requests(200)
+    worker = _simulate_role(planner, ranks, PREFILL_POOL, requests, 8.0)
+    rank = _simulate_role(planner, alone, PREFILL_POOL, requests, 1.0)
+    assert np.array_equal(worker.ttft_s, rank.ttft_s)
+    assert screened.kv_tokens_per_replica == 8 * screened.scheduler.kv_capacity_tokens
 
 
 def test_closed_loop_workloads_are_refused() -> None:

@@ -378,11 +378,11 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
     for configuration in candidates:
         for role in (PREFILL_POOL, DECODE_POOL):
             outcome = planner.screen(configuration, role)
-            if not isinstance(outcome, Infeasible) and outcome.schedulers > 1:
-                # A worker here is one scheduler; data-parallel ranks and pipeline micro-batches side by side
-                # are sized by the aggregated planner only.
-                reason = (f"{configuration.layout.label}: disaggregated pools are sized for workers of one "
-                          "scheduler (no attention DP, no PP)")
+            if not isinstance(outcome, Infeasible) and configuration.pipeline_parallel > 1:
+                # A worker's attention data-parallel ranks are schedulers side by side, each simulated at its
+                # share of the worker's load; pipeline micro-batches are sized by the aggregated planner only.
+                reason = (f"{configuration.layout.label}: disaggregated pools are sized for workers without "
+                          "pipeline stages")
                 outcome = Infeasible(configuration, (reason,))
             if isinstance(outcome, Infeasible):
                 infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
@@ -407,7 +407,8 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
 
 def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
     """The workers the pool needs if each ran at its analytic throughput: back-to-back prefills of the
-    mean prompt, or decode steps at the largest batch the engine runs, and what they cost."""
+    mean prompt, or decode steps at the largest batch the engine runs, on each of its attention
+    data-parallel ranks, and what they cost."""
     lengths, step_time = planner.lengths, screened.step_time
     if role == PREFILL_POOL:
         prompt = max(1, round(lengths.input_mean))
@@ -418,15 +419,17 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
         batch = screened.scheduler.max_num_seqs
         step = float(step_time(batch, batch * (lengths.input_mean + lengths.output_mean / 2), 0, 0))
         rate = batch / (step * max(lengths.output_mean - 1, 1.0))
-    workers = max(1, math.ceil(planner.sized_load / rate * (1 - 1e-9)))
+    workers = max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
     gpus = workers * screened.configuration.gpus_per_replica
     return _PoolOption(screened, workers, gpus * screened.price if screened.price is not None else 1e12 + gpus)
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
                    load: float) -> SimulationResult:
+    """One scheduler of a worker at `load` (requests/s per worker): one of its attention data-parallel ranks,
+    at its share of the worker's load. Each request runs on one rank, so its times are the rank's."""
     role_requests = prefill_role_requests(requests) if role == PREFILL_POOL else decode_role_requests(requests)
-    role_requests = replace(role_requests, arrival_s=role_requests.arrival_s / load)
+    role_requests = replace(role_requests, arrival_s=role_requests.arrival_s / (load / screened.schedulers))
     planner.simulations += 1
     planner.simulated_requests += len(role_requests)
     return simulate(screened.step_time, screened.scheduler, role_requests)
@@ -509,7 +512,7 @@ def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Po
     gpus = workers * screened.configuration.gpus_per_replica
     return Pool(role=role, configuration=screened.configuration, compute_dtype=screened.compute_dtype,
                 efficiency=screened.efficiency, engine=screened.engine,
-                kv_tokens_per_worker=screened.scheduler.kv_capacity_tokens, workers=workers,
+                kv_tokens_per_worker=screened.kv_tokens_per_replica, workers=workers,
                 load_per_worker=planner.sized_load / workers, gpus=gpus,
                 price_per_gpu_hour_usd=screened.price, price_source=screened.price_source,
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)

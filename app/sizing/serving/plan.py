@@ -586,6 +586,13 @@ def nodes_needed(replicas: int, tensor_parallel: int, pipeline_parallel: int, gp
     return replicas * math.ceil(pipeline_parallel / (gpus_per_node // tensor_parallel))
 
 
+def replica_nodes(configuration: Configuration, replicas: int) -> int:
+    """Nodes for `replicas` of this configuration (`nodes_needed`): its data-parallel ranks pack into nodes as
+    pipeline stages do, whole tensor-parallel groups per node."""
+    return nodes_needed(replicas, configuration.tensor_parallel,
+                        configuration.pipeline_parallel * configuration.data_parallel, configuration.gpu.gpus_per_node)
+
+
 def cost_per_million_tokens(cost_per_hour_usd: float, tokens_per_s: float) -> float:
     """$ per 1e6 tokens produced at `tokens_per_s`: cost per hour / (tokens per hour) x 1e6."""
     return cost_per_hour_usd / (tokens_per_s * 3600) * 1e6
@@ -1260,9 +1267,7 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
             "the SLO is not met at the offered load either: "
             + _describe(offered_run.worst, inputs.slo.percentile),))
     gpus = replicas * configuration.gpus_per_replica
-    # Data-parallel ranks pack into nodes as pipeline stages do: whole tensor-parallel groups per node.
-    nodes = nodes_needed(replicas, configuration.tensor_parallel,
-                         configuration.pipeline_parallel * configuration.data_parallel, configuration.gpu.gpus_per_node)
+    nodes = replica_nodes(configuration, replicas)
     prediction = _prediction(offered_run, inputs.slo)
     if planner.closed_loop:
         # Each replica serves `offered` users at most; the fleet's users run at the simulated pace.
