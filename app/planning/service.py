@@ -491,7 +491,8 @@ def _launch(configuration: plan_core.Configuration, engine: ResolvedEngine, mode
         max_num_batched_tokens=engine.max_num_batched_tokens, max_model_len=max_model_len,
         gpu_memory_utilization=engine.gpu_memory_utilization, draft_tokens=draft_tokens,
         draft_model_id=draft_model_id, data_parallel=configuration.data_parallel,
-        expert_parallel=configuration.expert_parallel), role, kv_over_nvlink)
+        expert_parallel=configuration.expert_parallel, nodes=plan_core.replica_nodes(configuration, 1)),
+        role, kv_over_nvlink)
     return LaunchOut(command=launch.command, notes=list(launch.notes))
 
 

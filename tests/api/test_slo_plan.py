@@ -386,6 +386,7 @@ def test_an_moe_model_one_node_cannot_hold_is_also_planned_in_attention_dp_and_e
     assert (plan["layout"], plan["gpus_per_replica"], plan["nodes"]) == ("TP1 DP16 EP16 PP1", 16, 2 * plan["replicas"])
     assert "--tp_size 16 --pp_size 1 --ep_size 16 " in plan["launch"]["command"]
     assert "enable_attention_dp: true" in " ".join(plan["launch"]["notes"])
+    assert any(note.startswith("one replica spans 2 nodes (16 GPUs") for note in plan["launch"]["notes"])
     assert any(text.startswith("where one node of a GPU cannot hold an MoE model's weights, also attention DP + EP")
                for text in result["assumptions"]["defaults_used"])
     listed = post(client, {**body, "candidates": {**body["candidates"], "tensor_parallel": [8]}}).json()

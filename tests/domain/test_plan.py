@@ -490,6 +490,23 @@ def test_sglangs_prefill_chunk_flag_is_the_replicas_which_it_divides_among_the_d
     assert "--chunked-prefill-size 1024 " in launch(engine="sglang", max_num_batched_tokens=1024).command
 
 
+def test_a_replica_larger_than_a_node_says_it_spans_nodes():
+    """TP8 x PP2 is 8 x 2 = 16 GPUs on 2 nodes; DP16 at TP1, 16 GPUs on 2; one node's TP4 says nothing. A
+    disaggregated worker says it of the worker."""
+    spanning = launch(tensor_parallel=8, pipeline_parallel=2, nodes=2)
+    assert ("one replica spans 2 nodes (16 GPUs, tensor parallelism inside each node): the command gives the whole "
+            "replica's degrees; start it across those nodes with the engine's multi-node launch") in spanning.notes
+    assert any(note.startswith("one replica spans 2 nodes (16 GPUs") for note in
+               launch(tensor_parallel=1, data_parallel=16, expert_parallel=16, nodes=2).notes)
+    assert not any("spans" in note for note in launch().notes)
+    spec = LaunchSpec(engine="sglang", model_id="deepseek-ai/DeepSeek-V3", model_dtype="fp8", tensor_parallel=1,
+                      pipeline_parallel=1, weight_dtype="fp8", kv_dtype="bf16", max_num_seqs=256,
+                      max_num_batched_tokens=8192, max_model_len=9000, gpu_memory_utilization=0.8, data_parallel=32,
+                      expert_parallel=32, nodes=4)
+    assert any(note.startswith("one decode worker spans 4 nodes (32 GPUs") for note in
+               launch_command(spec, role="decode").notes)
+
+
 def test_the_default_search_adds_pipelines_across_nodes_only_where_one_node_cannot_hold_the_weights():
     """Llama-3.1-405B holds about 405e9 weights (its model card). An H100 reports 85,520,809,984 B; 90% of it
     (the share an engine budgets at all) is 76.97e9 B. The largest TP inside a node is 8 (128 heads, 8 KV

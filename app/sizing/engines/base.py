@@ -145,6 +145,7 @@ class LaunchSpec:
     draft_model_id: str | None = None  # None with draft_tokens: n-gram (prompt lookup) proposals
     data_parallel: int = 1  # attention data-parallel ranks (`layout.Layout`)
     expert_parallel: int = 1
+    nodes: int = 1  # the nodes one replica (or disaggregated worker) spans
 
 
 def online_fp8(spec: LaunchSpec) -> bool:

@@ -38,7 +38,7 @@ def launch_command(spec: LaunchSpec, role: str | None = None, kv_over_nvlink: bo
         return LaunchCommand(None, tuple(rules.launch_notes(spec) + role_notes))
     if role is not None:
         words = rules.disaggregation_env(kv_over_nvlink) + words + rules.disaggregation_words(role)
-    notes = _precision_notes(spec) + rules.launch_notes(spec) + role_notes
+    notes = _precision_notes(spec) + _node_notes(spec, role) + rules.launch_notes(spec) + role_notes
     if spec.draft_tokens is not None and not rules.speculative_flags:
         notes.append(f"speculative decoding ({spec.draft_tokens} draft tokens) is configured with the "
                      f"engine's own speculative options, not shown here")
@@ -54,3 +54,14 @@ def _precision_notes(spec: LaunchSpec) -> list[str]:
         notes.append("int8 KV cache: vLLM and SGLang offer fp8 KV instead (same size); TensorRT-LLM takes int8 "
                      "KV from a checkpoint quantized with it")
     return notes
+
+
+def _node_notes(spec: LaunchSpec, role: str | None) -> list[str]:
+    """A replica (or a disaggregated worker) larger than a node: one command, started across its nodes."""
+    if spec.nodes == 1:
+        return []
+    gpus = spec.tensor_parallel * spec.pipeline_parallel * spec.data_parallel
+    unit = "replica" if role is None else f"{role} worker"
+    note = (f"one {unit} spans {spec.nodes} nodes ({gpus} GPUs, tensor parallelism inside each node): the command "
+            f"gives the whole {unit}'s degrees; start it across those nodes with the engine's multi-node launch")
+    return [note]
