@@ -142,6 +142,16 @@ def test_trtllm_rule(client: TestClient) -> None:
     assert data["max_concurrency"]["admission"]["sequences"] == 290
 
 
+def test_tensorrt_llm_on_a_gpu_not_made_by_nvidia_is_an_answer_that_it_cannot_run(client: TestClient) -> None:
+    """TensorRT-LLM runs on NVIDIA GPUs only: on an MI300X (the catalog's maker: AMD) the answer is that it does
+    not fit, with that reason and no other layout suggested; vLLM on the same GPU fits."""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "mi300x", "engine": "trtllm", **WORKLOAD})
+    assert data["fits"] is False
+    assert data["reasons"] == ["trtllm runs on NVIDIA GPUs only, and AMD Instinct MI300X is AMD's"]
+    assert data["suggestion"] is None and data["operating_point"] is None
+    assert post(client, {"model": "llama-3.1-8b", "gpu": "mi300x", "engine": "vllm", **WORKLOAD})["fits"] is True
+
+
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
     """A 10 GiB KV budget: reserve 85,520,809,984 − 16,060,522,496 − 10,737,418,240 = 58,722,869,248 B.
     bf16: 10,737,418,240 // (16 x 131,072) = 5,120 blocks = 81,920 tokens, 5,120 // 94 = 54 admitted;

@@ -394,6 +394,22 @@ def test_an_moe_model_one_node_cannot_hold_is_also_planned_in_attention_dp_and_e
     assert considered and all(item["data_parallel"] == 1 for item in considered)
 
 
+def test_tensorrt_llm_is_planned_on_nvidia_gpus_only(client):
+    """Asked for TensorRT-LLM on an MI300X and an H100, the plans are all on the H100; every MI300X layout is
+    infeasible for its maker (the same request under vLLM may plan either)."""
+    body = {"model": "llama-3.1-8b", "workload": {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 1},
+            "slo": {"ttft_ms": 3000, "tpot_ms": 100, "percentile": 95},
+            "candidates": {"gpus": ["mi300x", "h100-sxm"], "engine": "trtllm", "tensor_parallel": [1]},
+            "simulated_requests": 500}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["plans"] and {plan["gpu"] for plan in result["plans"]} == {"h100-sxm"}
+    refused = [item for item in result["infeasible"] if item["gpu"] == "mi300x"]
+    assert refused and all(item["reasons"] == ["trtllm runs on NVIDIA GPUs only, and AMD Instinct MI300X is AMD's"]
+                           for item in refused)
+
+
 def test_gpt_oss_fp4_is_planned_as_its_published_mxfp4_checkpoint(client):
     """gpt-oss ships in fp4 only as OpenAI's checkpoint: MXFP4 experts, bf16 attention (recipe gpt_oss_mxfp4; its
     weights are worked in tests/api/test_capacity.py). The plan's KV pool is /v1/capacity's for that recipe on the

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from app.sizing.calibration.predict import Measurement, prepare
-from app.sizing.engines import ENGINES, EngineConfig, published_run_kv_dtype, resolve_version
+from app.sizing.engines import ENGINES, EngineConfig, gpu_problems, published_run_kv_dtype, resolve_version
 from app.sizing.engines.base import parse_version
 from app.sizing.engines.vllm import SamplerFit, activation_peak_bytes, scheduler_defaults
 from app.sizing.model.recipes import RECIPES, uniform_recipe
@@ -128,3 +128,17 @@ def test_a_measured_run_is_predicted_with_its_own_releases_defaults() -> None:
     assert (old.max_num_seqs, old.max_num_batched_tokens) == (256, 512)
     assert (new.max_num_seqs, new.max_num_batched_tokens) == (1024, 8192)
     assert scheduler("2024").max_num_seqs == scheduler(None).max_num_seqs == 1024  # a year: the default release
+
+
+def test_tensorrt_llm_refuses_gpus_of_other_makers_and_the_others_refuse_none() -> None:
+    """TensorRT-LLM builds on CUDA: NVIDIA GPUs only. A GPU whose maker is not stated (an inline spec) is not
+    refused, since nothing says it is not NVIDIA's."""
+    mi300x = GpuSpec(name="AMD Instinct MI300X", slug="mi300x", memory_bytes=205_822_885_888,
+                     memory_bandwidth_bytes_per_s=5.3e12, interconnect_bandwidth_bytes_per_s=64e9,
+                     bf16_flops_per_s=1307.4e12, vendor="AMD")
+    h100 = dataclasses.replace(mi300x, name="NVIDIA H100 SXM5 80GB", slug="h100-sxm", vendor="NVIDIA")
+    unstated = dataclasses.replace(mi300x, name="inline", slug="inline", vendor="")
+    assert gpu_problems("trtllm", mi300x) == ["trtllm runs on NVIDIA GPUs only, and AMD Instinct MI300X is AMD's"]
+    assert gpu_problems("trtllm", h100) == [] and gpu_problems("trtllm", unstated) == []
+    for engine in ("vllm", "sglang", "generic", None):
+        assert gpu_problems(engine, mi300x) == []

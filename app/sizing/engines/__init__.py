@@ -70,6 +70,15 @@ def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
     return problems
 
 
+def gpu_problems(engine: str | None, gpu: GpuSpec) -> list[str]:
+    """Why `engine` cannot run on `gpu` at all (its maker; `Engine.gpu_vendors`): [] where it can, or where the
+    GPU's maker is not stated (an inline spec without one)."""
+    vendors = ENGINES[engine].gpu_vendors if engine is not None else ()
+    if not vendors or not gpu.vendor or gpu.vendor in vendors:
+        return []
+    return [f"{engine} runs on {' or '.join(vendors)} GPUs only, and {gpu.name or gpu.slug} is {gpu.vendor}'s"]
+
+
 def resolve_version(config: EngineConfig) -> tuple[str, str]:
     """The engine version whose rules apply, and where it came from."""
     if config.engine_version is not None:

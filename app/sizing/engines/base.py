@@ -177,6 +177,8 @@ class Engine(Protocol):
     # How its MoE layers move tokens between attention data-parallel ranks by default: `comm.PER_EXPERT`
     # or `comm.ALL_GATHER` (`comm.moe_exchange_bytes_per_token`).
     moe_exchange: str
+    # The GPU makers it runs on (the catalog's `vendor`); empty: any maker the catalog lists.
+    gpu_vendors: tuple[str, ...]
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -30,6 +30,7 @@ class Generic:
     speculative_flags = False
     divides_prefill_chunk_by_dp = False
     moe_exchange = PER_EXPERT
+    gpu_vendors = ()
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

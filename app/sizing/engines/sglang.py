@@ -173,6 +173,7 @@ class Sglang:
     # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
     # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
     moe_exchange = PER_EXPERT
+    gpu_vendors = ()  # the reference names no GPU maker it refuses
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -55,6 +55,8 @@ class Trtllm:
     # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
     # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
     moe_exchange = PER_EXPERT
+    # TensorRT-LLM builds on CUDA and TensorRT: NVIDIA GPUs only (NVIDIA/TensorRT-LLM README).
+    gpu_vendors = ("NVIDIA",)
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

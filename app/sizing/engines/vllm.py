@@ -138,6 +138,7 @@ class Vllm:
     speculative_flags = True
     divides_prefill_chunk_by_dp = False
     moe_exchange = ALL_GATHER  # `--all2all-backend allgather_reducescatter` by default (ENGINES.md section 2)
+    gpu_vendors = ()  # CUDA and ROCm builds (the reference data's AMD runs are rocm/vllm images), other makers' plugins
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

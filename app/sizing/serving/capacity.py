@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, gpu_problems, host_adjusted, resolve_engine
 from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import Efficiency
@@ -557,7 +557,9 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
              "output_tokens": output_tokens}
     accounting = _account(model, gpu, engine, **shape, data_parallel=data_parallel,
                           expert_parallel=expert_parallel)
-    fits, point = not accounting.reasons, None
+    unsupported = gpu_problems(engine.engine, gpu)
+    reasons = (*unsupported, *accounting.reasons)
+    fits, point = not reasons, None
     if fits:
         view, resolved = accounting.engine.running_view, accounting.engine
         point = operating_point(
@@ -571,8 +573,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             moe_exchange=ENGINES[resolved.engine].moe_exchange)
     return CapacityResult(
         fits=fits,
-        reasons=accounting.reasons,
-        suggestion=None if fits else _suggest(model, gpu, engine, **shape),
+        reasons=reasons,
+        suggestion=None if fits or unsupported else _suggest(model, gpu, engine, **shape),
         memory=accounting.memory,
         kv_bytes_per_token_per_gpu=kv_bytes_per_token_per_gpu(
             model, kv_dtype, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel),

@@ -57,7 +57,14 @@ from typing import Protocol
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, host_adjusted, layout_problems, resolve_engine
+from app.sizing.engines import (
+    ENGINES,
+    EngineConfig,
+    gpu_problems,
+    host_adjusted,
+    layout_problems,
+    resolve_engine,
+)
 from app.sizing.engines.base import DRAFT_MODEL, NGRAM, ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
@@ -756,6 +763,9 @@ class _Planner:
         def infeasible(*reasons: str) -> Infeasible:
             return Infeasible(configuration, reasons)
 
+        unsupported = gpu_problems(inputs.engine, gpu)
+        if unsupported:
+            return infeasible(*unsupported)
         checkpoint = published_recipe(model.slug, configuration.weight_dtype)  # None: the plain dtype throughout
         weights = checkpoint or configuration.weight_dtype
         problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node, checkpoint)
