@@ -4,7 +4,7 @@
 # 2026.12.06.4: vLLM's MoE layers gather every data-parallel rank's tokens (allgather_reducescatter); a model at a
 # dtype it ships in one checkpoint (gpt-oss in fp4) is planned and sized as that checkpoint's recipe.
 # 2026.12.06.5: the default search also plans an MoE model one node cannot hold in attention DP + EP over whole nodes;
-# disaggregated pools may run attention DP + EP workers (each rank a scheduler at its share of the worker's load);
+# disaggregated pools may run attention DP + EP and pipeline workers (each scheduler at its share of the worker's load);
 # TensorRT-LLM is sized and planned on NVIDIA GPUs only.
 CALCULATION_VERSION = "2026.12.06.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and

@@ -88,6 +88,33 @@ def test_moe_pools_may_run_attention_dp_and_ep(client):
     assert "enable_attention_dp: true" in " ".join(decode["launch"]["notes"])
 
 
+def test_pools_of_a_model_one_node_cannot_hold_run_pipeline_stages_across_nodes(client):
+    """Llama-3.1-405B in bf16 is 101.5 GB per GPU at TP8, more than an H100 holds: each pool's workers are a full
+    node's TP in pipeline stages across nodes (TP8 x PP2: 16 GPUs on 2 nodes). The KV of the mean prompt is
+    8,000 tokens x 2 (K and V) x 8 KV heads x 128 x 126 layers x 2 B = 4,128,768,000 B; a TP8 x PP2 decode worker
+    holds it on 16 GPUs, 63 layers' worth of 1 KV head each: 4,128,768,000 / 16 = 258,048,000 B per GPU."""
+    body = {"model": "llama-3.1-405b",
+            "workload": {"input_tokens": 8000, "output_tokens": 500, "requests_per_s": 1},
+            "slo": {"ttft_ms": 5000, "tpot_ms": 100, "percentile": 95},
+            "candidates": {"gpus": ["h100-sxm"], "weight_dtypes": ["bf16"], "deployment": "disaggregated"},
+            "simulated_requests": 500}
+    result = plan(client, body)
+    assert result["plans"], result["infeasible"]
+    pools = result["plans"][0]["disaggregation"]
+    decode = pools["decode"]
+    assert (decode["tensor_parallel"], decode["pipeline_parallel"]) == (8, 2)
+    for role, pool in (("prefill", pools["prefill"]), ("decode", decode)):
+        assert pool["pipeline_parallel"] > 1
+        assert pool["gpus"] == pool["workers"] * pool["tensor_parallel"] * pool["pipeline_parallel"]
+        assert any(note.startswith(f"one {role} worker spans {pool['pipeline_parallel']} nodes")
+                   for note in pool["launch"]["notes"])
+    assert result["plans"][0]["nodes"] == sum(pool["workers"] * pool["pipeline_parallel"]
+                                              for pool in (pools["prefill"], decode))
+    assert pools["kv_transfer"]["bytes_per_request"] == 4_128_768_000
+    assert pools["kv_transfer"]["bytes_per_gpu"] == 258_048_000
+    assert "--pipeline-parallel-size 2" in decode["launch"]["command"]
+
+
 def test_short_chat_prompts_explain_why_aggregated_wins(client):
     body = plan(client, CHAT)
     assert body["plans"][0]["deployment"] == "aggregated"

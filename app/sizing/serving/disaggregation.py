@@ -378,12 +378,6 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
     for configuration in candidates:
         for role in (PREFILL_POOL, DECODE_POOL):
             outcome = planner.screen(configuration, role)
-            if not isinstance(outcome, Infeasible) and configuration.pipeline_parallel > 1:
-                # A worker's attention data-parallel ranks are schedulers side by side, each simulated at its
-                # share of the worker's load; pipeline micro-batches are sized by the aggregated planner only.
-                reason = (f"{configuration.layout.label}: disaggregated pools are sized for workers without "
-                          "pipeline stages")
-                outcome = Infeasible(configuration, (reason,))
             if isinstance(outcome, Infeasible):
                 infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
             else:
@@ -407,8 +401,8 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
 
 def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
     """The workers the pool needs if each ran at its analytic throughput: back-to-back prefills of the
-    mean prompt, or decode steps at the largest batch the engine runs, on each of its attention
-    data-parallel ranks, and what they cost."""
+    mean prompt, or decode steps at the largest batch the engine runs, on each of its schedulers (attention
+    data-parallel ranks x pipeline micro-batches), and what they cost."""
     lengths, step_time = planner.lengths, screened.step_time
     if role == PREFILL_POOL:
         prompt = max(1, round(lengths.input_mean))
@@ -426,8 +420,9 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
                    load: float) -> SimulationResult:
-    """One scheduler of a worker at `load` (requests/s per worker): one of its attention data-parallel ranks,
-    at its share of the worker's load. Each request runs on one rank, so its times are the rank's."""
+    """One scheduler of a worker at `load` (requests/s per worker): one of its attention data-parallel ranks'
+    pipeline micro-batches (`_Planner.screen`), at its share of the worker's load. Each request runs on one of
+    them, so its times are that scheduler's."""
     role_requests = prefill_role_requests(requests) if role == PREFILL_POOL else decode_role_requests(requests)
     role_requests = replace(role_requests, arrival_s=role_requests.arrival_s / (load / screened.schedulers))
     planner.simulations += 1
