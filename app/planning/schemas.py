@@ -241,7 +241,8 @@ class CandidatesIn(BaseModel):
     deployment: Literal["aggregated", "disaggregated", "both"] = Field(
         "aggregated", description=(
             "aggregated: every replica prefills and decodes; disaggregated: separate prefill and decode workers "
-            "(each pool its own GPU type, tensor parallelism and worker count from these candidates), the prompt's "
+            "(each pool its own GPU type, layout and worker count from these candidates: attention DP + EP and "
+            "pipeline workers included), the prompt's "
             "KV cache moved between them; both: plans of either kind, ranked together. Disaggregated plans need "
             "an open-loop load (requests_per_s) and no speculative decoding."))
 
