@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,7 +26,9 @@ from app.sizing.serving.disaggregation import (
     PoolRanks,
     PoolTimes,
     _pool_option,
+    _PoolOption,
     _simulate_role,
+    _size_pools,
     closed_loop,
     combine,
     decode_role_requests,
@@ -42,6 +45,7 @@ from app.sizing.serving.plan import (
     DECODE_POOL,
     PREFILL_POOL,
     Configuration,
+    Infeasible,
     PlanInputs,
     Slo,
     _Planner,
@@ -243,6 +247,33 @@ def test_a_pool_worker_with_attention_dp_ranks_is_its_ranks_side_by_side() -> No
     rank = _simulate_role(planner, alone, PREFILL_POOL, requests, 1.0)
     assert np.array_equal(worker.ttft_s, rank.ttft_s)
     assert screened.kv_tokens_per_replica == 8 * screened.scheduler.kv_capacity_tokens
+
+
+def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Options by analytic bound ($/h) 10, 11, 12, 30, 40, each sized (stubbed) to: infeasible, 25 GPUs at $2 =
+    $50, 10 at $2 = $20, and the rest $15. The first two are always sized (one fails); the third's bound 12 is
+    below the cheapest so far ($50), so it is sized ($20); the fourth's 30 is not below $20: the search stops
+    with two pools sized. Had every one failed, it would have gone on to the fourth (the most) and no further."""
+    sized_to = {0: None, 1: 25, 2: 10, 3: 7.5, 4: 7.5}
+    tried = []
+
+    def size(planner, option, role, requests, behind):
+        tried.append(option.workers)
+        gpus = sized_to[option.workers]
+        if gpus is None:
+            return Infeasible(None, ("misses",))
+        return SimpleNamespace(gpus=gpus, price_per_gpu_hour_usd=2.0), None
+
+    monkeypatch.setattr("app.sizing.serving.disaggregation._size_pool", size)
+    options = [_PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
+    refused: list = []
+    sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused)
+    assert tried == [0, 1, 2]
+    assert [pool.gpus for pool, _ in sized] == [25, 10] and len(refused) == 1
+    sized_to.update({1: None, 2: None, 3: None, 4: None})
+    tried.clear()
+    assert _size_pools(None, options, PREFILL_POOL, None, 0.0, []) == []
+    assert tried == [0, 1, 2, 3]
 
 
 def test_closed_loop_workloads_are_refused() -> None:

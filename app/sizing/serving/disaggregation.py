@@ -301,7 +301,10 @@ def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int) -> int 
 
 # Planning ---------------------------------------------------------------------------------------------
 
-POOL_CONFIGURATIONS_SIMULATED = 2  # per pool: the cheapest by the analytic bound are sized by simulation
+# Per pool, the options sized by simulation (`_size_pools`): the cheapest few by the analytic bound, then each next
+# one that could still be cheaper than every pool sized so far, up to the most.
+POOL_CONFIGURATIONS_SIMULATED = 2
+MAX_POOL_CONFIGURATIONS_SIMULATED = 4
 TTFT_RETRIES = 3  # prefill workers added when the combined TTFT misses at the sized counts
 
 
@@ -359,7 +362,7 @@ class DisaggregatedResult:
 class _PoolOption:
     screened: _Screened
     workers: int  # workers needed if each ran at its analytic throughput (where the search starts)
-    bound: float  # their cost, $/h (or GPUs past every priced option when unpriced): a lower bound
+    bound: float  # their cost (`_cost_units`): a lower bound
 
 
 def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) -> DisaggregatedResult:
@@ -415,7 +418,7 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
         rate = batch / (step * max(lengths.output_mean - 1, 1.0))
     workers = max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
     gpus = workers * screened.configuration.gpus_per_replica
-    return _PoolOption(screened, workers, gpus * screened.price if screened.price is not None else 1e12 + gpus)
+    return _PoolOption(screened, workers, _cost_units(gpus, screened.price))
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
@@ -440,12 +443,24 @@ def _prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
 def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, requests: Requests,
                 behind: float | tuple[Pool, SimulationResult],
                 infeasible: list[Infeasible]) -> list[tuple[Pool, SimulationResult]]:
-    """The cheapest few pool options of `role` (by their analytic bound), each sized by simulation."""
-    sized = []
-    for option in sorted(options, key=lambda o: o.bound)[:POOL_CONFIGURATIONS_SIMULATED]:
+    """Pool options of `role` in the order of their analytic bound, each sized by simulation: the first
+    POOL_CONFIGURATIONS_SIMULATED, then each next one whose bound is below the cost of the cheapest pool sized so
+    far (or while none is), MAX_POOL_CONFIGURATIONS_SIMULATED in all at most. An option with a low bound that sizes
+    dear (a pipeline's workers) thus does not keep a cheaper one from being sized."""
+    sized: list[tuple[Pool, SimulationResult]] = []
+    for tried, option in enumerate(sorted(options, key=lambda o: o.bound)[:MAX_POOL_CONFIGURATIONS_SIMULATED]):
+        if tried >= POOL_CONFIGURATIONS_SIMULATED and sized and option.bound >= min(
+                _cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
+            break
         outcome = _size_pool(planner, option, role, requests, behind)
         (infeasible if isinstance(outcome, Infeasible) else sized).append(outcome)
     return sized
+
+
+def _cost_units(gpus: int, price: float | None) -> float:
+    """What `gpus` GPUs cost in the units pool options are ranked by: $/h when priced, else past every priced
+    option, by GPU count."""
+    return gpus * price if price is not None else 1e12 + gpus
 
 
 def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requests,
