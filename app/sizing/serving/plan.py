@@ -490,13 +490,13 @@ def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel
     """How many configurations `configurations` would list (counted, not listed)."""
     per_gpu = sum(len(_layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)) for gpu in gpus)
     stages = len(pipeline_parallel or (1,))
-    pipelines = 0 if pipeline_parallel is not None else sum(
+    across_nodes = 0 if pipeline_parallel is not None else sum(
         len(cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine))
         for gpu in gpus for weight_dtype in weight_dtypes)
     if _searches_expert_layouts(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
-        pipelines += sum(len(cross_node_expert_layouts(model, gpu, weight_dtype, tensor_parallel, engine))
-                         for gpu in gpus for weight_dtype in weight_dtypes)
-    return ((per_gpu * stages * len(weight_dtypes) + pipelines) * len(kv_dtypes) * len(max_num_seqs)
+        across_nodes += sum(len(cross_node_expert_layouts(model, gpu, weight_dtype, tensor_parallel, engine))
+                            for gpu in gpus for weight_dtype in weight_dtypes)
+    return ((per_gpu * stages * len(weight_dtypes) + across_nodes) * len(kv_dtypes) * len(max_num_seqs)
             * len(max_num_batched_tokens))
 
 
