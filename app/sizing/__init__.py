@@ -5,10 +5,11 @@
 # dtype it ships in one checkpoint (gpt-oss in fp4) is planned and sized as that checkpoint's recipe.
 # 2026.12.06.5: the default search also plans an MoE model one node cannot hold in attention DP + EP over whole nodes;
 # disaggregated pools may run attention DP + EP and pipeline workers (each scheduler at its share of the worker's load);
-# TensorRT-LLM is sized and planned on NVIDIA GPUs only.
+# TensorRT-LLM is sized and planned on NVIDIA GPUs only, its first pipeline stages taking the leftover layers.
 CALCULATION_VERSION = "2026.12.06.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).
-# 2026.12.06.5: the GPU makers each engine runs on (TensorRT-LLM: NVIDIA); a replica larger than a node says so.
+# 2026.12.06.5: the GPU makers each engine runs on (TensorRT-LLM: NVIDIA) and how it splits layers into pipeline
+# stages; a replica larger than a node says so.
 ENGINE_RULES_VERSION = "2026.12.06.5"

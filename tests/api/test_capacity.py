@@ -152,6 +152,16 @@ def test_tensorrt_llm_on_a_gpu_not_made_by_nvidia_is_an_answer_that_it_cannot_ru
     assert post(client, {"model": "llama-3.1-8b", "gpu": "mi300x", "engine": "vllm", **WORKLOAD})["fits"] is True
 
 
+def test_tensorrt_llm_puts_the_leftover_layer_on_the_first_stage(client: TestClient) -> None:
+    """Llama-3.1-405B bf16 at TP8 x PP4 (126 layers): vLLM's heaviest stage is one of 32 layers without the
+    embedding, TensorRT-LLM's its first, 32 layers with it (tests/domain/test_weights.py). At TP8 the embedding's
+    shard is 128,256 / 8 x 16,384 x 2 B = 525,336,576 B more weights on a GPU, which the KV budget loses."""
+    layout = {"model": "llama-3.1-405b", "gpu": "h100-sxm", "tensor_parallel": 8, "pipeline_parallel": 4, **WORKLOAD}
+    vllm = post(client, {**layout, "engine": "vllm"})["memory"]
+    trtllm = post(client, {**layout, "engine": "trtllm"})["memory"]
+    assert trtllm["weights_bytes_per_gpu"] - vllm["weights_bytes_per_gpu"] == 525_336_576
+
+
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
     """A 10 GiB KV budget: reserve 85,520,809,984 − 16,060,522,496 − 10,737,418,240 = 58,722,869,248 B.
     bf16: 10,737,418,240 // (16 x 131,072) = 5,120 blocks = 81,920 tokens, 5,120 // 94 = 54 admitted;

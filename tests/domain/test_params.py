@@ -12,6 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.sizing.model.params import (
+    SPLIT_BEFORE_LAST,
+    SPLIT_FIRST,
     attention_params,
     layer_params,
     mlp_params,
@@ -249,6 +251,18 @@ def test_pipeline_stages_follow_vllm_split() -> None:
     assert [len(s) for s in pipeline_stages(5, 2)] == [3, 2]
     assert pipeline_stages(42, 4)[1] == range(10, 21)
     assert pipeline_stages(7, 1) == (range(7),)
+
+
+def test_tensorrt_llms_first_stages_take_the_leftover_layers() -> None:
+    """TensorRT-LLM (`SPLIT_FIRST`): floor(L/pp) each, the L mod pp extra layers to the first stages. It differs
+    from vLLM's split where the leftover is neither 0 nor pp - 1 (then both give every stage but the last one more)."""
+    assert [len(s) for s in pipeline_stages(126, 4, SPLIT_FIRST)] == [32, 32, 31, 31]
+    assert [len(s) for s in pipeline_stages(61, 4, SPLIT_FIRST)] == [16, 15, 15, 15]
+    assert [len(s) for s in pipeline_stages(61, 4, SPLIT_BEFORE_LAST)] == [15, 15, 16, 15]
+    assert pipeline_stages(61, 2, SPLIT_FIRST) == pipeline_stages(61, 2) == (range(31), range(31, 61))
+    assert pipeline_stages(7, 4, SPLIT_FIRST) == pipeline_stages(7, 4)  # leftover 3 = pp - 1: [2, 2, 2, 1]
+    with pytest.raises(ValueError, match="unknown pipeline split"):
+        pipeline_stages(61, 4, "last")
 
 
 def test_invalid_inputs_are_rejected() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.sizing.model.params import param_counts
+from app.sizing.model.params import SPLIT_FIRST, param_counts
 from app.sizing.model.weights import WEIGHT_QUANTIZATION_SCOPE, weight_bytes, weight_bytes_per_gpu
 from app.sizing.specs import ModelSpec
 from tests.domain.models_for_tests import (
@@ -144,6 +144,26 @@ def test_pipeline_parallel_two_even_stages() -> None:
     -> 70,553,714,688 bytes.
     """
     assert weight_bytes_per_gpu(LLAMA_3_70B, "bf16", pipeline_parallel=2) == 70_553_714_688
+
+
+def test_tensorrt_llms_split_changes_which_stage_is_heaviest() -> None:
+    """Llama-3.1-405B bf16 at pp=4 under TensorRT-LLM: stages of 32, 32, 31, 31 layers; the first is 32 layers +
+    the embedding: 102,006,521,856 + 2,101,346,304 = 104,107,868,160 params -> 208,215,736,320 bytes, the
+    embedding's 4,202,692,608 bytes more than under vLLM's split (test above).
+
+    DeepSeek-V3 fp8 at TP8 x PP4 (61 layers: 3 dense, then MoE). One MoE layer on a GPU: attention
+    7,168 x 1,536 + 4,128,768 (replicated down-projections) + (1,536 x 24,576 + 512 x 32,768 + 16,384 x 7,168) / 8
+    = 36,634,624; routed experts 256 x 3 x 7,168 x 256 = 1,409,286,144; shared 3 x 7,168 x 256 = 5,505,024 (all
+    fp8, 1 B); router 256 x 7,168 x 2 B = 3,670,016; norms (2 x 7,168 + 1,536 + 512) x 2 B = 32,768: 1,455,128,576 B.
+    - vLLM (15, 15, 16, 15): the third stage, 16 MoE layers = 23,282,057,216 B.
+    - TensorRT-LLM (16, 15, 15, 15): the last stage, 15 MoE layers + LM head 16,160 x 7,168 x 2 B = 231,669,760
+      + final norm 14,336 = 22,058,612,736 B. (The first, 13 MoE + 3 dense layers + the embedding, is
+      2,651,633,664 B lighter.) 1,223,444,480 B less than under vLLM's split.
+    """
+    assert weight_bytes_per_gpu(LLAMA_3_1_405B, "bf16", pipeline_parallel=4,
+                                pipeline_split=SPLIT_FIRST) == 208_215_736_320
+    assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, 4) == 16 * 1_455_128_576 == 23_282_057_216
+    assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, 4, pipeline_split=SPLIT_FIRST) == 22_058_612_736
 
 
 def test_tied_embedding_is_copied_onto_the_last_stage() -> None:

@@ -68,6 +68,7 @@ def test_the_protocol_has_the_members_the_callers_use() -> None:
         "launch_notes", "launch_words",
         "layout_problems",
         "mixes_prefill_into_decode", "moe_exchange", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
+        "pipeline_split",
         "overlaps_host_work_in_prefill_pool",
         "published_checkpoints", "sizes_from_cuda_total",
         "speculative_flags", "start_refusals", "utilization_of"])

@@ -13,6 +13,7 @@ from app.sizing.engines.base import SPECULATIVE_KINDS, Engine, ResolvedEngine, p
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
+from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import RECIPES, WeightRecipe
 from app.sizing.specs import KV_DTYPES, GpuSpec, ModelSpec
 
@@ -77,6 +78,11 @@ def gpu_problems(engine: str | None, gpu: GpuSpec) -> list[str]:
     if not vendors or not gpu.vendor or gpu.vendor in vendors:
         return []
     return [f"{engine} runs on {' or '.join(vendors)} GPUs only, and {gpu.name or gpu.slug} is {gpu.vendor}'s"]
+
+
+def pipeline_split(engine: str | None) -> str:
+    """How `engine` deals leftover layers to pipeline stages (`Engine.pipeline_split`); vLLM's where none is named."""
+    return ENGINES[engine].pipeline_split if engine is not None else SPLIT_BEFORE_LAST
 
 
 def resolve_version(config: EngineConfig) -> tuple[str, str]:

@@ -179,6 +179,8 @@ class Engine(Protocol):
     moe_exchange: str
     # The GPU makers it runs on (the catalog's `vendor`); empty: any maker the catalog lists.
     gpu_vendors: tuple[str, ...]
+    # Which pipeline stages take the L mod pp leftover layers (`params.SPLIT_BEFORE_LAST` or `SPLIT_FIRST`).
+    pipeline_split: str
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec, model_dtype_kv
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import Layout, LayoutProblem
+from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -31,6 +32,7 @@ class Generic:
     divides_prefill_chunk_by_dp = False
     moe_exchange = PER_EXPERT
     gpu_vendors = ()
+    pipeline_split = SPLIT_BEFORE_LAST
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

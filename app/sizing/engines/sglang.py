@@ -24,6 +24,7 @@ from app.sizing.engines.base import (
 )
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
+from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -174,6 +175,7 @@ class Sglang:
     # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
     moe_exchange = PER_EXPERT
     gpu_vendors = ()  # the reference names no GPU maker it refuses
+    pipeline_split = SPLIT_BEFORE_LAST  # the reference states none: vLLM's assumed
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

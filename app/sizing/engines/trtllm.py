@@ -24,6 +24,7 @@ from app.sizing.engines.base import (
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import EXPERT_PARALLEL, TENSOR_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.activations import ACTIVATION_SOURCE, activation_peak_bytes
+from app.sizing.model.params import SPLIT_FIRST
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -57,6 +58,7 @@ class Trtllm:
     moe_exchange = PER_EXPERT
     # TensorRT-LLM builds on CUDA and TensorRT: NVIDIA GPUs only (NVIDIA/TensorRT-LLM README).
     gpu_vendors = ("NVIDIA",)
+    pipeline_split = SPLIT_FIRST  # `mapping.py` splits the layers with `tensor_split`: the first ranks get one more
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

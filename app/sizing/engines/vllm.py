@@ -38,6 +38,7 @@ from app.sizing.hardware.comm import ALL_GATHER
 from app.sizing.layout import EXPERT_PARALLEL, Layout, LayoutProblem, split_widths
 from app.sizing.model import activations
 from app.sizing.model.activations import activation_values_per_token
+from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import FORMATS, WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
 
@@ -138,6 +139,7 @@ class Vllm:
     speculative_flags = True
     divides_prefill_chunk_by_dp = False
     moe_exchange = ALL_GATHER  # `--all2all-backend allgather_reducescatter` by default (ENGINES.md section 2)
+    pipeline_split = SPLIT_BEFORE_LAST  # `get_pp_indices` (ENGINES.md section 2)
     gpu_vendors = ()  # CUDA and ROCm builds (the reference data's AMD runs are rocm/vllm images), other makers' plugins
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,

@@ -208,20 +208,30 @@ def param_counts(model: ModelSpec) -> ParamCounts:
     )
 
 
+# How an engine deals the L mod pp leftover layers to its pipeline stages (`pipeline_stages`, ENGINES.md section 2).
+SPLIT_BEFORE_LAST = "before_last"  # vLLM `get_pp_indices`: one each to the stages just before the last
+SPLIT_FIRST = "first"  # TensorRT-LLM `mapping.py` (`tensor_split`): one each to the first stages
+PIPELINE_SPLITS = (SPLIT_BEFORE_LAST, SPLIT_FIRST)
+
+
 @lru_cache(maxsize=256)
-def pipeline_stages(num_layers: int, pipeline_parallel: int) -> tuple[range, ...]:
-    """The decoder layers each pipeline stage holds, as vLLM splits them by default.
+def pipeline_stages(num_layers: int, pipeline_parallel: int, split: str = SPLIT_BEFORE_LAST) -> tuple[range, ...]:
+    """The decoder layers each pipeline stage holds, as an engine deals them (`split`).
 
     Every stage gets floor(L/pp) layers; the L mod pp leftover layers go one each to the stages just
-    before the last (vLLM `get_pp_indices`), because the first stage already holds the embedding and
-    the last the LM head. Llama-3.1-405B (126 layers) on pp=4: 31, 32, 32, 31.
+    before the last under vLLM (`SPLIT_BEFORE_LAST`, its `get_pp_indices`: the first stage already holds
+    the embedding and the last the LM head), to the first stages under TensorRT-LLM (`SPLIT_FIRST`).
+    Llama-3.1-405B (126 layers) on pp=4: 31, 32, 32, 31 under vLLM, 32, 32, 31, 31 under TensorRT-LLM.
     """
     _check_degree("pipeline_parallel", pipeline_parallel)
     if pipeline_parallel > num_layers:
         raise ValueError(f"pipeline_parallel {pipeline_parallel} exceeds the {num_layers} layers")
+    if split not in PIPELINE_SPLITS:
+        raise ValueError(f"unknown pipeline split {split!r}; expected one of {list(PIPELINE_SPLITS)}")
     sizes = [num_layers // pipeline_parallel] * pipeline_parallel
-    for i in range(2, num_layers % pipeline_parallel + 2):
-        sizes[-i] += 1
+    leftover = num_layers % pipeline_parallel
+    for i in (range(leftover) if split == SPLIT_FIRST else range(-2, -leftover - 2, -1)):
+        sizes[i] += 1
     stages, start = [], 0
     for size in sizes:
         stages.append(range(start, start + size))

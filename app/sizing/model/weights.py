@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from app.sizing.layout import Layout
 from app.sizing.model.params import (
+    SPLIT_BEFORE_LAST,
     attention_params,
     ceil_div,
     layer_params_by_kind,
@@ -63,10 +64,11 @@ def weight_bytes(model: ModelSpec, weights: str | WeightRecipe) -> int:
 
 
 def weight_bytes_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
-                         pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1) -> int:
+                         pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
+                         pipeline_split: str = SPLIT_BEFORE_LAST) -> int:
     """Weight bytes on the most loaded GPU: the sum of `weight_groups_per_gpu`."""
-    return sum(group.bytes for group in weight_groups_per_gpu(model, weights, tensor_parallel,
-                                                              pipeline_parallel, expert_parallel, data_parallel))
+    return sum(group.bytes for group in weight_groups_per_gpu(model, weights, tensor_parallel, pipeline_parallel,
+                                                              expert_parallel, data_parallel, pipeline_split))
 
 
 def weight_groups_for_layout(model: ModelSpec, weights: str | WeightRecipe,
@@ -84,8 +86,8 @@ def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str | WeightRecipe, 
 
 @lru_cache(maxsize=4096)
 def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
-                          pipeline_parallel: int = 1, expert_parallel: int = 1,
-                          data_parallel: int = 1) -> tuple[GroupWeights, ...]:
+                          pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
+                          pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[GroupWeights, ...]:
     """Each parameter group's params and bytes on the most loaded GPU (the largest pipeline stage), in
     `recipes.GROUPS` order; a group split over two formats (Meta FP8's edge MLPs) appears once per format.
 
@@ -98,7 +100,8 @@ def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_
       groups (ceil(E/ep) experts per GPU) and each expert is split over the remaining tp·dp/ep ranks
       (`layout.Layout.moe_tensor_parallel`: SGLang's `--tp 16 --ep 4` is 4; vLLM's
       --enable-expert-parallel is ep = dp·tp, whole experts per GPU).
-    - Pipeline stages hold the layers of `params.pipeline_stages`; the first adds the embedding, the
+    - Pipeline stages hold the layers of `params.pipeline_stages`, as the engine deals them (`pipeline_split`:
+      vLLM's by default, TensorRT-LLM's first stages take the leftover layers); the first adds the embedding, the
       last the LM head and final norm (with tied embeddings and pp > 1 the last stage keeps its own
       copy of the table, as vLLM does). The answer is the stage with the most bytes.
     Bytes of a group = its params x the format's bits / 8, rounded up to whole bytes.
@@ -115,7 +118,7 @@ def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_
     moe_layer = (_layer_shard(model, True, tensor_parallel, expert_parallel, ranks_per_expert) if model.is_moe
                  else dense_layer)
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
-    stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel)
+    stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel, pipeline_split)
     moe_layers = model.moe_layer_indices
     best: tuple[GroupWeights, ...] = ()
     for index, stage in enumerate(stages):

@@ -39,7 +39,14 @@ from functools import lru_cache
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig, gpu_problems, host_adjusted, resolve_engine
+from app.sizing.engines import (
+    ENGINES,
+    EngineConfig,
+    gpu_problems,
+    host_adjusted,
+    pipeline_split,
+    resolve_engine,
+)
 from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import Efficiency
@@ -99,7 +106,7 @@ def memory_budget(model: ModelSpec, gpu: GpuSpec, engine: ResolvedEngine, *, ten
     the checkpoint's recipe."""
     total = engine.total_bytes_per_gpu
     weights = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel, expert_parallel,
-                                   data_parallel)
+                                   data_parallel, pipeline_split(engine.engine))
     activation = engine.activation_bytes_per_gpu
     overhead = engine.overhead_bytes_per_gpu
     if engine.utilization_of == OF_FREE:
@@ -499,7 +506,8 @@ def _suggest(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
         for tp, pp in _layouts(model, gpu):
             if (tp, pp, stored) == (tensor_parallel, pipeline_parallel, weight_dtype):
                 continue
-            if weight_bytes_per_gpu(model, stored, tp, pp) >= gpu.memory_bytes:
+            if weight_bytes_per_gpu(model, stored, tp, pp, pipeline_split=pipeline_split(config.engine)) \
+                    >= gpu.memory_bytes:
                 continue  # cannot fit under any engine: skip the full accounting
             accounting = _account(model, gpu, config, tensor_parallel=tp, pipeline_parallel=pp,
                                   weight_dtype=stored, kv_dtype=kv_dtype, input_tokens=input_tokens,
@@ -587,6 +595,6 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
         compute_dtype=compute_dtype,
         weights_bytes_total=weight_bytes(model, stored),
         weight_groups_per_gpu=weight_groups_per_gpu(model, stored, tensor_parallel, pipeline_parallel,
-                                                     expert_parallel, data_parallel),
+                                                     expert_parallel, data_parallel, pipeline_split(engine.engine)),
         weight_groups_total=weight_groups_per_gpu(model, stored),
     )

@@ -63,6 +63,7 @@ from app.sizing.engines import (
     gpu_problems,
     host_adjusted,
     layout_problems,
+    pipeline_split,
     resolve_engine,
 )
 from app.sizing.engines.base import DRAFT_MODEL, NGRAM, ResolvedEngine
@@ -474,7 +475,7 @@ def _fewest_that_hold(model: ModelSpec, gpu: GpuSpec, weights: str | WeightRecip
              if not layout_problems(model, layout, engine, gpu.gpus_per_node, checkpoint)]
     fitting = [layout.gpus for layout in valid
                if weight_bytes_per_gpu(model, weights, layout.tensor_parallel, layout.pipeline_parallel,
-                                       layout.expert_parallel, layout.data_parallel)
+                                       layout.expert_parallel, layout.data_parallel, pipeline_split(engine))
                < PIPELINE_WEIGHT_SHARE * gpu.memory_bytes]
     if not fitting:
         return []
