@@ -197,8 +197,9 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     if candidates.pipeline_parallel is None:
         defaults.append("pipeline_parallel = 1, and where one node of a GPU cannot hold the weights, a full node's "
                         "TP in the fewest stages across nodes that hold them (and twice as many)")
-        if model.is_moe and candidates.tensor_parallel is None and candidates.data_parallel is None \
-                and candidates.expert_parallel is None:
+        if model.is_moe and plan_core.searches_layouts_across_nodes(
+                candidates.tensor_parallel, candidates.pipeline_parallel, candidates.data_parallel,
+                candidates.expert_parallel):
             defaults.append("where one node of a GPU cannot hold an MoE model's weights, also attention DP + EP "
                             "(TP1 DPg EPg) over the fewest whole nodes that hold them (and twice as many)")
     for knob in ("max_num_seqs", "max_num_batched_tokens"):

@@ -494,7 +494,7 @@ def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel
     across_nodes = 0 if pipeline_parallel is not None else sum(
         len(cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine))
         for gpu in gpus for weight_dtype in weight_dtypes)
-    if _searches_expert_layouts(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
+    if searches_layouts_across_nodes(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
         across_nodes += sum(len(cross_node_expert_layouts(model, gpu, weight_dtype, tensor_parallel, engine))
                             for gpu in gpus for weight_dtype in weight_dtypes)
     return ((per_gpu * stages * len(weight_dtypes) + across_nodes) * len(kv_dtypes) * len(max_num_seqs)
@@ -543,7 +543,7 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
             for seqs in max_num_seqs
             for batched in max_num_batched_tokens
         ]
-    if _searches_expert_layouts(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
+    if searches_layouts_across_nodes(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
         found += [
             Configuration(gpu, tp, 1, weight_dtype, kv_dtype, seqs, batched, dp, ep)
             for gpu in gpus
@@ -556,9 +556,10 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
     return found
 
 
-def _searches_expert_layouts(tensor_parallel: Sequence[int] | None, pipeline_parallel: Sequence[int] | None,
+def searches_layouts_across_nodes(tensor_parallel: Sequence[int] | None, pipeline_parallel: Sequence[int] | None,
                              data_parallel: Sequence[int] | None, expert_parallel: Sequence[int] | None) -> bool:
-    """Whether the search picks the layouts itself (no degree given), and so adds `cross_node_expert_layouts`."""
+    """Whether the search picks the layouts itself (no degree given), and so adds `cross_node_expert_layouts` for
+    an MoE model one node cannot hold."""
     return tensor_parallel is None and pipeline_parallel is None and data_parallel is None and expert_parallel is None
 
 
