@@ -28,12 +28,8 @@ from app.sizing.engines.base import parse_version
 from app.sizing.engines.vllm import ACTIVATION_FIT, SamplerFit
 from app.sizing.model.kv import kv_cache_bytes_for_batch
 from app.sizing.model.recipes import RECIPES, WeightRecipe, uniform_recipe
-from app.sizing.serving.capacity import (
-    kv_bytes_per_token_per_gpu,
-    kv_token_capacity,
-    memory_budget,
-    model_dtype_bytes,
-)
+from app.sizing.serving.capacity import model_dtype_bytes
+from app.sizing.serving.memory import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
 from app.sizing.specs import GpuSpec, ModelSpec
 
 GIB = 1 << 30
@@ -144,7 +140,7 @@ def predict_run(run: CapacityRun, catalog: Catalog) -> RunPrediction:
     layout = {"tensor_parallel": run.tp, "pipeline_parallel": run.pp}
     engine = resolve_engine(config, model, gpu, run.tp, run.pp, model_dtype_bytes(recipe))
     memory = memory_budget(model, gpu, engine, weight_dtype=recipe, **layout)
-    kv_tokens, _ = kv_token_capacity(model, memory.kv_budget_bytes_per_gpu, run.kv_dtype,
+    kv_tokens, _ = kv_token_capacity(model, memory.kv_budget_bytes_per_stage, run.kv_dtype,
                                      block_size=engine.block_size, **layout)
     # vLLM's "Maximum concurrency": the pool over one request of max_model_len (window layers hold less).
     per_request = kv_cache_bytes_for_batch(model, (run.max_model_len,), run.kv_dtype, run.tp, run.pp,

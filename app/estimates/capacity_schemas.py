@@ -45,6 +45,8 @@ View = Literal["steady_state", "admission"]
 
 
 # Examples: vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16384, 1000 in / 500 out.
+PIPELINE_STAGE_EXAMPLE: dict[str, Any] = {"first_layer": 0, "layers": 32, "weights_bytes_per_gpu": 16060522496,
+                                          "kv_budget_bytes_per_gpu": 55174425149, "kv_blocks": 26309}
 MEMORY_EXAMPLE: dict[str, Any] = {
     "total_bytes_per_gpu": 85520809984, "usable_bytes_per_gpu": 76968728985,
     "weights_bytes_per_gpu": 16060522496,
@@ -59,6 +61,7 @@ MEMORY_EXAMPLE: dict[str, Any] = {
         {"group": "embedding", "format": "bf16", "params": 525_336_576, "bytes": 1_050_673_152},
         {"group": "lm_head", "format": "bf16", "params": 525_336_576, "bytes": 1_050_673_152},
         {"group": "norms_and_biases", "format": "bf16", "params": 266_240, "bytes": 532_480}],
+    "pipeline_stages": [PIPELINE_STAGE_EXAMPLE],
 }
 CONCURRENCY_EXAMPLE: dict[str, Any] = {"sequences": 279, "kv_limited_sequences": 279, "limit": "kv_cache",
                                        "tokens_per_request": 1500}
@@ -186,6 +189,22 @@ class WeightGroupOut(BaseModel):
     bytes: int = Field(description="params x the format's bits (scales included) / 8, rounded up")
 
 
+class PipelineStageOut(BaseModel):
+    """One GPU of a pipeline stage. Stages hold different layers and weights (the first the embedding, the
+    last the LM head, the engine's split of the leftover layers), so each has a KV budget of its own; one
+    scheduler hands out the same blocks on every stage, so the replica's kv_blocks are the fewest any stage fits
+    (times data_parallel)."""
+
+    model_config = schema_examples(PIPELINE_STAGE_EXAMPLE)
+
+    first_layer: int = Field(description="Index of its first decoder layer (0-based)")
+    layers: int = Field(description="Decoder layers it holds")
+    weights_bytes_per_gpu: int
+    kv_budget_bytes_per_gpu: int = Field(description="By the engine's rule, with this stage's weights")
+    kv_blocks: int = Field(description="kv_budget_bytes_per_gpu // (block_size x bytes of one token in its layers): "
+                                       "what this stage alone fits, for one data-parallel rank")
+
+
 class MemoryOut(BaseModel):
     """One GPU's memory by the engine's accounting (the most loaded GPU of the layout):
     kv_budget = usable − weights − activation − overhead."""
@@ -206,6 +225,9 @@ class MemoryOut(BaseModel):
     weights_total: HumanSize
     weight_groups_per_gpu: list[WeightGroupOut] = Field(
         description="weights_bytes_per_gpu by parameter group and format (the most loaded GPU)")
+    pipeline_stages: list[PipelineStageOut] = Field(
+        description="Each pipeline stage's GPU, first to last (one entry without pipeline parallelism); the "
+                    "figures above are the heaviest stage's")
 
 
 class ConcurrencyOut(BaseModel):

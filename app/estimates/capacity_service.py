@@ -21,6 +21,7 @@ from app.estimates.capacity_schemas import (
     MaxConcurrencyOut,
     MemoryOut,
     OperatingPointOut,
+    PipelineStageOut,
     PoolCapacityOut,
     SuggestionOut,
     WeightGroupOut,
@@ -284,7 +285,9 @@ def _memory_out(result: capacity_core.CapacityResult) -> MemoryOut:
         kv_budget_per_gpu=human_size(memory.kv_budget_bytes_per_gpu),
         weights_total=human_size(result.weights_bytes_total),
         weight_groups_per_gpu=[WeightGroupOut(group=g.group, format=g.format, params=g.params, bytes=g.bytes)
-                               for g in result.weight_groups_per_gpu])
+                               for g in result.weight_groups_per_gpu],
+        pipeline_stages=[PipelineStageOut(**{name: getattr(stage, name) for name in PipelineStageOut.model_fields})
+                         for stage in result.pipeline_stages])
 
 
 def _concurrency_out(view: capacity_core.ConcurrencyView) -> ConcurrencyOut:

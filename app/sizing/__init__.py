@@ -6,7 +6,9 @@
 # 2026.12.06.5: the default search also plans an MoE model one node cannot hold in attention DP + EP over whole nodes;
 # disaggregated pools may run attention DP + EP and pipeline workers (each scheduler at its share of the worker's load);
 # TensorRT-LLM is sized and planned on NVIDIA GPUs only, its first pipeline stages taking the leftover layers.
-CALCULATION_VERSION = "2026.12.06.5"
+# 2026.12.06.6: each pipeline stage's GPU has its own KV budget (its own weights) and its own bytes per block (its
+# own layers); a replica holds the fewest blocks any stage fits (was: the heaviest stage's budget over the most layers).
+CALCULATION_VERSION = "2026.12.06.6"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

@@ -91,7 +91,7 @@ def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
     assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
     assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
-    assert data["calculation_version"] == "2026.12.06.5"
+    assert data["calculation_version"] == "2026.12.06.6"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
@@ -160,6 +160,25 @@ def test_tensorrt_llm_puts_the_leftover_layer_on_the_first_stage(client: TestCli
     vllm = post(client, {**layout, "engine": "vllm"})["memory"]
     trtllm = post(client, {**layout, "engine": "trtllm"})["memory"]
     assert trtllm["weights_bytes_per_gpu"] - vllm["weights_bytes_per_gpu"] == 525_336_576
+
+
+def test_each_pipeline_stage_is_listed_and_the_fewest_blocks_bind(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100 (worked in tests/domain/test_capacity.py): the
+    first stage (16 layers, 19,406,979,072 B of weights) keeps 51,844,223,338 B for 87,897 blocks of 32 x 1,152
+    x 16 B; the others (15 layers each) fit 89,818, 89,818 and 89,441. The replica holds the fewest: 87,897
+    blocks = 2,812,704 tokens, while `memory` shows the heaviest stage (the last: 22,058,612,736 B)."""
+    data = post(client, {"model": "deepseek-v3", "gpu": "h100-sxm", "tensor_parallel": 8, "pipeline_parallel": 4,
+                         "weight_dtype": "fp8", "engine": "trtllm", "input_tokens": 1000, "output_tokens": 1000})
+    stages = data["memory"]["pipeline_stages"]
+    assert [(s["first_layer"], s["layers"], s["weights_bytes_per_gpu"], s["kv_blocks"]) for s in stages] == [
+        (0, 16, 19_406_979_072, 87_897), (16, 15, 21_826_928_640, 89_818), (31, 15, 21_826_928_640, 89_818),
+        (46, 15, 22_058_612_736, 89_441)]
+    assert stages[0]["kv_budget_bytes_per_gpu"] == 51_844_223_338
+    assert data["memory"]["weights_bytes_per_gpu"] == 22_058_612_736
+    assert (data["kv_blocks"], data["kv_tokens"]) == (87_897, 2_812_704)
+    single = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", **WORKLOAD})
+    assert [(s["first_layer"], s["layers"], s["kv_blocks"]) for s in single["memory"]["pipeline_stages"]] == [
+        (0, 32, single["kv_blocks"])]
 
 
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:

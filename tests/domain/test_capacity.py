@@ -19,14 +19,13 @@ from app.sizing.engines.sglang import sglang_mem_fraction_static
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.model.activations import activation_peak_bytes, activation_values_per_token
-from app.sizing.serving.capacity import (
-    LIMIT_KV_CACHE,
-    LIMIT_MAX_NUM_SEQS,
-    capacity,
+from app.sizing.model.kv import kv_bytes_per_token_per_layer
+from app.sizing.model.params import pipeline_stages
+from app.sizing.serving.capacity import LIMIT_KV_CACHE, LIMIT_MAX_NUM_SEQS, capacity, operating_point
+from app.sizing.serving.memory import (
     kv_bytes_per_token_per_gpu,
     kv_token_capacity,
     memory_budget,
-    operating_point,
     requests_fitting,
     steady_state_kv_bytes,
 )
@@ -690,6 +689,56 @@ def test_pipeline_parallel_splits_layers() -> None:
     result = run(LLAMA_3_70B, pp=2, weight_dtype="fp8")
     assert result.kv_bytes_per_token_per_gpu == 163_840
     assert result.fits and result.operating_point is not None
+
+
+def test_each_pipeline_stage_has_its_own_kv_budget_and_the_fewest_blocks_bind() -> None:
+    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100 (85,029,615,043 B by CUDA). Its first stage takes
+    the leftover layer (16, 15, 15, 15 layers) and holds 3 dense layers of 86,212,608 B + 13 MoE layers of
+    1,455,128,576 B + the embedding 231,669,760 B = 19,406,979,072 B; the middle ones 15 MoE layers =
+    21,826,928,640 B; the last 15 MoE layers + the LM head 231,669,760 + the final norm 14,336 = 22,058,612,736 B
+    (tests/domain/test_weights.py works each layer out).
+
+    Every stage pays the same activation peak A and overhead O (the engine's: 7,373,698,279 and 644,245,094 B),
+    so stage s gets KV = 0.9 x (85,029,615,043 − weights_s − A − O):
+    - first: 0.9 x 57,604,692,598 = 51,844,223,338 B; a block of 32 tokens in its 16 layers of (512 + 64) x 2 B
+      = 32 x 1,152 x 16 = 589,824 B: 87,897 blocks (87,897 x 589,824 = 51,843,760,128);
+    - middle: 0.9 x 55,184,743,030 = 49,666,268,727 B // (32 x 1,152 x 15 = 552,960) = 89,818 blocks;
+    - last: 0.9 x 54,953,058,934 = 49,457,753,040 B // 552,960 = 89,441 blocks.
+    One scheduler hands out the same blocks on every stage: the replica holds the first stage's 87,897 blocks =
+    2,812,704 tokens. (The heaviest stage's budget over the most layers, 49,457,753,040 // 589,824 = 83,851
+    blocks, would be 4.8% short.) Admission of 1,000 + 1,000 tokens = 63 blocks: first 87,897 // 63 = 1,395
+    (51,844,223,338 // (63 x 589,824) alike), middle 89,818 // 63 = 1,425, last 89,441 // 63 = 1,419: 1,395."""
+    engine = EngineConfig(engine="trtllm")
+    resolved = resolve_engine(engine, DEEPSEEK_V3, H100_CUDA, 8, 4)
+    assert (resolved.activation_bytes_per_gpu, resolved.overhead_bytes_per_gpu) == (7_373_698_279, 644_245_094)
+    result = capacity(DEEPSEEK_V3, H100_CUDA, tensor_parallel=8, pipeline_parallel=4, weight_dtype="fp8",
+                      kv_dtype="bf16", compute_dtype=None, engine=engine, input_tokens=1000, output_tokens=1000,
+                      efficiency=DEFAULT_EFFICIENCY)
+    memory = result.memory
+    assert memory.weights_bytes_per_stage == (19_406_979_072, 21_826_928_640, 21_826_928_640, 22_058_612_736)
+    assert memory.kv_budget_bytes_per_stage == (51_844_223_338, 49_666_268_727, 49_666_268_727, 49_457_753_040)
+    assert (memory.weights_bytes_per_gpu, memory.kv_budget_bytes_per_gpu) == (22_058_612_736, 49_457_753_040)
+    assert [(stage.first_layer, stage.layers, stage.kv_blocks) for stage in result.pipeline_stages] == [
+        (0, 16, 87_897), (16, 15, 89_818), (31, 15, 89_818), (46, 15, 89_441)]
+    assert (result.kv_blocks, result.kv_tokens) == (87_897, 2_812_704)
+    assert result.max_concurrency.admission.sequences == 1_395
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=random_models(), budgets=st.lists(st.integers(-10**6, 10**9), min_size=3, max_size=3),
+       block=st.sampled_from([1, 16, 32]), tp=st.sampled_from([1, 2, 4]))
+def test_a_pipeline_holds_the_fewest_blocks_any_stage_fits(model: ModelSpec, budgets: list[int], block: int,
+                                                          tp: int) -> None:
+    """Three stages with budgets of their own: the replica's blocks fit every stage's budget in that stage's
+    layers, and one more block would overflow some stage (none when a budget is not positive)."""
+    pp = min(3, model.num_hidden_layers)
+    budgets = budgets[:pp]
+    _, blocks = kv_token_capacity(model, budgets, "bf16", tensor_parallel=tp, pipeline_parallel=pp, block_size=block)
+    per_layer = kv_bytes_per_token_per_layer(model, 0, "bf16", tp)
+    per_block = [block * per_layer * len(stage) for stage in pipeline_stages(model.num_hidden_layers, pp)]
+    assert all(blocks * size <= max(budget, 0) for budget, size in zip(budgets, per_block, strict=True))
+    assert min(budgets) <= 0 and blocks == 0 or any(
+        (blocks + 1) * size > budget for budget, size in zip(budgets, per_block, strict=True))
 
 
 # Bad input --------------------------------------------------------------------------------------------

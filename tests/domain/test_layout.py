@@ -35,7 +35,7 @@ from app.sizing.layout import layout_problems as generic_layout_problems
 from app.sizing.model.flops import DISTINCT_EXPERTS, decode_cost, step_cost_model
 from app.sizing.model.recipes import RECIPES
 from app.sizing.model.weights import weight_bytes_for_layout
-from app.sizing.serving.capacity import kv_token_capacity, memory_budget
+from app.sizing.serving.memory import kv_token_capacity, memory_budget
 from app.sizing.serving.plan import configurations, default_tensor_parallel
 from app.sizing.specs import GpuSpec, ModelSpec
 from tests.domain.models_for_tests import DEEPSEEK_V3, GPT_OSS_120B, LLAMA_3_70B, MIXTRAL_8X7B

@@ -11,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.sizing.model.params import SPLIT_FIRST, param_counts
-from app.sizing.model.weights import WEIGHT_QUANTIZATION_SCOPE, weight_bytes, weight_bytes_per_gpu
+from app.sizing.model.weights import (
+    WEIGHT_QUANTIZATION_SCOPE,
+    weight_bytes,
+    weight_bytes_per_gpu,
+    weight_bytes_per_stage,
+)
 from app.sizing.specs import ModelSpec
 from tests.domain.models_for_tests import (
     DEEPSEEK_V3,
@@ -164,6 +169,20 @@ def test_tensorrt_llms_split_changes_which_stage_is_heaviest() -> None:
                                 pipeline_split=SPLIT_FIRST) == 208_215_736_320
     assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, 4) == 16 * 1_455_128_576 == 23_282_057_216
     assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, 4, pipeline_split=SPLIT_FIRST) == 22_058_612_736
+
+
+def test_each_pipeline_stage_holds_its_own_layers() -> None:
+    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM's split (16, 15, 15, 15 layers). A dense layer on a GPU:
+    attention 36,634,624 + MLP 3 x 7,168 x ceil(18,432 / 8) = 49,545,216 (fp8) + norms 32,768 = 86,212,608 B.
+    - first: 3 dense layers 258,637,824 + 13 MoE layers of 1,455,128,576 (above) 18,916,671,488 + the embedding
+      16,160 x 7,168 x 2 = 231,669,760 -> 19,406,979,072 B (2,651,633,664 B lighter than the last);
+    - second and third: 15 MoE layers = 21,826,928,640 B;
+    - last: 15 MoE layers + the LM head 231,669,760 + the final norm 14,336 = 22,058,612,736 B.
+    The most loaded GPU is the last stage's (`weight_bytes_per_gpu`)."""
+    stages = weight_bytes_per_stage(DEEPSEEK_V3, "fp8", 8, 4, pipeline_split=SPLIT_FIRST)
+    assert stages == (19_406_979_072, 21_826_928_640, 21_826_928_640, 22_058_612_736)
+    assert max(stages) == weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, 4, pipeline_split=SPLIT_FIRST)
+    assert weight_bytes_per_stage(DEEPSEEK_V3, "fp8", 8) == (weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8),)
 
 
 def test_tied_embedding_is_copied_onto_the_last_stage() -> None:

@@ -83,7 +83,7 @@ from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.model.kv import layer_mix
 from app.sizing.model.recipes import RECIPES, WeightRecipe
 from app.sizing.serving import disaggregation
-from app.sizing.serving.capacity import kv_token_capacity, memory_budget
+from app.sizing.serving.memory import kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
     FULL,
     ON_DEMAND,
@@ -510,10 +510,12 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
         raise Unpredictable(f"{num_gpus} GPUs are not a whole number of {layout.label} replicas")
     resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine], engine_version=release), model, gpu, tp, pp,
                               data_parallel=dp)
-    budget = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
-                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep).kv_budget_bytes_per_gpu
-    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp,
-                                       block_size=resolved.block_size)
+    memory = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
+                           weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
+    budget = memory.kv_budget_bytes_per_gpu
+    rank_tokens, _ = kv_token_capacity(model, memory.kv_budget_bytes_per_stage, kv_dtype, tensor_parallel=tp,
+                                       pipeline_parallel=pp, block_size=resolved.block_size,
+                                       split=engines.pipeline_split(resolved.engine))
     kv_tokens = rank_tokens // resolved.block_size // pp * resolved.block_size  # one micro-batch's share
     if kv_tokens < resolved.block_size:
         raise Unpredictable(
@@ -528,7 +530,7 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     if not max_num_seqs or rules.mixes_prefill_into_decode():
         max_num_seqs = min(max_num_seqs or resolved.max_num_batched_tokens, resolved.max_num_batched_tokens)
     max_num_seqs = -(-max_num_seqs // pp)
-    full_layers, window_layers = layer_mix(model, resolved.block_size, pp)
+    full_layers, window_layers = layer_mix(model, resolved.block_size, pp, engines.pipeline_split(resolved.engine))
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=resolved.max_num_batched_tokens,

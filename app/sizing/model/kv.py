@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from app.sizing.model.params import ceil_div, pipeline_stages
+from app.sizing.model.params import SPLIT_BEFORE_LAST, ceil_div, pipeline_stages
 from app.sizing.specs import KV_DTYPES, ModelSpec, bits_per_value
 
 KIND_MLA = "mla"
@@ -104,21 +104,28 @@ def kv_cache_bytes_for_batch(model: ModelSpec, context_lengths: Sequence[int], k
     The most loaded pipeline stage is chosen for the batch as a whole: with window layers, which
     stage holds the most depends on the lengths (more global layers weigh more at long context).
     """
+    return max(kv_cache_bytes_per_stage(model, context_lengths, kv_dtype, tensor_parallel, pipeline_parallel,
+                                        block_size))
+
+
+def kv_cache_bytes_per_stage(model: ModelSpec, context_lengths: Sequence[int], kv_dtype: str,
+                             tensor_parallel: int = 1, pipeline_parallel: int = 1, block_size: int | None = None,
+                             split: str = SPLIT_BEFORE_LAST) -> tuple[int, ...]:
+    """KV bytes on one GPU of each pipeline stage (first to last, its layers dealt as the engine deals them:
+    `params.pipeline_stages`) for a batch of live sequences of the given lengths."""
     if any(length < 0 for length in context_lengths):
         raise ValueError("context lengths must be >= 0")
     if block_size is not None and block_size < 1:
         raise ValueError("block_size must be >= 1")
     per_layer = _bytes_per_token_per_layer(model, kv_dtype, tensor_parallel)
-    stages = _layer_groups_per_stage(model, pipeline_parallel)
+    stages = _layer_groups_per_stage(model, pipeline_parallel, split)
     windows = {window for stage in stages for (_, window), _ in stage}
     tokens_by_window = {
         window: sum(_tokens_cached(length, window, block_size) for length in context_lengths)
         for window in windows
     }
-    return max(
-        per_layer * sum(layers * tokens_by_window[window] for (_, window), layers in stage)
-        for stage in stages
-    )
+    return tuple(per_layer * sum(layers * tokens_by_window[window] for (_, window), layers in stage)
+                 for stage in stages)
 
 
 def kv_bytes_per_token_full(model: ModelSpec, kv_dtype: str, tensor_parallel: int = 1,
@@ -200,13 +207,13 @@ _GroupKey = tuple[str, int | None]  # (kind, window)
 
 
 @lru_cache(maxsize=256)
-def _layer_groups_per_stage(model: ModelSpec,
-                            pipeline_parallel: int) -> tuple[tuple[tuple[_GroupKey, int], ...], ...]:
+def _layer_groups_per_stage(model: ModelSpec, pipeline_parallel: int,
+                            split: str = SPLIT_BEFORE_LAST) -> tuple[tuple[tuple[_GroupKey, int], ...], ...]:
     """For each pipeline stage, ((kind, window), layer count) in first-seen order; computed once."""
     keys = [(KIND_MLA if model.is_mla else layer_type, model.layer_window(layer_type))
             for layer_type in model.resolved_layer_types]
     stages = []
-    for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel):
+    for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel, split):
         counts: dict[_GroupKey, int] = {}
         for key in keys[stage.start:stage.stop]:
             counts[key] = counts.get(key, 0) + 1
@@ -215,13 +222,13 @@ def _layer_groups_per_stage(model: ModelSpec,
 
 
 @lru_cache(maxsize=256)
-def window_layers_per_stage(model: ModelSpec,
-                             pipeline_parallel: int) -> tuple[tuple[tuple[int | None, int], ...], ...]:
-    """For each pipeline stage, (window, layers) pairs: how many of its layers cache at most that many
-    tokens (None: the whole context)."""
+def window_layers_per_stage(model: ModelSpec, pipeline_parallel: int,
+                            split: str = SPLIT_BEFORE_LAST) -> tuple[tuple[tuple[int | None, int], ...], ...]:
+    """For each pipeline stage (dealt as `params.pipeline_stages` deals them), (window, layers) pairs: how
+    many of its layers cache at most that many tokens (None: the whole context)."""
     windows = [model.layer_window(layer_type) for layer_type in model.resolved_layer_types]
     return tuple(tuple(Counter(windows[stage.start:stage.stop]).items())
-                 for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel))
+                 for stage in pipeline_stages(model.num_hidden_layers, pipeline_parallel, split))
 
 
 @lru_cache(maxsize=256)
@@ -238,12 +245,14 @@ def window_slot_caps(model: ModelSpec, block_size: int) -> tuple[tuple[int | Non
     return tuple((window, None if window is None else held[window]) for window in windows)
 
 
-def layer_mix(model: ModelSpec, block_size: int, pipeline_parallel: int = 1) -> tuple[int, tuple[tuple[int, int], ...]]:
+def layer_mix(model: ModelSpec, block_size: int, pipeline_parallel: int = 1,
+              split: str = SPLIT_BEFORE_LAST) -> tuple[int, tuple[tuple[int, int], ...]]:
     """(full-attention layers, ((window layers, token slots one sequence holds there at most), ...)) of the
-    pipeline stage with the most full-attention layers, for a scheduler that counts window layers apart
-    (`simulate.SchedulerConfig`); (0, ()) when every layer attends the whole context or none does."""
+    pipeline stage with the most full-attention layers (the engine's `split` deals them), for a scheduler that
+    counts window layers apart (`simulate.SchedulerConfig`); (0, ()) when every layer attends the whole context
+    or none does."""
     caps = dict(window_slot_caps(model, block_size))
-    stage = max(window_layers_per_stage(model, pipeline_parallel),
+    stage = max(window_layers_per_stage(model, pipeline_parallel, split),
                 key=lambda pairs: (sum(layers for window, layers in pairs if window is None),
                                    sum(layers for _, layers in pairs)))
     full = sum(layers for window, layers in stage if window is None)

@@ -88,7 +88,26 @@ def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str | WeightRecipe, 
 def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
                           pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
                           pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[GroupWeights, ...]:
-    """Each parameter group's params and bytes on the most loaded GPU (the largest pipeline stage), in
+    """Each parameter group's params and bytes on the most loaded GPU: the pipeline stage with the most
+    bytes of `weight_groups_per_stage` (the first of equals)."""
+    stages = weight_groups_per_stage(model, weights, tensor_parallel, pipeline_parallel, expert_parallel,
+                                     data_parallel, pipeline_split)
+    return max(stages, key=lambda groups: sum(g.bytes for g in groups))
+
+
+def weight_bytes_per_stage(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
+                           pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
+                           pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[int, ...]:
+    """Weight bytes on one GPU of each pipeline stage, first to last (the sums of `weight_groups_per_stage`)."""
+    return tuple(sum(group.bytes for group in groups) for groups in weight_groups_per_stage(
+        model, weights, tensor_parallel, pipeline_parallel, expert_parallel, data_parallel, pipeline_split))
+
+
+@lru_cache(maxsize=4096)
+def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
+                            pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
+                            pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[tuple[GroupWeights, ...], ...]:
+    """Each parameter group's params and bytes on one GPU of each pipeline stage (first to last), in
     `recipes.GROUPS` order; a group split over two formats (Meta FP8's edge MLPs) appears once per format.
 
     - Tensor parallelism splits attention by heads (KV heads replicate when tp > Hkv, MLA
@@ -103,7 +122,7 @@ def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_
     - Pipeline stages hold the layers of `params.pipeline_stages`, as the engine deals them (`pipeline_split`:
       vLLM's by default, TensorRT-LLM's first stages take the leftover layers); the first adds the embedding, the
       last the LM head and final norm (with tied embeddings and pp > 1 the last stage keeps its own
-      copy of the table, as vLLM does). The answer is the stage with the most bytes.
+      copy of the table, as vLLM does).
     Bytes of a group = its params x the format's bits / 8, rounded up to whole bytes.
     """
     if isinstance(weights, str) and weights not in RECIPES and weights not in WEIGHT_DTYPES:
@@ -120,7 +139,7 @@ def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
     stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel, pipeline_split)
     moe_layers = model.moe_layer_indices
-    best: tuple[GroupWeights, ...] = ()
+    answer = []
     for index, stage in enumerate(stages):
         params: dict[tuple[str, str], int] = {}
         for layer in stage:
@@ -136,9 +155,8 @@ def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_
             GroupWeights(group, fmt, count, _bytes(count, FORMATS[fmt].bits))
             for (group, fmt), count in sorted(params.items(), key=lambda item: GROUPS.index(item[0][0]))
         )
-        if sum(g.bytes for g in groups) > sum(g.bytes for g in best):
-            best = groups
-    return best
+        answer.append(groups)
+    return tuple(answer)
 
 
 def _add(params: dict[tuple[str, str], int], fmt: str, group: str, count: int) -> None:

@@ -1,24 +1,8 @@
 """Capacity: how many concurrent requests fit on a deployment, and how fast they go (SIZING.md section 7).
 
-Capacity is decided by the serving engine's memory accounting (each engine's rule lives in its module
-under `app.sizing.engines`). Per GPU, every engine leaves the KV cache
-
-    kv_budget = usable − weights − activation − overhead        (overhead = non-torch + CUDA graphs + reserve)
-
-and differs in what `usable` is (a fraction of total memory, or for TensorRT-LLM of the memory free after
-everything else) and which parts it subtracts by default. "Total" is what the engine sizes from
-(`ResolvedEngine.total_bytes_per_gpu`: the total CUDA reports for vLLM and TensorRT-LLM, below nvidia-smi's).
-Weights are counted by parameter group in the checkpoint's recipe when one is given (`model.recipes`).
-
-KV capacity is counted in blocks, as paged engines allocate it: one block holds `block_size` tokens in
-every layer. Models whose layers all attend the full context (and MLA models, whose one latent per token
-is the same on every TP rank) get exactly `blocks = kv_budget // (block_size × KV bytes per token per
-GPU)`. Models mixing sliding-window and global layers are counted as vLLM's hybrid allocator counts them:
-one shared pool, each layer group taking its own blocks and window groups only the blocks their window
-spans; the pool's size is reported in full-attention-equivalent blocks (a block of tokens in every
-layer, vLLM's "GPU KV cache size" for hybrid models), and every concurrency figure charges each request
-what its layers really hold (`kv.kv_cache_bytes_for_batch`, which also picks the most loaded pipeline
-stage).
+The engine's memory accounting per GPU and the KV blocks it leaves are `memory.py`'s; this module turns them
+into concurrency and a decode operating point, and answers a configuration that does not fit with its reasons
+and the smallest change that does.
 
 Three concurrency views, each capped by `max_num_seqs`, with the binding limit named:
 - worst case: every request holds `max_model_len` tokens (what vLLM logs at start-up);
@@ -34,7 +18,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
@@ -47,21 +30,30 @@ from app.sizing.engines import (
     pipeline_split,
     resolve_engine,
 )
-from app.sizing.engines.base import ADMISSION, OF_FREE, ResolvedEngine
+from app.sizing.engines.base import ADMISSION, ResolvedEngine
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
-from app.sizing.model.kv import (
-    kv_bytes_per_token_per_layer,
-    kv_cache_bytes_for_batch,
-    window_layers_per_stage,
-    window_slot_caps,
-)
 from app.sizing.model.params import ceil_div, pipeline_stages
 from app.sizing.model.recipes import EMBEDDING, WeightRecipe, resolve_recipe
-from app.sizing.model.weights import GroupWeights, weight_bytes, weight_bytes_per_gpu, weight_groups_per_gpu
+from app.sizing.model.weights import (
+    GroupWeights,
+    weight_bytes,
+    weight_bytes_per_gpu,
+    weight_groups_per_gpu,
+)
+from app.sizing.serving.memory import (
+    MemoryBudget,
+    kv_bytes_per_token_per_gpu,
+    kv_token_capacity,
+    longest_context,
+    memory_budget,
+    requests_fitting,
+    stage_kv_blocks,
+    steady_state_kv_bytes_per_stage,
+)
 from app.sizing.specs import KV_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec, bits_per_value
 
 LIMIT_KV_CACHE = "kv_cache"
@@ -72,135 +64,6 @@ MAX_PREFILL_CHUNKS_TIMED = 256
 
 # Cheaper weight precisions tried, in order, when the requested one does not fit.
 CHEAPER_WEIGHT_DTYPES = ("fp8", "int4")
-
-
-# Memory budget ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class MemoryBudget:
-    """One GPU's memory, by the engine's accounting (the most loaded GPU of the layout).
-
-    kv_budget = usable − weights − activation − overhead; <= 0 means the KV cache gets nothing.
-    """
-
-    total_bytes_per_gpu: int
-    usable_bytes_per_gpu: int  # what the engine lets itself use (for trtllm: all but 10% of the free part)
-    weights_bytes_per_gpu: int
-    activation_bytes_per_gpu: int
-    non_torch_bytes_per_gpu: int
-    cuda_graph_bytes_per_gpu: int
-    reserved_bytes_per_gpu: int
-    kv_budget_bytes_per_gpu: int
-
-    @property
-    def overhead_bytes_per_gpu(self) -> int:
-        return self.non_torch_bytes_per_gpu + self.cuda_graph_bytes_per_gpu + self.reserved_bytes_per_gpu
-
-
-def memory_budget(model: ModelSpec, gpu: GpuSpec, engine: ResolvedEngine, *, tensor_parallel: int,
-                  pipeline_parallel: int, weight_dtype: str | WeightRecipe, data_parallel: int = 1,
-                  expert_parallel: int = 1) -> MemoryBudget:
-    """The per-GPU memory budget of `engine` (see the module docstring for each engine's rule), with
-    weights placed by the layout (`weights.weight_bytes_per_gpu`: attention replicated on every
-    data-parallel rank, routed experts split by expert parallelism); `weight_dtype` is a plain dtype or
-    the checkpoint's recipe."""
-    total = engine.total_bytes_per_gpu
-    weights = weight_bytes_per_gpu(model, weight_dtype, tensor_parallel, pipeline_parallel, expert_parallel,
-                                   data_parallel, pipeline_split(engine.engine))
-    activation = engine.activation_bytes_per_gpu
-    overhead = engine.overhead_bytes_per_gpu
-    if engine.utilization_of == OF_FREE:
-        free = total - weights - activation - overhead
-        kv_budget = int(engine.gpu_memory_utilization * free) if free > 0 else free
-        usable = kv_budget + weights + activation + overhead
-    else:
-        usable = int(engine.gpu_memory_utilization * total)
-        kv_budget = usable - weights - activation - overhead
-    return MemoryBudget(
-        total_bytes_per_gpu=total, usable_bytes_per_gpu=usable, weights_bytes_per_gpu=weights,
-        activation_bytes_per_gpu=activation, non_torch_bytes_per_gpu=engine.non_torch_bytes_per_gpu,
-        cuda_graph_bytes_per_gpu=engine.cuda_graph_bytes_per_gpu,
-        reserved_bytes_per_gpu=engine.reserved_bytes_per_gpu, kv_budget_bytes_per_gpu=kv_budget,
-    )
-
-
-# KV capacity and concurrency -------------------------------------------------------------------
-
-def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_dtype: str, *, tensor_parallel: int,
-                               pipeline_parallel: int) -> int:
-    """Bytes one token costs when every layer of the most loaded stage caches it (a full-attention-
-    equivalent token: what one block slot holds)."""
-    per_layer = kv_bytes_per_token_per_layer(model, 0, kv_dtype, tensor_parallel)
-    stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel)
-    return per_layer * max(len(stage) for stage in stages)
-
-
-def kv_token_capacity(model: ModelSpec, kv_budget_bytes_per_gpu: int, kv_dtype: str, *, tensor_parallel: int,
-                      pipeline_parallel: int, block_size: int, data_parallel: int = 1) -> tuple[int, int]:
-    """(kv_tokens, kv_blocks) per replica: blocks = budget // (block_size × per-token bytes per GPU),
-    tokens = blocks × block_size, in full-attention-equivalent blocks for window models (module docstring).
-
-    Attention data parallelism: each of the `data_parallel` ranks caches only its own requests, at the
-    per-GPU bytes of its tensor-parallel split, so the replica holds `data_parallel` times one rank's
-    tokens (under plain TP an MLA latent is instead copied onto every GPU of the replica)."""
-    if block_size < 1:
-        raise ValueError("block_size must be >= 1")
-    if kv_budget_bytes_per_gpu <= 0:
-        return 0, 0
-    per_token = kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tensor_parallel,
-                                           pipeline_parallel=pipeline_parallel)
-    blocks = kv_budget_bytes_per_gpu // (block_size * per_token) * data_parallel
-    return blocks * block_size, blocks
-
-
-def requests_fitting(model: ModelSpec, kv_budget_bytes_per_gpu: int, context_tokens: int, kv_dtype: str, *,
-                     tensor_parallel: int, pipeline_parallel: int, block_size: int) -> int:
-    """Requests of `context_tokens` each whose KV (block-rounded, windows applied) fits the budget.
-
-    For all-full models this is kv_blocks // ceil(context / block_size) (nested floor division).
-    """
-    if kv_budget_bytes_per_gpu <= 0:
-        return 0
-    per_request = kv_cache_bytes_for_batch(model, (context_tokens,), kv_dtype, tensor_parallel,
-                                           pipeline_parallel, block_size)
-    return kv_budget_bytes_per_gpu // per_request if per_request else 0
-
-
-def _cached_slots_sum(tokens: int, block_size: int, cap_slots: int | None) -> int:
-    """Σ over contexts c = 1..tokens of the token slots one layer holds: ceil(c/b)·b, capped at
-    `cap_slots` for a window layer (the blocks its window can straddle, from `kv.window_slot_caps`).
-
-    Σ_{c=1..n} ceil(c/b) = b·q(q+1)/2 + r·(q+1) with q = n // b, r = n % b; past the cap every
-    context holds `cap_slots`.
-    """
-    def staircase(n: int) -> int:
-        q, r = divmod(n, block_size)
-        return block_size * (block_size * q * (q + 1) // 2 + r * (q + 1))
-
-    if cap_slots is None or tokens <= cap_slots:
-        return staircase(tokens)
-    return staircase(cap_slots) + (tokens - cap_slots) * cap_slots
-
-
-def steady_state_kv_bytes(model: ModelSpec, input_tokens: int, output_tokens: int, kv_dtype: str, *,
-                          tensor_parallel: int, pipeline_parallel: int,
-                          block_size: int) -> Fraction:
-    """Mean KV bytes per GPU one request holds over its decode, with blocks allocated on demand.
-
-    The request holds input + t tokens (block-rounded, windows applied) while producing its t-th output
-    token, t = 1..output, each for one step; the mean over those steps is exact (a Fraction). The most
-    loaded pipeline stage counts.
-    """
-    per_layer = kv_bytes_per_token_per_layer(model, 0, kv_dtype, tensor_parallel)
-    window_caps = window_slot_caps(model, block_size)
-    slot_sums = {
-        window: _cached_slots_sum(input_tokens + output_tokens, block_size, cap)
-        - _cached_slots_sum(input_tokens, block_size, cap)
-        for window, cap in window_caps
-    }
-    heaviest = max(sum(layers * slot_sums[window] for window, layers in stage)
-                   for stage in window_layers_per_stage(model, pipeline_parallel))
-    return Fraction(per_layer * heaviest, output_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,28 +92,6 @@ def _capped(kv_limited: int, max_num_seqs: int | None, tokens_per_request: float
     if max_num_seqs is not None and max_num_seqs < kv_limited:
         return ConcurrencyView(ranks * max_num_seqs, ranks * kv_limited, LIMIT_MAX_NUM_SEQS, tokens_per_request)
     return ConcurrencyView(ranks * kv_limited, ranks * kv_limited, LIMIT_KV_CACHE, tokens_per_request)
-
-
-def longest_context(model: ModelSpec, kv_budget_bytes_per_gpu: int, kv_dtype: str, *, tensor_parallel: int,
-                    pipeline_parallel: int, block_size: int, max_model_len: int) -> int:
-    """Longest context one request can reach alone: the largest c <= max_model_len whose KV fits
-    (bisection; the KV of one sequence never shrinks as it grows)."""
-    def fits(context: int) -> bool:
-        return kv_cache_bytes_for_batch(model, (context,), kv_dtype, tensor_parallel, pipeline_parallel,
-                                        block_size) <= kv_budget_bytes_per_gpu
-
-    if kv_budget_bytes_per_gpu <= 0 or not fits(1):
-        return 0
-    low, high = 1, max_model_len  # invariant: fits(low)
-    if fits(high):
-        return high
-    while high - low > 1:  # invariant: fits(low), not fits(high)
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 # Decode operating point -------------------------------------------------------------------------
@@ -360,6 +201,18 @@ class Suggestion:
 
 
 @dataclass(frozen=True, slots=True)
+class PipelineStage:
+    """One GPU of a pipeline stage: its layers, weights and KV budget, and the blocks that budget fits on its own
+    (one data-parallel rank's); the replica holds the fewest blocks of any stage."""
+
+    first_layer: int
+    layers: int
+    weights_bytes_per_gpu: int
+    kv_budget_bytes_per_gpu: int
+    kv_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class CapacityResult:
     fits: bool
     reasons: tuple[str, ...]  # why it does not fit (empty when it does)
@@ -376,6 +229,7 @@ class CapacityResult:
     weights_bytes_total: int  # the whole model's weights, stored once
     weight_groups_per_gpu: tuple[GroupWeights, ...]  # the most loaded GPU's weights by parameter group
     weight_groups_total: tuple[GroupWeights, ...]  # the whole model's
+    pipeline_stages: tuple[PipelineStage, ...]  # first to last (one for pp = 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,8 +270,9 @@ def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, p
     engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype), dp)
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
-    budget = memory.kv_budget_bytes_per_gpu
-    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
+    budget = memory.kv_budget_bytes_per_stage
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size,
+              "split": pipeline_split(engine.engine)}
     rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
     kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
     if engine.max_num_seqs is None:
@@ -436,13 +291,15 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     engine of its own (its KV cache, its scheduler and max_num_seqs): one rank's figures, times dp."""
     tp, pp, dp = tensor_parallel, pipeline_parallel, data_parallel
     deployment = _deployment(model, gpu, config, tp, pp, weight_dtype, kv_dtype, dp, expert_parallel)
-    engine, memory, budget = deployment.engine, deployment.memory, deployment.memory.kv_budget_bytes_per_gpu
-    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size}
+    engine, memory, budget = deployment.engine, deployment.memory, deployment.memory.kv_budget_bytes_per_stage
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size,
+              "split": pipeline_split(engine.engine)}
     request_tokens = input_tokens + output_tokens
     admission = requests_fitting(model, budget, request_tokens, kv_dtype, **layout)
-    mean_bytes = steady_state_kv_bytes(model, input_tokens, output_tokens, kv_dtype, **layout)
-    steady = int(budget / mean_bytes) if budget > 0 else 0  # Fraction division: an exact floor
-    mean_live_tokens = float(mean_bytes / deployment.per_token)  # full-attention-equivalent tokens
+    mean_bytes = steady_state_kv_bytes_per_stage(model, input_tokens, output_tokens, kv_dtype, **layout)
+    # Each stage's budget over what one request holds there on average (Fraction division: an exact floor).
+    steady = 0 if min(budget) <= 0 else min(int(b / held) for b, held in zip(budget, mean_bytes, strict=True))
+    mean_live_tokens = float(max(mean_bytes) / deployment.per_token)  # full-attention-equivalent tokens
     concurrency = MaxConcurrency(
         worst_case=_capped(deployment.worst, engine.max_num_seqs, engine.max_model_len, dp),
         admission=_capped(admission, engine.max_num_seqs, request_tokens, dp),
@@ -597,4 +454,19 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
         weight_groups_per_gpu=weight_groups_per_gpu(model, stored, tensor_parallel, pipeline_parallel,
                                                      expert_parallel, data_parallel, pipeline_split(engine.engine)),
         weight_groups_total=weight_groups_per_gpu(model, stored),
+        pipeline_stages=_pipeline_stages(model, accounting, kv_dtype, tensor_parallel, pipeline_parallel),
     )
+
+
+def _pipeline_stages(model: ModelSpec, accounting: _Accounting, kv_dtype: str, tensor_parallel: int,
+                     pipeline_parallel: int) -> tuple[PipelineStage, ...]:
+    memory, engine = accounting.memory, accounting.engine
+    split = pipeline_split(engine.engine)
+    blocks = stage_kv_blocks(model, memory.kv_budget_bytes_per_stage, kv_dtype, tensor_parallel=tensor_parallel,
+                             pipeline_parallel=pipeline_parallel, block_size=engine.block_size, split=split)
+    return tuple(
+        PipelineStage(first_layer=layers.start, layers=len(layers), weights_bytes_per_gpu=weights,
+                      kv_budget_bytes_per_gpu=budget, kv_blocks=stage_blocks)
+        for layers, weights, budget, stage_blocks in zip(
+            pipeline_stages(model.num_hidden_layers, pipeline_parallel, split), memory.weights_bytes_per_stage,
+            memory.kv_budget_bytes_per_stage, blocks, strict=True))

@@ -42,7 +42,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from app.sizing.engines import ENGINES, EngineConfig
+from app.sizing.engines import ENGINES, EngineConfig, pipeline_split
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout
@@ -53,8 +53,8 @@ from app.sizing.serving.capacity import (
     CapacityResult,
     ConcurrencyView,
     capacity,
-    requests_fitting,
 )
+from app.sizing.serving.memory import requests_fitting
 from app.sizing.serving.plan import (
     BINDING_E2E,
     BINDING_GOODPUT,
@@ -211,9 +211,9 @@ def pool_capacity(role: str, model: ModelSpec, gpu: GpuSpec, *, workers: int, la
         return PoolCapacity(role, workers, layout, worker, input_tokens + output_tokens,
                             worker.max_concurrency.admission)
     in_flight = layout.data_parallel * requests_fitting(
-        model, worker.memory.kv_budget_bytes_per_gpu, input_tokens, kv_dtype,
+        model, worker.memory.kv_budget_bytes_per_stage, input_tokens, kv_dtype,
         tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
-        block_size=worker.engine.block_size)
+        block_size=worker.engine.block_size, split=pipeline_split(worker.engine.engine))
     return PoolCapacity(role, workers, layout, worker, input_tokens,
                         ConcurrencyView(in_flight, in_flight, LIMIT_KV_CACHE, float(input_tokens)))
 

@@ -74,7 +74,13 @@ from app.sizing.layout import Layout, valid_tensor_parallel
 from app.sizing.model.kv import layer_mix
 from app.sizing.model.recipes import WeightRecipe, published_recipe
 from app.sizing.model.weights import weight_bytes_per_gpu
-from app.sizing.serving.capacity import kv_bytes_per_token_per_gpu, kv_token_capacity, memory_budget
+from app.sizing.serving.memory import (
+    KvBudget,
+    kv_bytes_per_token_per_gpu,
+    kv_token_capacity,
+    memory_budget,
+    stage_budgets,
+)
 from app.sizing.serving.simulate import (
     FULL,
     ON_DEMAND,
@@ -791,14 +797,14 @@ class _Planner:
             (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
         memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                                weight_dtype=weights, data_parallel=dp, expert_parallel=ep)
-        kv_budget = memory.kv_budget_bytes_per_gpu
+        kv_budget: KvBudget = memory.kv_budget_bytes_per_stage
         draft_steps = None
-        if inputs.draft is not None:
-            kv_budget, draft_steps = self._with_draft(configuration, kv_budget)
+        if inputs.draft is not None:  # placed beside the heaviest stage's weights, its share taken on every stage
+            kv_budget, draft_steps = self._with_draft(configuration, memory.kv_budget_bytes_per_gpu)
             if draft_steps is None:
                 return infeasible(f"{gpu.slug or gpu.name} has no tensor rate for the draft model's "
                                   f"{inputs.draft.weight_dtype} weights")
-        if kv_budget <= 0:
+        if min(stage_budgets(kv_budget, pp)) <= 0:
             return infeasible(
                 f"weights need {_gb(memory.weights_bytes_per_gpu)} per GPU "
                 f"({checkpoint.name if checkpoint else configuration.weight_dtype}, "
@@ -808,7 +814,8 @@ class _Planner:
                 + f" that leaves no KV cache in {engine.engine}'s {_gb(memory.usable_bytes_per_gpu)} budget of a "
                 f"{_gb(memory.total_bytes_per_gpu)} GPU")
         rank_tokens, _ = kv_token_capacity(model, kv_budget, configuration.kv_dtype, tensor_parallel=tp,
-                                           pipeline_parallel=pp, block_size=engine.block_size)
+                                           pipeline_parallel=pp, block_size=engine.block_size,
+                                           split=pipeline_split(engine.engine))
         engine = _resolve_max_num_seqs(engine, rank_tokens)
         shares_steps = ENGINES[engine.engine].mixes_prefill_into_decode()
         if shares_steps and engine.max_num_seqs is not None and engine.max_num_seqs > engine.max_num_batched_tokens:
@@ -825,7 +832,7 @@ class _Planner:
             return infeasible(
                 f"the KV cache holds {kv_tokens:,} tokens {holder}, fewer than the longest request's "
                 f"{self.max_model_len:,} (prompt + answer){pinned}")
-        full_layers, window_layers = layer_mix(model, engine.block_size, pp)
+        full_layers, window_layers = layer_mix(model, engine.block_size, pp, pipeline_split(engine.engine))
         scheduler = micro_batch_config(SchedulerConfig(
             kv_capacity_tokens=rank_tokens, block_size=engine.block_size,
             max_num_seqs=engine.max_num_seqs or engine.max_num_batched_tokens,
