@@ -7,11 +7,13 @@
 # disaggregated pools may run attention DP + EP and pipeline workers (each scheduler at its share of the worker's load);
 # TensorRT-LLM is sized and planned on NVIDIA GPUs only, its first pipeline stages taking the leftover layers.
 # 2026.12.06.6: each pipeline stage's GPU has its own KV budget (its own weights) and its own bytes per block (its
-# own layers); a replica holds the fewest blocks any stage fits (was: the heaviest stage's budget over the most layers).
+# own layers); a replica holds the fewest blocks any stage fits (was: the heaviest stage's budget over the most layers);
+# under attention DP, SGLang's dense MLPs and shared experts are split over all the replica's GPUs.
 CALCULATION_VERSION = "2026.12.06.6"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).
 # 2026.12.06.5: the GPU makers each engine runs on (TensorRT-LLM: NVIDIA) and how it splits layers into pipeline
 # stages; a replica larger than a node says so.
-ENGINE_RULES_VERSION = "2026.12.06.5"
+# 2026.12.06.6: whether an engine splits dense MLPs and shared experts over the attention DP ranks (SGLang: yes).
+ENGINE_RULES_VERSION = "2026.12.06.6"

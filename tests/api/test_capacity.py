@@ -181,6 +181,18 @@ def test_each_pipeline_stage_is_listed_and_the_fewest_blocks_bind(client: TestCl
         (0, 32, single["kv_blocks"])]
 
 
+def test_sglang_keeps_a_share_of_the_dense_mlps_under_attention_dp(client: TestClient) -> None:
+    """DeepSeek-V3 fp8 as DP8 + EP8 on H200 (tests/domain/test_layout.py): SGLang splits the 3 dense MLPs and the 58
+    shared experts over all 8 GPUs, 3,275,489,280 B less on each than vLLM, which keeps them whole on every rank."""
+    layout = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "tensor_parallel": 1,
+              "data_parallel": 8, "expert_parallel": 8, "input_tokens": 1000, "output_tokens": 1000}
+    vllm = post(client, {**layout, "engine": "vllm"})["memory"]
+    sglang = post(client, {**layout, "engine": "sglang"})["memory"]
+    assert (vllm["weights_bytes_per_gpu"], sglang["weights_bytes_per_gpu"]) == (100_817_025_024, 97_541_535_744)
+    groups = {g["group"]: g["bytes"] for g in sglang["weight_groups_per_gpu"]}
+    assert (groups["dense_mlp"], groups["shared_experts"]) == (148_635_648, 319_291_392)
+
+
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
     """A 10 GiB KV budget: reserve 85,520,809,984 − 16,060,522,496 − 10,737,418,240 = 58,722,869,248 B.
     bf16: 10,737,418,240 // (16 x 131,072) = 5,120 blocks = 81,920 tokens, 5,120 // 94 = 54 admitted;

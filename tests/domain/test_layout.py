@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
-from app.sizing.engines import ENGINES, EngineConfig, layout_problems, resolve_engine
+from app.sizing.engines import ENGINES, EngineConfig, dense_over_attention_dp, layout_problems, resolve_engine
 from app.sizing.hardware.comm import (
     ALL_GATHER,
     PER_EXPERT,
@@ -34,7 +34,7 @@ from app.sizing.layout import (
 from app.sizing.layout import layout_problems as generic_layout_problems
 from app.sizing.model.flops import DISTINCT_EXPERTS, decode_cost, step_cost_model
 from app.sizing.model.recipes import RECIPES
-from app.sizing.model.weights import weight_bytes_for_layout
+from app.sizing.model.weights import weight_bytes_for_layout, weight_bytes_per_gpu, weight_groups_per_gpu
 from app.sizing.serving.memory import kv_token_capacity, memory_budget
 from app.sizing.serving.plan import configurations, default_tensor_parallel
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -231,6 +231,27 @@ def test_deepseek_v3_weights_per_gpu_tp8_against_dp8_ep8():
     Attention replicated on every rank costs 15.7 GB per GPU more."""
     assert weight_bytes_for_layout(DEEPSEEK_V3, "fp8", Layout(8)) == 85_119_449_088
     assert weight_bytes_for_layout(DEEPSEEK_V3, "fp8", Layout(1, 1, 8, 8)) == 100_817_025_024
+
+
+def test_sglang_splits_dense_mlps_and_shared_experts_over_the_attention_dp_ranks():
+    """SGLang's TP group spans its attention DP ranks, and its dense MLPs and shared experts follow TP (ENGINES.md
+    section 2): DeepSeek-V3 fp8 as DP8 + EP8 keeps them at 1/8 on each GPU, where vLLM and TensorRT-LLM keep them
+    whole on every rank (above: 100,817,025,024 B).
+    Dense MLP 3 layers · 3·7168·(18,432/8 = 2,304) = 148,635,648 B instead of 3·396,361,728 = 1,189,085,184;
+    shared experts 58 · 3·7168·(2,048/8 = 256) = 319,291,392 B instead of 58·44,040,192 = 2,554,331,136.
+    That is 1,040,449,536 + 2,235,039,744 = 3,275,489,280 B less: 97,541,535,744 B per GPU, and as much more KV."""
+    dep8 = {"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 8, "data_parallel": 8}
+    split = weight_groups_per_gpu(DEEPSEEK_V3, "fp8", **dep8, dense_over_dp=True)
+    whole = weight_groups_per_gpu(DEEPSEEK_V3, "fp8", **dep8)
+    assert {g.group: g.bytes for g in split if g.group in ("dense_mlp", "shared_experts")} == {
+        "dense_mlp": 148_635_648, "shared_experts": 319_291_392}
+    assert {g.group: g.bytes for g in whole if g.group in ("dense_mlp", "shared_experts")} == {
+        "dense_mlp": 1_189_085_184, "shared_experts": 2_554_331_136}
+    assert sum(g.bytes for g in split) == 100_817_025_024 - 3_275_489_280 == 97_541_535_744
+    assert [engine for engine in ("vllm", "sglang", "trtllm", "generic") if dense_over_attention_dp(engine)] == [
+        "sglang"]
+    # Without attention DP the flag changes nothing: TP8 splits them over the same 8 GPUs.
+    assert weight_bytes_per_gpu(DEEPSEEK_V3, "fp8", 8, dense_over_dp=True) == 85_119_449_088
 
 
 def test_deepseek_v3_kv_tokens_of_the_replica_tp8_against_dp8_ep8():

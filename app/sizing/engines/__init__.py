@@ -85,6 +85,12 @@ def pipeline_split(engine: str | None) -> str:
     return ENGINES[engine].pipeline_split if engine is not None else SPLIT_BEFORE_LAST
 
 
+def dense_over_attention_dp(engine: str | None) -> bool:
+    """Whether `engine` splits dense MLPs and shared experts over all tp x dp GPUs under attention data parallelism
+    (`Engine.dense_over_attention_dp`); False (each rank keeps them) where none is named."""
+    return ENGINES[engine].dense_over_attention_dp if engine is not None else False
+
+
 def resolve_version(config: EngineConfig) -> tuple[str, str]:
     """The engine version whose rules apply, and where it came from."""
     if config.engine_version is not None:

@@ -181,6 +181,9 @@ class Engine(Protocol):
     gpu_vendors: tuple[str, ...]
     # Which pipeline stages take the L mod pp leftover layers (`params.SPLIT_BEFORE_LAST` or `SPLIT_FIRST`).
     pipeline_split: str
+    # True when, under attention data parallelism, its dense MLPs and shared experts are split over every GPU of
+    # the replica's group (tp x dp) rather than kept whole on each attention rank's tp GPUs.
+    dense_over_attention_dp: bool
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

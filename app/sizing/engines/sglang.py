@@ -176,6 +176,10 @@ class Sglang:
     moe_exchange = PER_EXPERT
     gpu_vendors = ()  # the reference names no GPU maker it refuses
     pipeline_split = SPLIT_BEFORE_LAST  # the reference states none: vLLM's assumed
+    # Under --enable-dp-attention only attention is kept per rank: "shared experts/dense MLP follow TP (or
+    # --moe-dense-tp-size)", and its TP group spans the attention DP ranks (ENGINES.md section 2, the SGLang
+    # tp/dp/dp-attention explainer @51907e21).
+    dense_over_attention_dp = True
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -65,10 +65,11 @@ def weight_bytes(model: ModelSpec, weights: str | WeightRecipe) -> int:
 
 def weight_bytes_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
                          pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
-                         pipeline_split: str = SPLIT_BEFORE_LAST) -> int:
+                         pipeline_split: str = SPLIT_BEFORE_LAST, dense_over_dp: bool = False) -> int:
     """Weight bytes on the most loaded GPU: the sum of `weight_groups_per_gpu`."""
     return sum(group.bytes for group in weight_groups_per_gpu(model, weights, tensor_parallel, pipeline_parallel,
-                                                              expert_parallel, data_parallel, pipeline_split))
+                                                              expert_parallel, data_parallel, pipeline_split,
+                                                              dense_over_dp))
 
 
 def weight_groups_for_layout(model: ModelSpec, weights: str | WeightRecipe,
@@ -87,26 +88,28 @@ def weight_bytes_for_layout(model: ModelSpec, weight_dtype: str | WeightRecipe, 
 @lru_cache(maxsize=4096)
 def weight_groups_per_gpu(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
                           pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
-                          pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[GroupWeights, ...]:
+                          pipeline_split: str = SPLIT_BEFORE_LAST, dense_over_dp: bool = False) -> tuple[GroupWeights, ...]:
     """Each parameter group's params and bytes on the most loaded GPU: the pipeline stage with the most
     bytes of `weight_groups_per_stage` (the first of equals)."""
     stages = weight_groups_per_stage(model, weights, tensor_parallel, pipeline_parallel, expert_parallel,
-                                     data_parallel, pipeline_split)
+                                     data_parallel, pipeline_split, dense_over_dp)
     return max(stages, key=lambda groups: sum(g.bytes for g in groups))
 
 
 def weight_bytes_per_stage(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
                            pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
-                           pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[int, ...]:
+                           pipeline_split: str = SPLIT_BEFORE_LAST, dense_over_dp: bool = False) -> tuple[int, ...]:
     """Weight bytes on one GPU of each pipeline stage, first to last (the sums of `weight_groups_per_stage`)."""
     return tuple(sum(group.bytes for group in groups) for groups in weight_groups_per_stage(
-        model, weights, tensor_parallel, pipeline_parallel, expert_parallel, data_parallel, pipeline_split))
+        model, weights, tensor_parallel, pipeline_parallel, expert_parallel, data_parallel, pipeline_split,
+        dense_over_dp))
 
 
 @lru_cache(maxsize=4096)
 def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tensor_parallel: int = 1,
                             pipeline_parallel: int = 1, expert_parallel: int = 1, data_parallel: int = 1,
-                            pipeline_split: str = SPLIT_BEFORE_LAST) -> tuple[tuple[GroupWeights, ...], ...]:
+                            pipeline_split: str = SPLIT_BEFORE_LAST,
+                            dense_over_dp: bool = False) -> tuple[tuple[GroupWeights, ...], ...]:
     """Each parameter group's params and bytes on one GPU of each pipeline stage (first to last), in
     `recipes.GROUPS` order; a group split over two formats (Meta FP8's edge MLPs) appears once per format.
 
@@ -114,7 +117,9 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
       down-projections replicate), the dense MLP, shared experts, embedding and LM head (vocabulary
       rows) by `tp`, rounding up; norms, routers and MLA LoRA norms are replicated.
     - Attention data parallelism (`data_parallel` ranks of `tp` GPUs each) replicates all of that on
-      every rank: only the routed experts are shared between ranks.
+      every rank: only the routed experts are shared between ranks, unless `dense_over_dp` (an engine whose
+      dense MLPs and shared experts follow a TP group spanning the ranks, SGLang's:
+      `Engine.dense_over_attention_dp`), which splits those two over all tp·dp GPUs.
     - Expert parallelism: the MoE layers span all tp·dp GPUs; routed experts are dealt out to `ep`
       groups (ceil(E/ep) experts per GPU) and each expert is split over the remaining tp·dp/ep ranks
       (`layout.Layout.moe_tensor_parallel`: SGLang's `--tp 16 --ep 4` is 4; vLLM's
@@ -133,9 +138,10 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
     if data_parallel < 1:
         raise ValueError("data_parallel must be >= 1")
     ranks_per_expert = max(1, tensor_parallel * data_parallel // expert_parallel)
-    dense_layer = _layer_shard(model, False, tensor_parallel, expert_parallel, ranks_per_expert)
-    moe_layer = (_layer_shard(model, True, tensor_parallel, expert_parallel, ranks_per_expert) if model.is_moe
-                 else dense_layer)
+    dense_ranks = tensor_parallel * data_parallel if dense_over_dp else tensor_parallel
+    dense_layer = _layer_shard(model, False, tensor_parallel, expert_parallel, ranks_per_expert, dense_ranks)
+    moe_layer = (_layer_shard(model, True, tensor_parallel, expert_parallel, ranks_per_expert, dense_ranks)
+                 if model.is_moe else dense_layer)
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
     stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel, pipeline_split)
     moe_layers = model.moe_layer_indices
@@ -171,8 +177,9 @@ def _bytes(params: int, bits: Fraction) -> int:
 
 @lru_cache(maxsize=1024)
 def _layer_shard(model: ModelSpec, is_moe: bool, tensor_parallel: int, expert_parallel: int,
-                 ranks_per_expert: int) -> tuple[tuple[str, int], ...]:
-    """One decoder layer's parameters on one GPU, by group."""
+                 ranks_per_expert: int, dense_ranks: int) -> tuple[tuple[str, int], ...]:
+    """One decoder layer's parameters on one GPU, by group; the dense MLP and shared experts split over
+    `dense_ranks` GPUs."""
     layer = layer_params_by_kind(model, is_moe)
     attention = attention_params(model, tensor_parallel)
     shard = {ATTENTION: attention.qkv_matrices + attention.out,
@@ -182,10 +189,10 @@ def _layer_shard(model: ModelSpec, is_moe: bool, tensor_parallel: int, expert_pa
         shard[EXPERTS] = (ceil_div(layer.routed_experts, expert_parallel)
                           * mlp_params(model, ceil_div(model.expert_intermediate_size, ranks_per_expert)))
         shard[SHARED_EXPERTS] = model.n_shared_experts * mlp_params(
-            model, ceil_div(shared_expert_width(model), tensor_parallel))
+            model, ceil_div(shared_expert_width(model), dense_ranks))
         shard[ROUTER] = layer.router
     else:
-        shard[DENSE_MLP] = mlp_params(model, ceil_div(model.dense_intermediate_size, tensor_parallel))
+        shard[DENSE_MLP] = mlp_params(model, ceil_div(model.dense_intermediate_size, dense_ranks))
     return tuple(shard.items())
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from app.sizing.engines import (
     ENGINES,
     EngineConfig,
+    dense_over_attention_dp,
     gpu_problems,
     host_adjusted,
     pipeline_split,
@@ -452,7 +453,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
         compute_dtype=compute_dtype,
         weights_bytes_total=weight_bytes(model, stored),
         weight_groups_per_gpu=weight_groups_per_gpu(model, stored, tensor_parallel, pipeline_parallel,
-                                                     expert_parallel, data_parallel, pipeline_split(engine.engine)),
+                                                     expert_parallel, data_parallel, pipeline_split(engine.engine),
+                                                     dense_over_attention_dp(engine.engine)),
         weight_groups_total=weight_groups_per_gpu(model, stored),
         pipeline_stages=_pipeline_stages(model, accounting, kv_dtype, tensor_parallel, pipeline_parallel),
     )

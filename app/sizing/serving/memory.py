@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from app.sizing.engines import pipeline_split
+from app.sizing.engines import dense_over_attention_dp, pipeline_split
 from app.sizing.engines.base import OF_FREE, ResolvedEngine
 from app.sizing.model.kv import (
     kv_bytes_per_token_per_layer,
@@ -80,7 +80,8 @@ def memory_budget(model: ModelSpec, gpu: GpuSpec, engine: ResolvedEngine, *, ten
     data-parallel rank, routed experts split by expert parallelism); `weight_dtype` is a plain dtype or
     the checkpoint's recipe."""
     stage_weights = weight_bytes_per_stage(model, weight_dtype, tensor_parallel, pipeline_parallel, expert_parallel,
-                                           data_parallel, pipeline_split(engine.engine))
+                                           data_parallel, pipeline_split(engine.engine),
+                                           dense_over_attention_dp(engine.engine))
     budgets = [_usable_and_kv_budget(engine, weights) for weights in stage_weights]
     heaviest = max(range(len(stage_weights)), key=stage_weights.__getitem__)  # the first of equals
     usable, kv_budget = budgets[heaviest]

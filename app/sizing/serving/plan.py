@@ -60,6 +60,7 @@ import numpy as np
 from app.sizing.engines import (
     ENGINES,
     EngineConfig,
+    dense_over_attention_dp,
     gpu_problems,
     host_adjusted,
     layout_problems,
@@ -481,7 +482,8 @@ def _fewest_that_hold(model: ModelSpec, gpu: GpuSpec, weights: str | WeightRecip
              if not layout_problems(model, layout, engine, gpu.gpus_per_node, checkpoint)]
     fitting = [layout.gpus for layout in valid
                if weight_bytes_per_gpu(model, weights, layout.tensor_parallel, layout.pipeline_parallel,
-                                       layout.expert_parallel, layout.data_parallel, pipeline_split(engine))
+                                       layout.expert_parallel, layout.data_parallel, pipeline_split(engine),
+                                       dense_over_attention_dp(engine))
                < PIPELINE_WEIGHT_SHARE * gpu.memory_bytes]
     if not fitting:
         return []
