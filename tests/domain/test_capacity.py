@@ -27,7 +27,7 @@ from app.sizing.serving.memory import (
     kv_token_capacity,
     memory_budget,
     requests_fitting,
-    steady_state_kv_bytes,
+    steady_state_kv_bytes_per_stage,
 )
 from app.sizing.specs import GpuSpec, ModelSpec
 from tests.domain.models_for_tests import (
@@ -543,8 +543,9 @@ def test_steady_state_counts_mean_live_tokens() -> None:
     assert steady.sequences == 65
     assert steady.tokens_per_request == pytest.approx(1257.984, abs=1e-9)
     assert result.max_concurrency.worst_case.sequences == 0
-    assert steady_state_kv_bytes(LLAMA_3_1_8B, 1000, 500, "bf16", tensor_parallel=1, pipeline_parallel=1,
-                                 block_size=16) == pytest.approx(628_992 * 131_072 / 500, rel=1e-12)
+    (mean_bytes,) = steady_state_kv_bytes_per_stage(LLAMA_3_1_8B, 1000, 500, "bf16", tensor_parallel=1,
+                                                    pipeline_parallel=1, block_size=16)
+    assert mean_bytes == pytest.approx(628_992 * 131_072 / 500, rel=1e-12)
 
 
 def test_window_layers_hold_only_their_window() -> None:
@@ -698,8 +699,10 @@ def test_each_pipeline_stage_has_its_own_kv_budget_and_the_fewest_blocks_bind() 
     21,826,928,640 B; the last 15 MoE layers + the LM head 231,669,760 + the final norm 14,336 = 22,058,612,736 B
     (tests/domain/test_weights.py works each layer out).
 
-    Every stage pays the same activation peak A and overhead O (the engine's: 7,373,698,279 and 644,245,094 B),
-    so stage s gets KV = 0.9 x (85,029,615,043 − weights_s − A − O):
+    Every stage pays the same activation peak A and overhead O: A = the 8,192-token anchor 5,111,011,082 B scaled
+    by DeepSeek-V3's 88,640 activation values per token at TP8 over Llama-3.1-8B's 61,440 (both above):
+    5,111,011,082 x 88,640 // 61,440 = 7,373,698,279 B; O = the non-torch memory measured on H100 with 2+ GPUs, 0.6 GiB:
+    int(0.6 x 1,073,741,824) = 644,245,094 B. So stage s gets KV = 0.9 x (85,029,615,043 − weights_s − A − O):
     - first: 0.9 x 57,604,692,598 = 51,844,223,338 B; a block of 32 tokens in its 16 layers of (512 + 64) x 2 B
       = 32 x 1,152 x 16 = 589,824 B: 87,897 blocks (87,897 x 589,824 = 51,843,760,128);
     - middle: 0.9 x 55,184,743,030 = 49,666,268,727 B // (32 x 1,152 x 15 = 552,960) = 89,818 blocks;
@@ -795,7 +798,7 @@ def test_views_are_ordered(model: ModelSpec, budget: int, block: int, input_toke
     layout = {"tensor_parallel": 1, "pipeline_parallel": 1, "block_size": block}
     admission = requests_fitting(model, budget, input_tokens + output_tokens, "bf16", **layout)
     longest = requests_fitting(model, budget, 4096 + input_tokens + output_tokens, "bf16", **layout)
-    mean_bytes = steady_state_kv_bytes(model, input_tokens, output_tokens, "bf16", **layout)
+    (mean_bytes,) = steady_state_kv_bytes_per_stage(model, input_tokens, output_tokens, "bf16", **layout)
     assert longest <= admission <= int(budget / mean_bytes)
 
 
@@ -805,8 +808,9 @@ def test_window_models_sustain_at_least_their_all_global_twin() -> None:
     all_global = dataclasses.replace(GPT_OSS_120B, layer_types=None)
     layout = {"tensor_parallel": 1, "pipeline_parallel": 1, "block_size": 16}
     for model_input, model_output in ((1000, 500), (100_000, 4000)):
-        windowed = steady_state_kv_bytes(GPT_OSS_120B, model_input, model_output, "bf16", **layout)
-        assert windowed <= steady_state_kv_bytes(all_global, model_input, model_output, "bf16", **layout)
+        (windowed,) = steady_state_kv_bytes_per_stage(GPT_OSS_120B, model_input, model_output, "bf16", **layout)
+        (global_,) = steady_state_kv_bytes_per_stage(all_global, model_input, model_output, "bf16", **layout)
+        assert windowed <= global_
 
 
 def test_the_per_deployment_memo_keeps_no_request_lengths() -> None:

@@ -244,6 +244,7 @@ class _Accounting:
     max_concurrency: MaxConcurrency
     max_context_tokens: int
     reasons: tuple[str, ...]
+    stages: tuple[PipelineStage, ...]
 
 
 def model_dtype_bytes(weights: str | WeightRecipe) -> int:
@@ -262,6 +263,7 @@ class _Deployment:
     worst: int
     per_token: int
     max_context_tokens: int
+    stages: tuple[PipelineStage, ...]
 
 
 @lru_cache(maxsize=512)
@@ -271,18 +273,22 @@ def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, p
     engine = resolve_engine(config, model, gpu, tp, pp, model_dtype_bytes(weight_dtype), dp)
     memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
-    budget = memory.kv_budget_bytes_per_stage
-    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size,
-              "split": pipeline_split(engine.engine)}
-    rank_tokens, _ = kv_token_capacity(model, budget, kv_dtype, **layout)
+    budget, split = memory.kv_budget_bytes_per_stage, pipeline_split(engine.engine)
+    layout = {"tensor_parallel": tp, "pipeline_parallel": pp, "block_size": engine.block_size, "split": split}
+    stages = tuple(
+        PipelineStage(first_layer=layers.start, layers=len(layers), weights_bytes_per_gpu=weights,
+                      kv_budget_bytes_per_gpu=stage_budget, kv_blocks=blocks)
+        for layers, weights, stage_budget, blocks in zip(
+            pipeline_stages(model.num_hidden_layers, pp, split), memory.weights_bytes_per_stage, budget,
+            stage_kv_blocks(model, budget, kv_dtype, **layout), strict=True))
     kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
-    if engine.max_num_seqs is None:
-        derived = ENGINES[engine.engine].derived_max_num_seqs(rank_tokens, engine.max_model_len)
+    if engine.max_num_seqs is None:  # one rank's pool: every rank holds as many blocks
+        derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens // dp, engine.max_model_len)
         engine = replace(engine, max_num_seqs=derived)
     return _Deployment(
         engine, memory, kv_tokens, kv_blocks, requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout),
         kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp),
-        longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout))
+        longest_context(model, budget, kv_dtype, max_model_len=engine.max_model_len, **layout), stages)
 
 
 def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
@@ -308,7 +314,8 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     )
     max_context, kv_tokens = deployment.max_context_tokens, deployment.kv_tokens
     reasons = _reasons(model, engine, memory, weight_dtype, tp, pp, request_tokens, kv_tokens, admission, max_context)
-    return _Accounting(engine, memory, kv_tokens, deployment.kv_blocks, concurrency, max_context, reasons)
+    return _Accounting(engine, memory, kv_tokens, deployment.kv_blocks, concurrency, max_context, reasons,
+                       deployment.stages)
 
 
 def _gb(value: float) -> str:
@@ -456,19 +463,6 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
                                                      expert_parallel, data_parallel, pipeline_split(engine.engine),
                                                      dense_over_attention_dp(engine.engine)),
         weight_groups_total=weight_groups_per_gpu(model, stored),
-        pipeline_stages=_pipeline_stages(model, accounting, kv_dtype, tensor_parallel, pipeline_parallel),
+        pipeline_stages=accounting.stages,
     )
 
-
-def _pipeline_stages(model: ModelSpec, accounting: _Accounting, kv_dtype: str, tensor_parallel: int,
-                     pipeline_parallel: int) -> tuple[PipelineStage, ...]:
-    memory, engine = accounting.memory, accounting.engine
-    split = pipeline_split(engine.engine)
-    blocks = stage_kv_blocks(model, memory.kv_budget_bytes_per_stage, kv_dtype, tensor_parallel=tensor_parallel,
-                             pipeline_parallel=pipeline_parallel, block_size=engine.block_size, split=split)
-    return tuple(
-        PipelineStage(first_layer=layers.start, layers=len(layers), weights_bytes_per_gpu=weights,
-                      kv_budget_bytes_per_gpu=budget, kv_blocks=stage_blocks)
-        for layers, weights, budget, stage_blocks in zip(
-            pipeline_stages(model.num_hidden_layers, pipeline_parallel, split), memory.weights_bytes_per_stage,
-            memory.kv_budget_bytes_per_stage, blocks, strict=True))

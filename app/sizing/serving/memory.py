@@ -192,15 +192,6 @@ def _cached_slots_sum(tokens: int, block_size: int, cap_slots: int | None) -> in
     return staircase(cap_slots) + (tokens - cap_slots) * cap_slots
 
 
-def steady_state_kv_bytes(model: ModelSpec, input_tokens: int, output_tokens: int, kv_dtype: str, *,
-                          tensor_parallel: int, pipeline_parallel: int, block_size: int) -> Fraction:
-    """Mean KV bytes per GPU one request holds over its decode, with blocks allocated on demand, on the most
-    loaded pipeline stage (`steady_state_kv_bytes_per_stage`)."""
-    return max(steady_state_kv_bytes_per_stage(model, input_tokens, output_tokens, kv_dtype,
-                                               tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-                                               block_size=block_size))
-
-
 def steady_state_kv_bytes_per_stage(model: ModelSpec, input_tokens: int, output_tokens: int, kv_dtype: str, *,
                                     tensor_parallel: int, pipeline_parallel: int, block_size: int,
                                     split: str = SPLIT_BEFORE_LAST) -> tuple[Fraction, ...]:
