@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from app.sizing.model.recipes import recipe_from_quantization_config
+from app.sizing.model.recipes import RECIPES, declared_kv_cache, recipe_from_quantization_config
 from app.sizing.specs import LAYER_CHUNKED, LAYER_FULL, LAYER_SLIDING, LAYER_TYPES, ModelSpec
 
 # Integers above 2**53 are not exactly representable as floats, and products of a few of them
@@ -437,7 +437,7 @@ def _read_fields(r: _Reader) -> dict[str, object]:
         fields.update(_moe(r, layers))
         fields.update(_attention_layout(r, layers))
     fields["intermediate_size"] = _dense_width(r, hidden, fields)
-    _quantization_note(r)
+    _quantization_note(r, str(fields["dtype"]))
     if not r.problems:
         _check_kv_grouping(r, fields)
     if r.problems:
@@ -770,7 +770,10 @@ def _llama4_layer_types(r: _Reader, layers: int) -> object:
     return tuple(LAYER_CHUNKED if flag and chunked else LAYER_FULL for flag in rope_flags)
 
 
-def _quantization_note(r: _Reader) -> None:
+def _quantization_note(r: _Reader, dtype: str) -> None:
+    """Which shipped recipe sizes the checkpoint's quantized weights, and, for a recipe that stands for a
+    declared KV-cache format (ModelOpt's: FP8), whether this checkpoint declares that one (`dtype`: the
+    model's, which every engine caches K and V in when it declares none)."""
     quantization = r.top.get("quantization_config")
     if quantization is None:
         return
@@ -780,6 +783,18 @@ def _quantization_note(r: _Reader) -> None:
         recipe, read = recipe_from_quantization_config(quantization)
         advice = (f"size it with weight_recipe {recipe!r}" if recipe is not None
                   else "no shipped weight_recipe matches: choose the weight precision when sizing")
+        expected = RECIPES[recipe].checkpoint_kv_dtype if recipe is not None else None
+        if expected is not None:
+            declared = declared_kv_cache(quantization)
+            if declared is None:
+                advice += (f" and kv_dtype {dtype!r}: it declares no KV-cache quantization (kv_cache_quant_algo "
+                           f"null or absent), so every engine caches K and V in {dtype}, while {recipe!r} stands "
+                           f"for exports that declare {expected}")
+            elif declared == expected:
+                read += f", KV cache declared {declared}"
+            else:
+                advice += (f": it declares its KV cache in {declared}, which the service does not size; "
+                           f"{recipe!r} counts {expected}")
         r.notes.append(f"weights ship quantized (quantization_config {read}); dtype is the unquantized "
                        f"torch_dtype; {advice}")
     else:

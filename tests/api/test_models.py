@@ -268,6 +268,25 @@ def test_import_with_a_malformed_exclusion_list_still_reads_the_architecture(cli
     assert "quant_method 'mxfp4'" in note and "excluded modules" not in note
 
 
+@pytest.mark.parametrize(("kv_algo", "advice"), [
+    ("FP8", "size it with weight_recipe 'modelopt_fp8'"),
+    (None, "size it with weight_recipe 'modelopt_fp8' and kv_dtype 'bf16'"),
+])
+def test_import_of_a_modelopt_checkpoint_says_whether_it_declares_its_kv_cache(
+        client: TestClient, kv_algo: str | None, advice: str) -> None:
+    """A ModelOpt FP8 export of Llama-3-70B. The modelopt_fp8 recipe stands for NVIDIA's exports, which declare
+    kv_cache_quant_algo FP8, and engines whose 'auto' KV dtype reads it cache 1 byte per value (ENGINES.md
+    sections 1 and 4). A checkpoint whose kv_cache_quant_algo is null declares none: every engine caches K and V
+    in bf16, so the note adds kv_dtype 'bf16' (sized by the recipe alone its KV would be half: 80 layers x 2 x 8
+    heads x 128 x 1 B = 163,840 B per token instead of 327,680)."""
+    quantization = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": kv_algo,
+                    "exclude_modules": ["lm_head"]}
+    result = _import(client, {**LLAMA_3_70B, "quantization_config": quantization})
+    note = next(note for note in result["notes"] if "quantization_config" in note)
+    assert note.endswith(advice) if kv_algo else advice + ": it declares no KV-cache quantization" in note
+    assert ("KV cache declared fp8" in note) == (kv_algo == "FP8")
+
+
 def test_import_falcon_7b_ignores_the_misleading_num_kv_heads(client: TestClient) -> None:
     result = _import(client, FALCON_7B)
     model = result["model"]

@@ -15,6 +15,7 @@ from app.sizing.model.recipes import (
     FORMATS,
     RECIPES,
     WeightRecipe,
+    declared_kv_cache,
     recipe_from_quantization_config,
     resolve_recipe,
     uniform_recipe,
@@ -141,6 +142,13 @@ def test_invalid_recipes_are_rejected() -> None:
     ({"quant_method": "gptq", "bits": 8}, None),
     ({"quant_method": "modelopt", "quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}, "modelopt_nvfp4"),
     ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"}}, "modelopt_fp8"),
+    # ModelOpt's config.json form (ENGINES.md section 4): the scheme in config_groups, no quant_algo.
+    ({"quant_method": "modelopt", "ignore": ["lm_head"],
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}}}, "modelopt_fp8"),
+    ({"quant_method": "modelopt",
+      "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "float", "group_size": 16}}}},
+     "modelopt_nvfp4"),
+    ({"quant_method": "modelopt", "config_groups": {"group_0": {"weights": {"num_bits": 4, "type": "int"}}}}, None),
     ({"quant_method": "compressed-tensors", "ignore": ["lm_head"],
       "config_groups": {"group_0": {"weights": {"type": "int", "num_bits": 8}}}}, "w8a8_int8"),
     ({"quant_method": "compressed-tensors",
@@ -152,6 +160,23 @@ def test_quantization_config_names_its_recipe(config: dict[str, object], recipe:
     name, read = recipe_from_quantization_config(config)
     assert name == recipe
     assert repr(config["quant_method"]) in read
+
+
+@pytest.mark.parametrize(("config", "declared"), [
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, "fp8"),
+    # hf_quant_config.json's nesting, and ModelOpt's null for a checkpoint without KV quantization
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "NVFP4"}}, "nvfp4"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None}}, None),
+    ({"quant_method": "modelopt", "quant_algo": "FP8"}, None),
+    # config.json's form: a kv_cache_scheme of 8-bit floats, or none
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor"}}, "fp8"),
+    ({"quant_method": "modelopt", "kv_cache_scheme": None}, None),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 8, "type": "int"}}, "int8"),
+])
+def test_a_modelopt_config_declares_its_kv_cache_or_none(config: dict[str, object], declared: str | None) -> None:
+    """ENGINES.md section 4: `kv_cache_quant_algo` "FP8" | null (hf_quant_config.json, under `quantization`),
+    `kv_cache_scheme` in config.json's form; an engine's 'auto' KV dtype adopts only a declared one."""
+    assert declared_kv_cache(config) == declared
 
 
 @pytest.mark.parametrize(("excluded", "named"), [

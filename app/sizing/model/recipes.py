@@ -245,6 +245,8 @@ def recipe_from_quantization_config(config: dict[str, object]) -> tuple[str | No
         name = {"FP8": "modelopt_fp8", "NVFP4": "modelopt_nvfp4"}.get(algo)
         if method == "modelopt_fp4":
             name = "modelopt_nvfp4"
+        elif name is None and not algo:  # the config.json form: the scheme is in config_groups
+            name = _by_first_group(config, {(8, "float"): "modelopt_fp8", (4, "float"): "modelopt_nvfp4"})
     elif method == "compressed-tensors":
         name = _compressed_tensors_recipe(config)
     read = f"quant_method {method or 'missing'!r}" + (f", excluded modules {excluded}" if excluded else "")
@@ -271,8 +273,9 @@ def _nested(config: dict[str, object], *keys: str) -> object:
     return value
 
 
-def _compressed_tensors_recipe(config: dict[str, object]) -> str | None:
-    """W8A8 int8, FP8 (dynamic) and W4A16 int4 presets, read from the first config group's weights."""
+def _by_first_group(config: dict[str, object], names: dict[tuple[object, object], str]) -> str | None:
+    """The name `names` gives the (num_bits, type) of the first config group's weights (compressed-tensors,
+    and ModelOpt's config.json form); None without such a group or for another scheme."""
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         return None
@@ -280,11 +283,31 @@ def _compressed_tensors_recipe(config: dict[str, object]) -> str | None:
     weights = weights.get("weights") if isinstance(weights, dict) else None
     if not isinstance(weights, dict):
         return None
-    kind, bits = weights.get("type"), weights.get("num_bits")
-    if kind == "float" and bits == 8:
-        return "fp8_dynamic"
-    if kind == "int" and bits == 8:
-        return "w8a8_int8"
-    if kind == "int" and bits == 4:
-        return "w4a16_int4"
+    return names.get((weights.get("num_bits"), weights.get("type")))
+
+
+def _compressed_tensors_recipe(config: dict[str, object]) -> str | None:
+    """W8A8 int8, FP8 (dynamic) and W4A16 int4 presets, read from the first config group's weights."""
+    return _by_first_group(config, {(8, "float"): "fp8_dynamic", (8, "int"): "w8a8_int8", (4, "int"): "w4a16_int4"})
+
+
+# What KV cache a ModelOpt checkpoint declares: by kv_cache_quant_algo (hf_quant_config.json's form) or by its
+# kv_cache_scheme's (num_bits, type) (config.json's) (ENGINES.md section 4; vLLM 0.33 also adopts NVFP4).
+_DECLARED_KV_ALGOS = {"FP8": "fp8", "NVFP4": "nvfp4"}
+_DECLARED_KV_SCHEMES: dict[tuple[object, object], str] = {(8, "float"): "fp8", (4, "float"): "nvfp4"}
+
+
+def declared_kv_cache(config: dict[str, object]) -> str | None:
+    """The KV-cache format a ModelOpt `quantization_config` declares ('fp8', 'nvfp4', or the algorithm's
+    own name in lower case), None when it declares none: `kv_cache_quant_algo` (at the top or under
+    `quantization`, hf_quant_config.json's form) null or absent, and no `kv_cache_scheme` (config.json's
+    form). Without one every engine caches K and V in the model's dtype: an engine's 'auto' adopts a declared
+    one only (ENGINES.md 1.1-1.3)."""
+    algo = config.get("kv_cache_quant_algo") or _nested(config, "quantization", "kv_cache_quant_algo")
+    if algo:
+        return _DECLARED_KV_ALGOS.get(str(algo).upper(), str(algo).lower())
+    scheme = config.get("kv_cache_scheme")
+    if isinstance(scheme, dict):
+        bits, kind = scheme.get("num_bits"), scheme.get("type")
+        return _DECLARED_KV_SCHEMES.get((bits, kind), f"{kind}{bits}")
     return None
