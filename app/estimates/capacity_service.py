@@ -71,13 +71,15 @@ CAPACITY_FORMULAS = (
     ("operating point: tpot = decode step (batch/(dp x pp) requests at mean context, all stages) + batch/dp x "
      "prefill / (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
     ("attention data parallelism: each of the dp ranks keeps its own requests' KV at the per-GPU bytes of its "
-     "tensor-parallel split (replica KV = dp x one rank's) and holds the attention, dense and shared-expert "
-     "weights; routed experts are dealt to the expert-parallel ranks and split over tp x dp / ep GPUs"),
+     "tensor-parallel split (replica KV = dp x one rank's) and holds the attention weights, and the dense and "
+     "shared-expert ones (sglang: split over all tp x dp GPUs, its TP group); routed experts are dealt to the "
+     "expert-parallel ranks and split over tp x dp / ep GPUs"),
     ("MoE exchange per MoE layer (dp > 1): dispatch + combine, each alpha + bytes / link; ep > 1: k x "
-     "(ep-1)/ep x hidden x 2 B per token / tp (each token to its experts: sglang, trtllm), without ep or in vllm "
-     "(its default allgather_reducescatter): (dp-1) x hidden x 2 B per token; NVLink "
-     "inside a node, the scale-out link across nodes. With dp = 1 (TP attention, with or without ep) every GPU "
-     "already holds every token and the TP all-reduce sums the experts' outputs: no exchange"),
+     "(ep-1)/ep x hidden x 2 B per token / tp (each token to its experts: trtllm), without ep or in vllm "
+     "(its default allgather_reducescatter): (dp-1) x hidden x 2 B per token; sglang (no a2a backend: every "
+     "feed-forward block spans the tp x dp GPUs) gathers and scatters so around every layer, dense ones too; "
+     "NVLink inside a node, the scale-out link across nodes. With dp = 1 (TP attention, with or without ep) every "
+     "GPU already holds every token and the TP all-reduce sums the experts' outputs: no exchange"),
     ("TP beyond one node's GPUs: each all-reduce's ring leaves a node through all its GPUs' NICs (min(NVLink, "
      "GPUs per node x NIC) per GPU) and, by NCCL's ring model, its 2 x (nodes - 1) inter-node steps take the 2.7 us "
      "NET hop and its other 2 x (tp - nodes) steps the host's 1 us network overhead instead of a 0.6 us NVLink hop"),

@@ -9,11 +9,16 @@
 # 2026.12.06.6: each pipeline stage's GPU has its own KV budget (its own weights) and its own bytes per block (its
 # own layers); a replica holds the fewest blocks any stage fits (was: the heaviest stage's budget over the most layers);
 # under attention DP, SGLang's dense MLPs and shared experts are split over all the replica's GPUs.
-CALCULATION_VERSION = "2026.12.06.6"
+# 2026.12.06.7: SGLang's step under attention DP reads its dense MLPs and shared experts split over the tp x dp GPUs
+# and gathers every rank's tokens around every feed-forward block, dense ones too (was: whole, and an exchange per
+# expert copy around the MoE layers only).
+CALCULATION_VERSION = "2026.12.06.7"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).
 # 2026.12.06.5: the GPU makers each engine runs on (TensorRT-LLM: NVIDIA) and how it splits layers into pipeline
 # stages; a replica larger than a node says so.
 # 2026.12.06.6: whether an engine splits dense MLPs and shared experts over the attention DP ranks (SGLang: yes).
-ENGINE_RULES_VERSION = "2026.12.06.6"
+# 2026.12.06.7: SGLang's exchange under attention DP: every feed-forward block gathers the ranks' tokens (its a2a
+# backends are opt-in); its dense split follows from it.
+ENGINE_RULES_VERSION = "2026.12.06.7"

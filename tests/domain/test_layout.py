@@ -12,6 +12,7 @@ from app.catalog.reference import model_spec_from_record, reference_gpu_rows, re
 from app.sizing.engines import ENGINES, EngineConfig, dense_over_attention_dp, layout_problems, resolve_engine
 from app.sizing.hardware.comm import (
     ALL_GATHER,
+    FFN_ALL_GATHER,
     PER_EXPERT,
     exchange_latency_scale,
     link_bandwidth,
@@ -318,7 +319,7 @@ def test_vllms_default_exchange_gathers_every_ranks_tokens_whatever_the_routing(
         moe_exchange_bytes_per_token(2880, 2, 4, tensor_parallel=1, data_parallel=8, expert_parallel=8,
                                      exchange="pplx")
     assert {name: engine.moe_exchange for name, engine in ENGINES.items()} == {
-        "vllm": ALL_GATHER, "sglang": PER_EXPERT, "trtllm": PER_EXPERT, "generic": PER_EXPERT}
+        "vllm": ALL_GATHER, "sglang": FFN_ALL_GATHER, "trtllm": PER_EXPERT, "generic": PER_EXPERT}
 
 
 def test_a_gathered_exchange_moves_the_ranks_own_tokens_not_the_most_loaded_ranks():
@@ -335,6 +336,42 @@ def test_a_gathered_exchange_moves_the_ranks_own_tokens_not_the_most_loaded_rank
     gathered, per_expert = (steps[e].step_time_s(64, 64 * 1000, 0, 0) for e in (ALL_GATHER, PER_EXPERT))
     assert gathered - per_expert == pytest.approx(72 * 64 * (40_320 - 1.0889750 * 20_160) / 450e9, rel=1e-6)
     assert gathered - per_expert == pytest.approx(0.188070e-3, rel=1e-5)
+
+
+def test_sglangs_feed_forward_blocks_span_every_gpu_of_its_attention_dp_group():
+    """ENGINES.md section 2: under SGLang's --enable-dp-attention "MoE/FFN still spans all TP ranks" (its TP group
+    is the tp·dp GPUs) and "shared experts/dense MLP follow TP"; an a2a backend is opt-in. DeepSeek-V3 fp8 on
+    H200 as DP8 + EP8, a decode step of 64 sequences per rank at 1,000 cached tokens, the builtin efficiency
+    (bandwidth 0.70 of 4.8e12 B/s = 3.36e12; 33% of the 1,979e12 fp8 peak at 64 rows; alpha 7.5 us; NVLink
+    450e9 B/s), against vLLM's exchange (the MoE layers gather the same 7 · 7,168 · 2 = 100,352 B per token):
+    - Dense MLPs (3 layers): whole, 3 · 3 · 7,168 · 18,432 = 1,189,085,184 B of weights and (2 · 7,168 +
+      2 · 18,432) · 2 = 102,400 B of activations per token and layer: 1,189,085,184 + 64 · 3 · 102,400
+      = 1,208,745,984 B, 0.359746 ms, over its compute 64 · 2 · 1,189,085,184 / (1,979e12 · 0.33) = 0.233058 ms.
+      Over the 8 GPUs: 3 · 3 · 7,168 · 2,304 = 148,635,648 B, the gathered 8 · 64 tokens' (2 · 7,168 + 2 · 2,304)
+      · 2 = 303,104 B per own token and layer: 206,831,616 B, 0.061557 ms; the same FLOPs (8 · 64 tokens by a
+      slice an eighth as wide) timed at the rank's 64 rows: 0.233058 ms, now the longer. Saved 0.126688 ms.
+    - Shared experts (58 layers): 58 · 3 · 7,168 · 2,048 = 2,554,331,136 B whole, 58 · 3 · 7,168 · 256
+      = 319,291,392 B split: 2,235,039,744 B less, 0.665190 ms (the MoE operator reads 32 whole experts per
+      layer, memory-bound either way; its activations are the same: 2 · 2,048 = 2 · 256 · 8).
+    - The dense layers gather and scatter too: 3 · 2 · (7.5 us + 64 · 100,352 / 450e9 = 14.272 us) = 0.130634 ms.
+    vLLM's step is 0.126688 + 0.665190 − 0.130634 = 0.661244 ms longer. The weights placed this way are what
+    /v1/capacity counts for SGLang (`weights.weight_groups_per_stage`, 97,541,535,744 B per GPU)."""
+    steps = {exchange: build_step_time_model(DEEPSEEK_V3, H200, weight_dtype="fp8", kv_dtype="bf16",
+                                             data_parallel=8, expert_parallel=8, moe_exchange=exchange)
+             for exchange in (ALL_GATHER, FFN_ALL_GATHER)}
+    vllm_step, sglang_step = (steps[e].step_time_s(64, 64 * 1000, 0, 0) for e in (ALL_GATHER, FFN_ALL_GATHER))
+    mlp = (1_208_745_984 / 3.36e12 - 64 * 2 * 1_189_085_184 / (1_979e12 * 0.33))
+    shared = 2_235_039_744 / 3.36e12
+    exchange = 3 * 2 * (7.5e-6 + 64 * 100_352 / 450e9)
+    assert vllm_step - sglang_step == pytest.approx(mlp + shared - exchange, rel=1e-6)
+    assert vllm_step - sglang_step == pytest.approx(0.661244e-3, rel=1e-5)
+    costs = {e: step_cost_model(DEEPSEEK_V3, "fp8", "bf16", "bf16", 1, 8, 8, e) for e in (ALL_GATHER, FFN_ALL_GATHER)}
+    assert (costs[ALL_GATHER].num_exchange_layers, costs[FFN_ALL_GATHER].num_exchange_layers) == (58, 61)
+    # With tensor-parallel attention (dp 1) nothing is gathered: the same step as any other engine's.
+    tp8 = [build_step_time_model(DEEPSEEK_V3, H200, tensor_parallel=8, weight_dtype="fp8", kv_dtype="bf16",
+                                 expert_parallel=8, moe_exchange=e).step_time_s(64, 64 * 1000, 0, 0)
+           for e in (PER_EXPERT, FFN_ALL_GATHER)]
+    assert tp8[0] == tp8[1]
 
 
 def test_vllm_capacity_times_its_decode_step_with_the_gathered_exchange(monkeypatch):

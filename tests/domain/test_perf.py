@@ -89,7 +89,8 @@ def per_operator_times(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, weight_
         sequences=sampled, tensor_parallel=tp, num_layers=costs.num_layers,  # type: ignore[arg-type]
         hidden_state_bytes_per_token=costs.hidden_state_bytes_per_token, activation_dtype="bf16",
         data_parallel=dp, expert_parallel=ep, num_moe_layers=costs.num_moe_layers,
-        moe_exchange_bytes_per_token=costs.moe_exchange_bytes_per_token, routed_expert_flops=routed,
+        moe_exchange_bytes_per_token=costs.moe_exchange_bytes_per_token,
+        num_exchange_layers=costs.num_exchange_layers, routed_expert_flops=routed,
         rows_per_expert=float(costs.rows_per_expert(tokens)) if costs.num_experts else 0.0,
         expert_load_factor=float(shape[ROUTED_TOKENS]) / tokens if costs.num_experts else 1.0)
     result = roofline(step, gpu, default_compute_dtype(gpu, weight_dtype), efficiency)

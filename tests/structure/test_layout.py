@@ -62,7 +62,7 @@ PROTOCOL_MEMBERS = sorted(
 
 def test_the_protocol_has_the_members_the_callers_use() -> None:
     assert PROTOCOL_MEMBERS == sorted([
-        "default_version", "defaults", "dense_over_attention_dp", "derived_max_num_seqs", "disaggregation_env", "disaggregation_notes",
+        "default_version", "defaults", "derived_max_num_seqs", "disaggregation_env", "disaggregation_notes",
         "disaggregation_router", "divides_prefill_chunk_by_dp",
         "disaggregation_words", "gpu_vendors", "graphs_prefill_steps", "kv_allocation", "kv_dtype", "kv_transfer_over_nvlink",
         "launch_notes", "launch_words",

@@ -10,6 +10,7 @@ from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
 from app.sizing.engines.base import SPECULATIVE_KINDS, Engine, ResolvedEngine, parse_version
+from app.sizing.hardware.comm import FFN_ALL_GATHER
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.layout import layout_problems as generic_layout_problems
@@ -86,9 +87,10 @@ def pipeline_split(engine: str | None) -> str:
 
 
 def dense_over_attention_dp(engine: str | None) -> bool:
-    """Whether `engine` splits dense MLPs and shared experts over all tp x dp GPUs under attention data parallelism
-    (`Engine.dense_over_attention_dp`); False (each rank keeps them) where none is named."""
-    return ENGINES[engine].dense_over_attention_dp if engine is not None else False
+    """Whether `engine` splits dense MLPs and shared experts over all tp x dp GPUs under attention data parallelism:
+    where every feed-forward block spans them (`Engine.moe_exchange` is `comm.FFN_ALL_GATHER`); False (each rank
+    keeps them) where none is named."""
+    return engine is not None and ENGINES[engine].moe_exchange == FFN_ALL_GATHER
 
 
 def resolve_version(config: EngineConfig) -> tuple[str, str]:

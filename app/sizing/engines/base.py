@@ -174,16 +174,14 @@ class Engine(Protocol):
     # True when its max_num_batched_tokens (prefill chunk) is the replica's, split among the attention
     # data-parallel ranks; False when each rank's scheduler gets the whole of it.
     divides_prefill_chunk_by_dp: bool
-    # How its MoE layers move tokens between attention data-parallel ranks by default: `comm.PER_EXPERT`
-    # or `comm.ALL_GATHER` (`comm.moe_exchange_bytes_per_token`).
+    # How its feed-forward blocks move tokens between attention data-parallel ranks by default: `comm.PER_EXPERT`
+    # or `comm.ALL_GATHER` (the MoE layers only), or `comm.FFN_ALL_GATHER` (every block, dense MLPs and shared
+    # experts split over all tp·dp GPUs: `dense_over_attention_dp`) (`comm.moe_exchange_bytes_per_token`).
     moe_exchange: str
     # The GPU makers it runs on (the catalog's `vendor`); empty: any maker the catalog lists.
     gpu_vendors: tuple[str, ...]
     # Which pipeline stages take the L mod pp leftover layers (`params.SPLIT_BEFORE_LAST` or `SPLIT_FIRST`).
     pipeline_split: str
-    # True when, under attention data parallelism, its dense MLPs and shared experts are split over every GPU of
-    # the replica's group (tp x dp) rather than kept whole on each attention rank's tp GPUs.
-    dense_over_attention_dp: bool
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -33,7 +33,6 @@ class Generic:
     moe_exchange = PER_EXPERT
     gpu_vendors = ()
     pipeline_split = SPLIT_BEFORE_LAST
-    dense_over_attention_dp = False
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

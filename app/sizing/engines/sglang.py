@@ -22,7 +22,7 @@ from app.sizing.engines.base import (
     online_fp8,
     parse_version,
 )
-from app.sizing.hardware.comm import PER_EXPERT
+from app.sizing.hardware.comm import FFN_ALL_GATHER
 from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import WeightRecipe
@@ -171,15 +171,14 @@ class Sglang:
     # `_handle_data_parallelism` divides chunked_prefill_size by dp_size under --enable-dp-attention, given
     # or default ("to avoid MoE kernel issues"; ENGINES.md 1.2, SGL 0.5.10 `server_args.py`).
     divides_prefill_chunk_by_dp = True
-    # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
-    # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
-    moe_exchange = PER_EXPERT
+    # Under --enable-dp-attention only attention is kept per rank: "MoE/FFN still spans all TP ranks" and
+    # "shared experts/dense MLP follow TP (or --moe-dense-tp-size)", its TP group being the tp·dp GPUs; the a2a
+    # backends (deepep, mooncake, ...) are opt-in (ENGINES.md section 2, SGL 0.5.10 `server_args.py`,
+    # `layers/dp_attention.py`, the tp/dp/dp-attention explainer @51907e21). So every feed-forward block,
+    # dense or MoE, gathers the ranks' tokens and reduce-scatters its sums back.
+    moe_exchange = FFN_ALL_GATHER
     gpu_vendors = ()  # the reference names no GPU maker it refuses
     pipeline_split = SPLIT_BEFORE_LAST  # the reference states none: vLLM's assumed
-    # Under --enable-dp-attention only attention is kept per rank: "shared experts/dense MLP follow TP (or
-    # --moe-dense-tp-size)", and its TP group spans the attention DP ranks (ENGINES.md section 2, the SGLang
-    # tp/dp/dp-attention explainer @51907e21).
-    dense_over_attention_dp = True
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

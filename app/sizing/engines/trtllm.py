@@ -59,7 +59,6 @@ class Trtllm:
     # TensorRT-LLM builds on CUDA and TensorRT: NVIDIA GPUs only (NVIDIA/TensorRT-LLM README).
     gpu_vendors = ("NVIDIA",)
     pipeline_split = SPLIT_FIRST  # `mapping.py` splits the layers with `tensor_split`: the first ranks get one more
-    dense_over_attention_dp = False  # the reference states no other split of its dense layers under attention DP
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                  pipeline_parallel: int, version: str, model_dtype_bytes: int,

@@ -142,7 +142,6 @@ class Vllm:
     pipeline_split = SPLIT_BEFORE_LAST  # `get_pp_indices` (ENGINES.md section 2)
     # Only the MoE layers see the flattened DP x TP group; every other layer is each DP rank's own (ENGINES.md
     # section 2).
-    dense_over_attention_dp = False
     gpu_vendors = ()  # CUDA and ROCm builds (the reference data's AMD runs are rocm/vllm images), other makers' plugins
 
     def defaults(self, config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,

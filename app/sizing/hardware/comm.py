@@ -138,9 +138,14 @@ MOE_EXCHANGES_PER_LAYER = 2  # dispatch before the experts, combine after them
 # (an all-to-all). ALL_GATHER: every GPU gathers every rank's tokens, runs its own experts on all of them
 # and reduce-scatters the sums back, vLLM's default `--all2all-backend allgather_reducescatter` (vLLM 0.19.0
 # `engine/arg_utils.py`).
+# FFN_ALL_GATHER: the same gather and reduce-scatter around every feed-forward block, dense MLPs included,
+# whose weights (dense MLPs, shared and routed experts) span all tp·dp GPUs: SGLang under --enable-dp-attention,
+# where "MoE/FFN still spans all TP ranks" and its TP group is the tp·dp GPUs; an a2a backend (DeepEP and the
+# others) is opt-in (ENGINES.md section 2).
 PER_EXPERT = "per_expert"
 ALL_GATHER = "allgather_reducescatter"
-MOE_EXCHANGES = (PER_EXPERT, ALL_GATHER)
+FFN_ALL_GATHER = "ffn_allgather"
+MOE_EXCHANGES = (PER_EXPERT, ALL_GATHER, FFN_ALL_GATHER)
 
 
 def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, experts_per_token: int, *,
@@ -153,11 +158,13 @@ def moe_exchange_bytes_per_token(hidden_size: int, activation_bytes: float, expe
       share (ep-1)/ep under uniform routing, so k·(ep-1)/ep·h values per token. A rank's tokens are split
       over its tp GPUs. (Engines that send a token once per destination GPU rather than once per expert, as
       DeepEP does, send less: this is an upper bound.)
-    - Attention data parallelism with an `ALL_GATHER` exchange (vLLM's default), or without EP (experts
-      tensor-split over all tp·dp GPUs, which gather every rank's tokens too): an all-gather of every rank's
-      tokens, then a reduce-scatter: (dp-1)·h values received per own token, whatever k and ep are. It is
-      the per-expert exchange's k·(ep-1)/ep·h at dp = ep with k = 8 (DeepSeek-V3, Qwen3-MoE: 7·h at DP8),
-      twice it for gpt-oss (k = 4: 3.5·h) and eight times it for Llama-4 Maverick (k = 1: 0.875·h).
+    - Attention data parallelism with an `ALL_GATHER` exchange (vLLM's default) or an `FFN_ALL_GATHER` one
+      (SGLang's), or without EP (experts tensor-split over all tp·dp GPUs, which gather every rank's tokens
+      too): an all-gather of every rank's tokens, then a reduce-scatter: (dp-1)·h values received per own
+      token, whatever k and ep are. It is the per-expert exchange's k·(ep-1)/ep·h at dp = ep with k = 8
+      (DeepSeek-V3, Qwen3-MoE: 7·h at DP8), twice it for gpt-oss (k = 4: 3.5·h) and eight times it for
+      Llama-4 Maverick (k = 1: 0.875·h). `FFN_ALL_GATHER` moves as much around each dense MLP too
+      (`flops.StepCostModel.num_exchange_layers`).
     - Tensor-parallel attention (dp = 1), with or without EP: 0. The attention's all-reduce leaves every
       token of the step on every GPU of the group, so each GPU runs its own experts (or expert slices) on
       the tokens routed to them without receiving any, and the partial outputs are summed by the same

@@ -197,7 +197,8 @@ def roofline(cost: PhaseCost, gpu: GpuSpec, compute_dtype: str, efficiency: Effi
                                  cost.tensor_parallel, tp_link_bandwidth(gpu, cost.tensor_parallel) * link_fraction,
                                  efficiency.allreduce_latency_s, tp_network_latency_s(gpu, cost.tensor_parallel))
     exchange_gpus = cost.tensor_parallel * cost.data_parallel
-    comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_moe_layers, cost.moe_exchange_bytes_per_token,
+    comm += moe_exchange_time_s(cost.tokens * cost.expert_load_factor, cost.num_exchange_layers,
+                                cost.moe_exchange_bytes_per_token,
                                 link_bandwidth(gpu, exchange_gpus) * link_fraction, efficiency.allreduce_latency_s,
                                 exchange_gpus)
     overhead = float(efficiency.overhead_time_s(cost.tokens, cost.num_layers))

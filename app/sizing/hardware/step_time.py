@@ -482,14 +482,16 @@ def _prepare(steps: StepTimeModel) -> _Forms:
         linear[_TOKENS_AT] += pipeline_hops_time_s(1.0, pp, message, bandwidth, 0.0)
     exchange = steps.cost_model.moe_exchange_bytes_per_token
     if exchange:  # per token of the most loaded EP rank (routed: one past the distinct experts), else of the rank
-        moe_layers, bandwidth = steps.cost_model.num_moe_layers, steps.moe_link_bandwidth_bytes_per_s * link_fraction
+        layers_exchanging = steps.cost_model.num_exchange_layers
+        bandwidth = steps.moe_link_bandwidth_bytes_per_s * link_fraction
         gpus = steps.tensor_parallel * steps.data_parallel
-        per_token = layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, 0.0, gpus)
-        assert structure.experts is not None and structure.width - 1 == _FIRST_WINDOW_AT + WINDOW_FEATURES * len(
-            steps.cost_model.windows) + 1  # the routed tokens
-        linear[_STEP_AT] += (layer_scale * moe_exchange_time_s(1.0, moe_layers, exchange, bandwidth, latency, gpus)
-                             - per_token)
-        linear[structure.width - 1 if steps.cost_model.moe_exchange_routed else _TOKENS_AT] += per_token
+        per_token = layer_scale * moe_exchange_time_s(1.0, layers_exchanging, exchange, bandwidth, 0.0, gpus)
+        routed = steps.cost_model.moe_exchange_routed
+        assert not routed or structure.experts is not None and structure.width - 1 == (
+            _FIRST_WINDOW_AT + WINDOW_FEATURES * len(steps.cost_model.windows) + 1)  # the routed tokens
+        linear[_STEP_AT] += (layer_scale * moe_exchange_time_s(1.0, layers_exchanging, exchange, bandwidth, latency,
+                                                               gpus) - per_token)
+        linear[structure.width - 1 if routed else _TOKENS_AT] += per_token
     compute_rows = structure.compute_rows * np.where(structure.attention, attention_slowdown, 1.0)[:, np.newaxis]
     slowdowns = _slowdown_table(efficiency)
     experts = structure.experts

@@ -57,7 +57,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import ArrayLike
 
-from app.sizing.hardware.comm import PER_EXPERT, moe_exchange_bytes_per_token
+from app.sizing.hardware.comm import FFN_ALL_GATHER, PER_EXPERT, moe_exchange_bytes_per_token
 from app.sizing.model import recipes as groups
 from app.sizing.model.kv import kv_bytes_per_token_per_layer
 from app.sizing.model.params import (
@@ -147,7 +147,8 @@ class PhaseCost:
     data_parallel: int = 1  # attention data-parallel ranks: the step is one rank's (`tokens` its own)
     expert_parallel: int = 1
     num_moe_layers: int = 0
-    moe_exchange_bytes_per_token: float = 0.0  # per MoE layer and direction (comm.moe_exchange_bytes_per_token)
+    moe_exchange_bytes_per_token: float = 0.0  # per exchanging layer and direction (comm.moe_exchange_bytes_per_token)
+    num_exchange_layers: int = 0  # layers whose feed-forward block exchanges tokens (`StepCostModel`)
     # The routed experts: their share of the MOE operator's FLOPs (the rest are shared experts'), the rows
     # each touched expert's GEMM multiplies, and the most loaded EP rank's max/mean load (`StepCostModel`).
     routed_expert_flops: float = 0.0
@@ -298,7 +299,8 @@ class StepCostModel:
     # the distinct experts are those dp·T tokens touch (this GPU owns 1/ep of them: in the coefficients).
     moe_token_scale: int = 1
     num_moe_layers: int = 0
-    moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per MoE layer and direction
+    moe_exchange_bytes_per_token: float = 0.0  # comm.moe_exchange_bytes_per_token, per exchanging layer and direction
+    num_exchange_layers: int = 0  # layers exchanging tokens: the MoE ones, or all under `FFN_ALL_GATHER` (dp > 1)
     expert_parallel: int = 1
     moe_exchange: str = PER_EXPERT  # how the engine moves the MoE layers' tokens (`comm.MOE_EXCHANGES`)
 
@@ -377,6 +379,10 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
     ranks and are spread over tp·dp GPUs: this GPU owns 1/ep of them, each split over moe_tp = tp·dp/ep,
     so per own token it multiplies k·dp/ep expert shares of width F_e/moe_tp (with dp = ep = 1: k experts
     at F_e/tp, plain TP), and reads the distinct experts that dp·T tokens touch, divided by ep.
+    Under an `FFN_ALL_GATHER` exchange (SGLang's attention DP) the dense MLPs and shared experts span tp·dp GPUs
+    too (`weights.weight_groups_per_stage`): this GPU reads 1/(tp·dp) of their columns and multiplies the dp·T
+    gathered tokens by them, and every layer gathers and scatters (`num_exchange_layers`); their GEMMs are timed
+    at the rank's own rows (dp times fewer than gathered: an upper bound where the rows are few).
     `weight_dtype` is a plain dtype (the decoder's linear matrices in it, the rest bf16) or a checkpoint's
     recipe: each operator then reads its weights in its parameter group's format.
     """
@@ -405,10 +411,12 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
     cost = {name: np.zeros((4, FIRST_WINDOW_GROUP + WINDOW_FEATURES * len(windows))) for name in OPERATORS}
     attention = attention_params(model, tp)
     moe_layers = model.moe_layer_indices
-    # Feed-forward blocks split their intermediate columns: a rank holds ceil(F/tp) of them (weights.py).
-    dense_width = ceil_div(model.dense_intermediate_size, tp)
+    # Feed-forward blocks split their intermediate columns: a rank holds ceil(F/tp) of them (weights.py); the dense
+    # and shared ones ceil(F/(tp·dp)) where every block spans the tp·dp GPUs, on the `gathered` ranks' tokens.
+    gathered = data_parallel if moe_exchange == FFN_ALL_GATHER else 1
+    dense_width = ceil_div(model.dense_intermediate_size, tp * gathered)
     expert_width = ceil_div(model.expert_intermediate_size, moe_tp)
-    shared_width = ceil_div(shared_expert_width(model), tp)
+    shared_width = ceil_div(shared_expert_width(model), tp * gathered)
     expert = mlp_params(model, expert_width)  # one routed expert's weights on this rank
     shared = model.n_shared_experts * mlp_params(model, shared_width)
 
@@ -439,17 +447,17 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
 
         if layer.mlp_dense:
             mlp = mlp_params(model, dense_width)
-            cost[MLP][_FLOPS, TOKENS] += 2 * mlp
+            cost[MLP][_FLOPS, TOKENS] += 2 * mlp * gathered
             cost[MLP][_WEIGHT, STEP] += mlp * weight_b(groups.DENSE_MLP, index)
-            cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * act_b  # intermediate out and back
+            cost[MLP][_ACTIVATION, TOKENS] += (2 * h + 2 * dense_width) * gathered * act_b  # intermediate out and back
         if layer.routed_experts:
             k = layer.experts_per_token
-            cost[MOE][_FLOPS, TOKENS] += 2 * shared
+            cost[MOE][_FLOPS, TOKENS] += 2 * shared * gathered
             cost[MOE][_FLOPS, ROUTED_TOKENS] += 2 * k * moe_share * expert
             cost[MOE][_WEIGHT, STEP] += shared * weight_b(groups.SHARED_EXPERTS)
             cost[MOE][_WEIGHT, DISTINCT_EXPERTS] += expert * weight_b(groups.EXPERTS) / expert_parallel
             # Block input and output, then each expert's intermediate out and back.
-            cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * model.n_shared_experts * shared_width) * act_b
+            cost[MOE][_ACTIVATION, TOKENS] += (2 * h + 2 * model.n_shared_experts * shared_width * gathered) * act_b
             cost[MOE][_ACTIVATION, ROUTED_TOKENS] += 2 * k * moe_share * expert_width * act_b
             cost[ROUTER][_FLOPS, TOKENS] += 2 * layer.router
             cost[ROUTER][_WEIGHT, STEP] += layer.router * weight_b(groups.ROUTER)
@@ -476,7 +484,8 @@ def step_cost_model(model: ModelSpec, weight_dtype: str | WeightRecipe = "bf16",
         moe_token_scale=data_parallel, num_moe_layers=len(moe_layers),
         moe_exchange_bytes_per_token=moe_exchange_bytes_per_token(
             h, act_b, model.num_experts_per_tok, tensor_parallel=tp, data_parallel=data_parallel,
-            expert_parallel=expert_parallel, exchange=moe_exchange) if model.is_moe else 0.0,
+            expert_parallel=expert_parallel, exchange=moe_exchange) if model.is_moe or gathered > 1 else 0.0,
+        num_exchange_layers=model.num_hidden_layers if gathered > 1 else len(moe_layers),
         expert_parallel=expert_parallel,
         moe_exchange=moe_exchange,
     )
@@ -564,6 +573,7 @@ def _phase_cost(phase: str, model: ModelSpec, new_tokens: int, cached_tokens: in
         activation_dtype=activation_dtype, data_parallel=data_parallel, expert_parallel=expert_parallel,
         num_moe_layers=model_costs.num_moe_layers,
         moe_exchange_bytes_per_token=model_costs.moe_exchange_bytes_per_token,
+        num_exchange_layers=model_costs.num_exchange_layers,
         routed_expert_flops=0.0 if moe is None else float(model_costs.flops[moe, ROUTED_TOKENS] * shape[ROUTED_TOKENS]),
         rows_per_expert=float(model_costs.rows_per_expert(tokens)) if model.is_moe else 0.0,
         expert_load_factor=float(shape[ROUTED_TOKENS]) / tokens if model.is_moe else 1.0,

@@ -119,7 +119,7 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
     - Attention data parallelism (`data_parallel` ranks of `tp` GPUs each) replicates all of that on
       every rank: only the routed experts are shared between ranks, unless `dense_over_dp` (an engine whose
       dense MLPs and shared experts follow a TP group spanning the ranks, SGLang's:
-      `Engine.dense_over_attention_dp`), which splits those two over all tp·dp GPUs.
+      `engines.dense_over_attention_dp`), which splits those two over all tp·dp GPUs.
     - Expert parallelism: the MoE layers span all tp·dp GPUs; routed experts are dealt out to `ep`
       groups (ceil(E/ep) experts per GPU) and each expert is split over the remaining tp·dp/ep ranks
       (`layout.Layout.moe_tensor_parallel`: SGLang's `--tp 16 --ep 4` is 4; vLLM's
