@@ -172,6 +172,10 @@ class ModelSpec:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
         if self.head_dim is not None and self.head_dim < 1:
             raise ValueError("head_dim must be >= 1")
+        if self.head_dim is None and self.hidden_size < self.num_attention_heads:
+            raise ValueError(f"head_dim must be given when hidden_size ({self.hidden_size}) is below "
+                             f"num_attention_heads ({self.num_attention_heads}): hidden_size // num_attention_heads "
+                             "would be 0")
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError("num_experts_per_tok must be in 1..num_experts")
         if self.is_mla and (self.qk_rope_head_dim is None or self.qk_nope_head_dim is None

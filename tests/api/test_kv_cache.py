@@ -218,6 +218,23 @@ def test_inline_model_spec_with_windows(client: TestClient) -> None:
 
 # Bad input ---------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("path", ["/v1/kv-cache", "/v1/capacity", "/v1/roofline"])
+def test_an_inline_model_whose_derived_head_dim_is_zero_is_a_422(client: TestClient, path: str) -> None:
+    """hidden_size 8 over 16 heads without head_dim: 8 // 16 = 0 values per head, which divided by zero in the
+    KV, roofline and capacity answers (a 500). The spec is refused naming head_dim; given, it is read."""
+    spec = {"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "vocab_size": 100}
+    body = {"model_spec": spec, "gpu": "h100-sxm", "context_tokens": 10, "input_tokens": 10, "output_tokens": 10,
+            "phase": "decode"}
+    body = {key: value for key, value in body.items()
+            if key in {"/v1/kv-cache": ("model_spec", "context_tokens"),
+                       "/v1/capacity": ("model_spec", "gpu", "input_tokens", "output_tokens"),
+                       "/v1/roofline": ("model_spec", "gpu", "phase", "context_tokens")}[path]}
+    problem = assert_problem(client.post(path, json=body), 422, "/body/model_spec/head_dim")
+    assert "hidden_size // num_attention_heads would be 0" in problem["detail"]
+    assert client.post(path, json={**body, "model_spec": {**spec, "head_dim": 4}}).status_code == 200
+
+
 @pytest.mark.parametrize("body", [
     {"context_tokens": 10},
     {"model": "llama-3-70b", "model_spec": SMALL_MODEL, "context_tokens": 10},

@@ -193,6 +193,21 @@ def test_405b_bf16_on_one_h100_does_not_fit_and_gets_a_suggestion() -> None:
                 assert not smaller.fits
 
 
+def test_suggested_layouts_are_counted_from_the_heads_divisors_and_the_layers() -> None:
+    """Llama-3-70B (64 heads, 80 layers). In an 8-GPU node, fewest GPUs first, then the most TP: 1 GPU (1,1);
+    2 (2,1) (1,2); 3 (1,3); 4 (4,1) (2,2) (1,4); 5 (1,5); 6 (2,3) (1,6); 7 (1,7); 8 (8,1) (4,2) (2,4) (1,8): 15.
+    A node of 100,000 GPUs (the GPU schema's most) has tp in the 7 divisors 1..64 of 64 heads, each with pp
+    1..80: 560 layouts, counted without walking every GPU count and its TP degrees (5 x 10^9 steps: a request
+    that held the server for minutes)."""
+    from app.sizing.serving.capacity import _layouts
+
+    assert _layouts(LLAMA_3_70B, H100) == [(1, 1), (2, 1), (1, 2), (1, 3), (4, 1), (2, 2), (1, 4), (1, 5), (2, 3),
+                                           (1, 6), (1, 7), (8, 1), (4, 2), (2, 4), (1, 8)]
+    huge = _layouts(LLAMA_3_70B, dataclasses.replace(H100, gpus_per_node=100_000))
+    assert len(huge) == 7 * 80 and huge[:15] == _layouts(LLAMA_3_70B, H100)
+    assert huge[-1] == (64, 80)
+
+
 def test_suggestion_keeps_the_precision_when_more_gpus_suffice() -> None:
     """Llama-3-70B bf16 (141.1 GB) on one H100 does not fit; TP2 leaves 70.6 GB of weights per GPU,
     under vLLM's 0.92 x 85.5 = 78.7 GB minus activations and overhead, so the first layout that fits

@@ -347,13 +347,14 @@ def _reasons(model: ModelSpec, engine: ResolvedEngine, memory: MemoryBudget, wei
 
 
 def _layouts(model: ModelSpec, gpu: GpuSpec) -> list[tuple[int, int]]:
-    """(tp, pp) layouts inside one node, fewest GPUs first, then the most tensor parallelism."""
-    return [
-        (tp, gpus // tp)
-        for gpus in range(1, gpu.gpus_per_node + 1)
-        for tp in range(gpus, 0, -1)
-        if gpus % tp == 0 and model.num_attention_heads % tp == 0 and gpus // tp <= model.num_hidden_layers
-    ]
+    """(tp, pp) layouts inside one node, fewest GPUs first, then the most tensor parallelism: tp a divisor of the
+    attention heads, pp at most the layers, tp x pp at most the node's GPUs. Built from the divisors and the
+    stages, at most (divisors of the heads) x (layers) of them whatever the node's size (a node of 100,000
+    GPUs, which the GPU schema allows, took O(gpus²) steps counting them one GPU count at a time)."""
+    heads, layers, node = model.num_attention_heads, model.num_hidden_layers, gpu.gpus_per_node
+    degrees = [tp for tp in range(1, min(heads, node) + 1) if heads % tp == 0]
+    pairs = [(tp, pp) for tp in degrees for pp in range(1, min(layers, node // tp) + 1)]
+    return sorted(pairs, key=lambda pair: (pair[0] * pair[1], -pair[0]))
 
 
 def _suggest(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_parallel: int,
