@@ -124,8 +124,11 @@ class WorkloadIn(BaseModel):
 
     input_tokens: Lengths = Field(description="Prompt tokens: a fixed number, or a distribution")
     output_tokens: Lengths = Field(description="Answer tokens: a fixed number, or a distribution")
-    requests_per_s: Annotated[float, Field(gt=0, le=1_000_000)] | None = Field(
-        None, description="Mean arrival rate (open loop); or give concurrent_users")
+    # At least about one request a day: the simulated arrivals (up to 20,000) then span at most 2e9 s, where a
+    # float time still resolves a microsecond; far below it latencies came out 0 ms or NaN.
+    requests_per_s: Annotated[float, Field(ge=1e-5, le=1_000_000)] | None = Field(
+        None, description="Mean arrival rate (open loop), at least 1e-05 (about one request a day); or give "
+                          "concurrent_users")
     concurrent_users: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="Users each waiting for their answer before the next request (closed loop)")
     peak_to_mean_ratio: Annotated[float, Field(ge=1, le=100)] = Field(

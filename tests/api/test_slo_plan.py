@@ -203,6 +203,38 @@ def test_tensor_parallel_must_divide_the_heads(client):
     assert problem_pointers(post(client, body)) == ["/body/candidates/tensor_parallel/1"] * 3
 
 
+@pytest.mark.parametrize(("model", "candidates", "rule"), [
+    # Llama-3.1-70B has no experts to deal out.
+    ("llama-3.1-70b", {"tensor_parallel": [1, 2], "expert_parallel": [1, 3]}, "needs an MoE model"),
+    # Mixtral-8x7B: 3 divides neither tp x dp = 1 x 1 nor 2 x 1, so no layout has 3 EP ranks.
+    ("mixtral-8x7b", {"tensor_parallel": [1, 2], "expert_parallel": [3]}, "divides no tensor_parallel x data_parallel"),
+    # DeepSeek-V3 (128 heads) on H100 with the default TP degrees 1, 2, 4, 8 and DP 2: tp x dp in 2..16, never 7.
+    ("deepseek-v3", {"data_parallel": [2], "expert_parallel": [7]}, "([1, 2, 4, 8] x [2])"),
+])
+def test_an_expert_parallel_degree_that_makes_no_layout_is_422(client, model, candidates, rule):
+    """Such a degree was dropped from the search without a word: an answer with no plan and no reason, or, for
+    DeepSeek-V3, plans of other layouts only."""
+    body = {**ISSUE_EXAMPLE, "model": model, "candidates": {"gpus": ["h100-sxm"], **candidates}}
+    response = post(client, body)
+    index = len(candidates["expert_parallel"]) - 1
+    assert problem_pointers(response) == [f"/body/candidates/expert_parallel/{index}"]
+    assert rule in response.json()["detail"]
+
+
+def test_a_rate_below_one_request_a_day_is_422(client):
+    """1e-14 requests/s spread 2,000 simulated arrivals over 2e17 s, where a float time resolves only ~30 s: the
+    plan answered TTFT and TPOT of 0 ms (5e-324: a NaN in its reason). The floor is 1e-05 (0.864 a day), whose
+    20,000 arrivals span 2e9 s, resolved to 0.5 us; there the plan is an idle replica's: a TTFT above 0."""
+    body = {**ISSUE_EXAMPLE, "model": "llama-3.1-8b", "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]}}
+    for rate in (1e-14, 5e-324, 9.9e-6):
+        low = {**body, "workload": {**ISSUE_EXAMPLE["workload"], "requests_per_s": rate}}
+        assert problem_pointers(post(client, low)) == ["/body/workload/requests_per_s"]
+    lowest = post(client, {**body, "workload": {**ISSUE_EXAMPLE["workload"], "requests_per_s": 1e-5}})
+    assert lowest.status_code == 200, lowest.text
+    plan = lowest.json()["plans"][0]
+    assert plan["replicas"] == 1 and plan["predicted"]["ttft"]["p50_ms"] > 0
+
+
 def test_a_search_space_above_the_limit_is_422(client):
     """34 catalog GPUs x 6 weight dtypes x 4 KV dtypes x up to 4 TP degrees is far above 512."""
     body = {**ISSUE_EXAMPLE, "candidates": {"weight_dtypes": ["bf16", "fp16", "fp8", "int8", "int4", "fp4"],
