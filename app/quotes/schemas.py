@@ -18,7 +18,7 @@ from app.planning.schemas import ISSUE_EXAMPLE, SloPlanRequest, SloPlanResponse
 
 QUOTE_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 # Printable ASCII (space to tilde), 1 to 255 characters: enough for a UUID or an order number.
-IDEMPOTENCY_KEY_PATTERN = r"^[\x20-\x7e]+$"
+IDEMPOTENCY_KEY_PATTERN = r"^[\x20-\x7e]*[\x21-\x7e][\x20-\x7e]*$"  # printable ASCII, not only spaces
 
 # The plan's own first response example, so a quote's example shows a complete result.
 SLO_PLAN_RESPONSE_EXAMPLE: dict[str, Any] = (

@@ -9,9 +9,10 @@ forever, whatever happens to the catalog afterwards.
 
 Transactions: unlike the catalog endpoints, creating a quote owns its transaction boundaries,
 because they are the feature. The plan (up to a second of arithmetic) runs on a read-only session;
-the write is one INSERT in its own short transaction. An `Idempotency-Key` is UNIQUE in the table,
-so of concurrent creates with one key the database lets exactly one insert win; the others roll
-back, read the winner and answer with it (same request) or a 422 (another request). Nothing is
+the write is one INSERT in its own short transaction. An `Idempotency-Key` is UNIQUE per API key in the
+table, so of one key's concurrent creates with one Idempotency-Key the database lets exactly one insert win;
+the others roll back, read the winner and answer with it (same request) or a 422 (another request). Each API
+key's keys are its own: another key's equal Idempotency-Key neither finds nor blocks its quote. Nothing is
 ever half-written: a quote is one row, inserted whole or not at all.
 """
 
@@ -131,9 +132,11 @@ def cheapest_plan(result: dict[str, Any]) -> dict[str, Any] | None:
 
 # Creating and reading quotes ---------------------------------------------------------------
 
-def _by_key(session_factory: SessionFactory, idempotency_key: str) -> QuoteRecord | None:
+def _by_key(session_factory: SessionFactory, idempotency_key: str, created_by: str) -> QuoteRecord | None:
+    """The quote the API key named `created_by` stored under `idempotency_key` (another key's is not it)."""
     with session_factory() as session:
-        return session.scalar(select(QuoteRecord).where(QuoteRecord.idempotency_key == idempotency_key))
+        return session.scalar(select(QuoteRecord).where(QuoteRecord.idempotency_key == idempotency_key,
+                                                        QuoteRecord.created_by == created_by))
 
 
 def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
@@ -155,7 +158,7 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idemp
     so) stores nothing."""
     document = request_document(request)
     digest = sha256_hex(document)
-    if idempotency_key is not None and (earlier := _by_key(session_factory, idempotency_key)) is not None:
+    if idempotency_key is not None and (earlier := _by_key(session_factory, idempotency_key, created_by)) is not None:
         return _replay(earlier, digest), False  # a retry: no need to plan again
     with session_factory() as session:  # read-only; closed (its transaction ended) before the write
         result, snapshot = plan_with_snapshot(session, request, offload=offload)
@@ -184,8 +187,8 @@ def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idemp
     except IntegrityError:
         if idempotency_key is None:
             raise
-        # Another request with this key inserted first (the UNIQUE constraint): answer with its quote.
-        winner = _by_key(session_factory, idempotency_key)
+        # Another request of this API key with this Idempotency-Key inserted first (the UNIQUE constraint).
+        winner = _by_key(session_factory, idempotency_key, created_by)
         if winner is None:
             raise Conflict("A concurrent request with this Idempotency-Key failed; retry") from None
         return _replay(winner, digest), False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Double, String
+from sqlalchemy import JSON, DateTime, Double, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base
@@ -19,10 +19,12 @@ class QuoteRecord(Base):
     """
 
     __tablename__ = "quotes"
+    # UNIQUE per creating API key: of one key's concurrent creates with one Idempotency-Key, the database lets
+    # exactly one insert win; another API key's equal Idempotency-Key is another quote's (migration 0007).
+    __table_args__ = (UniqueConstraint("created_by", "idempotency_key"),)
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # UUID4, lower-case hyphenated
-    # UNIQUE: of concurrent creates with one key, the database lets exactly one insert win.
-    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_sha256: Mapped[str] = mapped_column(String(64))  # of the canonical request JSON
     request: Mapped[dict[str, Any]] = mapped_column(JSON)
     catalog_snapshot: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -26,6 +26,7 @@ from app.catalog.schemas import GpuIn, ModelArchitecture
 from app.main import create_app
 from app.quotes.tables import QuoteRecord
 from app.settings import Settings
+from tests.conftest import OTHER_API_KEY
 
 H100_PRICE_USD = 3.64
 H200_PRICE_USD = 4.59
@@ -280,6 +281,24 @@ def test_the_same_key_with_another_body_is_a_422_naming_the_header(client: TestC
     assert client.get(first.headers["location"]).content == first.content
 
 
+def test_an_idempotency_key_is_one_api_keys(client: TestClient, write_headers: dict[str, str],
+                                            engine: Engine) -> None:
+    """Another API key sending the same Idempotency-Key with the same body was answered with the first key's
+    stored quote (its id, creator, time and result, whether or not it may read quotes), and with another body
+    a 422 telling it the key was taken. Each API key's Idempotency-Keys are its own: the second key gets a quote
+    of its own, and its own retry finds that one."""
+    other = {"Authorization": f"Bearer {OTHER_API_KEY}"}
+    first = _create(client, write_headers, key="order-45")
+    theirs = _create(client, other, key="order-45")
+    assert (first.status_code, theirs.status_code) == (201, 201)
+    assert theirs.json()["id"] != first.json()["id"]
+    assert (first.json()["created_by"], theirs.json()["created_by"]) == ("key-1", "key-2")
+    assert _create(client, other, {**PLAN, "seed": 7}, key="order-46").status_code == 201
+    retry = _create(client, other, key="order-45")
+    assert retry.status_code == 200 and retry.json()["id"] == theirs.json()["id"]
+    assert _stored_rows(engine) == 3
+
+
 def test_without_a_key_every_post_is_a_new_quote(client: TestClient, write_headers: dict[str, str]) -> None:
     first, second = _create(client, write_headers), _create(client, write_headers)
     assert first.status_code == second.status_code == 201
@@ -289,6 +308,7 @@ def test_without_a_key_every_post_is_a_new_quote(client: TestClient, write_heade
 
 @pytest.mark.parametrize("key", [
     "",  # empty
+    "   ",  # spaces only
     "k" * 256,  # one character too long
     "tab\tinside",  # a control character
     "caf\u00e9",  # not ASCII
