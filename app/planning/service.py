@@ -23,8 +23,8 @@ from app.estimates.inputs import (
     published_checkpoint,
     served_dtype,
 )
+from app.planning.checks import check_plan_parallelism, draft_notes
 from app.planning.schemas import (
-    CandidatesIn,
     DisaggregationOut,
     HistogramLengths,
     InfeasibleOut,
@@ -47,14 +47,14 @@ from app.planning.schemas import (
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import CalibrationProfile
-from app.sizing.engines import ENGINES, layout_problems
+from app.sizing.engines import ENGINES
 from app.sizing.engines.base import LaunchSpec, ResolvedEngine
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
-from app.sizing.layout import EXPERT_PARALLEL, KIND_DISAGGREGATED, TENSOR_PARALLEL, Layout
+from app.sizing.layout import KIND_DISAGGREGATED
 from app.sizing.serving import disaggregation
 from app.sizing.serving import plan as plan_core
 from app.sizing.serving.disaggregation import NVLINK, DisaggregatedPlan, DisaggregatedResult, Pool
@@ -176,7 +176,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
                             "catalog GPU)", errors=[("/body/candidates/gpus", "no candidate GPUs")])
     inline_gpus, inline_prices = _inline_gpus(candidates.gpu_specs or [], {gpu.slug for gpu in gpus})
     gpus = [*gpus, *inline_gpus]
-    _check_plan_parallelism(model, candidates, gpus)
+    check_plan_parallelism(model, candidates, gpus)
     weight_dtypes = candidates.weight_dtypes
     if weight_dtypes is None:
         weight_dtypes = [served_dtype(model)]
@@ -241,7 +241,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     except ValueError as exc:
         raise Unprocessable(str(exc), errors=[("/body/workload", str(exc))]) from None
     deployment = candidates.deployment
-    notes: list[str] = []
+    notes: list[str] = [] if draft is None else draft_notes(model, draft.model)
     if deployment != AGGREGATED and request.speculative is not None:
         raise Unprocessable("disaggregated plans are not modelled with speculative decoding",
                             errors=[("/body/candidates/deployment", "aggregated only with speculative decoding")])
@@ -315,35 +315,6 @@ def _inline_gpus(specs: Sequence[InlineGpuIn], catalog_slugs: set[str]) -> tuple
         gpu = gpu_spec_from_schema(spec, pointer=pointer, slug=spec.slug)
         gpus.append(replace(gpu, name=spec.name or f"{spec.slug} ({INLINE_GPU_LABEL})"))
     return gpus, {spec.slug: spec.price_per_hour_usd for spec in specs}
-
-
-def _check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn, gpus: Sequence[GpuSpec]) -> None:
-    """422 for a listed degree the model (or the engine) cannot run: each tensor-parallel degree as plain
-    TP, each pipeline degree against the layers, each expert-parallel degree against the model's experts and
-    against the listed (or default) tensor- and data-parallel degrees, of which some tp x dp must be a multiple
-    of it (`app.sizing.layout`); such a degree made no layout, and the plan answered nothing about it."""
-    tensor = candidates.tensor_parallel or sorted({tp for gpu in gpus for tp in plan_core.default_tensor_parallel(
-        model, gpu)})
-    data = candidates.data_parallel or [1]
-    for index, ep in enumerate(candidates.expert_parallel or []):
-        rules = [p.rule for p in layout_problems(model, Layout(1, 1, ep, ep), candidates.engine)
-                 if p.field == EXPERT_PARALLEL]
-        if not rules and not any(tp * dp % ep == 0 for tp in tensor for dp in data):
-            rules = [(f"expert_parallel {ep} divides no tensor_parallel x data_parallel of the candidates ({tensor} "
-                      f"x {data}): its ranks split the tp x dp GPUs of a replica")]
-        if rules:
-            raise Unprocessable("; ".join(rules),
-                                errors=[(f"/body/candidates/expert_parallel/{index}", rule) for rule in rules])
-    for index, tp in enumerate(candidates.tensor_parallel or []):
-        problems = [p for p in layout_problems(model, Layout(tp), candidates.engine) if p.field == TENSOR_PARALLEL]
-        if problems:
-            raise Unprocessable("; ".join(p.rule for p in problems),
-                                errors=[(f"/body/candidates/tensor_parallel/{index}", p.rule) for p in problems])
-    for index, pp in enumerate(candidates.pipeline_parallel or []):
-        problems = layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)
-        if problems:
-            raise Unprocessable("; ".join(p.rule for p in problems),
-                                errors=[(f"/body/candidates/pipeline_parallel/{index}", p.rule) for p in problems])
 
 
 def _plan_lengths(lengths: Any, pointer: str, cap: int) -> LengthDistribution:

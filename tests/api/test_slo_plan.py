@@ -191,6 +191,21 @@ def test_an_unknown_gpu_is_404(client):
     assert "no-such-gpu" in response.json()["detail"]
 
 
+@pytest.mark.parametrize(("draft", "noted"), [("qwen2.5-7b", True), ("llama-3.2-1b", False)])
+def test_a_draft_model_of_another_vocabulary_is_noted(client, draft, noted):
+    """The target verifies the token ids its draft proposes, so both need one tokenizer. Qwen2.5-7B's vocabulary
+    (152,064) is not Llama-3.1-8B's (128,256): the plan says so (a note, not a refusal: checkpoints of one
+    tokenizer may pad their tables differently); Llama-3.2-1B shares the 128,256."""
+    body = {**ISSUE_EXAMPLE, "model": "llama-3.1-8b", "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+            "speculative": {"draft_model": draft, "acceptance_rate": 0.7, "draft_tokens": 4}}
+    response = post(client, body)
+    assert response.status_code == 200, response.text
+    notes = [note for note in response.json()["assumptions"]["notes"] if "vocabulary" in note]
+    assert notes == ([("the draft model's vocabulary (152,064 tokens) is not the target's (128,256): a draft must "
+                      "share the target's tokenizer, whose token ids the target verifies; check that it does (a "
+                      "padded embedding table also changes the size)")] if noted else [])
+
+
 def test_an_unknown_draft_model_is_404(client):
     body = {**ISSUE_EXAMPLE, "candidates": HOPPER,
             "speculative": {"draft_model": "no-such-model", "acceptance_rate": 0.7, "draft_tokens": 4}}

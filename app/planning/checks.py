@@ -1,0 +1,54 @@
+"""What a /v1/slo-plan request asks of its model, checked before planning: the parallel degrees it lists (a
+degree the model or the engine cannot run, or one that makes no layout, is a 422 naming it) and what a plan
+should say of its draft model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from app.errors import Unprocessable
+from app.planning.schemas import CandidatesIn
+from app.sizing.engines import layout_problems
+from app.sizing.layout import EXPERT_PARALLEL, TENSOR_PARALLEL, Layout
+from app.sizing.serving import plan as plan_core
+from app.sizing.specs import GpuSpec, ModelSpec
+
+
+def check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn, gpus: Sequence[GpuSpec]) -> None:
+    """422 for a listed degree the model (or the engine) cannot run: each tensor-parallel degree as plain
+    TP, each pipeline degree against the layers, each expert-parallel degree against the model's experts and
+    against the listed (or default) tensor- and data-parallel degrees, of which some tp x dp must be a multiple
+    of it (`app.sizing.layout`); such a degree made no layout, and the plan answered nothing about it."""
+    tensor = candidates.tensor_parallel or sorted({tp for gpu in gpus for tp in plan_core.default_tensor_parallel(
+        model, gpu)})
+    data = candidates.data_parallel or [1]
+    for index, ep in enumerate(candidates.expert_parallel or []):
+        rules = [p.rule for p in layout_problems(model, Layout(1, 1, ep, ep), candidates.engine)
+                 if p.field == EXPERT_PARALLEL]
+        if not rules and not any(tp * dp % ep == 0 for tp in tensor for dp in data):
+            rules = [(f"expert_parallel {ep} divides no tensor_parallel x data_parallel of the candidates ({tensor} "
+                      f"x {data}): its ranks split the tp x dp GPUs of a replica")]
+        if rules:
+            raise Unprocessable("; ".join(rules),
+                                errors=[(f"/body/candidates/expert_parallel/{index}", rule) for rule in rules])
+    for index, tp in enumerate(candidates.tensor_parallel or []):
+        problems = [p for p in layout_problems(model, Layout(tp), candidates.engine) if p.field == TENSOR_PARALLEL]
+        if problems:
+            raise Unprocessable("; ".join(p.rule for p in problems),
+                                errors=[(f"/body/candidates/tensor_parallel/{index}", p.rule) for p in problems])
+    for index, pp in enumerate(candidates.pipeline_parallel or []):
+        problems = layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)
+        if problems:
+            raise Unprocessable("; ".join(p.rule for p in problems),
+                                errors=[(f"/body/candidates/pipeline_parallel/{index}", p.rule) for p in problems])
+
+
+def draft_notes(model: ModelSpec, draft: ModelSpec) -> list[str]:
+    """What a plan should say of a draft model the target may not be able to use: the target verifies the token
+    ids the draft proposes, so both need one tokenizer. Vocabulary sizes that differ do not prove another
+    tokenizer (checkpoints pad their embedding tables differently), so this is a note, not a refusal."""
+    if draft.vocab_size == model.vocab_size:
+        return []
+    return [(f"the draft model's vocabulary ({draft.vocab_size:,} tokens) is not the target's ({model.vocab_size:,}): "
+            "a draft must share the target's tokenizer, whose token ids the target verifies; check that it does "
+            "(a padded embedding table also changes the size)")]
