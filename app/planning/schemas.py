@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from app.calibration.held_out_schemas import HELD_OUT_ERROR_EXAMPLE, HeldOutErrorOut
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, INPUT_CONFIG, GpuSpecIn, ModelSlug
@@ -124,8 +124,7 @@ class WorkloadIn(BaseModel):
 
     input_tokens: Lengths = Field(description="Prompt tokens: a fixed number, or a distribution")
     output_tokens: Lengths = Field(description="Answer tokens: a fixed number, or a distribution")
-    # At least about one request a day: the simulated arrivals (up to 20,000) then span at most 2e9 s, where a
-    # float time still resolves a microsecond; far below it latencies came out 0 ms or NaN.
+    # >= 1e-5: 20,000 simulated arrivals span <= 2e9 s, where float times resolve 1 us (far below: 0 ms, NaN).
     requests_per_s: Annotated[float, Field(ge=1e-5, le=1_000_000)] | None = Field(
         None, description="Mean arrival rate (open loop), at least 1e-05 (about one request a day); or give "
                           "concurrent_users")
@@ -151,6 +150,14 @@ class WorkloadIn(BaseModel):
     @classmethod
     def _one_error_per_length(cls, value: Any) -> Any:
         return _lengths(value)
+
+    @field_validator("shared_prefix_tokens")
+    @classmethod
+    def _prefix_within_the_prompt(cls, value: int, info: ValidationInfo) -> int:
+        prompt = info.data.get("input_tokens")  # (a distribution's prompts each cap it at their length)
+        if isinstance(prompt, int) and value > prompt:
+            raise ValueError(f"the shared prefix ({value} tokens) is part of every prompt: at most input_tokens ({prompt})")
+        return value
 
     @model_validator(mode="after")
     def _one_load(self) -> WorkloadIn:

@@ -250,6 +250,19 @@ def test_a_rate_below_one_request_a_day_is_422(client):
     assert plan["replicas"] == 1 and plan["predicted"]["ttft"]["p50_ms"] > 0
 
 
+def test_a_shared_prefix_longer_than_the_prompt_is_422(client):
+    """Every 1,000-token prompt starts with the shared prefix, so it has at most 1,000 tokens; 5,000 was read as the
+    whole prompt without a word. Equal to the prompt it plans."""
+    for prefix, status in ((1001, 422), (1000, 200)):
+        body = {**ISSUE_EXAMPLE, "model": "llama-3.1-8b", "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+                "workload": {**ISSUE_EXAMPLE["workload"], "shared_prefix_tokens": prefix}}
+        response = post(client, body)
+        if status == 422:
+            assert problem_pointers(response) == ["/body/workload/shared_prefix_tokens"]
+        else:
+            assert response.status_code == 200, response.text
+
+
 def test_a_search_space_above_the_limit_is_422(client):
     """34 catalog GPUs x 6 weight dtypes x 4 KV dtypes x up to 4 TP degrees is far above 512."""
     body = {**ISSUE_EXAMPLE, "candidates": {"weight_dtypes": ["bf16", "fp16", "fp8", "int8", "int4", "fp4"],

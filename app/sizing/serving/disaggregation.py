@@ -507,7 +507,8 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
     if workers is None:
         slo_name = "TPOT (or its share of the TTFT)" if role == DECODE_POOL else "TTFT"
         return Infeasible(screened.configuration, (
-            f"{role} pool: misses the {slo_name} SLO with up to {MAX_POOL_WORKERS} workers",))
+            (f"{role} pool: misses the {slo_name} SLO at every worker count up to {MAX_POOL_WORKERS}, the most "
+            "the search sizes a pool with"),))
     return _pool(planner, screened, role, workers), run(workers)
 
 
