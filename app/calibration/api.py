@@ -26,6 +26,7 @@ from app.calibration.schemas import (
 )
 from app.common import SLUG_PATTERN
 from app.errors import Unprocessable, json_pointer, problem_responses
+from app.sizing.calibration.fit import MIN_ROWS_PER_ENTRY
 from app.web import CalibrationWriter, CatalogRead, Limit, Offset, SessionDep, SizingRead, representation
 
 router = APIRouter(tags=["calibrations"])
@@ -133,14 +134,17 @@ def get_calibration(session: SessionDep, name: ProfilePath) -> ProfileOut:
     responses={201: {"headers": {"Location": {"description": "URL of the new profile",
                                               "schema": {"type": "string"}}}},
                **problem_responses(400, 401, 403, 404, 409, 413, 422, 503)},
+    description=(
+        "Fit a named profile to your measurements (rows in the measured-calibration.csv schema, as JSON or a CSV "
+        "upload), store it, and return its error on the rows before (the base profile) and after. The fit changes "
+        "the efficiencies of each GPU family and compute precision with enough predictable rows "
+        f"({MIN_ROWS_PER_ENTRY}: two per fitted parameter), starting from the base profile, which supplies "
+        "everything else. Use the profile by naming it in any sizing request's `calibration`. Names are never "
+        "reused (409)."),
 )
 def create_calibration(writer: CalibrationWriter, session: SessionDep,
                        body: Annotated[CalibrationRequest, Depends(calibration_upload)]) -> Response:
-    """Fit a named profile to your measurements (rows in the measured-calibration.csv schema, as JSON or a CSV
-    upload), store it, and return its error on the rows before (the base profile) and after. The fit
-    changes the efficiencies of each GPU family and compute precision with enough predictable rows
-    (10), starting from the base profile, which supplies everything else. Use the profile by naming it in
-    any sizing request's `calibration`. Names are never reused (409)."""
+    """Fit a profile and store it (the route's description says how)."""
     result = calibration.create_calibration(session, body, written_by=writer.name)
     return Response(representation(result), status_code=201, media_type="application/json",
                     headers={"Location": f"/v1/calibrations/{result.profile.name}"})

@@ -195,6 +195,19 @@ class ModelSpec:
             not 0 <= i < self.num_hidden_layers for i in self.moe_layers
         ):
             raise ValueError("moe_layers indices must be within the layers")
+        if self.moe_layers is not None and len(set(self.moe_layers)) != len(self.moe_layers):
+            raise ValueError("moe_layers lists a layer more than once")
+        if self.moe_layers is not None and not self.num_experts:
+            raise ValueError("moe_layers needs num_experts: a model without routed experts has no MoE layer")
+        if self.num_experts and not self.moe_layer_indices:
+            raise ValueError(f"num_experts {self.num_experts} with no MoE layer: first_k_dense_replace "
+                             f"({self.first_k_dense_replace}) or moe_layers leaves none of the "
+                             f"{self.num_hidden_layers} layers")
+        if self.q_lora_rank is not None and not self.is_mla:
+            raise ValueError("q_lora_rank applies to multi-head latent attention: give kv_lora_rank too")
+        if (self.active_params_published is not None and self.total_params_published is not None
+                and self.active_params_published > self.total_params_published):
+            raise ValueError("active_params_published exceeds total_params_published")
         if self.dtype not in BITS_PER_VALUE:
             raise ValueError(f"unknown dtype {self.dtype!r}")
 

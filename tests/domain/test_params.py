@@ -7,6 +7,8 @@ counted from the same configs by a separate script.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -305,3 +307,21 @@ def test_mlp_params_gated_vs_plain() -> None:
     """SwiGLU: gate, up, down = 3*h*F; plain: up, down = 2*h*F."""
     assert mlp_params(LLAMA_3_8B, 14336) == 3 * 4096 * 14336
     assert mlp_params(FALCON_7B, 18176) == 2 * 4544 * 18176
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    # Mixtral-8x7B (32 layers, 8 experts): an inconsistent MoE description is refused, never sized as something else.
+    ({"moe_layers": (1, 1)}, "more than once"),
+    ({"first_k_dense_replace": 500}, "no MoE layer"),
+    ({"moe_layers": ()}, "no MoE layer"),
+    ({"num_experts": 0, "num_experts_per_tok": 0, "moe_layers": (0,)}, "moe_layers needs num_experts"),
+    ({"q_lora_rank": 1536}, "give kv_lora_rank too"),
+    ({"total_params_published": 1, "active_params_published": 10**13}, "exceeds total_params_published"),
+    ({"hidden_size": 8, "num_attention_heads": 16, "num_key_value_heads": 16}, "head_dim must be given"),
+])
+def test_an_inconsistent_architecture_is_refused(change: dict[str, object], message: str) -> None:
+    """Found by fuzzing the catalog writes: each of these was stored and sized (a 32-layer model with
+    first_k_dense_replace 500 is an MoE model without an MoE layer; 8 // 16 heads is a head of 0 values)."""
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(MIXTRAL_8X7B, **change)
+
