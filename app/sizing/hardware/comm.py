@@ -204,10 +204,11 @@ def exchange_latency_scale(gpus: int) -> float:
     return float(np.interp(np.log2(gpus), np.log2(sizes), latencies)) / latencies[0]
 
 
-def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token: float,
+def moe_exchange_time_s(tokens: ArrayLike, layers: int, bytes_per_token: float,
                         link_bandwidth_bytes_per_s: float, latency_s: float,
                         gpus: int) -> float | np.ndarray:
-    """Dispatch and combine of one step over all MoE layers:
+    """Dispatch and combine of one step over its exchanging `layers` (the MoE layers; every layer under
+    `FFN_ALL_GATHER`, `flops.StepCostModel.num_exchange_layers`):
     2 · layers · (alpha · exchange_latency_scale(gpus) + tokens · bytes / bandwidth).
 
     `gpus` are the tp·dp GPUs of the exchange. The link is NVLink when they sit in one node (NVLink domain),
@@ -222,5 +223,5 @@ def moe_exchange_time_s(tokens: ArrayLike, num_moe_layers: int, bytes_per_token:
         time = tokens * 0.0
     else:
         per_call = latency_s * exchange_latency_scale(gpus) + tokens * bytes_per_token / link_bandwidth_bytes_per_s
-        time = (tokens > 0) * MOE_EXCHANGES_PER_LAYER * num_moe_layers * per_call
+        time = (tokens > 0) * MOE_EXCHANGES_PER_LAYER * layers * per_call
     return float(time) if np.ndim(time) == 0 else time
