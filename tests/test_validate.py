@@ -162,6 +162,13 @@ HEADER = "row_id,model,gpu,num_gpus,tp,weight_dtype,engine,scenario,isl,osl,batc
 GOOD = "llama-3.1-8b,h100-sxm,1,1,bf16,trtllm,static_batch,128,128,4"
 
 
+# A Hugging Face repository id in the model column: the reason says where a catalog model would come from.
+QWEN2_HF_ID_REASON = ("unknown model slug 'Qwen/Qwen2-7B': 'Qwen/Qwen2-7B' is a Hugging Face repository id, not a "
+                      "catalog slug. GET /v1/models lists each model's hf_id; a model not in the catalog can be "
+                      "imported from its config.json with POST /v1/models/import?slug=qwen2-7b (or sized inline "
+                      "with model_spec)")
+
+
 def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file() -> None:
     """A Hugging Face id, a GPU the catalog lacks, a capacity metric, an unpriced precision and a
     disaggregated run without its worker counts each skip their row when read (an unstated precision does
@@ -184,7 +191,7 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
     rows = read_rows(text, pointer="file.csv")
     assert {row.row_id: row.skipped_reason for row in rows} == {
         "ok": None,
-        "hf": "unknown model slug 'Qwen/Qwen2-7B'",
+        "hf": QWEN2_HF_ID_REASON,
         "gpu": None,  # a slug: the catalog decides, when the rows are predicted
         "cap": "scenario not predicted: 'capacity'",
         "nodtype": None,
@@ -247,7 +254,7 @@ def test_a_gpu_or_model_outside_the_catalog_is_the_reason_before_an_unstated_cel
     text = "\n".join([HEADER, *rows]) + "\n"
     report = validate(read_rows(text, pointer="file.csv"), ReferenceCatalog(), builtin_profile())
     assert [outcome.skipped_reason for outcome in report.outcomes] == [
-        "unknown GPU slug 'a100-variant-unstated'", "unknown model slug 'Qwen/Qwen2-7B'"]
+        "unknown GPU slug 'a100-variant-unstated'", QWEN2_HF_ID_REASON]
 
 
 def test_an_unstated_weight_dtype_is_predicted_at_the_published_precision_and_not_fitted() -> None:

@@ -42,7 +42,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.calibration.schemas import MeasurementRowIn
+from app.calibration.schemas import MeasurementRowIn, MeasurementRowUpload
 from app.errors import json_pointer
 from app.sizing.calibration.predict import Measurement, PoolLayout
 from app.sizing.model.recipes import PUBLISHED_RECIPES
@@ -235,18 +235,19 @@ def _records(text: str, pointer: str, max_rows: int | None):
         raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None
 
 
-def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowIn]:
-    """Parse CSV text strictly in the measurement schema (API uploads, whose rows become a request body).
-    Extra columns are ignored; a missing required column, a bad cell, a malformed file or too many rows
-    raise RowsInvalid (pointers `<pointer>/<line>/<column>`, at most MAX_REPORTED_ERRORS of them)."""
-    rows: list[MeasurementRowIn] = []
+def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowUpload]:
+    """Parse CSV text in the upload schema (API uploads, whose rows become a request body): names outside the
+    vocabulary are kept (`MeasurementRowUpload`), extra columns are ignored; a missing required column, a bad
+    cell, a malformed file or too many rows raise RowsInvalid (pointers `<pointer>/<line>/<column>`, at most
+    MAX_REPORTED_ERRORS of them)."""
+    rows: list[MeasurementRowUpload] = []
     errors: list[tuple[str, str]] = []
     for line, cells in _records(text, pointer, max_rows):
         if cells is None:
             errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
             continue
         try:
-            rows.append(MeasurementRowIn.model_validate(_schema_cells(cells), strict=False))
+            rows.append(MeasurementRowUpload.model_validate(_schema_cells(cells), strict=False))
         except ValidationError as exc:
             errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
                        for error in exc.errors()]
@@ -267,26 +268,35 @@ def read_rows(text: str, *, pointer: str, sources: Collection[str] | None = None
         if cells is None:
             errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
             continue
-        try:
-            row = MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
-            conflict = layout_conflict(cells)
-            rows.append(_observed_row(row) if conflict is None else _skipped_row(cells, conflict))
-        except ValidationError as exc:
-            # A layout the model cannot express skips the row whatever its other cells hold (a
-            # disaggregated run has no single num_gpus); only its id and value must be readable.
-            layout_reason = layout_skip_reason(cells)
-            faults = [error for error in exc.errors() if error["loc"][0] not in VOCABULARY_COLUMNS
-                      and (layout_reason is None or error["loc"][0] in ("row_id", "value"))]
-            if faults:
-                errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
-                           for error in faults]
-                continue
-            vocabulary = [error for error in exc.errors() if error["loc"][0] in VOCABULARY_COLUMNS]
-            rows.append(_skipped_row(cells, _vocabulary_reason(vocabulary, cells) if vocabulary else layout_reason))
+        read = _read_cells(cells, f"{pointer}/{line}", f"line {line}: ")
+        if isinstance(read, ObservedRow):
+            rows.append(read)
+        else:
+            errors += read
     if errors:
         raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
     check_unique(rows, pointer)
     return rows
+
+
+def _read_cells(cells: Mapping[str, str], pointer: str, prefix: str = "") -> ObservedRow | list[tuple[str, str]]:
+    """One row's cells (text, empty ones left out) as a row to predict or one skipped with the reason, or the
+    (pointer, message) of each cell that is not what its column holds. The one reading of a row, whether it
+    came from a file or an API upload."""
+    try:
+        row = MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
+    except ValidationError as exc:
+        # A layout the model cannot express skips the row whatever its other cells hold (a
+        # disaggregated run has no single num_gpus); only its id and value must be readable.
+        layout_reason = layout_skip_reason(cells)
+        faults = [error for error in exc.errors() if error["loc"][0] not in VOCABULARY_COLUMNS
+                  and (layout_reason is None or error["loc"][0] in ("row_id", "value"))]
+        if faults:
+            return [(pointer + json_pointer(error["loc"]), prefix + error["msg"]) for error in faults]
+        vocabulary = [error for error in exc.errors() if error["loc"][0] in VOCABULARY_COLUMNS]
+        return _skipped_row(cells, _vocabulary_reason(vocabulary, cells) if vocabulary else layout_reason)
+    conflict = layout_conflict(cells)
+    return _observed_row(row) if conflict is None else _skipped_row(cells, conflict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,9 +336,20 @@ def _print_problems(where: str, exc: Exception) -> None:
         print(f"  {pointer}: {message}", file=sys.stderr)
 
 
-def observed_rows(rows: Sequence[MeasurementRowIn], pointer: str = "/body/rows") -> list[ObservedRow]:
-    """Domain rows from validated schema rows (API requests); duplicate row ids raise RowsInvalid."""
-    observed = [_observed_row(row) for row in rows]
+def observed_rows(rows: Sequence[MeasurementRowUpload], pointer: str = "/body/rows") -> list[ObservedRow]:
+    """Domain rows from an API upload's rows, read as a file's are (`_read_cells`: a name outside the vocabulary
+    skips the row with the reason); duplicate row ids raise RowsInvalid."""
+    observed = []
+    errors: list[tuple[str, str]] = []
+    for index, row in enumerate(rows):
+        cells = {column: str(value) for column, value in row.model_dump(exclude_none=True).items() if value != ""}
+        read = _read_cells(cells, f"{pointer}/{index}")
+        if isinstance(read, ObservedRow):
+            observed.append(read)
+        else:  # the upload schema holds every column but the vocabulary ones to the row schema's rules
+            errors += read
+    if errors:
+        raise RowsInvalid(f"{len(errors)} invalid values in the rows", errors[:MAX_REPORTED_ERRORS])
     check_unique(observed, pointer)
     return observed
 
@@ -406,5 +427,8 @@ def _vocabulary_reason(errors: Sequence[Any], cells: Mapping[str, str]) -> str:
     if value is None:
         return f"{column} not stated"
     if column in ("model", "gpu"):
-        return f"unknown {'model' if column == 'model' else 'GPU'} slug {value!r}"
+        # A Hugging Face repository id's message says which catalog slug it is, if any (`ModelSlug`).
+        hint = next((str(error["msg"]).removeprefix("Value error, ") for error in errors
+                     if error["loc"][0] == column and error["type"] == "value_error"), None)
+        return f"unknown {'model' if column == 'model' else 'GPU'} slug {value!r}" + (f": {hint}" if hint else "")
     return f"{column} not predicted: {value!r}"

@@ -2,13 +2,15 @@
 `measured-calibration.csv`, as JSON rows or a CSV upload), error reports, and calibration profiles.
 
 Rows are strict JSON when sent as JSON; CSV cells are text and are read leniently (an empty cell is a
-missing value, "128" is 128) before the same bounds apply. Percent errors are `abs_pct_error`
+missing value, "128" is 128) before the same bounds apply. Either way a name outside what the service knows
+(a model or GPU the catalog lacks, a metric, scenario, engine, precision or statistic outside the vocabulary)
+keeps its row, which is skipped with the reason (`MeasurementRowUpload`). Percent errors are `abs_pct_error`
 (|predicted − measured| / measured × 100).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, Field
 
@@ -22,7 +24,7 @@ from app.calibration.held_out_schemas import (
     HeldOutStatsOut,
     LayoutKind,
 )
-from app.catalog.schemas import INPUT_CONFIG, UtcDatetime
+from app.catalog.schemas import INPUT_CONFIG, ModelSlug, UtcDatetime
 from app.common import SLUG_PATTERN, Label, LongText, Page, Slug, schema_examples
 from app.estimates.schemas import (
     AllreduceLatencyMs,
@@ -101,7 +103,7 @@ class MeasurementRowIn(BaseModel):
 
     row_id: RowText = Field(description="Unique within the upload")
     source_id: RowText = Field("upload", description="Where the number comes from (groups leave-one-out)")
-    model: Slug = Field(description="Catalog slug of the model")
+    model: ModelSlug = Field(description="Catalog slug of the model")
     gpu: Slug = Field(description="Catalog slug of the GPU")
     num_gpus: Annotated[int, Field(ge=1, le=100_000)] = Field(description="GPUs behind the number")
     tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
@@ -134,7 +136,8 @@ class MeasurementRowIn(BaseModel):
     decode_batch: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="running sequences per attention data-parallel rank; null = the engine default")
     moe_tp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
-        None, description="GPUs each expert is split over; when given, tp x dp must equal ep x moe_tp")
+        None, description="GPUs each expert is split over, as stated; a row of an MoE model whose tp x dp is not "
+                          "ep x moe_tp is skipped with the reason (a dense model's is not read)")
     weight_dtype: WeightDtype | None = Field(
         None, description="null = not stated: predicted at the model's published checkpoint precision (the result "
                           "says so) and not fitted on")
@@ -157,6 +160,34 @@ class MeasurementRowIn(BaseModel):
     notes: LongText = ""
 
 
+class MeasurementRowUpload(MeasurementRowIn):
+    """An uploaded row (JSON or CSV): a name the service does not know, in a column that names a catalog entry
+    or a word of the schema's vocabulary, is kept, and the row is skipped with the reason rather than the
+    upload refused (a file of published measurements names Hugging Face ids, other GPUs, other metrics).
+    Every other column is as strict as `MeasurementRowIn`'s."""
+
+    model: RowText = Field(description="Catalog slug of the model (GET /v1/models); another name (a Hugging Face "
+                                       "id, a model the catalog lacks) skips the row with the reason")
+    gpu: RowText = Field(description="Catalog slug of the GPU (GET /v1/gpus); another name skips the row with "
+                                     "the reason")
+    weight_dtype: RowText | None = Field(
+        None, description=f"One of {', '.join(get_args(WeightDtype))}; null = not stated: predicted at the model's "
+                          "published checkpoint precision (the result says so) and not fitted on; another "
+                          "precision skips the row")
+    compute_dtype: RowText | None = Field(
+        None, description=f"One of {', '.join(get_args(ComputeDtype))}; differs from the weights for weight-only "
+                          "quantization (fp8 weights on A100: fp16); another precision skips the row")
+    kv_dtype: RowText | None = Field(
+        None, description=f"One of {', '.join(get_args(KvDtype))}; null = not stated (the engine default, 16-bit); "
+                          "another precision skips the row")
+    engine: RowText = Field(description=f"One of {', '.join(ENGINES)}; another engine skips the row")
+    scenario: RowText = Field(description=f"One of {', '.join(SCENARIOS)}; another scenario skips the row")
+    metric: RowText = Field(description=f"One of {', '.join(METRICS)}; another metric skips the row")
+    stat: RowText | None = Field(
+        None, description=f"For latencies, one of {', '.join(STATS)}; null = not stated (predicted as the mean, "
+                          "and the result says so); another statistic skips the row")
+
+
 class ValidationRequest(BaseModel):
     """Measurements to predict against a profile (nothing is stored)."""
 
@@ -166,7 +197,7 @@ class ValidationRequest(BaseModel):
     max_simulated_runs: ClassVar[int] = MAX_VALIDATE_SIMULATED_RUNS
 
     calibration: ProfileName | None = Field(None, description="Profile to validate; null = the default profile")
-    rows: list[MeasurementRowIn] = Field(min_length=1, max_length=MAX_VALIDATE_ROWS,
+    rows: list[MeasurementRowUpload] = Field(min_length=1, max_length=MAX_VALIDATE_ROWS,
                                          description=upload_limits(MAX_VALIDATE_ROWS, MAX_VALIDATE_SIMULATED_RUNS))
 
 
@@ -185,7 +216,7 @@ class CalibrationRequest(BaseModel):
     base_profile: ProfileName | None = Field(
         None, description="Profile the fit starts from and falls back to for what the rows do not cover; "
                           "null = the default profile")
-    rows: list[MeasurementRowIn] = Field(min_length=1, max_length=MAX_CALIBRATE_ROWS,
+    rows: list[MeasurementRowUpload] = Field(min_length=1, max_length=MAX_CALIBRATE_ROWS,
                                          description=upload_limits(MAX_CALIBRATE_ROWS, MAX_CALIBRATE_SIMULATED_RUNS))
 
 

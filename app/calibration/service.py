@@ -285,9 +285,9 @@ def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[lis
     for row in rows:
         model, gpu = catalog.model(row.model), catalog.gpu(row.gpu)
         if model is None:
-            skipped[row.row_id] = f"unknown model slug {row.model!r}"
+            skipped[row.row_id] = _named_reason(row, f"unknown model slug {row.model!r}")
         elif gpu is None:
-            skipped[row.row_id] = f"unknown GPU slug {row.gpu!r}"
+            skipped[row.row_id] = _named_reason(row, f"unknown GPU slug {row.gpu!r}")
         elif row.measurement is None:
             skipped[row.row_id] = row.skipped_reason or "not predictable"
         else:
@@ -459,6 +459,12 @@ def summarize(outcomes: Sequence[RowOutcome]) -> Summary:
         skipped_reasons=dict(Counter(_reason_kind(outcome.skipped_reason) for outcome in outcomes
                                      if outcome.skipped_reason is not None).most_common()),
     )
+
+
+def _named_reason(row: ObservedRow, reason: str) -> str:
+    """`reason`, or the row's own reason for skipping where it says the same and more (a Hugging Face id's
+    catalog slug, `rows._vocabulary_reason`)."""
+    return row.skipped_reason if row.skipped_reason and row.skipped_reason.startswith(reason) else reason
 
 
 def _reason_kind(reason: str) -> str:

@@ -374,7 +374,10 @@ def test_a_calibration_can_start_from_another_profile(client: TestClient, write_
     ({"rows": SAMPLE_ROWS[:3]}, 422, "/body/rows"),  # nothing with 10 rows of one GPU family and precision
     ({"rows": [{**SAMPLE_ROWS[0], "value": "fast"}]}, 422, "/body/rows/0/value"),
     ({"rows": [{**SAMPLE_ROWS[0], "value": float("nan")}]}, 422, "/body/rows/0/value"),
-    ({"rows": [{**SAMPLE_ROWS[0], "scenario": "burst"}]}, 422, "/body/rows/0/scenario"),
+    ({"rows": [{**SAMPLE_ROWS[0], "scenario": 5}]}, 422, "/body/rows/0/scenario"),
+    ({"rows": [{**SAMPLE_ROWS[0], "model": ""}]}, 422, "/body/rows/0/model"),
+    # A row of a scenario outside the vocabulary is kept and skipped: none left to fit on.
+    ({"rows": [{**row, "scenario": "burst"} for row in SAMPLE_ROWS]}, 422, "/body/rows"),
     ({"rows": [SAMPLE_ROWS[0], SAMPLE_ROWS[0]]}, 422, "/body/rows/1/row_id"),
     ({"rows": [{**SAMPLE_ROWS[0], "row_id": f"r{i}"} for i in range(MAX_CALIBRATE_ROWS + 1)]}, 422, "/body/rows"),
 ])
@@ -541,6 +544,71 @@ def test_unknown_rows_are_skipped_with_the_reason(client: TestClient) -> None:
     report = client.post("/v1/validate", json={"rows": rows}).json()
     assert [row["skipped_reason"] for row in report["rows"]] == [
         "unknown model slug 'no-such-model'", "unknown GPU slug 'no-such-gpu'"]
+
+
+# A name outside what the service knows, per column that names one, and the reason its row gets.
+OUTSIDE_THE_VOCABULARY = [
+    ("model", "Qwen/Qwen2-7B",
+     ("unknown model slug 'Qwen/Qwen2-7B': 'Qwen/Qwen2-7B' is a Hugging Face repository id, not a catalog slug. "
+     "GET /v1/models lists each model's hf_id; a model not in the catalog can be imported from its config.json "
+     "with POST /v1/models/import?slug=qwen2-7b (or sized inline with model_spec)")),
+    ("model", "meta-llama/Meta-Llama-3.1-8B",
+     ("unknown model slug 'meta-llama/Meta-Llama-3.1-8B': 'meta-llama/Meta-Llama-3.1-8B' is a Hugging Face "
+     "repository id; its catalog slug is 'llama-3.1-8b'")),
+    ("gpu", "H100", "unknown GPU slug 'H100'"),
+    ("engine", "foo", "engine not predicted: 'foo'"),
+    ("scenario", "burst", "scenario not predicted: 'burst'"),
+    ("metric", "capacity", "metric not predicted: 'capacity'"),
+    ("weight_dtype", "fp32", "weight_dtype not predicted: 'fp32'"),
+    ("compute_dtype", "int4", "compute_dtype not predicted: 'int4'"),
+    ("kv_dtype", "fp4", "kv_dtype not predicted: 'fp4'"),
+    ("stat", "p95", "stat not predicted: 'p95'"),
+]
+
+
+def test_names_outside_the_vocabulary_skip_their_row_not_the_upload(client: TestClient) -> None:
+    """A file of published measurements names Hugging Face ids, other GPUs, other metrics: each such row is
+    kept and skipped with the reason, as the command-line validator reads a file; the rest are predicted, and
+    a CSV upload reads the same as the JSON rows."""
+    rows = [SAMPLE_ROWS[0]] + [{**SAMPLE_ROWS[0], "row_id": f"outside-{i}", column: value}
+                               for i, (column, value, _) in enumerate(OUTSIDE_THE_VOCABULARY)]
+    report = client.post("/v1/validate", json={"rows": rows})
+    assert report.status_code == 200, report.text
+    reasons = [row["skipped_reason"] for row in report.json()["rows"]]
+    assert reasons == [None] + [reason for _, _, reason in OUTSIDE_THE_VOCABULARY]
+    assert report.json()["summary"]["skipped_reasons"] == {
+        "unknown model slug": 2, "unknown GPU slug": 1, "engine not predicted": 1, "scenario not predicted": 1,
+        "metric not predicted": 1, "weight_dtype not predicted": 1, "compute_dtype not predicted": 1,
+        "kv_dtype not predicted": 1, "stat not predicted": 1}
+
+    lines = [HEADER, FIRST_ROW]
+    columns = HEADER.split(",")
+    for i, (column, value, _) in enumerate(OUTSIDE_THE_VOCABULARY):
+        cells = FIRST_ROW.split(",")
+        cells[columns.index("row_id")], cells[columns.index(column)] = f"outside-{i}", value
+        lines.append(",".join(cells))
+    as_csv = client.post("/v1/validate", files={"file": ("rows.csv", "\n".join(lines) + "\n", "text/csv")})
+    assert as_csv.status_code == 200, as_csv.text
+    assert as_csv.json() == report.json()
+
+
+def test_a_fit_skips_the_rows_outside_the_vocabulary(client: TestClient, write_headers: dict[str, str]) -> None:
+    """The sample's rows plus one of each name outside the vocabulary: the same efficiencies as the sample
+    alone (the skipped rows are not fitted on), and the report lists them with their reasons."""
+    extra = [{**SAMPLE_ROWS[0], "row_id": f"outside-{i}", column: value}
+             for i, (column, value, _) in enumerate(OUTSIDE_THE_VOCABULARY)]
+    alone = calibrate(client, write_headers, name="alone").json()
+    response = client.post("/v1/calibrations", headers=write_headers,
+                           json={"name": "with-extra", "rows": SAMPLE_ROWS + extra})
+    assert response.status_code == 201, response.text
+    created = response.json()
+
+    def fitted(profile: dict[str, Any]) -> list[dict[str, Any]]:  # each entry, less its source (name and upload hash)
+        return [{key: value for key, value in entry.items() if key != "source"} for entry in profile["entries"]]
+
+    assert fitted(created["profile"]) == fitted(alone["profile"])
+    assert [row["skipped_reason"] for row in created["rows"][-len(extra):]] == [
+        reason for _, _, reason in OUTSIDE_THE_VOCABULARY]
 
 
 def test_unknown_profiles_are_404(client: TestClient) -> None:
