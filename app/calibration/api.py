@@ -84,6 +84,11 @@ async def _read_upload(request: Request, model: type[Upload], form_fields: tuple
         raise Unprocessable("send the rows as application/json or as a CSV file in multipart/form-data",
                             errors=[("/header/content-type", f"unsupported media type {media_type or 'none'!r}")])
     form = await request.form(max_files=1, max_fields=len(form_fields) + 1)
+    unknown = [name for name in form if name not in (*form_fields, "file")]
+    if unknown:  # as a JSON body's unknown member is
+        takes = f"not a field of this upload; it takes file, {', '.join(form_fields)}"
+        raise Unprocessable(f"unknown form field{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}",
+                            errors=[(json_pointer(("body", name)), takes) for name in unknown])
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise Unprocessable("the form needs a `file` part with the CSV", errors=[("/body/file", "missing CSV file")])

@@ -492,6 +492,19 @@ def test_uploads_need_a_csv_file_or_json(client: TestClient) -> None:
                    422)
 
 
+def test_an_unknown_form_field_is_a_problem_as_an_unknown_json_member_is(client: TestClient) -> None:
+    """`calibrations` (a typo of `calibration`) is not silently dropped: the rows would be validated against
+    the default profile instead of the one meant."""
+    upload = {"file": ("rows.csv", SAMPLE_TEXT, "text/csv"), "calibrations": (None, "builtin")}
+    response = client.post("/v1/validate", files=upload)
+    assert_problem(response, 422, "/body/calibrations")
+    assert "it takes file, calibration" in response.text
+    assert_problem(client.post("/v1/validate", json={"rows": SAMPLE_ROWS[:1], "calibrations": "builtin"}), 422,
+                   "/body/calibrations")
+    assert client.post("/v1/validate", files={"file": upload["file"], "calibration": (None, "builtin")}
+                       ).status_code == 200
+
+
 # Validating ------------------------------------------------------------------------------------
 
 def test_validation_reports_every_row_and_stores_nothing(client: TestClient) -> None:
