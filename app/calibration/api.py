@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Path, Request
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from app.calibration import service as calibration
@@ -83,7 +84,12 @@ async def _read_upload(request: Request, model: type[Upload], form_fields: tuple
     if media_type != "multipart/form-data":
         raise Unprocessable("send the rows as application/json or as a CSV file in multipart/form-data",
                             errors=[("/header/content-type", f"unsupported media type {media_type or 'none'!r}")])
-    form = await request.form(max_files=1, max_fields=len(form_fields) + 1)
+    try:
+        form = await request.form(max_files=1, max_fields=len(form_fields) + 1)
+    except HTTPException as exc:  # Starlette's answer to a form it cannot read (too many parts, broken framing)
+        takes = f"one file part and at most the fields {', '.join(form_fields)}"
+        raise Unprocessable(f"the multipart form cannot be read: {exc.detail}",
+                            errors=[("/body", f"{str(exc.detail).rstrip('.')}; the upload takes {takes}")]) from None
     unknown = [name for name in form if name not in (*form_fields, "file")]
     if unknown:  # as a JSON body's unknown member is
         takes = f"not a field of this upload; it takes file, {', '.join(form_fields)}"

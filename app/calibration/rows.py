@@ -32,6 +32,7 @@ import csv
 import hashlib
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
@@ -102,6 +103,8 @@ class ObservedRow:
 LAYOUT_COLUMNS = ("dp", "ep", "moe_tp", *(f"{role}_{degree}" for role in ("prefill", "decode")
                                            for degree in ("workers", "pp", "dp", "ep", "moe_tp", "batch")))
 NOT_APPLICABLE = ("n/a", "0")
+POOL_COLUMNS = tuple(f"{role}_{column}" for role in ("prefill", "decode")
+                     for column in ("workers", "tp", "pp", "dp", "ep", "moe_tp", "batch"))
 
 
 def layout_skip_reason(cells: Mapping[str, str]) -> str | None:
@@ -131,13 +134,30 @@ def layout_conflict(cells: Mapping[str, str]) -> str | None:
       users on one TP2 replica of batch 13, TTFT 719 ms, where 403 prompts queued ahead would take tens of
       seconds). More ranks or replicas ran than the columns say: attention DP recorded as n/a or 0
       (DeepSeek-R1 tp 8, ep 8, batch 10, 80 users = 8 ranks x 10), or replicas (416 = 32 x 13).
+    - A disaggregated run whose num_gpus is not its pools' GPUs (workers x tp x pp x dp, summed over the two
+      pools, as measured-calibration-2-sources.md computes it), or that states an aggregated layout's degrees
+      (tp, pp, dp, ep, moe_tp: each pool states its own); an aggregated run that states a pool's columns.
     Which layout ran is not for the validator to guess: such a row is neither predicted nor fitted."""
-    if cells.get("deployment", "").strip() == "disaggregated":
-        return None
-
     def degree(column: str) -> int:
         value = cells.get(column, "").strip()
         return int(value) if value.isdigit() and int(value) > 0 else 1
+
+    stated = [column for column in POOL_COLUMNS if cells.get(column, "").strip().lower() not in ("", *NOT_APPLICABLE)]
+    if cells.get("deployment", "").strip() != "disaggregated":
+        if stated:
+            return f"layout contradicts the run's deployment: an aggregated run that states {', '.join(stated)}"
+    else:
+        aggregated = [column for column in ("tp", "pp", *LAYOUT_COLUMNS[:3]) if degree(column) > 1]
+        if aggregated:
+            return (f"layout contradicts the run's deployment: a disaggregated run that states {', '.join(aggregated)} "
+                    "(each pool states its own)")
+        pools = sum(degree(f"{role}_workers") * degree(f"{role}_tp") * degree(f"{role}_pp") * degree(f"{role}_dp")
+                    for role in ("prefill", "decode"))
+        if all(f"{role}_{column}" in cells for role in ("prefill", "decode") for column in ("workers", "tp")) \
+                and "num_gpus" in cells and degree("num_gpus") != pools:
+            return (f"layout contradicts the run's GPUs: num_gpus {cells['num_gpus']}, the pools' workers x tp x pp x "
+                    f"dp {pools}")
+        return None
 
     tp, dp, ep, moe_tp = degree("tp"), degree("dp"), degree("ep"), degree("moe_tp")
     columns = f"the columns tp {tp} x dp {dp} = {tp * dp} GPUs, ep {ep}, moe_tp {moe_tp}"
@@ -236,21 +256,32 @@ def _records(text: str, pointer: str, max_rows: int | None):
 
 
 def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | None = None) -> list[MeasurementRowUpload]:
-    """Parse CSV text in the upload schema (API uploads, whose rows become a request body): names outside the
-    vocabulary are kept (`MeasurementRowUpload`), extra columns are ignored; a missing required column, a bad
-    cell, a malformed file or too many rows raise RowsInvalid (pointers `<pointer>/<line>/<column>`, at most
-    MAX_REPORTED_ERRORS of them)."""
+    """Parse CSV text in the upload schema (API uploads, whose rows become a request body), each row read as
+    `read_rows` reads it: names outside the vocabulary are kept (`MeasurementRowUpload`), extra columns are
+    ignored; a missing required column, a bad cell, a repeated row id, a malformed file or too many rows raise
+    RowsInvalid (pointers `<pointer>/<line>/<column>`, at most MAX_REPORTED_ERRORS of them)."""
     rows: list[MeasurementRowUpload] = []
     errors: list[tuple[str, str]] = []
+    lines: dict[str, int] = {}
     for line, cells in _records(text, pointer, max_rows):
         if cells is None:
             errors.append((f"{pointer}/{line}", f"line {line}: more cells than the header has columns"))
             continue
         try:
-            rows.append(MeasurementRowUpload.model_validate(_schema_cells(cells), strict=False))
+            row = MeasurementRowUpload.model_validate(_schema_cells(cells), strict=False)
         except ValidationError as exc:
             errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
                        for error in exc.errors()]
+            continue
+        read = _read_cells(cells, f"{pointer}/{line}", f"line {line}: ")
+        if not isinstance(read, ObservedRow):
+            errors += read
+        elif row.row_id in lines:
+            repeated = f"line {line}: row_id {row.row_id!r} repeats line {lines[row.row_id]}"
+            errors.append((f"{pointer}/{line}/row_id", repeated))
+        else:
+            lines[row.row_id] = line
+            rows.append(row)
     if errors:
         raise RowsInvalid(f"{len(errors)} invalid cells in the CSV", errors[:MAX_REPORTED_ERRORS])
     return rows
@@ -282,7 +313,8 @@ def read_rows(text: str, *, pointer: str, sources: Collection[str] | None = None
 def _read_cells(cells: Mapping[str, str], pointer: str, prefix: str = "") -> ObservedRow | list[tuple[str, str]]:
     """One row's cells (text, empty ones left out) as a row to predict or one skipped with the reason, or the
     (pointer, message) of each cell that is not what its column holds. The one reading of a row, whether it
-    came from a file or an API upload."""
+    came from a file or an API upload. A disaggregated run that leaves out num_gpus has its pools' GPUs."""
+    cells = _with_pool_gpus(cells)
     try:
         row = MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
     except ValidationError as exc:
@@ -334,6 +366,22 @@ def _print_problems(where: str, exc: Exception) -> None:
     print(f"{where}: {exc}", file=sys.stderr)
     for pointer, message in getattr(exc, "errors", [])[:50]:
         print(f"  {pointer}: {message}", file=sys.stderr)
+
+
+def _with_pool_gpus(cells: Mapping[str, str]) -> Mapping[str, str]:
+    """The cells, with a disaggregated run's num_gpus when it states only its pools: workers x tp x pp x dp summed
+    over the prefill and decode pools (measured-calibration-2-sources.md computes it so)."""
+    if (cells.get("deployment", "").strip() != "disaggregated" or "num_gpus" in cells
+            or not all(cells.get(f"{role}_{column}", "").strip().lower() not in ("", *NOT_APPLICABLE)
+                       for role in ("prefill", "decode") for column in ("workers", "tp"))):
+        return cells  # without its worker counts it has no GPU count (`layout_skip_reason`)
+    degrees = []
+    for role in ("prefill", "decode"):
+        values = [cells.get(f"{role}_{column}", "1").strip() for column in ("workers", "tp", "pp", "dp")]
+        if not all(value.isdigit() or value.lower() in NOT_APPLICABLE for value in values):
+            return cells  # a malformed degree is the row schema's to report
+        degrees.append(math.prod(int(value) if value.isdigit() and int(value) > 0 else 1 for value in values))
+    return {**cells, "num_gpus": str(sum(degrees))}
 
 
 def observed_rows(rows: Sequence[MeasurementRowUpload], pointer: str = "/body/rows") -> list[ObservedRow]:

@@ -110,9 +110,9 @@ class MeasurementRowIn(BaseModel):
         None, description="Tensor parallel; null = not stated (the best layout on num_gpus is compared)")
     pp: Annotated[int, Field(ge=1, le=1000)] | None = Field(None, description="Pipeline parallel; null = 1")
     dp: Annotated[int, Field(ge=1, le=1024)] | None = Field(
-        None, description="Attention data-parallel ranks of tp GPUs each; null, 0 or n/a = 1")
+        None, description="Attention data-parallel ranks of tp GPUs each; null = 1 (and a CSV cell of 0 or n/a)")
     ep: Annotated[int, Field(ge=1, le=1024)] | None = Field(
-        None, description="Expert-parallel ranks of the MoE layers; null, 0 or n/a = 1")
+        None, description="Expert-parallel ranks of the MoE layers; null = 1 (and a CSV cell of 0 or n/a)")
     deployment: Literal["aggregated", "disaggregated"] | None = Field(
         None, description="disaggregated: separate prefill and decode workers (the prefill_* and decode_* "
                           "columns); null = aggregated")
@@ -166,6 +166,10 @@ class MeasurementRowUpload(MeasurementRowIn):
     upload refused (a file of published measurements names Hugging Face ids, other GPUs, other metrics).
     Every other column is as strict as `MeasurementRowIn`'s."""
 
+    num_gpus: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
+        None, description="GPUs behind the number; required, but for a disaggregated run (deployment "
+                          "disaggregated), whose pools' workers x tp x pp x dp it is when left out (without its "
+                          "worker counts such a row is skipped with the reason)")
     model: RowText = Field(description="Catalog slug of the model (GET /v1/models); another name (a Hugging Face "
                                        "id, a model the catalog lacks) skips the row with the reason")
     gpu: RowText = Field(description="Catalog slug of the GPU (GET /v1/gpus); another name skips the row with "

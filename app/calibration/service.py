@@ -230,12 +230,22 @@ class PreparedRow:
         read only where the row pays the cost of MoE prompt steps, the one efficiency fitted to it. A
         disaggregated run's TPOT is simulated afresh per efficiency, and read for one parameter alone
         (`measures_decode_worker_step`)."""
+        return self.unfitted_reason is None
+
+    @property
+    def unfitted_reason(self) -> str | None:
+        """Why a fit does not read the row, in words (None: it does; `fittable` says why each)."""
         m = self.prediction.measurement
         users = self.prediction.users_per_scheduler
-        queued_ttft = m.metric == TTFT_MS and users is not None and users > LIGHT_LOAD_USERS
-        unread = not self.measures_steps and not self.pays_prefill_overhead and not self.measures_decode_worker_step
-        return ((self.prediction.timing_invariant or self.measures_decode_worker_step) and m.weight_dtype is not None
-                and not queued_ttft and not unread)
+        if not (self.prediction.timing_invariant or self.measures_decode_worker_step):
+            return "an open-loop (Poisson) run, whose schedule depends on the step time"
+        if m.weight_dtype is None:
+            return "its weight dtype is not stated"
+        if m.metric == TTFT_MS and users is not None and users > LIGHT_LOAD_USERS:
+            return f"the TTFT of a closed loop of more than {LIGHT_LOAD_USERS} users per scheduler"
+        if not self.measures_steps and not self.pays_prefill_overhead and not self.measures_decode_worker_step:
+            return "a closed loop's TTFT, read only for the cost of an MoE model's prompt steps"
+        return None
 
     @property
     def measures_latency(self) -> bool:
@@ -429,7 +439,11 @@ def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipp
             outcomes.append(RowOutcome(row, "", None, skipped[row.row_id], None))
             continue
         efficiency = profile.efficiency_for(item.family, item.compute_dtype, item.vendor)
-        predicted = item.predict(efficiency)
+        try:
+            predicted = item.predict(efficiency)
+        except Unpredictable as exc:  # a run simulated afresh per efficiency (Poisson) may find it cannot be
+            outcomes.append(RowOutcome(row, item.family, None, str(exc), None))
+            continue
         if not (math.isfinite(predicted) and predicted > 0):  # never expected; never reported as a number
             outcomes.append(RowOutcome(row, item.family, None, f"no finite prediction ({predicted})", None))
             continue
@@ -468,8 +482,9 @@ def _named_reason(row: ObservedRow, reason: str) -> str:
 
 
 def _reason_kind(reason: str) -> str:
-    """The reason without its row-specific details (for counting), e.g. 'unknown model slug'."""
-    return reason.split(":")[0].split("'")[0].strip()
+    """The reason without its row-specific details (for counting): up to its first colon or quoted value, e.g.
+    'unknown model slug' of "unknown model slug 'foo'"; an apostrophe inside a word ("the run's id") stays."""
+    return reason.split(":")[0].split(" '")[0].strip()
 
 
 def validate(rows: Sequence[ObservedRow], catalog: SpecCatalog, profile: CalibrationProfile) -> Report:
@@ -544,8 +559,10 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     prepared, skipped = prepare_rows(rows, catalog)
     training = [item for item in prepared if item.fittable]
     if not training:
-        raise NothingToFit("no row can be used by a fit: " + (
-            "; ".join(sorted(set(skipped.values()))[:5]) or "every predicted row is an open-loop (Poisson) run"))
+        unfitted = Counter(item.unfitted_reason for item in prepared)
+        reasons = [f"{count} predicted row{'s' if count > 1 else ''}: {reason}" for reason, count in unfitted.items()]
+        reasons += [f"{count} skipped: {kind}" for kind, count in Counter(map(_reason_kind, skipped.values())).items()]
+        raise NothingToFit("no row can be used by a fit: " + "; ".join(reasons[:6]))
     say(f"{len(prepared)} of {len(rows)} rows predicted, {len(training)} used by the fit")
     before = evaluate(rows, prepared, skipped, base)
     fitted_on = now.date().isoformat()

@@ -474,6 +474,7 @@ FIRST_ROW = SAMPLE_TEXT.splitlines()[1]
     (HEADER + "\n", "/body/file"),  # no rows
     (HEADER + "\n" + "\n".join(FIRST_ROW.replace("TRTLLM_PERF_V017-2,", f"r{i},", 1)
                                for i in range(MAX_VALIDATE_ROWS + 1)) + "\n", "/body/file"),  # too many rows
+    (HEADER + "\n" + FIRST_ROW + "\n" + FIRST_ROW + "\n", "/body/file/3/row_id"),  # line 3 repeats line 2's id
 ])
 def test_bad_csv_uploads_are_problems(client: TestClient, text: str, pointer: str) -> None:
     response = client.post("/v1/validate", files={"file": ("rows.csv", text, "text/csv")})
@@ -622,6 +623,73 @@ def test_a_fit_skips_the_rows_outside_the_vocabulary(client: TestClient, write_h
     assert fitted(created["profile"]) == fitted(alone["profile"])
     assert [row["skipped_reason"] for row in created["rows"][-len(extra):]] == [
         reason for _, _, reason in OUTSIDE_THE_VOCABULARY]
+
+
+# DeepSeek-V3 on H200 as aiconfigurator's disaggregated runs state it: pools, no aggregated degrees.
+DISAGGREGATED_ROW = {"row_id": "pd", "model": "deepseek-v3", "gpu": "h200-sxm", "engine": "trtllm",
+                     "scenario": "closed_loop", "isl": 1024, "osl": 1024, "concurrency": 64, "metric": "tpot_ms",
+                     "value": 30.0, "weight_dtype": "fp8", "compute_dtype": "fp8", "deployment": "disaggregated",
+                     "prefill_workers": 1, "prefill_tp": 8, "decode_workers": 1, "decode_tp": 8}
+
+
+def test_a_disaggregated_upload_row_reads_as_the_command_line_reads_it(client: TestClient) -> None:
+    """Its num_gpus may be left out: 1 x 8 + 1 x 8 = 16, the pools' GPUs (predicted as if stated). Without its
+    worker counts it is skipped (1,350 rows of measured-calibration-2.csv are), not refused. Layout columns that
+    contradict the run skip it too: a num_gpus other than the pools' 16, an aggregated degree on a disaggregated
+    run, a pool's column on an aggregated one. An aggregated row without num_gpus is still a 422."""
+    no_workers = {key: value for key, value in DISAGGREGATED_ROW.items() if not key.endswith(("_workers", "_tp"))}
+    rows = [DISAGGREGATED_ROW, {**DISAGGREGATED_ROW, "row_id": "stated", "num_gpus": 16},
+            {**no_workers, "row_id": "no-workers"},
+            {**DISAGGREGATED_ROW, "row_id": "three", "num_gpus": 3},
+            {**DISAGGREGATED_ROW, "row_id": "tp4", "num_gpus": 16, "tp": 4},
+            {**SAMPLE_ROWS[0], "row_id": "pool-on-aggregated", "decode_workers": 2}]
+    report = client.post("/v1/validate", json={"rows": rows})
+    assert report.status_code == 200, report.text
+    outcome = {row["row_id"]: row for row in report.json()["rows"]}
+    assert outcome["pd"]["predicted"] == outcome["stated"]["predicted"] > 0
+    assert outcome["no-workers"]["skipped_reason"] == "layout not stated: a disaggregated run without its worker counts"
+    assert outcome["three"]["skipped_reason"] == (
+        "layout contradicts the run's GPUs: num_gpus 3, the pools' workers x tp x pp x dp 16")
+    assert outcome["tp4"]["skipped_reason"] == (
+        "layout contradicts the run's deployment: a disaggregated run that states tp (each pool states its own)")
+    assert outcome["pool-on-aggregated"]["skipped_reason"] == (
+        "layout contradicts the run's deployment: an aggregated run that states decode_workers")
+    aggregated = {key: value for key, value in SAMPLE_ROWS[0].items() if key != "num_gpus"}
+    assert_problem(client.post("/v1/validate", json={"rows": [aggregated]}), 422, "/body/rows/0/num_gpus")
+
+
+def test_a_row_too_large_to_simulate_is_skipped_with_the_reason(client: TestClient) -> None:
+    """A Poisson run of 100,000-token answers at one request per 1,000 s: the simulation stops at its 50,000,000
+    engine steps with requests unfinished. It is simulated afresh per efficiency, so it finds out only when
+    predicted; the row is skipped saying so, and the rest of the upload is predicted."""
+    poisson = {**SAMPLE_ROWS[0], "row_id": "slow", "scenario": "poisson", "request_rate": 0.001, "osl": 100_000,
+               "metric": "ttft_ms", "value": 28.0}
+    report = client.post("/v1/validate", json={"rows": [SAMPLE_ROWS[0], poisson]})
+    assert report.status_code == 200, report.text
+    first, slow = report.json()["rows"]
+    assert first["predicted"] is not None and slow["predicted"] is None
+    assert slow["skipped_reason"].startswith("too large to simulate: simulation passed 50000000 engine steps")
+    assert report.json()["summary"]["skipped_reasons"] == {"too large to simulate": 1}
+
+
+def test_nothing_to_fit_says_why_each_row_is_not_fitted(client: TestClient, write_headers: dict[str, str]) -> None:
+    """Five offline rows whose weight dtype is unstated are predicted (at the published precision) but not
+    fitted, and one row names a GPU outside the catalog: the 422 says both, with their counts."""
+    unstated = [{**SAMPLE_ROWS[0], "row_id": f"u{i}", "isl": 128 + i, "weight_dtype": None} for i in range(5)]
+    other = {**SAMPLE_ROWS[0], "row_id": "other", "gpu": "h100-pcie-96gb"}
+    response = client.post("/v1/calibrations", headers=write_headers, json={"name": "none", "rows": [*unstated, other]})
+    assert_problem(response, 422, "/body/rows")
+    assert response.json()["detail"] == ("no row can be used by a fit: 5 predicted rows: its weight dtype is not "
+                                         "stated; 1 skipped: unknown GPU slug")
+
+
+def test_an_unreadable_form_is_a_problem_that_says_what_the_upload_takes(client: TestClient) -> None:
+    file = ("rows.csv", SAMPLE_TEXT, "text/csv")
+    response = client.post("/v1/validate", files=[("file", file), ("file", file)])
+    assert_problem(response, 422, "/body")
+    assert response.json()["errors"][0]["detail"] == (
+        "Too many files. Maximum number of files is 1; the upload takes one file part and at most the fields "
+        "calibration")
 
 
 def test_unknown_profiles_are_404(client: TestClient) -> None:

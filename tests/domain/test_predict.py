@@ -281,7 +281,7 @@ def test_a_checkpoint_recipe_reads_each_group_in_its_own_format() -> None:
     ({"isl": None, "osl": None, "scenario": "offline"}, LLAMA_3_8B, HOPPER, "dataset-driven lengths"),
     ({"weight_dtype": "bf16", "compute_dtype": "fp8"}, LLAMA_3_8B, AMPERE, "has no fp8 tensor rate"),
     ({"num_gpus": 1}, LLAMA_3_1_405B, HOPPER, "leave no KV cache"),
-    ({"tp": 3, "num_gpus": 3}, LLAMA_3_70B, HOPPER, "does not divide the 64 attention heads"),
+    ({"tp": 3, "num_gpus": 3}, LLAMA_3_70B, HOPPER, "does not divide the attention heads: TP3, 64 heads"),
     ({"tp": 2, "num_gpus": 3}, LLAMA_3_8B, HOPPER, "not a whole number of TP2"),
     ({"metric": "tpot_ms", "osl": 1}, LLAMA_3_8B, HOPPER, "at least 2 output tokens"),
     ({"scenario": "poisson", "request_rate": None}, LLAMA_3_8B, HOPPER, "without its request_rate"),

@@ -89,6 +89,7 @@ from app.sizing.serving.simulate import (
     ON_DEMAND,
     KvCapacityError,
     SchedulerConfig,
+    SimulationLimitError,
     SimulationResult,
     simulate,
 )
@@ -497,7 +498,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules) at its
     `release` (None: the default version), split into the side-by-side schedulers of `Layout`."""
     if model.num_attention_heads % tp:
-        raise Unpredictable(f"TP{tp} does not divide the {model.num_attention_heads} attention heads")
+        raise Unpredictable(f"tensor parallelism does not divide the attention heads: TP{tp}, "
+                            f"{model.num_attention_heads} heads")
     if pp > model.num_hidden_layers:
         raise Unpredictable(f"PP{pp} exceeds the {model.num_hidden_layers} layers")
     try:
@@ -519,8 +521,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     kv_tokens = rank_tokens // resolved.block_size // pp * resolved.block_size  # one micro-batch's share
     if kv_tokens < resolved.block_size:
         raise Unpredictable(
-            f"by {resolved.engine}'s memory accounting the weights leave no KV cache on TP{tp} x PP{pp} "
-            f"({budget / 1e9:.1f} GB per GPU after weights, activations and overhead)")
+            f"the weights leave no KV cache: by {resolved.engine}'s memory accounting on TP{tp} x PP{pp}, "
+            f"{budget / 1e9:.1f} GB per GPU after weights, activations and overhead")
     rules = engines.ENGINES[resolved.engine]
     max_num_seqs = resolved.max_num_seqs
     if max_num_seqs is None:
@@ -660,6 +662,8 @@ def _simulate(step_time, scheduler: SchedulerConfig, requests, users: int | None
         return simulate(step_time, scheduler, requests, closed_loop_users=users, warmup_fraction=0.0)
     except KvCapacityError as exc:
         raise Unpredictable(f"one request does not fit the engine's KV cache: {exc}") from None
+    except SimulationLimitError as exc:
+        raise Unpredictable(f"too large to simulate: {exc}") from None
 
 
 class _ReplayedRun(_SimulatedRun):
@@ -879,6 +883,8 @@ class _DisaggregatedRun(_Run):
                                                       self._requests)
             except KvCapacityError as exc:
                 raise Unpredictable(str(exc)) from None
+            except SimulationLimitError as exc:
+                raise Unpredictable(f"too large to simulate: {exc}") from None
             kept = list(self._memo.items())  # a new dict: another thread may be reading the old one
             self._memo = dict([*kept[max(0, len(kept) + 1 - DISAGGREGATED_MEMO):], (key, combined)])
         return combined
