@@ -195,8 +195,10 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
             defaults.append("layouts of an MoE model: also attention DP + EP (TP1 DPg EPg) and TP + EP (TPg EPg) at "
                             "each of those GPU counts g > 1 that the engine accepts")
     if candidates.pipeline_parallel is None:
-        defaults.append("pipeline_parallel = 1, and where one node of a GPU cannot hold the weights, a full node's "
-                        "TP in the fewest stages across nodes that hold them (and twice as many)")
+        defaults.append("pipeline_parallel = 1" + (
+            ", and where one node of a GPU cannot hold the weights, a full node's TP in the fewest stages across "
+            "nodes that hold them (and twice as many)" if plan_core.adds_pipelines_across_nodes(
+                None, candidates.data_parallel, candidates.expert_parallel) else ""))
         if model.is_moe and plan_core.searches_layouts_across_nodes(
                 candidates.tensor_parallel, candidates.pipeline_parallel, candidates.data_parallel,
                 candidates.expert_parallel):

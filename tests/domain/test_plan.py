@@ -567,6 +567,23 @@ def test_the_default_search_adds_attention_dp_and_ep_across_nodes_for_an_moe_mod
                                                 data_parallel=given.get("data_parallel"))
 
 
+def test_given_data_and_expert_parallel_degrees_bound_the_pipelines_the_search_adds():
+    """DeepSeek-V3 fp8 on H200s (150,754,820,096 B, 90% = 135.7e9 B), TP [1] with DP [8] and EP [8]: a pipeline
+    (TP1 PPn) has neither DP nor EP, so the search lists DP8 EP8 alone. At TP1 one GPU cannot hold the model
+    (about 680e9 B), at TP1 PP8 it can (about 85e9 B per GPU): without the DP and EP lists, or with lists that
+    admit DP1 and EP1, the search adds that pipeline."""
+    h200 = dataclasses.replace(H100_SXM, slug="h200-sxm", memory_bytes=150_754_820_096)
+    only = configurations(DEEPSEEK_V3, [h200], [1], None, ["fp8"], ["bf16"], data_parallel=[8], expert_parallel=[8])
+    assert {(c.tensor_parallel, c.pipeline_parallel, c.data_parallel, c.expert_parallel) for c in only} == {
+        (1, 1, 8, 8)}
+    assert len(only) == search_space_size(DEEPSEEK_V3, [h200], [1], None, ["fp8"], ["bf16"], data_parallel=[8],
+                                          expert_parallel=[8])
+    for lists in ({}, {"data_parallel": [1, 8], "expert_parallel": [1, 8]}):
+        staged = configurations(DEEPSEEK_V3, [h200], [1], None, ["fp8"], ["bf16"], **lists)
+        assert (1, 8, 1, 1) in {(c.tensor_parallel, c.pipeline_parallel, c.data_parallel, c.expert_parallel)
+                                for c in staged}
+
+
 def test_the_analytic_ceiling_is_the_rate_at_the_largest_batch_within_the_tpot_slo():
     """1,000-token prompts, 101-token answers (100 decode steps each), TPOT SLO 50 ms, a step of
     10 ms + 1 ms per decoding sequence + 10 us per prompt token. A whole 1,000-token prompt rides along

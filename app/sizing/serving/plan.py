@@ -499,7 +499,7 @@ def search_space_size(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel
     """How many configurations `configurations` would list (counted, not listed)."""
     per_gpu = sum(len(_layouts(model, gpu, tensor_parallel, data_parallel, expert_parallel, engine)) for gpu in gpus)
     stages = len(pipeline_parallel or (1,))
-    across_nodes = 0 if pipeline_parallel is not None else sum(
+    across_nodes = 0 if not adds_pipelines_across_nodes(pipeline_parallel, data_parallel, expert_parallel) else sum(
         len(cross_node_pipelines(model, gpu, weight_dtype, tensor_parallel, engine))
         for gpu in gpus for weight_dtype in weight_dtypes)
     if searches_layouts_across_nodes(tensor_parallel, pipeline_parallel, data_parallel, expert_parallel):
@@ -518,7 +518,8 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
     """Every combination, GPU by GPU. Layouts: the given tensor-, data- and expert-parallel degrees combined;
     with none given, `default_tensor_parallel` and, for MoE models, `expert_layouts` (for `engine`). Pipeline
     stages: the given degrees with every layout; with none given, one stage, plus `cross_node_pipelines` for
-    a model one node cannot hold (those layouts last, GPU by GPU), and for such an MoE model, when no layout
+    a model one node cannot hold where the given DP and EP degrees admit them (`adds_pipelines_across_nodes`;
+    those layouts last, GPU by GPU), and for such an MoE model, when no layout
     degree is given either, `cross_node_expert_layouts` (after them).
 
     Raises SearchSpaceTooLarge beyond MAX_CONFIGURATIONS, before listing anything.
@@ -541,7 +542,7 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
         for seqs in max_num_seqs
         for batched in max_num_batched_tokens
     ]
-    if pipeline_parallel is None:
+    if adds_pipelines_across_nodes(pipeline_parallel, data_parallel, expert_parallel):
         found += [
             Configuration(gpu, tp, pp, weight_dtype, kv_dtype, seqs, batched)
             for gpu in gpus
@@ -562,6 +563,14 @@ def configurations(model: ModelSpec, gpus: Sequence[GpuSpec], tensor_parallel: S
             for batched in max_num_batched_tokens
         ]
     return found
+
+
+def adds_pipelines_across_nodes(pipeline_parallel: Sequence[int] | None, data_parallel: Sequence[int] | None,
+                                expert_parallel: Sequence[int] | None) -> bool:
+    """Whether the search adds `cross_node_pipelines` (for a model one node cannot hold): when no pipeline degree
+    is given, and the data- and expert-parallel degrees given, if any, admit those layouts' 1 (they have neither)."""
+    return (pipeline_parallel is None and (data_parallel is None or 1 in data_parallel)
+            and (expert_parallel is None or 1 in expert_parallel))
 
 
 def searches_layouts_across_nodes(tensor_parallel: Sequence[int] | None, pipeline_parallel: Sequence[int] | None,
