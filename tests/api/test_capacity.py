@@ -375,6 +375,22 @@ def test_sglang_dp_attention_reserves_more_and_chunks_each_rank(client: TestClie
     assert (tp8["gpu_memory_utilization"], tp8["max_num_batched_tokens"]) == (0.886, 8192)
 
 
+def test_an_sglang_chunk_whose_reserve_exceeds_the_gpu_says_so(client: TestClient) -> None:
+    """SGLang 0.5.10, Llama-3.1-8B on one H100 (85,520,809,984 B = 81,559 MiB) with a 65,536-token prefill chunk:
+    reserved 512 + 1.5 x 65,536 + 2 x 256 (cuda_graph_max_bs at TP1) + 1/8 x 1,024 + 58 x 8 (piecewise CUDA
+    graphs) = 99,920 MiB, more than the GPU: mem_fraction_static (81,559 - 99,920) / 81,559 = -0.22513 -> -0.225.
+    SGLang cannot start so: the answer says why, and uses none of the memory (not a negative amount)."""
+    answer = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "sglang", "input_tokens": 1000,
+                           "output_tokens": 100, "max_num_batched_tokens": 65536})
+    assert answer["engine"]["gpu_memory_utilization"] == -0.225
+    assert answer["memory"]["usable_bytes_per_gpu"] == 0
+    assert answer["fits"] is False
+    assert answer["reasons"] == [
+        ("sglang sets aside all of the GPU's memory: its memory fraction is -0.225 (SGLang 0.5.10 default "
+        "mem_fraction_static for this GPU size and TP x PP (chunked_prefill_size 65536, cuda_graph_max_bs 256)); "
+        "give gpu_memory_utilization, or a smaller max_num_batched_tokens")]
+
+
 @pytest.mark.parametrize(("change", "pointer"), [
     ({"tensor_parallel": 8, "expert_parallel": 2}, "/body/expert_parallel"),  # vLLM: ep is 1 or dp x tp
     ({"tensor_parallel": 2, "expert_parallel": 4}, "/body/expert_parallel"),  # 4 does not divide 2 x 1

@@ -326,6 +326,12 @@ def _reasons(model: ModelSpec, engine: ResolvedEngine, memory: MemoryBudget, wei
              tp: int, pp: int, request_tokens: int, kv_tokens: int, admission: int,
              max_context: int) -> tuple[str, ...]:
     gpus = f"{tp * pp} x {_gb(memory.total_bytes_per_gpu)} (TP{tp}, PP{pp})"
+    if engine.gpu_memory_utilization <= 0:  # SGLang's default fraction with a large prefill chunk: it cannot start
+        source = dict(engine.sources).get("gpu_memory_utilization", "the engine's default")
+        reason = (f"{engine.engine} sets aside all of the GPU's memory: its memory fraction is "
+                  f"{engine.gpu_memory_utilization:g} ({source}); give gpu_memory_utilization, or a smaller "
+                  "max_num_batched_tokens")
+        return (reason,)
     if memory.kv_budget_bytes_per_gpu <= 0:
         weights = f"weights need {_gb(weight_bytes(model, weight_dtype))} ({resolve_recipe(weight_dtype).name})"
         placed = f"{gpus} puts {_gb(memory.weights_bytes_per_gpu)} on each GPU"

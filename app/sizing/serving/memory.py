@@ -101,7 +101,7 @@ def _usable_and_kv_budget(engine: ResolvedEngine, weights: int) -> tuple[int, in
         free = total - weights - activation - overhead
         kv_budget = int(engine.gpu_memory_utilization * free) if free > 0 else free
         return kv_budget + weights + activation + overhead, kv_budget
-    usable = int(engine.gpu_memory_utilization * total)
+    usable = max(int(engine.gpu_memory_utilization * total), 0)  # a fraction <= 0 leaves the engine nothing
     return usable, usable - weights - activation - overhead
 
 
