@@ -40,7 +40,7 @@ from app.errors import current_request_id, install_error_handlers, problem_respo
 from app.estimates import api as estimates_api
 from app.ops import api as ops_api
 from app.planning import api as planning_api
-from app.planning.pool import PlanPool
+from app.planning.pool import PlanPool, SearchTimedOut
 from app.quotes import api as quotes_api
 from app.settings import Settings
 from app.sizing.serving import plan as plan_core
@@ -240,7 +240,11 @@ class RequestContextMiddleware:
 
 def _log_late_failure(task: asyncio.Future[None]) -> None:
     """Collect the outcome of work that outlived its deadline (asyncio warns about unread errors)."""
-    if not task.cancelled() and task.exception() is not None:
+    if task.cancelled() or task.exception() is None:
+        return
+    if isinstance(task.exception(), SearchTimedOut):  # the expected end of a search past the deadline
+        error_log.warning("timed-out search stopped", extra={"detail": str(task.exception())})
+    else:
         error_log.error("timed-out request failed later", exc_info=task.exception())
 
 
@@ -302,7 +306,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     spec_cache.check_in_background(app.state.session_factory)  # no request waits for a revision check
     # Never queries (unbound), so one serves every request on the event loop (app.web.computed_answer).
     app.state.memory_only_session = memory_only_session(app.state.session_factory)
-    app.state.plan_pool = PlanPool(settings.plan_workers)
+    app.state.plan_pool = PlanPool(settings.plan_workers, deadline_s=settings.request_timeout_s)
     app.state.metrics = Metrics()
     install_error_handlers(app)
     install_docs(app)

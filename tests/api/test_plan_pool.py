@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,7 @@ from fastapi.testclient import TestClient
 from app.main import create_app
 from app.planning import api as planning_api
 from app.planning import service as planning
-from app.planning.pool import WORKER_NICENESS, PlanPool
+from app.planning.pool import WORKER_NICENESS, PlanPool, SearchTimedOut
 from app.planning.schemas import SloPlanRequest
 from app.settings import Settings
 
@@ -57,7 +58,7 @@ def test_a_search_runs_in_the_bounded_process_pool_and_answers_as_in_process(
         response = client.post("/v1/slo-plan", json=body)
         assert response.status_code == 200, response.text
         assert pool.searches == (["plan"] if deployment == "aggregated" else ["plan", "plan_disaggregated"])
-        assert pool._started()._max_workers == 2  # bounded: a third search at once waits for a worker
+        assert len(pool._started()) == 2  # bounded: a third search at once waits for an idle worker
     finally:
         app.state.plan_pool = original
         pool.shutdown()
@@ -77,13 +78,13 @@ def test_the_workers_start_with_the_application_when_prestarted(settings: Settin
     for prestart in (True, False):
         application = create_app(settings.model_copy(update={"plan_workers": 2, "plan_workers_prestart": prestart}))
         with TestClient(application):
-            executor = application.state.plan_pool._executor
+            executors = application.state.plan_pool._executors
             if prestart:
-                assert executor is not None and len(executor._processes) == 2
-                for worker in list(executor._processes.values()):  # the warm-ups ran in live workers
-                    assert worker.is_alive()
+                assert executors is not None and [len(executor._processes) for executor in executors] == [1, 1]
+                for executor in executors:  # the warm-ups ran in live workers
+                    assert all(worker.is_alive() for worker in executor._processes.values())
             else:
-                assert executor is None
+                assert executors is None
 
 
 def test_a_warm_up_imports_the_module_in_the_worker() -> None:
@@ -102,6 +103,28 @@ def test_a_warm_up_imports_the_module_in_the_worker() -> None:
 
 def _loaded(module: str) -> bool:
     return module in sys.modules
+
+
+def test_a_search_past_the_deadline_is_stopped_with_its_worker_and_a_fresh_one_serves_the_next() -> None:
+    """A search that would run 60 s in a pool whose deadline is 1 s: SearchTimedOut, its worker process is
+    killed (not left to run for the next search to wait behind), and the next search runs at once in a fresh
+    worker, the pool still one worker strong."""
+    pool = PlanPool(workers=1)
+    try:
+        pool.call(_own_niceness)  # the worker is up (starting it is no part of the deadline below)
+        pool.deadline_s = 1.0
+        [old] = pool._started()
+        [process] = old._processes.values()
+        with pytest.raises(SearchTimedOut, match="did not finish within 1 s"):
+            pool.call(time.sleep, 60)
+        process.join(timeout=10)
+        assert not process.is_alive()
+        [fresh] = pool._started()
+        assert fresh is not old
+        pool.deadline_s = None  # the fresh worker starts
+        assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
+    finally:
+        pool.shutdown()
 
 
 def _own_niceness() -> int:
