@@ -411,7 +411,9 @@ class CapacityResponse(BaseModel):
     kv_blocks: int
     max_concurrency: MaxConcurrencyOut
     max_context_tokens: int = Field(description="Longest context one request can reach alone")
-    operating_point: OperatingPointOut | None = Field(description="null when it does not fit")
+    operating_point: OperatingPointOut | None = Field(
+        description="null when it does not fit (disaggregated: when the decode worker does not; `fits` covers both "
+                    "pools)")
     engine: EngineOut
     assumptions: CapacityAssumptions
     calculation_version: str

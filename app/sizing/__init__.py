@@ -12,7 +12,10 @@
 # 2026.12.06.7: SGLang's step under attention DP reads its dense MLPs and shared experts split over the tp x dp GPUs
 # and gathers every rank's tokens around every feed-forward block, dense ones too (was: whole, and an exchange per
 # expert copy around the MoE layers only).
-CALCULATION_VERSION = "2026.12.06.7"
+# 2026.12.06.8: the planner adds cross-node pipeline layouts only where the given data- and expert-parallel degrees
+# admit 1; an engine whose memory fraction is at most 0 (SGLang with a large prefill chunk) uses none of the GPU
+# (was: a negative amount); a dense model with experts per token or shared experts is refused.
+CALCULATION_VERSION = "2026.12.06.8"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

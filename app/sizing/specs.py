@@ -199,6 +199,10 @@ class ModelSpec:
             raise ValueError("moe_layers lists a layer more than once")
         if self.moe_layers is not None and not self.num_experts:
             raise ValueError("moe_layers needs num_experts: a model without routed experts has no MoE layer")
+        for name in ("num_experts_per_tok", "n_shared_experts"):
+            if getattr(self, name) and not self.num_experts:
+                raise ValueError(f"{name} needs num_experts: a model without routed experts has no MoE block "
+                                 "(give 0, or the experts)")
         if self.num_experts and not self.moe_layer_indices:
             raise ValueError(f"num_experts {self.num_experts} with no MoE layer: first_k_dense_replace "
                              f"({self.first_k_dense_replace}) or moe_layers leaves none of the "

@@ -315,6 +315,9 @@ def test_mlp_params_gated_vs_plain() -> None:
     ({"first_k_dense_replace": 500}, "no MoE layer"),
     ({"moe_layers": ()}, "no MoE layer"),
     ({"num_experts": 0, "num_experts_per_tok": 0, "moe_layers": (0,)}, "moe_layers needs num_experts"),
+    # A dense model with leftover MoE counts: sized as if they were not there, without a word.
+    ({"num_experts": 0, "num_experts_per_tok": 2}, "num_experts_per_tok needs num_experts"),
+    ({"num_experts": 0, "num_experts_per_tok": 0, "n_shared_experts": 2}, "n_shared_experts needs num_experts"),
     ({"q_lora_rank": 1536}, "give kv_lora_rank too"),
     ({"total_params_published": 1, "active_params_published": 10**13}, "exceeds total_params_published"),
     ({"hidden_size": 8, "num_attention_heads": 16, "num_key_value_heads": 16}, "head_dim must be given"),
