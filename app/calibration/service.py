@@ -668,11 +668,20 @@ def _pct(value: float | None) -> str:
 UPLOAD_FIT_EVALUATIONS = 80
 
 
-def check_upload_work(rows: Sequence[ObservedRow], limit: int, offline_command: str) -> None:
+def check_upload_work(rows: Sequence[ObservedRow], limit: int, offline_command: str, catalog: SpecCatalog) -> None:
     """422 when the rows would need more distinct simulated runs than one request may run (a Poisson
-    run is simulated for each profile it is predicted under)."""
+    run is simulated for each profile it is predicted under); a row of a model or GPU the catalog lacks is
+    skipped, never simulated."""
+    known: dict[tuple[str, str], bool] = {}
+
+    def in_catalog(row: ObservedRow) -> bool:
+        key = (row.model, row.gpu)
+        if key not in known:
+            known[key] = catalog.model(row.model) is not None and catalog.gpu(row.gpu) is not None
+        return known[key]
+
     runs = {(row.model, row.gpu, replace(row.measurement, metric=THROUGHPUT_METRICS[0], stat=None))
-            for row in rows if row.measurement is not None and needs_simulation(row.measurement)}
+            for row in rows if row.measurement is not None and needs_simulation(row.measurement) and in_catalog(row)}
     if len(runs) > limit:
         raise Unprocessable(
             f"the rows need {len(runs)} distinct simulated runs (offline, closed-loop, Poisson); one request "
@@ -692,7 +701,7 @@ def contradictions_out(report: Report) -> list[ContradictionOut]:
 def validate_upload(session: Session, request: ValidationRequest) -> ValidationResponse:
     """POST /v1/validate: the error report of the rows under a profile; nothing is stored."""
     rows = _observed_or_422(request.rows)
-    check_upload_work(rows, request.max_simulated_runs, "python -m app.validate FILE.csv")
+    check_upload_work(rows, request.max_simulated_runs, "python -m app.validate FILE.csv", DatabaseCatalog(session))
     profile = get_profile(session, request.calibration)
     report = validate(rows, DatabaseCatalog(session), profile)
     rows_out, summary = report_schemas(report)
@@ -710,7 +719,8 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
     if session.get(CalibrationProfileRecord, request.name) is not None:
         raise Conflict(f"a calibration profile named {request.name!r} already exists; choose another name")
     rows = _observed_or_422(request.rows)
-    check_upload_work(rows, request.max_simulated_runs, "python -m app.calibrate FILE.csv --name NAME --write-db")
+    check_upload_work(rows, request.max_simulated_runs, "python -m app.calibrate FILE.csv --name NAME --write-db",
+                      DatabaseCatalog(session))
     base = get_profile(session, request.base_profile)
     canonical = json.dumps([row.model_dump(mode="json") for row in request.rows], sort_keys=True,
                            separators=(",", ":")).encode()

@@ -692,6 +692,19 @@ def test_an_unreadable_form_is_a_problem_that_says_what_the_upload_takes(client:
         "calibration")
 
 
+def test_rows_of_models_outside_the_catalog_take_none_of_the_simulation_budget(client: TestClient) -> None:
+    """1,001 closed loops of distinct lengths (one simulated run each, over the 1,000 one request may run) of a
+    model the catalog lacks are skipped, not simulated: a 200, as when the model is named by a Hugging Face id."""
+    rows = [{**SAMPLE_ROWS[0], "row_id": f"r{i}", "model": "no-such-model", "scenario": "closed_loop",
+             "concurrency": 4, "metric": "tpot_ms", "isl": 100 + i, "value": 10.0}
+            for i in range(MAX_VALIDATE_SIMULATED_RUNS + 1)]
+    response = client.post("/v1/validate", json={"rows": rows})
+    assert response.status_code == 200, response.text
+    assert response.json()["summary"]["skipped_reasons"] == {"unknown model slug": MAX_VALIDATE_SIMULATED_RUNS + 1}
+    known = [{**row, "model": "llama-3.1-8b"} for row in rows]
+    assert_problem(client.post("/v1/validate", json={"rows": known}), 422, "/body/rows")
+
+
 def test_unknown_profiles_are_404(client: TestClient) -> None:
     assert_problem(client.post("/v1/validate", json={"calibration": "nope", "rows": SAMPLE_ROWS[:1]}), 404)
     assert_problem(client.get("/v1/calibrations/nope"), 404)
@@ -704,4 +717,4 @@ def test_a_150_row_sample_of_the_shipped_file_is_within_the_fit_limits() -> None
     rows = rows_from_csv(MEASURED.read_text(encoding="utf-8"))[::8]
     assert len(rows) == 158  # ceil(1,263 / 8)
     request = CalibrationRequest(name="sample", rows=rows)
-    calibration.check_upload_work(observed_rows(request.rows), request.max_simulated_runs, "-")
+    calibration.check_upload_work(observed_rows(request.rows), request.max_simulated_runs, "-", calibration.ReferenceCatalog())
