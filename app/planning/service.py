@@ -522,8 +522,9 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
                 f"({1 - dis_cost / agg_cost:.0%} less): decode steps no longer wait for prompt chunks, so each decode "
                 f"worker runs a larger batch within the TPOT SLO, and the prefill pool is sized for prompts alone "
                 f"(KV transfer {transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link})")
-    return (f"aggregated wins: ${agg_cost:,.2f}/h against ${dis_cost:,.2f}/h disaggregated "
-            f"({dis_cost / agg_cost - 1:.0%} more): with prompts of {transfer.prompt_tokens:,} tokens on average, "
+    more = f" ({dis_cost / agg_cost - 1:.0%} more)" if agg_cost > 0 else ""  # GPUs may be priced at 0
+    return (f"aggregated wins: ${agg_cost:,.2f}/h against ${dis_cost:,.2f}/h disaggregated"
+            f"{more}: with prompts of {transfer.prompt_tokens:,} tokens on average, "
             "prefill is a small share of each GPU's time, so mixing it into decode steps costs little TPOT, while "
             "separate pools each round up to whole workers, cannot lend idle capacity to each other and add a KV "
             f"transfer ({transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link}) to every TTFT")

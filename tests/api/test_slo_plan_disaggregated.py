@@ -123,6 +123,14 @@ def test_short_chat_prompts_explain_why_aggregated_wins(client):
     assert "prefill is a small share" in note and "KV transfer" in note
 
 
+def test_gpus_priced_at_nothing_compare_the_two_kinds_without_a_ratio(client):
+    """A price of 0 per GPU-hour is allowed (owned hardware): the comparison note has no ratio to give (it divided
+    by the aggregated plan's $0/h: a 500)."""
+    body = plan(client, {**CHAT, "candidates": {**CHAT["candidates"], "gpu_price_per_hour_usd": {"h200-sxm": 0}}})
+    note = next(note for note in body["assumptions"]["notes"] if "wins" in note)
+    assert note.startswith("aggregated wins: $0.00/h against $0.00/h disaggregated: with prompts of")
+
+
 def test_sglang_pools_are_launched_in_their_disaggregation_modes(client):
     body = plan(client, {**LONG_PROMPTS, "candidates": {**LONG_PROMPTS["candidates"], "engine": "sglang",
                                                           "deployment": "disaggregated"}})

@@ -267,8 +267,9 @@ def prefill_role_requests(requests: Requests) -> Requests:
 
 
 def decode_role_requests(requests: Requests) -> Requests:
-    """What a decode worker serves: the prompt arrives cached but for its last token (whose step emits the
-    first streamed token), then OSL − 1 more tokens (at least one step)."""
+    """What a decode worker serves: the prompt arrives cached but for its last token, and the worker generates
+    the OSL − 1 tokens after the prefill worker's first (at least one step), the first of them with that step,
+    which streams the prefill worker's token too: a two-token answer's tokens arrive together (TPOT 0)."""
     return replace(requests, cached_prefix_tokens=requests.input_tokens - 1,
                    output_tokens=np.maximum(requests.output_tokens - 1, 1), shared_prefix_tokens=0)
 
