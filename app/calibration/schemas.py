@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.calibration.crossval import CHOSEN_BY, LEVEL_DESCRIPTIONS, TARGETS
 from app.calibration.held_out_schemas import (
@@ -164,7 +164,10 @@ class MeasurementRowUpload(MeasurementRowIn):
     """An uploaded row (JSON or CSV): a name the service does not know, in a column that names a catalog entry
     or a word of the schema's vocabulary, is kept, and the row is skipped with the reason rather than the
     upload refused (a file of published measurements names Hugging Face ids, other GPUs, other metrics).
-    Every other column is as strict as `MeasurementRowIn`'s."""
+    Text is stripped of surrounding whitespace, as a CSV cell is. Every other column is as strict as
+    `MeasurementRowIn`'s."""
+
+    model_config = MeasurementRowIn.model_config | ConfigDict(str_strip_whitespace=True)
 
     num_gpus: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
         None, description="GPUs behind the number; required, but for a disaggregated run (deployment "

@@ -606,6 +606,15 @@ def test_names_outside_the_vocabulary_skip_their_row_not_the_upload(client: Test
     assert as_csv.json() == report.json()
 
 
+def test_json_text_is_stripped_as_a_csv_cell_is(client: TestClient) -> None:
+    """' llama-3.1-8b ' names the catalog model, as the same CSV cell does; ' r1 ' repeats 'r1'."""
+    padded = {**SAMPLE_ROWS[0], "model": f" {SAMPLE_ROWS[0]['model']} ", "row_id": " r1 "}
+    report = client.post("/v1/validate", json={"rows": [padded]}).json()
+    assert report["rows"][0]["row_id"] == "r1" and report["rows"][0]["skipped_reason"] is None
+    assert_problem(client.post("/v1/validate", json={"rows": [padded, {**SAMPLE_ROWS[0], "row_id": "r1"}]}), 422,
+                   "/body/rows/1/row_id")
+
+
 def test_a_fit_skips_the_rows_outside_the_vocabulary(client: TestClient, write_headers: dict[str, str]) -> None:
     """The sample's rows plus one of each name outside the vocabulary: the same efficiencies as the sample
     alone (the skipped rows are not fitted on), and the report lists them with their reasons."""
