@@ -102,7 +102,8 @@ class RequestDeadline:
 
     SCOPE_KEY = "app.deadline"
 
-    def __init__(self) -> None:
+    def __init__(self, due: float | None = None) -> None:
+        self.due = due  # the `time.monotonic()` instant the client is answered 503 if not before; None: never
         self._lock = threading.Lock()
         self._state = "running"  # -> "committing" | "expired"
 

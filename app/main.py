@@ -184,7 +184,7 @@ class RequestContextMiddleware:
         waiting), its session rolls back instead of committing (app.db.RequestDeadline), and
         whatever it sends is dropped. A request already committing is let finish and answer.
         """
-        deadline = RequestDeadline()
+        deadline = RequestDeadline(due=time.monotonic() + self.timeout_s)
         scope[RequestDeadline.SCOPE_KEY] = deadline
         in_slot = False
 

@@ -21,7 +21,7 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from app.common import NO_NUL_PATTERN, SLUG_PATTERN
-from app.db import NeedsDatabase, get_session
+from app.db import NeedsDatabase, RequestDeadline, get_session
 from app.errors import Forbidden, PreconditionFailed, Unauthorized
 from app.settings import ApiKey
 
@@ -80,6 +80,13 @@ async def computed_answer(request: Request, compute: Callable[[Session, BodyT], 
     except NeedsDatabase:
         answer = await run_in_threadpool(_compute_with_session, state.session_factory, compute, body)
     return json_response(answer)
+
+
+def plan_offload(request: Request) -> Callable[..., Any]:
+    """The application's plan pool, each search bounded by this request's deadline (`PlanPool.until`): none
+    outlives its request's 503."""
+    deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
+    return request.app.state.plan_pool.until(deadline.due if deadline is not None else None)
 
 
 def json_response(answer: BaseModel) -> Response:

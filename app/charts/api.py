@@ -25,7 +25,7 @@ from app.charts import service as charts
 from app.errors import Unprocessable, json_pointer, problem_responses
 from app.estimates.schemas import BatchSweepRequest, RooflineRequest
 from app.planning.schemas import SloPlanRequest
-from app.web import SessionDep, SizingRead
+from app.web import SessionDep, SizingRead, plan_offload
 
 router = APIRouter(tags=["charts"], dependencies=[SizingRead])
 
@@ -236,7 +236,7 @@ def slo_plan_chart_get(request: Request, session: SessionDep,
                        query: Annotated[SloPlanQuery, Query()]) -> Response:  # type: ignore[valid-type]
     with SLO_PLAN_QUERY.query_pointers():
         return svg(charts.slo_plan_chart(session, SLO_PLAN_QUERY.request(query), query.metric,
-                                         offload=request.app.state.plan_pool.call))
+                                         offload=plan_offload(request)))
 
 
 @router.post("/v1/slo-plan/chart", response_class=Response, responses=SVG_RESPONSES,
@@ -244,4 +244,4 @@ def slo_plan_chart_get(request: Request, session: SessionDep,
              description=SLO_PLAN_DESCRIPTION)
 def slo_plan_chart_post(request: Request, session: SessionDep, body: SloPlanRequest,
                         metric: PlanMetricQuery = "tpot") -> Response:
-    return svg(charts.slo_plan_chart(session, body, metric, offload=request.app.state.plan_pool.call))
+    return svg(charts.slo_plan_chart(session, body, metric, offload=plan_offload(request)))

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from app.errors import problem_responses
 from app.planning import service as planning
 from app.planning.schemas import SloPlanRequest, SloPlanResponse
-from app.web import SizingRead, json_response
+from app.web import SizingRead, json_response, plan_offload
 
 router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"], dependencies=[SizingRead])
 
@@ -24,10 +24,10 @@ async def slo_plan(request: Request, body: SloPlanRequest) -> Response:
     scheduler: the same request always gives the same answer. Returns the plans cheapest first, each
     with its predicted percentiles, binding constraint and launch command; the cost-latency frontier;
     and every configuration that cannot work, with its reasons (`feasible: false` when none can)."""
-    state = request.app.state
+    state, offload = request.app.state, plan_offload(request)
 
     def answer() -> SloPlanResponse:  # in a worker thread; the search itself in the plan pool
         with state.session_factory() as session:
-            return planning.plan_slo(session, body, offload=state.plan_pool.call)
+            return planning.plan_slo(session, body, offload=offload)
 
     return json_response(await run_in_threadpool(answer))

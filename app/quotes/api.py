@@ -36,6 +36,7 @@ from app.web import (
     QuoteWriter,
     SessionDep,
     json_with_etag,
+    plan_offload,
 )
 
 router = APIRouter(prefix="/v1/quotes", tags=["quotes"])
@@ -68,7 +69,7 @@ def create_quote(request: Request, writer: QuoteWriter, body: SloPlanRequest,
     deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
     stored, created = quotes.create_quote(request.app.state.session_factory, body, idempotency_key, writer.name,
                                           may_commit=deadline.claim_commit if deadline else lambda: True,
-                                          offload=request.app.state.plan_pool.call)
+                                          offload=plan_offload(request))
     if created:
         return json_with_etag(request, stored, status_code=201,
                               headers={"Location": f"/v1/quotes/{stored.id}"})
@@ -96,7 +97,7 @@ def reprice_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) 
     added or deleted since (a deleted candidate GPU is left out; a deleted model is planned from the
     architecture stored in the quote), and changed outcomes (feasibility, the cheapest plan's GPU,
     layout, replicas and $/hour). Stores nothing."""
-    return quotes.reprice(session, quote_id, offload=request.app.state.plan_pool.call)
+    return quotes.reprice(session, quote_id, offload=plan_offload(request))
 
 
 @router.post("/{quote_id}/reproduce", response_model=ReproduceOut, dependencies=[QuoteReader],
@@ -106,4 +107,4 @@ def reproduce_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath
     """Run the stored request on the quote's snapshot alone (its catalog rows, calibration profile and
     inline GPUs), never on today's catalog or profiles, and say whether the answer is byte for byte the
     stored one. Stores nothing. Quotes made before quotes kept their calibration profile are a 409."""
-    return quotes.reproduce(session, quote_id, offload=request.app.state.plan_pool.call)
+    return quotes.reproduce(session, quote_id, offload=plan_offload(request))

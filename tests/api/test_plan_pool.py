@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from app.errors import ServiceUnavailable
 from app.main import create_app
 from app.planning import api as planning_api
 from app.planning import service as planning
@@ -37,9 +39,10 @@ class RecordingPool(PlanPool):
         super().__init__(workers)
         self.searches: list[str] = []
 
-    def call(self, search: Callable[..., Any], *arguments: Any) -> Any:
+    def call(self, search: Callable[..., Any], *arguments: Any, due: float | None = None) -> Any:
         self.searches.append(search.__name__)
-        return super().call(search, *arguments)
+        assert due is not None  # bounded by the request's deadline
+        return super().call(search, *arguments, due=due)
 
 
 def test_the_endpoint_only_awaits() -> None:
@@ -115,13 +118,59 @@ def test_a_search_past_the_deadline_is_stopped_with_its_worker_and_a_fresh_one_s
         pool.deadline_s = 1.0
         [old] = pool._started()
         [process] = old._processes.values()
-        with pytest.raises(SearchTimedOut, match="did not finish within 1 s"):
+        with pytest.raises(SearchTimedOut, match="did not finish before the request's deadline"):
             pool.call(time.sleep, 60)
         process.join(timeout=10)
         assert not process.is_alive()
         [fresh] = pool._started()
         assert fresh is not old
         pool.deadline_s = None  # the fresh worker starts
+        assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
+    finally:
+        pool.shutdown()
+
+
+def test_a_search_waiting_for_a_worker_past_its_deadline_never_runs() -> None:
+    """Every search of a request is bounded by the request's deadline (`until`): one that is still waiting for the
+    only worker when it passes gives up (SearchTimedOut) instead of running after its request's 503; the worker,
+    busy meanwhile with another request's search, serves the next one."""
+    pool = PlanPool(workers=1)
+    try:
+        pool.call(_own_niceness)
+        busy = threading.Thread(target=pool.call, args=(time.sleep, 2))
+        busy.start()
+        time.sleep(0.5)  # the sleep runs in the worker
+        with pytest.raises(SearchTimedOut, match="no plan worker was free"):
+            pool.until(time.monotonic() + 0.2)(_own_niceness)
+        busy.join()
+        assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
+    finally:
+        pool.shutdown()
+
+
+def test_a_search_that_raises_gives_its_worker_back() -> None:
+    """An error in a search reaches its caller; the worker is fine and serves the next search (it had been
+    kept out of the pool: two such errors in a pool of two hung every later search)."""
+    pool = PlanPool(workers=1)
+    try:
+        for _ in range(2):
+            with pytest.raises(ValueError):
+                pool.call(int, "not a number")
+        assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
+    finally:
+        pool.shutdown()
+
+
+def test_a_worker_that_dies_during_a_search_is_a_503_and_is_replaced() -> None:
+    pool = PlanPool(workers=1)
+    try:
+        [executor] = pool._started()
+        pool.call(_own_niceness)
+        [process] = executor._processes.values()
+        killer = threading.Timer(0.5, process.kill)
+        killer.start()
+        with pytest.raises(ServiceUnavailable, match="a plan worker stopped during the search"):
+            pool.call(time.sleep, 60)
         assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
     finally:
         pool.shutdown()
