@@ -112,9 +112,15 @@ def layout_skip_reason(cells: Mapping[str, str]) -> str | None:
     not). The one place that decides it when reading: a disaggregated run whose source does not state its
     worker counts has no GPU count. Every layout the predictor knows (attention data parallel, expert
     parallel, pipeline, disaggregated pools) reaches it through `Measurement`."""
-    if cells.get("deployment", "").strip() == "disaggregated":
+    if cells.get("deployment", "").strip() == "disaggregated" and not _states_pools(cells):
         return "layout not stated: a disaggregated run without its worker counts"
     return None
+
+
+def _states_pools(cells: Mapping[str, str]) -> bool:
+    """Whether a row states both pools' workers and tensor-parallel degrees (n/a and 0 state nothing)."""
+    return all(cells.get(f"{role}_{column}", "").strip().lower() not in ("", *NOT_APPLICABLE)
+               for role in ("prefill", "decode") for column in ("workers", "tp"))
 
 
 def layout_conflict(cells: Mapping[str, str]) -> str | None:
@@ -371,9 +377,7 @@ def _print_problems(where: str, exc: Exception) -> None:
 def _with_pool_gpus(cells: Mapping[str, str]) -> Mapping[str, str]:
     """The cells, with a disaggregated run's num_gpus when it states only its pools: workers x tp x pp x dp summed
     over the prefill and decode pools (measured-calibration-2-sources.md computes it so)."""
-    if (cells.get("deployment", "").strip() != "disaggregated" or "num_gpus" in cells
-            or not all(cells.get(f"{role}_{column}", "").strip().lower() not in ("", *NOT_APPLICABLE)
-                       for role in ("prefill", "decode") for column in ("workers", "tp"))):
+    if cells.get("deployment", "").strip() != "disaggregated" or "num_gpus" in cells or not _states_pools(cells):
         return cells  # without its worker counts it has no GPU count (`layout_skip_reason`)
     degrees = []
     for role in ("prefill", "decode"):

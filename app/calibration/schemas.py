@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, model_validator
 
 from app.calibration.crossval import CHOSEN_BY, LEVEL_DESCRIPTIONS, TARGETS
 from app.calibration.held_out_schemas import (
@@ -45,10 +45,9 @@ from app.estimates.schemas import (
 )
 from app.sizing.calibration.predict import ENGINES, METRICS, SCENARIOS, STATS
 
-# Uploads: each row can mean a simulation, so a request carries a bounded amount of work, sized to
-# finish well inside REQUEST_TIMEOUT_S (30 s). Measured on a 2-vCPU machine shared with other work:
-# validating the whole shipped tests/data/measured-calibration.csv (1,263 rows, 573 distinct simulated
-# runs) took 8 s; fitting a profile to it 29 s, to a 150-row sample of it 7 s.
+# Uploads: each row can mean a simulation, so a request carries a bounded number of runs, sized to finish inside
+# REQUEST_TIMEOUT_S (30 s). On 2 vCPUs the shipped tests/data/measured-calibration.csv (1,263 rows, 573 runs) took 5.9 s
+# to validate in a fresh process (2026-12-06); fitting a profile to it 29 s, to a 150-row sample of it 7 s.
 
 MAX_VALIDATE_ROWS = 2000
 MAX_VALIDATE_SIMULATED_RUNS = 1000
@@ -161,13 +160,18 @@ class MeasurementRowIn(BaseModel):
 
 
 class MeasurementRowUpload(MeasurementRowIn):
-    """An uploaded row (JSON or CSV): a name the service does not know, in a column that names a catalog entry
-    or a word of the schema's vocabulary, is kept, and the row is skipped with the reason rather than the
-    upload refused (a file of published measurements names Hugging Face ids, other GPUs, other metrics).
-    Text is stripped of surrounding whitespace, as a CSV cell is. Every other column is as strict as
-    `MeasurementRowIn`'s."""
+    """An uploaded row (JSON or CSV): a name the service does not know, in a column that names a catalog entry or a
+    word of the schema's vocabulary, is kept, and the row skipped with the reason rather than the upload refused (a
+    file of published measurements names Hugging Face ids, other GPUs, other metrics). Text is stripped, and blank
+    text left out, as a CSV cell is. Every other column is as strict as `MeasurementRowIn`'s."""
 
-    model_config = MeasurementRowIn.model_config | ConfigDict(str_strip_whitespace=True)
+    @model_validator(mode="before")
+    @classmethod
+    def _as_csv_cells_are(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        cells = ((key, value.strip() if isinstance(value, str) else value) for key, value in data.items())
+        return {key: value for key, value in cells if value != ""}
 
     num_gpus: Annotated[int, Field(ge=1, le=100_000)] | None = Field(
         None, description="GPUs behind the number; required, but for a disaggregated run (deployment "

@@ -607,10 +607,13 @@ def test_names_outside_the_vocabulary_skip_their_row_not_the_upload(client: Test
 
 
 def test_json_text_is_stripped_as_a_csv_cell_is(client: TestClient) -> None:
-    """' llama-3.1-8b ' names the catalog model, as the same CSV cell does; ' r1 ' repeats 'r1'."""
-    padded = {**SAMPLE_ROWS[0], "model": f" {SAMPLE_ROWS[0]['model']} ", "row_id": " r1 "}
+    """' llama-3.1-8b ' names the catalog model, as the same CSV cell does, ' aggregated ' the deployment; a blank
+    statistic is one not stated (a blank CSV cell); ' r1 ' repeats 'r1'."""
+    padded = {**SAMPLE_ROWS[0], "model": f" {SAMPLE_ROWS[0]['model']} ", "row_id": " r1 ",
+              "deployment": " aggregated ", "stat": "  "}
     report = client.post("/v1/validate", json={"rows": [padded]}).json()
     assert report["rows"][0]["row_id"] == "r1" and report["rows"][0]["skipped_reason"] is None
+    assert report["rows"][0]["stat"] is None
     assert_problem(client.post("/v1/validate", json={"rows": [padded, {**SAMPLE_ROWS[0], "row_id": "r1"}]}), 422,
                    "/body/rows/1/row_id")
 
@@ -647,6 +650,10 @@ def test_a_disaggregated_upload_row_reads_as_the_command_line_reads_it(client: T
     contradict the run skip it too: a num_gpus other than the pools' 16, an aggregated degree on a disaggregated
     run, a pool's column on an aggregated one. An aggregated row without num_gpus is still a 422."""
     no_workers = {key: value for key, value in DISAGGREGATED_ROW.items() if not key.endswith(("_workers", "_tp"))}
+    # Pools of 100,000 workers of 8 GPUs: 800,008 GPUs, beyond what a row may state (100,000): a 422, not a row
+    # "without its worker counts".
+    huge = {**DISAGGREGATED_ROW, "prefill_workers": 100_000}
+    assert_problem(client.post("/v1/validate", json={"rows": [huge]}), 422, "/body/rows/0/num_gpus")
     rows = [DISAGGREGATED_ROW, {**DISAGGREGATED_ROW, "row_id": "stated", "num_gpus": 16},
             {**no_workers, "row_id": "no-workers"},
             {**DISAGGREGATED_ROW, "row_id": "three", "num_gpus": 3},
