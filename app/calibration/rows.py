@@ -223,7 +223,13 @@ def dataset_lengths(model: str, notes: str) -> PairedLengths | None:
     assumption says so."""
     if DATASET_NOTE not in notes.lower():
         return None
-    tokenizer, fit = next((name, fit) for prefix, name, fit in SHAREGPT_TOKENIZERS if model.startswith(prefix))
+    return _named_sharegpt_lengths(*next((name, fit) for prefix, name, fit in SHAREGPT_TOKENIZERS
+                                         if model.startswith(prefix)))
+
+
+@cache
+def _named_sharegpt_lengths(tokenizer: str, fit: str) -> PairedLengths:
+    """`sharegpt_lengths` named for a row's report (once per tokenizer: every ShareGPT row of a file shares it)."""
     lengths, header = sharegpt_lengths(tokenizer)
     name = (f"ShareGPT as vLLM's benchmark samples it (other benchmarks assumed alike), tokenized with {header['tokenizer']['package']} "
             f"{header['tokenizer']['file']} ({fit}); mean {header['prompt_tokens']['mean']:g} prompt and "
@@ -279,9 +285,10 @@ def rows_from_csv(text: str, *, pointer: str = "/body/file", max_rows: int | Non
             errors += [(f"{pointer}/{line}" + json_pointer(error["loc"]), f"line {line}: {error['msg']}")
                        for error in exc.errors()]
             continue
-        read = _read_cells(cells, f"{pointer}/{line}", f"line {line}: ")
-        if not isinstance(read, ObservedRow):
-            errors += read
+        # Its faults named by line; the request reads it whole later (`observed_rows`).
+        checked = _checked(_with_pool_gpus(cells), f"{pointer}/{line}", f"line {line}: ")
+        if isinstance(checked, list):
+            errors += checked
         elif row.row_id in lines:
             repeated = f"line {line}: row_id {row.row_id!r} repeats line {lines[row.row_id]}"
             errors.append((f"{pointer}/{line}/row_id", repeated))
@@ -321,8 +328,20 @@ def _read_cells(cells: Mapping[str, str], pointer: str, prefix: str = "") -> Obs
     (pointer, message) of each cell that is not what its column holds. The one reading of a row, whether it
     came from a file or an API upload. A disaggregated run that leaves out num_gpus has its pools' GPUs."""
     cells = _with_pool_gpus(cells)
+    checked = _checked(cells, pointer, prefix)
+    if isinstance(checked, list):
+        return checked
+    if isinstance(checked, str):
+        return _skipped_row(cells, checked)
+    conflict = layout_conflict(cells)
+    return _observed_row(checked) if conflict is None else _skipped_row(cells, conflict)
+
+
+def _checked(cells: Mapping[str, str], pointer: str, prefix: str) -> MeasurementRowIn | str | list[tuple[str, str]]:
+    """The row in the schema; or why it is skipped whatever else it states (a name outside the vocabulary, a
+    layout not stated); or the (pointer, message) of each cell that is not what its column holds."""
     try:
-        row = MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
+        return MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
     except ValidationError as exc:
         # A layout the model cannot express skips the row whatever its other cells hold (a
         # disaggregated run has no single num_gpus); only its id and value must be readable.
@@ -332,9 +351,10 @@ def _read_cells(cells: Mapping[str, str], pointer: str, prefix: str = "") -> Obs
         if faults:
             return [(pointer + json_pointer(error["loc"]), prefix + error["msg"]) for error in faults]
         vocabulary = [error for error in exc.errors() if error["loc"][0] in VOCABULARY_COLUMNS]
-        return _skipped_row(cells, _vocabulary_reason(vocabulary, cells) if vocabulary else layout_reason)
-    conflict = layout_conflict(cells)
-    return _observed_row(row) if conflict is None else _skipped_row(cells, conflict)
+        if vocabulary:
+            return _vocabulary_reason(vocabulary, cells)
+        assert layout_reason is not None  # without one, every error outside the vocabulary is a fault
+        return layout_reason
 
 
 @dataclass(frozen=True, slots=True)
