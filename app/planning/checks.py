@@ -19,28 +19,29 @@ def check_plan_parallelism(model: ModelSpec, candidates: CandidatesIn, gpus: Seq
     TP, each pipeline degree against the layers, each expert-parallel degree against the model's experts and
     against the listed (or default) tensor- and data-parallel degrees, of which some tp x dp must be a multiple
     of it (`app.sizing.layout`); such a degree made no layout, and the plan answered nothing about it."""
-    tensor = candidates.tensor_parallel or sorted({tp for gpu in gpus for tp in plan_core.default_tensor_parallel(
-        model, gpu)})
-    data = candidates.data_parallel or [1]
-    for index, ep in enumerate(candidates.expert_parallel or []):
-        rules = [p.rule for p in layout_problems(model, Layout(1, 1, ep, ep), candidates.engine)
-                 if p.field == EXPERT_PARALLEL]
-        if not rules and not any(tp * dp % ep == 0 for tp in tensor for dp in data):
-            rules = [(f"expert_parallel {ep} divides no tensor_parallel x data_parallel of the candidates ({tensor} "
-                      f"x {data}): its ranks split the tp x dp GPUs of a replica")]
-        if rules:
-            raise Unprocessable("; ".join(rules),
-                                errors=[(f"/body/candidates/expert_parallel/{index}", rule) for rule in rules])
+    if candidates.expert_parallel:
+        tensor = candidates.tensor_parallel or sorted({tp for gpu in gpus
+                                                       for tp in plan_core.default_tensor_parallel(model, gpu)})
+        data = candidates.data_parallel or [1]
+        for index, ep in enumerate(candidates.expert_parallel):
+            rules = [p.rule for p in layout_problems(model, Layout(1, 1, ep, ep), candidates.engine)
+                     if p.field == EXPERT_PARALLEL]
+            if not rules and not any(tp * dp % ep == 0 for tp in tensor for dp in data):
+                rules = [(f"expert_parallel {ep} divides no tensor_parallel x data_parallel of the candidates "
+                          f"({tensor} x {data}): its ranks split the tp x dp GPUs of a replica")]
+            _refuse("expert_parallel", index, rules)
     for index, tp in enumerate(candidates.tensor_parallel or []):
-        problems = [p for p in layout_problems(model, Layout(tp), candidates.engine) if p.field == TENSOR_PARALLEL]
-        if problems:
-            raise Unprocessable("; ".join(p.rule for p in problems),
-                                errors=[(f"/body/candidates/tensor_parallel/{index}", p.rule) for p in problems])
+        _refuse("tensor_parallel", index, [p.rule for p in layout_problems(model, Layout(tp), candidates.engine)
+                                           if p.field == TENSOR_PARALLEL])
     for index, pp in enumerate(candidates.pipeline_parallel or []):
-        problems = layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)
-        if problems:
-            raise Unprocessable("; ".join(p.rule for p in problems),
-                                errors=[(f"/body/candidates/pipeline_parallel/{index}", p.rule) for p in problems])
+        _refuse("pipeline_parallel", index,
+                [p.rule for p in layout_problems(model, Layout(pipeline_parallel=pp), candidates.engine)])
+
+
+def _refuse(field: str, index: int, rules: list[str]) -> None:
+    """A 422 naming the listed degree `candidates.<field>[index]` when it breaks `rules` (none: it is fine)."""
+    if rules:
+        raise Unprocessable("; ".join(rules), errors=[(f"/body/candidates/{field}/{index}", rule) for rule in rules])
 
 
 def draft_notes(model: ModelSpec, draft: ModelSpec) -> list[str]:
