@@ -306,7 +306,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     spec_cache.check_in_background(app.state.session_factory)  # no request waits for a revision check
     # Never queries (unbound), so one serves every request on the event loop (app.web.computed_answer).
     app.state.memory_only_session = memory_only_session(app.state.session_factory)
-    app.state.plan_pool = PlanPool(settings.plan_workers, deadline_s=settings.request_timeout_s)
+    app.state.plan_pool = PlanPool(settings.plan_workers)
     app.state.metrics = Metrics()
     install_error_handlers(app)
     install_docs(app)

@@ -58,22 +58,19 @@ class SearchTimedOut(ServiceUnavailable):
 class PlanPool:
     """`workers` worker processes, each its own one-process executor, so that a search still running at its
     request's deadline is stopped by stopping its worker alone, and a fresh one takes its place: a search never
-    outlives its request (`call`'s `due`, else `deadline_s` from the call)."""
+    outlives its request (`call`'s `due`)."""
 
-    def __init__(self, workers: int, deadline_s: float | None = None) -> None:
+    def __init__(self, workers: int) -> None:
         self.workers = workers
-        self.deadline_s = deadline_s
         self._lock = threading.Lock()
         self._executors: list[ProcessPoolExecutor] | None = None
         self._idle: queue.Queue[ProcessPoolExecutor] = queue.Queue()
 
     def call(self, search: Callable[..., ResultT], *arguments: Any, due: float | None = None) -> ResultT:
         """`search(*arguments)` in an idle worker process (blocks the calling thread until one is free and the
-        search is done), by `due` (a `time.monotonic()` instant: the request's deadline; None: `deadline_s` from
-        now, or never). SearchTimedOut when no worker was free in time or the search ran past it; a 503 when a
-        worker died during the search (killed, out of memory: a fresh one replaces it)."""
-        if due is None and self.deadline_s is not None:
-            due = time.monotonic() + self.deadline_s
+        search is done), by `due` (a `time.monotonic()` instant: the request's deadline; None: unbounded).
+        SearchTimedOut when no worker was free in time or the search ran past it; a 503 when a worker died during
+        the search (killed, out of memory: a fresh one replaces it)."""
         self._started()
         try:
             executor = self._idle.get(timeout=_remaining(due))

@@ -109,22 +109,20 @@ def _loaded(module: str) -> bool:
 
 
 def test_a_search_past_the_deadline_is_stopped_with_its_worker_and_a_fresh_one_serves_the_next() -> None:
-    """A search that would run 60 s in a pool whose deadline is 1 s: SearchTimedOut, its worker process is
+    """A search that would run 60 s due 1 s from now (its request's deadline): SearchTimedOut, its worker process is
     killed (not left to run for the next search to wait behind), and the next search runs at once in a fresh
     worker, the pool still one worker strong."""
     pool = PlanPool(workers=1)
     try:
         pool.call(_own_niceness)  # the worker is up (starting it is no part of the deadline below)
-        pool.deadline_s = 1.0
         [old] = pool._started()
         [process] = old._processes.values()
         with pytest.raises(SearchTimedOut, match="did not finish before the request's deadline"):
-            pool.call(time.sleep, 60)
+            pool.until(time.monotonic() + 1.0)(time.sleep, 60)
         process.join(timeout=10)
         assert not process.is_alive()
         [fresh] = pool._started()
         assert fresh is not old
-        pool.deadline_s = None  # the fresh worker starts
         assert pool.call(_own_niceness) == min(os.nice(0) + WORKER_NICENESS, 19)
     finally:
         pool.shutdown()
