@@ -215,8 +215,7 @@ class CandidatesIn(BaseModel):
                                                 "(only gpu_specs)")
     gpu_specs: list[InlineGpuIn] | None = Field(
         None, min_length=1, max_length=8,
-        description="GPUs given inline (spec and price), planned beside the catalog GPUs; never stored in the "
-                    "catalog")
+        description="GPUs given inline (spec and price), planned beside the catalog GPUs; never stored in the catalog")
     tensor_parallel: list[TensorParallel] | None = Field(
         None, min_length=1, max_length=16,
         description="Degrees to try; null = every divisor of the attention heads up to the GPU's node size")
@@ -252,9 +251,9 @@ class CandidatesIn(BaseModel):
         "aggregated", description=(
             "aggregated: every replica prefills and decodes; disaggregated: separate prefill and decode workers "
             "(each pool its own GPU type, layout and worker count from these candidates: attention DP + EP and "
-            "pipeline workers included), the prompt's "
-            "KV cache moved between them; both: plans of either kind, ranked together. Disaggregated plans need "
-            "an open-loop load (requests_per_s) and no speculative decoding."))
+            "pipeline workers included), the prompt's KV cache moved between them; both: plans of either kind, "
+            "ranked together. Disaggregated plans take no speculative decoding; under a closed loop "
+            "(concurrent_users) their pools run no pipeline stages."))
 
     @model_validator(mode="after")
     def _distinct_inline_gpus(self) -> CandidatesIn:
@@ -437,7 +436,7 @@ class PlanAssumptionsOut(BaseModel):
 POOL_EXAMPLE = {
     "gpu": "h100-sxm", "gpu_name": "NVIDIA H100 SXM5 80GB", "tensor_parallel": 2, "pipeline_parallel": 1,
     "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 2, "layout": "TP2 PP1", "workers": 4, "gpus": 8,
-    "load_per_worker_requests_per_s": 1.0, "kv_tokens_per_worker": 1050000,
+    "load_per_worker_requests_per_s": 1.0, "users_per_worker": None, "kv_tokens_per_worker": 1050000,
     "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "cost_per_hour_usd": 29.12,
     "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...",
                "notes": []},
@@ -460,7 +459,8 @@ class PoolOut(BaseModel):
     layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8 PP1"')
     workers: int
     gpus: int = Field(description="workers x tensor_parallel x pipeline_parallel x data_parallel")
-    load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst")
+    load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst (closed loop: of the rate)")
+    users_per_worker: float | None = Field(None, description="Closed loop: the users over its workers; else null")
     kv_tokens_per_worker: int
     max_num_seqs: int | None
     max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)

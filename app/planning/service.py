@@ -55,7 +55,7 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import KIND_DISAGGREGATED
-from app.sizing.serving import disaggregation
+from app.sizing.serving import disaggregated_loop, disaggregation
 from app.sizing.serving import plan as plan_core
 from app.sizing.serving.disaggregation import NVLINK, DisaggregatedPlan, DisaggregatedResult, Pool
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
@@ -247,15 +247,18 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     if deployment != AGGREGATED and request.speculative is not None:
         raise Unprocessable("disaggregated plans are not modelled with speculative decoding",
                             errors=[("/body/candidates/deployment", "aggregated only with speculative decoding")])
-    if deployment != AGGREGATED and request.workload.concurrent_users is not None:
+    if (deployment != AGGREGATED and inputs.workload.is_closed_loop
+            and disaggregated_loop.sized_users(inputs) > disaggregated_loop.MAX_LOOP_USERS):
+        reason = (f"disaggregated plans of a closed loop are simulated with every user through both pools, at most "
+                  f"{disaggregated_loop.MAX_LOOP_USERS:,} users (over max_utilization_ratio)")
         if deployment == DISAGGREGATED:
-            raise Unprocessable("disaggregated plans are sized for an open-loop load: give requests_per_s",
-                                errors=[("/body/candidates/deployment", "needs workload.requests_per_s")])
-        notes.append("disaggregated plans are sized for an open-loop load (requests_per_s): aggregated plans only")
+            raise Unprocessable(reason, errors=[("/body/workload/concurrent_users", reason)])
+        notes.append(f"{reason}: aggregated plans only")
         deployment = AGGREGATED
     aggregated = offload(plan_core.plan, inputs, configurations) if deployment != DISAGGREGATED else None
-    disaggregated = (offload(disaggregation.plan_disaggregated, inputs, configurations)
-                     if deployment != AGGREGATED else None)
+    plan_pools = (disaggregated_loop.plan_closed_loop if inputs.workload.is_closed_loop
+                  else disaggregation.plan_disaggregated)
+    disaggregated = offload(plan_pools, inputs, configurations) if deployment != AGGREGATED else None
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
@@ -297,7 +300,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
             requests_per_run=inputs.simulated_requests, seed=inputs.seed),
         assumptions=SloPlanAssumptions(
             calibration_profiles=sorted(set(profiles.values())), engine=candidates.engine,
-            load_model=_load_model_text(request.workload), tpot_definition=SLO_PLAN_TPOT_DEFINITION,
+            load_model=_load_model_text(request.workload, deployment), tpot_definition=SLO_PLAN_TPOT_DEFINITION,
             formulas=list(SLO_PLAN_FORMULAS) + (list(DISAGGREGATION_FORMULAS) if disaggregated else []),
             defaults_used=defaults,
             notes=[*(aggregated.notes if aggregated else ()), *notes, *_workload_notes(request.workload)]),
@@ -379,10 +382,14 @@ def _plan_efficiencies(profile: CalibrationProfile, gpus: Sequence[GpuSpec], wei
     return efficiencies, profiles
 
 
-def _load_model_text(workload: WorkloadIn) -> str:
+def _load_model_text(workload: WorkloadIn, deployment: str) -> str:
     if workload.concurrent_users is not None:
+        pools = ("" if deployment == AGGREGATED else
+                 "; a disaggregated deployment is simulated with all the users through both pools (user u on prefill "
+                 "and decode scheduler u mod schedulers), their first requests, sent together, left out of its percentiles")
+        replicas = "" if deployment == DISAGGREGATED else "; every replica is simulated with its share of the users"
         return (f"closed loop: {workload.concurrent_users} users, each sending the next request the moment the "
-                "last one finishes; every replica is simulated with its share of the users")
+                f"last one finishes{replicas}{pools}")
     arrivals = ("a Poisson stream" if workload.arrival_cv == 1 else
                 f"a Gamma renewal stream (gaps with coefficient of variation {workload.arrival_cv:g})")
     return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x peak-to-mean ratio "
@@ -539,7 +546,8 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
         pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
         expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
         workers=pool.workers, gpus=pool.gpus,
-        load_per_worker_requests_per_s=pool.load_per_worker, kv_tokens_per_worker=pool.kv_tokens_per_worker,
+        load_per_worker_requests_per_s=pool.load_per_worker, users_per_worker=pool.users_per_worker,
+        kv_tokens_per_worker=pool.kv_tokens_per_worker,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
         cost_per_hour_usd=pool.cost_per_hour_usd, launch=launch)
 
@@ -553,13 +561,17 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
     transfer = plan.transfer
     prefill_out, decode_out = (_pool_out(pool, model, model_id, max_model_len, role, transfer.link == NVLINK)
                                for pool, role in ((plan.prefill, PREFILL_POOL), (decode, DECODE_POOL)))
-    offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
+    if decode.users_per_worker is None:  # an open loop: a decode worker's share of the rate it was sized for
+        unit, sized = "requests_per_s", decode.load_per_worker
+        offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
+    else:  # a closed loop: its share of the users, offered and sized for (over the utilization cap)
+        unit, offered = "concurrent_users", decode.users_per_worker
+        sized = offered / inputs.policy.max_utilization_ratio
     return PlanOut(
         rank=rank, **_replica_fields(configuration, engine, decode.compute_dtype, max_model_len,
                                      decode.kv_tokens_per_worker),
         load_per_replica=LoadPerReplicaOut(
-            unit="requests_per_s", offered=offered, max_verified=decode.load_per_worker, failing=None,
-            analytic_ceiling=decode.load_per_worker),
+            unit=unit, offered=offered, max_verified=sized, failing=None, analytic_ceiling=sized),
         replicas=plan.prefill.workers + decode.workers, extra_replicas=0,
         gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
         nodes=sum(plan_core.replica_nodes(pool.configuration, pool.workers) for pool in (plan.prefill, decode)),
@@ -567,7 +579,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
         cost_per_hour_usd=plan.cost_per_hour_usd,
         cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,
         output_tokens_per_s=plan.output_tokens_per_s, output_tokens_per_s_per_gpu=plan.output_tokens_per_s / plan.gpus,
-        utilization_ratio=offered / decode.load_per_worker,
+        utilization_ratio=offered / sized,
         predicted=_prediction_out(predicted),
         meets_slo=plan.meets_slo, binding_constraint=plan.binding_constraint, binding_detail=plan.binding_detail,
         launch=decode_out.launch,

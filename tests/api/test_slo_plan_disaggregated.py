@@ -165,18 +165,57 @@ def test_an_aggregated_request_is_unchanged(client):
     assert not any("wins" in note for note in body["assumptions"]["notes"])
 
 
-def test_a_disaggregated_closed_loop_is_a_422(client):
-    body = {**CHAT, "workload": {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 8},
-            "candidates": {**CHAT["candidates"], "deployment": "disaggregated"}}
+def test_a_closed_loop_gets_disaggregated_plans_sized_for_its_users(client):
+    """32 users of 8k in / 1k out: each pool's users are the 32 over its workers, a decode worker's offered load
+    is its share of the users, and the deployment's requests/s are its pools' together."""
+    body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
+                                                      "concurrent_users": 32},
+                         "candidates": {**LONG_PROMPTS["candidates"], "deployment": "disaggregated"}})
+    assert body["plans"] and {p["deployment"] for p in body["plans"]} == {"disaggregated"}
+    assert "first requests, sent together, left out" in body["assumptions"]["load_model"]
+    for item in body["plans"]:
+        prefill, decode = item["disaggregation"]["prefill"], item["disaggregation"]["decode"]
+        for pool in (prefill, decode):
+            assert pool["users_per_worker"] == pytest.approx(32 / pool["workers"])
+            assert pool["load_per_worker_requests_per_s"] * pool["workers"] == pytest.approx(
+                item["predicted"]["requests_per_s"])
+        load = item["load_per_replica"]
+        assert load["unit"] == "concurrent_users"
+        assert load["offered"] == pytest.approx(32 / decode["workers"])
+        assert item["predicted"]["ttft"]["at_slo_percentile_ms"] <= 2000
+        assert item["predicted"]["tpot"]["at_slo_percentile_ms"] <= 30
+
+
+def test_both_with_a_closed_loop_ranks_both_kinds_and_says_which_wins(client):
+    body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
+                                                      "concurrent_users": 32}})
+    assert {p["deployment"] for p in body["plans"]} == {"aggregated", "disaggregated"}
+    assert any(" wins: " in note for note in body["assumptions"]["notes"])
+    costs = [p["cost_per_hour_usd"] for p in body["plans"]]
+    assert costs == sorted(costs)
+
+
+def test_a_closed_loop_past_the_users_one_search_runs_is_planned_aggregated_only(client):
+    """10,001 users under a 50% utilization cap are 20,002 to size for, past the 20,000 users a disaggregated search
+    runs through both pools: a 422 naming concurrent_users when only disaggregated plans are asked for, aggregated
+    plans and a note with both; 10,000 users at that cap (20,000) are planned disaggregated too."""
+    workload = {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 10_001}
+    body = {**CHAT, "workload": workload, "ha_policy": {"max_utilization_ratio": 0.5},
+            "candidates": {**CHAT["candidates"], "tensor_parallel": [2], "deployment": "disaggregated"}}
     response = client.post("/v1/slo-plan", json=body)
     assert response.status_code == 422
-    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/candidates/deployment"]
+    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/workload/concurrent_users"]
+    both = plan(client, {**body, "candidates": {**body["candidates"], "deployment": "both"}})
+    assert {p["deployment"] for p in both["plans"]} == {"aggregated"}
+    assert any("at most 20,000 users" in note for note in both["assumptions"]["notes"])
+    body["workload"] = {**workload, "concurrent_users": 10_000}
+    assert client.post("/v1/slo-plan", json=body).status_code == 200
 
 
-def test_both_with_a_closed_loop_plans_aggregated_and_says_so(client):
-    body = plan(client, {**CHAT, "workload": {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 8}})
-    assert {p["deployment"] for p in body["plans"]} == {"aggregated"}
-    assert any("open-loop" in note for note in body["assumptions"]["notes"])
+def test_an_open_loop_pool_states_no_users(client):
+    body = plan(client, LONG_PROMPTS)
+    pools = [p["disaggregation"] for p in body["plans"] if p["deployment"] == "disaggregated"]
+    assert pools and all(pool[role]["users_per_worker"] is None for pool in pools for role in ("prefill", "decode"))
 
 
 def test_disaggregation_with_speculative_decoding_is_a_422(client):

@@ -18,26 +18,32 @@ from app.sizing.engines import EngineConfig
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.layout import Layout
 from app.sizing.serving.capacity import LIMIT_KV_CACHE, LIMIT_MAX_NUM_SEQS, ConcurrencyView
+from app.sizing.serving.disaggregated_loop import (
+    PoolRanks,
+    closed_loop,
+    fixed_closed_loop_requests,
+    plan_closed_loop,
+)
 from app.sizing.serving.disaggregation import (
     NETWORK,
     NETWORK_TRANSFER_LATENCY_S,
     NVLINK,
     NVLINK_TRANSFER_LATENCY_S,
-    PoolRanks,
+    PoolOption,
     PoolTimes,
     _pool_option,
-    _PoolOption,
     _simulate_role,
-    _size_pools,
-    closed_loop,
     combine,
     decode_role_requests,
     deployment_link,
     fewest_workers,
+    first_step_budget_s,
     kv_transfer,
     plan_disaggregated,
     pool_capacity,
+    prefill_floor_s,
     prefill_role_requests,
+    size_pools,
     transfer_link,
     transfer_times_s,
 )
@@ -249,7 +255,7 @@ def test_a_pool_worker_with_attention_dp_ranks_is_its_ranks_side_by_side() -> No
     assert screened.kv_tokens_per_replica == 8 * screened.scheduler.kv_capacity_tokens
 
 
-def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pool_options_are_sized_while_they_could_still_be_cheaper() -> None:
     """Options by analytic bound ($/h) 10, 11, 12, 30, 40, each sized (stubbed) to: infeasible, 25 GPUs at $2 =
     $50, 10 at $2 = $20, and the rest $15. The first two are always sized (one fails); the third's bound 12 is
     below the cheapest so far ($50), so it is sized ($20); the fourth's 30 is not below $20: the search stops
@@ -257,22 +263,21 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: p
     sized_to = {0: None, 1: 25, 2: 10, 3: 7.5, 4: 7.5}
     tried = []
 
-    def size(planner, option, role, requests, behind):
+    def size(option):
         tried.append(option.workers)
         gpus = sized_to[option.workers]
         if gpus is None:
             return Infeasible(None, ("misses",))
         return SimpleNamespace(gpus=gpus, price_per_gpu_hour_usd=2.0), None
 
-    monkeypatch.setattr("app.sizing.serving.disaggregation._size_pool", size)
-    options = [_PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
+    options = [PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
     refused: list = []
-    sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused)
+    sized = size_pools(list(reversed(options)), size, refused)
     assert tried == [0, 1, 2]
     assert [pool.gpus for pool, _ in sized] == [25, 10] and len(refused) == 1
     sized_to.update({1: None, 2: None, 3: None, 4: None})
     tried.clear()
-    assert _size_pools(None, options, PREFILL_POOL, None, 0.0, []) == []
+    assert size_pools(options, size, []) == []
     assert tried == [0, 1, 2, 3]
 
 
@@ -301,7 +306,7 @@ def test_one_user_in_a_closed_loop_through_both_pools() -> None:
     """
     scheduler = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
     pool = PoolRanks(_step_time, scheduler, ranks=1)
-    combined = closed_loop(1, 1000, 201, pool, pool, transfer_s=0.010, requests=3)
+    combined = closed_loop(1, fixed_closed_loop_requests(1, 1000, 201, 3), pool, pool, transfer_s=0.010)
     assert combined.ttft_s.tolist() == pytest.approx([0.07005] * 3, abs=1e-9)
     assert combined.tpot_s.tolist() == pytest.approx([0.00597] * 3, abs=1e-9)
     assert combined.e2e_s.tolist() == pytest.approx([1.26405] * 3, abs=1e-9)
@@ -321,7 +326,7 @@ def test_users_starting_together_queue_for_a_one_prompt_prefill_rank() -> None:
     prefill = PoolRanks(_step_time, SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=1,
                                                     max_num_batched_tokens=8192), ranks=1)
     decode = PoolRanks(_step_time, SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192), ranks=1)
-    combined = closed_loop(2, 1000, 201, prefill, decode, transfer_s=0.010, requests=2)
+    combined = closed_loop(2, fixed_closed_loop_requests(2, 1000, 201, 2), prefill, decode, transfer_s=0.010)
     assert combined.ttft_s.tolist() == pytest.approx([0.07005, 0.13010], abs=1e-9)
 
 
@@ -332,8 +337,9 @@ def test_more_users_than_decode_slots_queue_for_the_first_step() -> None:
     wide = SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=8, max_num_batched_tokens=8192)
     narrow = dataclasses.replace(wide, max_num_seqs=2)
     prefill = PoolRanks(_step_time, wide, ranks=1)
-    roomy = closed_loop(8, 1000, 101, prefill, PoolRanks(_step_time, wide, ranks=1), transfer_s=0.0, requests=40)
-    tight = closed_loop(8, 1000, 101, prefill, PoolRanks(_step_time, narrow, ranks=1), transfer_s=0.0, requests=40)
+    requests = fixed_closed_loop_requests(8, 1000, 101, 40)
+    roomy = closed_loop(8, requests, prefill, PoolRanks(_step_time, wide, ranks=1), transfer_s=0.0)
+    tight = closed_loop(8, requests, prefill, PoolRanks(_step_time, narrow, ranks=1), transfer_s=0.0)
     assert tight.ttft_s.mean() > 2 * roomy.ttft_s.mean()
     assert np.nanmax(tight.tpot_s) <= 0.007 + 1e-12
 
@@ -345,10 +351,109 @@ def test_the_users_are_spread_over_the_ranks_of_each_pool() -> None:
     TTFT: 55 + 10 + 5.05 = 70.05 ms twice and 110 + 10 + 5.05 = 125.05 ms twice."""
     one_prompt = SchedulerConfig(kv_capacity_tokens=100_000, max_num_seqs=1, max_num_batched_tokens=8192)
     roomy = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
-    combined = closed_loop(4, 1000, 201, PoolRanks(_step_time, one_prompt, ranks=2),
-                           PoolRanks(_step_time, roomy, ranks=4), transfer_s=0.010, requests=4)
+    combined = closed_loop(4, fixed_closed_loop_requests(4, 1000, 201, 4), PoolRanks(_step_time, one_prompt, ranks=2),
+                           PoolRanks(_step_time, roomy, ranks=4), transfer_s=0.010)
     assert sorted(combined.ttft_s.tolist()) == pytest.approx([0.07005, 0.07005, 0.12505, 0.12505], abs=1e-9)
 
+
+
+def test_requests_of_their_own_lengths_and_transfers_in_a_closed_loop() -> None:
+    """One user, two requests in turn: 1,000 prompt and 201 output tokens with a 10 ms transfer, then 2,000 and
+    101 with 20 ms; step time as `_step_time`.
+
+    - First: prefill 5 + 1,000 x 0.05 = 55 ms, transfer 10, first decode step 5 + 0.05 = 5.05: TTFT 70.05 ms;
+      then 201 - 2 = 199 steps of 6 ms = 1,194 ms: E2E 1,264.05 ms, TPOT 1,194 / 200 = 5.97 ms.
+    - Second, sent as the first ends: prefill 5 + 2,000 x 0.05 = 105 ms, transfer 20, first step 5.05: TTFT
+      130.05 ms; then 101 - 2 = 99 steps of 6 ms = 594 ms: E2E 724.05 ms, TPOT 594 / 100 = 5.94 ms.
+    """
+    scheduler = SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192)
+    pool = PoolRanks(_step_time, scheduler, ranks=1)
+    requests = Requests(np.full(2, np.nan), np.array([1000, 2000]), np.array([201, 101]), np.zeros(2))
+    combined = closed_loop(1, requests, pool, pool, transfer_s=np.array([0.010, 0.020]))
+    assert combined.ttft_s.tolist() == pytest.approx([0.07005, 0.13005], abs=1e-9)
+    assert combined.e2e_s.tolist() == pytest.approx([1.26405, 0.72405], abs=1e-9)
+    assert combined.tpot_s.tolist() == pytest.approx([0.00597, 0.00594], abs=1e-9)
+
+
+def test_a_closed_loop_needs_a_request_per_user() -> None:
+    pool = PoolRanks(_step_time, SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192), ranks=1)
+    with pytest.raises(ValueError, match="one request per user"):
+        closed_loop(3, fixed_closed_loop_requests(2, 1000, 201, 2), pool, pool, transfer_s=0.0)
+
+
+# Planning a closed loop ---------------------------------------------------------------------------------
+
+def _closed_loop_inputs(users: int) -> PlanInputs:
+    return PlanInputs(model=LLAMA_3_1_70B, workload=Workload(Fixed(8000), Fixed(1000), concurrent_users=users),
+                      slo=Slo(ttft_s=2.0, tpot_s=0.04, percentile=95),
+                      efficiencies={("h100-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES},
+                      simulated_requests=500)
+
+
+def test_a_closed_loop_disaggregated_plan_serves_its_users_with_the_fewest_workers() -> None:
+    """Llama-3.1-70B fp8 on H100, 256 users of 8k in / 1k out, p95 TTFT 2 s and TPOT 40 ms. Each plan:
+
+    - adds up: a pool's GPUs are workers x TP at $3.00/h each; its users are the 256 over its workers, and its
+      requests/s the deployment's over its workers;
+    - runs at Little's law: with no time between a user's requests, requests/s = users / mean time per request,
+      and a request of 1,000 output tokens takes TTFT + 999 x TPOT (fixed lengths: every request about the
+      median), so 256 / (p50 TTFT + 999 x p50 TPOT) within 5%; output tokens/s = 1,000 x requests/s;
+    - has the fewest workers: one decode worker fewer misses the TPOT SLO or the first step's share of the TTFT
+      with decode alone (each scheduler holding its share of the users); one prefill worker fewer misses the
+      TTFT SLO in the whole loop, its first round (the users' first requests, sent together) left out.
+    """
+    users, inputs = 256, _closed_loop_inputs(256)
+    result = plan_closed_loop(inputs, configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"]))
+    assert result.plans
+    for plan in result.plans:
+        for pool in (plan.prefill, plan.decode):
+            assert pool.gpus == pool.workers * pool.configuration.tensor_parallel
+            assert pool.cost_per_hour_usd == pytest.approx(pool.gpus * 3.0)
+            assert pool.users_per_worker == pytest.approx(users / pool.workers)
+            assert pool.load_per_worker * pool.workers == pytest.approx(plan.predicted.requests_per_s)
+        predicted = plan.predicted
+        assert predicted.load == users
+        assert predicted.ttft.at_slo_percentile_s <= 2.0 and predicted.tpot.at_slo_percentile_s <= 0.04
+        cycle = predicted.ttft.p50_s + 999 * predicted.tpot.p50_s
+        assert predicted.requests_per_s == pytest.approx(users / cycle, rel=0.05)
+        assert plan.output_tokens_per_s == pytest.approx(1000 * predicted.requests_per_s)
+    plan = result.plans[0]
+    assert plan.prefill.workers > 1 and plan.decode.workers > 1  # both counts are searched here
+    planner = _Planner(inputs)
+    decode_screened = planner.screen(plan.decode.configuration, DECODE_POOL)
+    prefill_screened = planner.screen(plan.prefill.configuration, PREFILL_POOL)
+    each = math.ceil(users / ((plan.decode.workers - 1) * decode_screened.schedulers))
+    requests = planner._unit_requests(max(500, 3 * each))
+    alone = simulate(decode_screened.step_time, decode_screened.scheduler, decode_role_requests(requests),
+                     closed_loop_users=each)
+    budget = first_step_budget_s(planner, decode_screened, prefill_floor_s(planner, prefill_screened))
+    assert alone.percentile("tpot", 95) > 0.04 or alone.percentile("ttft", 95) > budget
+    requests = planner._unit_requests(3 * users)
+    fewer = dataclasses.replace(plan.prefill, workers=plan.prefill.workers - 1)
+    link = deployment_link(H100, fewer.gpus, H100, plan.decode.gpus, plan.decode.engine.engine)
+    transfer = transfer_times_s(LLAMA_3_1_70B, requests.input_tokens, "fp8", decode_tensor_parallel=plan.decode.
+                                configuration.tensor_parallel, decode_pipeline_parallel=1,
+                                bandwidth_bytes_per_s=link[1], latency_s=link[2])
+    loop = closed_loop(users, requests, PoolRanks(prefill_screened.step_time, prefill_screened.scheduler,
+                                                  fewer.workers * prefill_screened.schedulers),
+                       PoolRanks(decode_screened.step_time, decode_screened.scheduler,
+                                 plan.decode.workers * decode_screened.schedulers), transfer)
+    assert np.percentile(loop.ttft_s[users:], 95) > 2.0
+
+
+def test_a_closed_loop_plan_states_its_users_and_refuses_pipeline_pools() -> None:
+    result = plan_closed_loop(_closed_loop_inputs(16), configurations(LLAMA_3_1_70B, [H100], [4], [1, 2], ["fp8"],
+                                                                      ["fp8"]))
+    assert {plan.prefill.configuration.pipeline_parallel for plan in result.plans} == {1}
+    refused = [reason for item in result.infeasible for reason in item.reasons if "pipeline stages" in reason]
+    assert len(refused) == 2  # TP4 PP2 in either pool
+    assert all("pipeline stages are not sized for a closed loop" in reason for reason in refused)
+
+
+def test_an_open_loop_is_not_planned_as_a_closed_one() -> None:
+    inputs = dataclasses.replace(_closed_loop_inputs(4), workload=Workload(Fixed(100), Fixed(10), requests_per_s=1.0))
+    with pytest.raises(ValueError, match="closed loop"):
+        plan_closed_loop(inputs, configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"]))
 
 # One pool's memory (/v1/capacity) --------------------------------------------------------------------
 

@@ -256,3 +256,16 @@ def test_requests_are_validated_and_read_only():
         requests.input_tokens[0] = 3
     assert len(requests) == 1
     assert math.isclose(requests.arrival_s[0], 0.0)
+
+
+def test_a_subset_of_requests_takes_their_lengths_at_new_arrivals():
+    requests = Requests([np.nan] * 3, [10, 20, 30], [5, 6, 7], [0, 4, 9], shared_prefix_tokens=4)
+    subset = requests.subset(np.array([2, 0]), np.array([1.5, 2.5]))
+    assert subset.arrival_s.tolist() == [1.5, 2.5]
+    assert subset.input_tokens.tolist() == [30, 10] and subset.output_tokens.tolist() == [7, 5]
+    assert subset.cached_prefix_tokens.tolist() == [9, 0] and subset.shared_prefix_tokens == 4
+    with pytest.raises(ValueError):
+        subset.input_tokens[0] = 3
+    for arrivals in ([2.5, 1.5], [-1.0, 0.0], [np.nan, 1.0], [1.0, np.nan], [1.0]):
+        with pytest.raises(ValueError, match="non-decreasing"):
+            requests.subset(np.array([2, 0]), np.array(arrivals))

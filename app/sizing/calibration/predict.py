@@ -36,7 +36,7 @@ queue. Per scenario:
   t = 0; the row's num_requests, else CLOSED_LOOP_REQUESTS_PER_USER per user, at most MAX_SIMULATED_REQUESTS
   for the simulated replica or rank (at least one per user); the statistic is over every request, the
   first round's included. A disaggregated run is the same loop through its two pools
-  (`disaggregation.closed_loop`).
+  (`disaggregated_loop.closed_loop`).
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
 Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
 joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
@@ -82,7 +82,7 @@ from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.model.kv import layer_mix
 from app.sizing.model.recipes import RECIPES, WeightRecipe
-from app.sizing.serving import disaggregation
+from app.sizing.serving import disaggregated_loop, disaggregation
 from app.sizing.serving.memory import kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
     FULL,
@@ -852,7 +852,7 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
 
 
 class _DisaggregatedRun(_Run):
-    """Prefill and decode pools in a closed loop (`disaggregation.closed_loop`), simulated per efficiency."""
+    """Prefill and decode pools in a closed loop (`disaggregated_loop.closed_loop`), simulated per efficiency."""
 
     timing_invariant = False
 
@@ -876,11 +876,12 @@ class _DisaggregatedRun(_Run):
             pools = []
             for (layout, steps, ranks), prefill_pool in ((self._prefill, True), (self._decode, False)):
                 pool_efficiency = host.adjusted(efficiency, layout.pipeline_parallel, prefill_pool, not prefill_pool)
-                pools.append(disaggregation.PoolRanks(_retimed(steps, pool_efficiency).step_time_s, layout.scheduler,
-                                                      ranks))
+                pools.append(disaggregated_loop.PoolRanks(_retimed(steps, pool_efficiency).step_time_s,
+                                                          layout.scheduler, ranks))
             try:
-                combined = disaggregation.closed_loop(self._users, self._isl, self._osl, *pools, self._transfer_s,
-                                                      self._requests)
+                requests = disaggregated_loop.fixed_closed_loop_requests(self._users, self._isl, self._osl,
+                                                                         self._requests)
+                combined = disaggregated_loop.closed_loop(self._users, requests, *pools, self._transfer_s)
             except KvCapacityError as exc:
                 raise Unpredictable(str(exc)) from None
             except SimulationLimitError as exc:

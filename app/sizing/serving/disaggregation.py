@@ -16,9 +16,9 @@ pool gets its own GPU, layout and worker count.
 - **Time to first token** = prefill queueing + prefill + KV transfer + the wait for the decode worker's
   first step that carries the request (the decode worker streams the first token with its first step).
   TPOT comes from the decode workers' batch alone.
-- **Simulation**: one prefill worker and one decode worker are simulated at their share of the load
-  (each pool's arrivals are a Poisson stream of its share), with the same requests (common random
-  numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
+- **Simulation** (an open loop; a closed loop's users: `disaggregated_loop.py`): one prefill worker and one
+  decode worker are simulated at their share of the load (each pool's arrivals are a Poisson stream of its
+  share), with the same requests (common random numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
   arrives with its prompt cached except the last token, whose step emits the first streamed token, and
   generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
   TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.
@@ -28,9 +28,9 @@ pool gets its own GPU, layout and worker count.
 - **Memory per pool** (`pool_capacity`, /v1/capacity): each pool's workers under the engine's accounting
   of an aggregated replica, charged what a worker of the role holds per request.
 
-Longer than 600 lines because it is the whole disaggregated model in one place: the transfer, the
-per-pool memory, the per-request composition, the two-pool planner and the closed-loop estimate share
-their definitions of the roles, and splitting them would scatter one model over several modules.
+Longer than 600 lines because it is the whole disaggregated model of an open loop in one place: the transfer,
+the per-pool memory, the per-request composition and the two-pool planner share their definitions of the roles
+(the closed loop's estimate and planner, `disaggregated_loop.py`, reuse them).
 """
 
 from __future__ import annotations
@@ -78,13 +78,11 @@ from app.sizing.serving.plan import (
 )
 from app.sizing.serving.simulate import (
     KvCapacityError,
-    SchedulerConfig,
     SimulationLimitError,
     SimulationResult,
-    StepTimeFn,
     simulate,
 )
-from app.sizing.serving.workload import Fixed, Requests, Workload, sample_requests
+from app.sizing.serving.workload import Requests
 from app.sizing.specs import GpuSpec, ModelSpec
 
 NVLINK = "nvlink"
@@ -99,6 +97,7 @@ TRANSFER_LATENCY_SOURCE = ("NCCL tuner latency model, Simple protocol: base 8.4 
 
 
 Seconds = TypeVar("Seconds", float, np.ndarray)  # one request, or one per request
+Sized = TypeVar("Sized")  # what sizing a pool found beside it (its simulation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +237,7 @@ class Combined:
     ttft_s: np.ndarray
     tpot_s: np.ndarray  # (E2E − TTFT) / (OSL − 1); NaN for one-token answers
     e2e_s: np.ndarray
+    preemptions: int = 0  # of the runs behind them, where known (`disaggregated_loop.closed_loop`)
 
     def percentile(self, metric: str, q: float) -> float:
         values = getattr(self, f"{metric}_s")
@@ -302,7 +302,7 @@ def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int) -> int 
 
 # Planning ---------------------------------------------------------------------------------------------
 
-# Per pool, the options sized by simulation (`_size_pools`): the cheapest few by the analytic bound, then each next
+# Per pool, the options sized by simulation (`size_pools`): the cheapest few by the analytic bound, then each next
 # one that could still be cheaper than every pool sized so far, up to the most.
 POOL_CONFIGURATIONS_SIMULATED = 2
 MAX_POOL_CONFIGURATIONS_SIMULATED = 4
@@ -320,11 +320,12 @@ class Pool:
     engine: ResolvedEngine
     kv_tokens_per_worker: int
     workers: int
-    load_per_worker: float  # requests/s, its share of the sized load
+    load_per_worker: float  # requests/s, its share of the sized load (a closed loop's: of the throughput)
     gpus: int
     price_per_gpu_hour_usd: float | None
     price_source: str | None
     cost_per_hour_usd: float | None
+    users_per_worker: float | None = None  # a closed loop's users over the workers; None: an open loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,50 +361,69 @@ class DisaggregatedResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _PoolOption:
+class PoolOption:
     screened: _Screened
     workers: int  # workers needed if each ran at its analytic throughput (where the search starts)
-    bound: float  # their cost (`_cost_units`): a lower bound
+    bound: float  # their cost (`cost_units`): a lower bound
 
 
 def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) -> DisaggregatedResult:
     """The cheapest disaggregated deployments over `candidates` (each may serve either pool).
 
-    Open-loop workloads only (a closed loop's users are not split between pools). The pools are sized
+    Open-loop workloads (a closed loop's: `disaggregated_loop.plan_closed_loop`). The pools are sized
     one after the other: decode workers by the TPOT SLO (a decode worker's TPOT does not depend on the
     prefill pool), then prefill workers by the TTFT SLO of the combined request (prefill + transfer +
     the decode worker's first step at its sized load).
     """
     if inputs.workload.is_closed_loop:
-        raise ValueError("disaggregated plans are sized for an open-loop load (requests_per_s)")
+        raise ValueError("plan_disaggregated sizes an open-loop load (requests_per_s); a closed loop's: "
+                         "disaggregated_loop.plan_closed_loop")
     planner = _Planner(inputs)
-    infeasible: list[Infeasible] = []
-    options: dict[str, list[_PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
-    for configuration in candidates:
-        for role in (PREFILL_POOL, DECODE_POOL):
-            outcome = planner.screen(configuration, role)
-            if isinstance(outcome, Infeasible):
-                infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
-            else:
-                options[role].append(_pool_option(planner, outcome, role))
+    options, infeasible = screen_pools(planner, candidates, _pool_option)
     requests = planner._unit_requests(inputs.simulated_requests)
     plans = []
-    prefill_floor = min((_prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
+    prefill_floor = min((prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
                         default=math.inf)
-    decodes = _size_pools(planner, options[DECODE_POOL], DECODE_POOL, requests, prefill_floor, infeasible)
+    decodes = size_pools(options[DECODE_POOL],
+                         lambda option: _size_pool(planner, option, DECODE_POOL, requests, prefill_floor), infeasible)
     if decodes:  # the prefill pools are sized behind the cheapest decode pool
-        decode_pool, decode_result = min(decodes, key=lambda sized: _cost_key(sized[0]))
-        prefills = _size_pools(planner, options[PREFILL_POOL], PREFILL_POOL, requests,
-                               (decode_pool, decode_result), infeasible)
+        decode_pool, decode_result = min(decodes, key=lambda sized: cost_key(sized[0]))
+        prefills = size_pools(options[PREFILL_POOL], lambda option: _size_pool(
+            planner, option, PREFILL_POOL, requests, (decode_pool, decode_result)), infeasible)
         for prefill_pool, _ in prefills:
             built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
             (infeasible if isinstance(built, Infeasible) else plans).append(built)
+    return result(planner, plans, infeasible)
+
+
+def screen_pools(planner: _Planner, candidates: Sequence[Configuration],
+                 option: Callable[[_Planner, _Screened, str], PoolOption],
+                 refuse: Callable[[Configuration], str | None] = lambda configuration: None,
+                 ) -> tuple[dict[str, list[PoolOption]], list[Infeasible]]:
+    """Each candidate screened for each pool (`_Planner.screen`), as an option of that pool (`option`), or
+    infeasible there with the reasons, prefixed with the pool; `refuse` names a reason to refuse a candidate
+    outright (None: screen it)."""
+    infeasible: list[Infeasible] = []
+    options: dict[str, list[PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
+    for configuration in candidates:
+        for role in (PREFILL_POOL, DECODE_POOL):
+            refused = refuse(configuration)
+            outcome = Infeasible(configuration, (refused,)) if refused else planner.screen(configuration, role)
+            if isinstance(outcome, Infeasible):
+                infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
+            else:
+                options[role].append(option(planner, outcome, role))
+    return options, infeasible
+
+
+def result(planner: _Planner, plans: list[DisaggregatedPlan], infeasible: list[Infeasible]) -> DisaggregatedResult:
+    """The plans cheapest first, with what was infeasible and what the search simulated."""
     plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
                               p.e2e_at_slo_percentile_s))
     return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests)
 
 
-def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
+def _pool_option(planner: _Planner, screened: _Screened, role: str) -> PoolOption:
     """The workers the pool needs if each ran at its analytic throughput: back-to-back prefills of the
     mean prompt, or decode steps at the largest batch the engine runs, on each of its schedulers (attention
     data-parallel ranks x pipeline micro-batches), and what they cost."""
@@ -419,7 +439,7 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
         rate = batch / (step * max(lengths.output_mean - 1, 1.0))
     workers = max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
     gpus = workers * screened.configuration.gpus_per_replica
-    return _PoolOption(screened, workers, _cost_units(gpus, screened.price))
+    return PoolOption(screened, workers, cost_units(gpus, screened.price))
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
@@ -434,37 +454,55 @@ def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: 
     return simulate(screened.step_time, screened.scheduler, role_requests)
 
 
-def _prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
+def prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
     """The p-th percentile prompt prefilled alone on this configuration."""
     prompt = planner.lengths.input_at_percentile
     return prefill_time_s(screened.step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
                           screened.scheduler.max_num_batched_tokens)
 
 
-def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, requests: Requests,
-                behind: float | tuple[Pool, SimulationResult],
-                infeasible: list[Infeasible]) -> list[tuple[Pool, SimulationResult]]:
-    """Pool options of `role` in the order of their analytic bound, each sized by simulation: the first
+def size_pools(options: list[PoolOption], size: Callable[[PoolOption], tuple[Pool, Sized] | Infeasible],
+               infeasible: list[Infeasible]) -> list[tuple[Pool, Sized]]:
+    """Pool options in the order of their analytic bound, each sized by simulation (`size`): the first
     POOL_CONFIGURATIONS_SIMULATED, then each next one whose bound is below the cost of the cheapest pool sized so
     far (or while none is), MAX_POOL_CONFIGURATIONS_SIMULATED in all at most. An option with a low bound that sizes
     dear (a pipeline's workers) thus does not keep a cheaper one from being sized."""
-    sized: list[tuple[Pool, SimulationResult]] = []
+    sized: list[tuple[Pool, Sized]] = []
     for tried, option in enumerate(sorted(options, key=lambda o: o.bound)[:MAX_POOL_CONFIGURATIONS_SIMULATED]):
         if tried >= POOL_CONFIGURATIONS_SIMULATED and sized and option.bound >= min(
-                _cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
+                cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
             break
-        outcome = _size_pool(planner, option, role, requests, behind)
+        outcome = size(option)
         (infeasible if isinstance(outcome, Infeasible) else sized).append(outcome)
     return sized
 
 
-def _cost_units(gpus: int, price: float | None) -> float:
+def first_step_budget_s(planner: _Planner, screened: _Screened, prefill_floor: float) -> float:
+    """What the TTFT SLO leaves a decode worker for its first step: the SLO less the fastest prefill of the
+    p-th prompt (`prefill_floor`, `prefill_floor_s`) and that prompt's KV transfer to this worker over the scale-out network."""
+    prompt = planner.lengths.input_at_percentile
+    configuration = screened.configuration
+    transfer = transfer_times_s(planner.inputs.model, np.array([prompt]), configuration.kv_dtype,
+                                decode_tensor_parallel=configuration.tensor_parallel,
+                                decode_pipeline_parallel=configuration.pipeline_parallel,
+                                bandwidth_bytes_per_s=configuration.gpu.scale_out_bandwidth_bytes_per_s,
+                                latency_s=NETWORK_TRANSFER_LATENCY_S)[0]
+    return planner.slo.ttft_s - prefill_floor - float(transfer)
+
+
+def decode_meets(result: SimulationResult, slo: Slo, first_step_budget: float) -> bool:
+    """Whether a decode worker's run meets the TPOT SLO and its first steps wait within `first_step_budget_s`."""
+    tpot = result.percentile("tpot", slo.percentile)
+    return (math.isnan(tpot) or tpot <= slo.tpot_s) and result.percentile("ttft", slo.percentile) <= first_step_budget
+
+
+def cost_units(gpus: int, price: float | None) -> float:
     """What `gpus` GPUs cost in the units pool options are ranked by: $/h when priced, else past every priced
     option, by GPU count."""
     return gpus * price if price is not None else 1e12 + gpus
 
 
-def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requests,
+def _size_pool(planner: _Planner, option: PoolOption, role: str, requests: Requests,
                behind: float | tuple[Pool, SimulationResult]) -> tuple[Pool, SimulationResult] | Infeasible:
     """The fewest workers of this configuration meeting the pool's SLO. Decode: the TPOT, and a wait for
     the first decode step within what the TTFT SLO leaves after the fastest prefill (`behind`, the p-th
@@ -474,14 +512,7 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
     slo, screened = planner.slo, option.screened
     if role == DECODE_POOL:
         assert isinstance(behind, float)
-        prompt = planner.lengths.input_at_percentile
-        configuration = screened.configuration
-        transfer = transfer_times_s(planner.inputs.model, np.array([prompt]), configuration.kv_dtype,
-                                    decode_tensor_parallel=configuration.tensor_parallel,
-                                    decode_pipeline_parallel=configuration.pipeline_parallel,
-                                    bandwidth_bytes_per_s=configuration.gpu.scale_out_bandwidth_bytes_per_s,
-                                    latency_s=NETWORK_TRANSFER_LATENCY_S)[0]
-        first_step_budget = slo.ttft_s - behind - transfer
+        first_step_budget = first_step_budget_s(planner, screened, behind)
     results: dict[int, SimulationResult] = {}
 
     def run(workers: int) -> SimulationResult:
@@ -495,13 +526,11 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
         except (KvCapacityError, SimulationLimitError, ValueError):
             return False
         if role == DECODE_POOL:
-            tpot = result.percentile("tpot", slo.percentile)
-            return ((math.isnan(tpot) or tpot <= slo.tpot_s)
-                    and result.percentile("ttft", slo.percentile) <= first_step_budget)
+            return decode_meets(result, slo, first_step_budget)
         assert not isinstance(behind, float)
         decode_pool, decode_result = behind
         combined = combine(_pool_times(planner, result, decode_result, decode_pool, requests))
-        checks = _combined_checks(combined, slo, result.warmup_requests)
+        checks = combined_checks(combined, slo, result.warmup_requests)
         return all(ratio <= 1 for name, _, _, ratio in checks if name != BINDING_TPOT)
 
     workers = fewest_workers(meets, min(option.workers, MAX_POOL_WORKERS), MAX_POOL_WORKERS)
@@ -510,17 +539,17 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
         return Infeasible(screened.configuration, (
             (f"{role} pool: misses the {slo_name} SLO at every worker count up to {MAX_POOL_WORKERS}, the most "
             "the search sizes a pool with"),))
-    return _pool(planner, screened, role, workers), run(workers)
+    return worker_pool(planner, screened, role, workers), run(workers)
 
 
 MAX_POOL_WORKERS = 4096
 
 
-def _cost_key(pool: Pool) -> tuple[bool, float, int]:
+def cost_key(pool: Pool) -> tuple[bool, float, int]:
     return pool.cost_per_hour_usd is None, pool.cost_per_hour_usd or 0.0, pool.gpus
 
 
-def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
+def worker_pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
     gpus = workers * screened.configuration.gpus_per_replica
     return Pool(role=role, configuration=screened.configuration, compute_dtype=screened.compute_dtype,
                 efficiency=screened.efficiency, engine=screened.engine,
@@ -541,7 +570,7 @@ def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec
                         decode_gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
 
 
-def _link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
+def pool_link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
     return deployment_link(prefill.configuration.gpu, prefill.gpus, decode.configuration.gpu, decode.gpus,
                            decode.engine.engine)
 
@@ -565,17 +594,17 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     slo, inputs = planner.slo, planner.inputs
     prefill_screened = planner.screen(prefill.configuration, PREFILL_POOL)
     assert isinstance(prefill_screened, _Screened)
-    link = _link(prefill, decode)
+    link = pool_link(prefill, decode)
     for _ in range(TTFT_RETRIES + 1):
         offered = planner.peak_load * inputs.peak_to_mean_ratio / prefill.workers
         prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered)
         times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
         combined = combine(times)
-        checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
+        checks = combined_checks(combined, slo, prefill_result.warmup_requests)
         if all(ratio <= 1 for *_, ratio in checks):
             break
-        prefill = _pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + 1)
-        link = _link(prefill, decode)
+        prefill = worker_pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + 1)
+        link = pool_link(prefill, decode)
     else:
         worst = max(checks, key=lambda check: check[3])
         return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
@@ -591,12 +620,12 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
                            link=link[0], bandwidth_bytes_per_s=link[1], latency_s=link[2])
     skip = prefill_result.warmup_requests
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
-    meets = _meets_all(measured, slo)
+    meets = meets_all(measured, slo)
     prediction = Prediction(
         load=planner.peak_load * inputs.peak_to_mean_ratio,
-        ttft=_combined_percentiles(measured, "ttft", slo.percentile),
-        tpot=_combined_percentiles(measured, "tpot", slo.percentile),
-        e2e=_combined_percentiles(measured, "e2e", slo.percentile),
+        ttft=combined_percentiles(measured, "ttft", slo.percentile),
+        tpot=combined_percentiles(measured, "tpot", slo.percentile),
+        e2e=combined_percentiles(measured, "e2e", slo.percentile),
         goodput_ratio=float(meets.mean()),
         requests_per_s=planner.peak_load * inputs.peak_to_mean_ratio,
         output_tokens_per_s=tokens_per_s,
@@ -611,7 +640,7 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         binding_detail=binding_detail)
 
 
-def _combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
+def combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
     checks = []
     for name, limit in ((BINDING_TTFT, slo.ttft_s), (BINDING_TPOT, slo.tpot_s), (BINDING_E2E, slo.e2e_s)):
@@ -621,106 +650,19 @@ def _combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str
         if not math.isnan(value):
             checks.append((name, value, limit, value / limit))
     if slo.goodput_ratio is not None:
-        fraction = float(_meets_all(measured, slo).mean())
+        fraction = float(meets_all(measured, slo).mean())
         checks.append((BINDING_GOODPUT, fraction, slo.goodput_ratio,
                        slo.goodput_ratio / fraction if fraction > 0 else math.inf))
     return tuple(checks)
 
 
-def _meets_all(combined: Combined, slo: Slo) -> np.ndarray:
+def meets_all(combined: Combined, slo: Slo) -> np.ndarray:
     meets = (combined.ttft_s <= slo.ttft_s) & (np.isnan(combined.tpot_s) | (combined.tpot_s <= slo.tpot_s))
     if slo.e2e_s is not None:
         meets &= combined.e2e_s <= slo.e2e_s
     return meets
 
 
-def _combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
+def combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
     p50, p95, p99 = (combined.percentile(metric, q) for q in PERCENTILES_REPORTED)
     return Percentiles(p50, p95, p99, combined.percentile(metric, slo_percentile))
-
-
-# A measured closed loop -----------------------------------------------------------------------------
-
-CONVERGED_FRACTION = 0.01  # the closed loop's passes stop once arrivals move by this x an idle cycle on average
-
-
-@dataclass(frozen=True, slots=True)
-class PoolRanks:
-    """One pool as the closed-loop estimate sees it: `ranks` identical schedulers side by side (workers x
-    attention data-parallel ranks), each with this step time and these limits."""
-
-    step_time: StepTimeFn
-    scheduler: SchedulerConfig
-    ranks: int
-
-
-def closed_loop(users: int, input_tokens: int, output_tokens: int, prefill: PoolRanks, decode: PoolRanks,
-                transfer_s: float, requests: int) -> Combined:
-    """Per-request latencies of `requests` requests from `users` users, each sending its next request the
-    moment the last one ends, through a disaggregated deployment; all users send their first at t = 0 (as
-    the aggregated closed loop is simulated, `predict.py`: a harness starting its users together).
-
-    Request j is user j mod `users`'s (j div `users`)-th; every request goes through prefill, the KV transfer
-    and decode. The router spreads the users evenly: user u is served by prefill rank u mod (prefill ranks)
-    and decode rank u mod (decode ranks), at most `users` ranks of a pool busy. Each rank is simulated with
-    its users' requests at their arrival times there; a request reaches its decode rank when its first
-    token leaves the prefill rank plus the transfer, and the user's next request arrives when it finishes.
-    Arrivals and results depend on each other, so the passes repeat from a first guess (every user's
-    requests one idle cycle apart): pass k takes round k + 1's arrivals from round k's finishes and guesses
-    each later round one cycle after the user's previous, at the cycle of the user's last known round. They
-    stop when the arrivals move by less than CONVERGED_FRACTION of an idle cycle on average, or after
-    `requests / users` + 1 passes; once users fall out of step a pass also moves earlier rounds a little,
-    so the result is a fixed point only to within that (the mean TTFT of the last passes agrees to a few
-    percent). Ranks given the same arrivals are simulated once. TTFT = prefill queueing and prefill +
-    transfer + the wait for the first decode step.
-    """
-    if users < 1 or input_tokens < 1 or output_tokens < 1:
-        raise ValueError("users, input_tokens and output_tokens must be >= 1")
-    total = max(users, requests)
-    lengths = Workload(Fixed(input_tokens), Fixed(output_tokens), requests_per_s=1.0)
-    one = sample_requests(lengths, 1, 0)
-    idle_cycle_s = (simulate(prefill.step_time, prefill.scheduler, prefill_role_requests(one),
-                             warmup_fraction=0).ttft_s[0] + transfer_s
-                    + simulate(decode.step_time, decode.scheduler, decode_role_requests(one),
-                               warmup_fraction=0).e2e_s[0])
-    user = np.arange(total) % users
-    arrivals = np.arange(total) // users * idle_cycle_s
-    for settled_rounds in range(2, -(-total // users) + 3):
-        prefill_times = _ranks(prefill, prefill_role_requests, user, arrivals, lengths)
-        decode_times = _ranks(decode, decode_role_requests, user, prefill_times[0] + transfer_s, lengths)
-        moved = np.concatenate([arrivals[:users], decode_times[2][:total - users]])
-        # The first `settled_rounds` rounds of arrivals are now known; each later one is guessed a cycle after
-        # the user's previous, at the cycle the user's last known round took.
-        known = settled_rounds * users
-        if known < total:
-            cycle = moved[known - users:known] - moved[known - 2 * users:known - users]
-            later = np.arange(known, total)
-            rounds_ahead = later // users - settled_rounds + 1
-            moved[later] = moved[known - users + later % users] + rounds_ahead * cycle[later % users]
-        settled = float(np.mean(np.abs(moved - arrivals))) <= CONVERGED_FRACTION * idle_cycle_s
-        arrivals = moved
-        if settled:
-            break
-    return combine(PoolTimes(prefill_ttft_s=prefill_times[1], transfer_s=np.full(total, transfer_s),
-                             decode_first_s=decode_times[1], decode_rest_s=decode_times[2] - decode_times[0],
-                             output_tokens=np.full(total, output_tokens)))
-
-
-def _ranks(pool: PoolRanks, role: Callable[[Requests], Requests], user: np.ndarray, arrivals: np.ndarray,
-           lengths: Workload) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each request's first-token time, time from arrival to first token, and finish time on its rank of
-    `pool` (user u on rank u mod ranks), every rank simulated with its requests in arrival order."""
-    ranks = min(pool.ranks, int(user.max()) + 1)
-    first, waited, finish = (np.empty(len(user)) for _ in range(3))
-    done: dict[bytes, SimulationResult] = {}
-    for rank in range(ranks):
-        picked = np.flatnonzero(user % ranks == rank)
-        picked = picked[np.argsort(arrivals[picked], kind="stable")]
-        times = arrivals[picked]
-        result = done.get(times.tobytes())
-        if result is None:
-            requests = role(sample_requests(lengths, len(picked), 0))
-            result = simulate(pool.step_time, pool.scheduler, replace(requests, arrival_s=times), warmup_fraction=0)
-            done[times.tobytes()] = result
-        first[picked], waited[picked], finish[picked] = result.first_token_s, result.ttft_s, result.finish_s
-    return first, waited, finish

@@ -353,6 +353,22 @@ class Requests:
     def __len__(self) -> int:
         return len(self.arrival_s)
 
+    def subset(self, indices: np.ndarray, arrival_s: np.ndarray) -> Requests:
+        """The requests at `indices`, in that order, arriving at `arrival_s` (one per index, non-negative and
+        non-decreasing). Their lengths were checked when these were made, so only the arrivals are checked: a
+        closed loop's rank takes its users' requests this way many times over (`disaggregated_loop._ranks`)."""
+        arrival_s = np.array(arrival_s, dtype=np.float64)
+        if arrival_s.shape != np.shape(indices) or np.any(~(arrival_s >= 0)) or np.any(arrival_s[1:] < arrival_s[:-1]):
+            raise ValueError("arrival_s must be non-negative and non-decreasing, one per request")
+        picked = object.__new__(Requests)
+        for name, array in (("arrival_s", arrival_s), ("input_tokens", self.input_tokens[indices]),
+                            ("output_tokens", self.output_tokens[indices]),
+                            ("cached_prefix_tokens", self.cached_prefix_tokens[indices])):
+            array.setflags(write=False)
+            object.__setattr__(picked, name, array)
+        object.__setattr__(picked, "shared_prefix_tokens", self.shared_prefix_tokens)
+        return picked
+
 
 def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1.0) -> Requests:
     """`n` requests drawn from the workload with a PCG64 generator seeded by `seed`.
