@@ -252,8 +252,7 @@ class CandidatesIn(BaseModel):
             "aggregated: every replica prefills and decodes; disaggregated: separate prefill and decode workers "
             "(each pool its own GPU type, layout and worker count from these candidates: attention DP + EP and "
             "pipeline workers included), the prompt's KV cache moved between them; both: plans of either kind, "
-            "ranked together. Disaggregated plans take no speculative decoding; under a closed loop "
-            "(concurrent_users) their pools run no pipeline stages."))
+            "ranked together. No speculative decoding; a closed loop's as the open loop of its users' rate."))
 
     @model_validator(mode="after")
     def _distinct_inline_gpus(self) -> CandidatesIn:
@@ -459,7 +458,8 @@ class PoolOut(BaseModel):
     layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8 PP1"')
     workers: int
     gpus: int = Field(description="workers x tensor_parallel x pipeline_parallel x data_parallel")
-    load_per_worker_requests_per_s: float = Field(description="Its share of the peak x burst (closed loop: of the rate)")
+    load_per_worker_requests_per_s: float = Field(
+        description="Its share of the rate sized for (open loop: peak x burst; closed loop: the users' rate)")
     users_per_worker: float | None = Field(None, description="Closed loop: the users over its workers; else null")
     kv_tokens_per_worker: int
     max_num_seqs: int | None

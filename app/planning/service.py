@@ -247,20 +247,15 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     if deployment != AGGREGATED and request.speculative is not None:
         raise Unprocessable("disaggregated plans are not modelled with speculative decoding",
                             errors=[("/body/candidates/deployment", "aggregated only with speculative decoding")])
-    if (deployment != AGGREGATED and inputs.workload.is_closed_loop
-            and disaggregated_loop.sized_users(inputs) > disaggregated_loop.MAX_LOOP_USERS):
-        reason = (f"disaggregated plans of a closed loop are simulated with every user through both pools, at most "
-                  f"{disaggregated_loop.MAX_LOOP_USERS:,} users (over max_utilization_ratio)")
-        if deployment == DISAGGREGATED:
-            raise Unprocessable(reason, errors=[("/body/workload/concurrent_users", reason)])
-        notes.append(f"{reason}: aggregated plans only")
-        deployment = AGGREGATED
     aggregated = offload(plan_core.plan, inputs, configurations) if deployment != DISAGGREGATED else None
     plan_pools = (disaggregated_loop.plan_closed_loop if inputs.workload.is_closed_loop
                   else disaggregation.plan_disaggregated)
     disaggregated = offload(plan_pools, inputs, configurations) if deployment != AGGREGATED else None
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
+    if disaggregated is not None and disaggregated.plans and request.ha_policy.extra_replicas:
+        notes.append("ha_policy.extra_replicas adds replicas to aggregated plans only: a disaggregated plan's pools "
+                     "hold no spare worker")
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
         [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
     max_model_len = plan_core.max_model_len(inputs)
@@ -385,8 +380,8 @@ def _plan_efficiencies(profile: CalibrationProfile, gpus: Sequence[GpuSpec], wei
 def _load_model_text(workload: WorkloadIn, deployment: str) -> str:
     if workload.concurrent_users is not None:
         pools = ("" if deployment == AGGREGATED else
-                 "; a disaggregated deployment is simulated with all the users through both pools (user u on prefill "
-                 "and decode scheduler u mod schedulers), their first requests, sent together, left out of its percentiles")
+                 "; a disaggregated deployment is sized as the open loop of the users' rate (users / mean request "
+                 "time, Little's law): its pools simulated with Poisson arrivals at the rate it was sized for")
         replicas = "" if deployment == DISAGGREGATED else "; every replica is simulated with its share of the users"
         return (f"closed loop: {workload.concurrent_users} users, each sending the next request the moment the "
                 f"last one finishes{replicas}{pools}")
@@ -517,13 +512,18 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
     best_agg = min(aggregated.plans, key=_rank_key, default=None)
     best_dis = min(disaggregated.plans, key=_rank_key, default=None)
     if best_agg is None or best_dis is None:
-        missing = "aggregated" if best_agg is None else "disaggregated"
-        return f"aggregated vs disaggregated: no {missing} plan meets the SLO"
+        missing = ("plan of either kind" if best_agg is best_dis else
+                   "aggregated plan" if best_agg is None else "disaggregated plan")
+        return f"aggregated vs disaggregated: no {missing} meets the SLO"
     if best_agg.cost_per_hour_usd is None or best_dis.cost_per_hour_usd is None:
         return (f"aggregated vs disaggregated: {best_agg.gpus} GPUs against {best_dis.gpus} "
                 "(unpriced: compared by GPU count)")
     agg_cost, dis_cost = best_agg.cost_per_hour_usd, best_dis.cost_per_hour_usd
     transfer = best_dis.transfer
+    if dis_cost == agg_cost:
+        first = "disaggregated" if _rank_key(best_dis) < _rank_key(best_agg) else "aggregated"
+        return (f"aggregated and disaggregated tie at ${agg_cost:,.2f}/h: the {first} plan ranks first (fewer GPUs, "
+                "else the shorter E2E at the SLO percentile)")
     if dis_cost < agg_cost:
         return (f"disaggregated wins: ${dis_cost:,.2f}/h against ${agg_cost:,.2f}/h aggregated "
                 f"({1 - dis_cost / agg_cost:.0%} less): decode steps no longer wait for prompt chunks, so each decode "

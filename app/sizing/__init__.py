@@ -15,8 +15,8 @@
 # 2026.12.06.8: the planner adds cross-node pipeline layouts only where the given data- and expert-parallel degrees
 # admit 1; an engine whose memory fraction is at most 0 (SGLang with a large prefill chunk) uses none of the GPU
 # (was: a negative amount); a dense model with experts per token or shared experts is refused.
-# 2026.12.06.9: a closed loop (concurrent_users) gets disaggregated plans, sized with all its users through both
-# pools (was: aggregated plans only); the closed-loop estimate takes each request's own lengths and transfer.
+# 2026.12.06.9: a closed loop (concurrent_users) gets disaggregated plans, sized as the open loop of its users' rate
+# (was: aggregated plans only); the comparison note calls a cost tie a tie.
 CALCULATION_VERSION = "2026.12.06.9"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

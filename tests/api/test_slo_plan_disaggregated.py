@@ -1,6 +1,10 @@
 """POST /v1/slo-plan with `candidates.deployment`: disaggregated prefill/decode plans beside aggregated ones."""
 
+from types import SimpleNamespace
+
 import pytest
+
+from app.planning.service import _comparison_note
 
 LONG_PROMPTS = {
     "model": "llama-3.1-70b",
@@ -59,7 +63,8 @@ def test_long_prompts_show_a_disaggregated_plan_beside_the_aggregated_one(client
     assert predicted["ttft"]["at_slo_percentile_ms"] <= 2000
     assert predicted["tpot"]["at_slo_percentile_ms"] <= 30
     # The comparison says which kind wins and why; the frontier knows both kinds.
-    assert any(note.startswith(("aggregated wins", "disaggregated wins")) for note in body["assumptions"]["notes"])
+    assert any(note.startswith(("aggregated wins", "disaggregated wins", "aggregated and disaggregated tie"))
+               for note in body["assumptions"]["notes"])
     assert {point["deployment"] for point in body["pareto"]} <= {"aggregated", "disaggregated"}
     assert any("KV transfer" in formula for formula in body["assumptions"]["formulas"])
 
@@ -127,8 +132,9 @@ def test_gpus_priced_at_nothing_compare_the_two_kinds_without_a_ratio(client):
     """A price of 0 per GPU-hour is allowed (owned hardware): the comparison note has no ratio to give (it divided
     by the aggregated plan's $0/h: a 500)."""
     body = plan(client, {**CHAT, "candidates": {**CHAT["candidates"], "gpu_price_per_hour_usd": {"h200-sxm": 0}}})
-    note = next(note for note in body["assumptions"]["notes"] if "wins" in note)
-    assert note.startswith("aggregated wins: $0.00/h against $0.00/h disaggregated: with prompts of")
+    note = next(note for note in body["assumptions"]["notes"] if "tie at" in note)
+    first = body["plans"][0]["deployment"]
+    assert note.startswith(f"aggregated and disaggregated tie at $0.00/h: the {first} plan ranks first")
 
 
 def test_sglang_pools_are_launched_in_their_disaggregation_modes(client):
@@ -167,18 +173,22 @@ def test_an_aggregated_request_is_unchanged(client):
 
 def test_a_closed_loop_gets_disaggregated_plans_sized_for_its_users(client):
     """32 users of 8k in / 1k out: each pool's users are the 32 over its workers, a decode worker's offered load
-    is its share of the users, and the deployment's requests/s are its pools' together."""
+    is its share of the users, and the rate the users send through the plan is at most the rate its pools were
+    sized for (their share of it per worker x the workers, 2% of simulation noise allowed): at least the
+    32 / (2 + 999 x 0.03) = 1.0095 req/s of a plan just meeting the SLO."""
     body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
                                                       "concurrent_users": 32},
                          "candidates": {**LONG_PROMPTS["candidates"], "deployment": "disaggregated"}})
     assert body["plans"] and {p["deployment"] for p in body["plans"]} == {"disaggregated"}
-    assert "first requests, sent together, left out" in body["assumptions"]["load_model"]
+    assert "the open loop of the users' rate" in body["assumptions"]["load_model"]
     for item in body["plans"]:
         prefill, decode = item["disaggregation"]["prefill"], item["disaggregation"]["decode"]
         for pool in (prefill, decode):
             assert pool["users_per_worker"] == pytest.approx(32 / pool["workers"])
-            assert pool["load_per_worker_requests_per_s"] * pool["workers"] == pytest.approx(
-                item["predicted"]["requests_per_s"])
+        sized = decode["load_per_worker_requests_per_s"] * decode["workers"]
+        assert sized >= 32 / (2 + 999 * 0.03) * (1 - 1e-9)
+        assert item["predicted"]["requests_per_s"] <= sized * 1.02
+        assert item["output_tokens_per_s"] == pytest.approx(1000 * item["predicted"]["requests_per_s"])
         load = item["load_per_replica"]
         assert load["unit"] == "concurrent_users"
         assert load["offered"] == pytest.approx(32 / decode["workers"])
@@ -190,26 +200,11 @@ def test_both_with_a_closed_loop_ranks_both_kinds_and_says_which_wins(client):
     body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
                                                       "concurrent_users": 32}})
     assert {p["deployment"] for p in body["plans"]} == {"aggregated", "disaggregated"}
-    assert any(" wins: " in note for note in body["assumptions"]["notes"])
+    first = body["plans"][0]["deployment"]
+    assert any(note.startswith(f"{first} wins: ") or f"tie at ${body['plans'][0]['cost_per_hour_usd']:,.2f}/h: the "
+               f"{first} plan ranks first" in note for note in body["assumptions"]["notes"])
     costs = [p["cost_per_hour_usd"] for p in body["plans"]]
     assert costs == sorted(costs)
-
-
-def test_a_closed_loop_past_the_users_one_search_runs_is_planned_aggregated_only(client):
-    """10,001 users under a 50% utilization cap are 20,002 to size for, past the 20,000 users a disaggregated search
-    runs through both pools: a 422 naming concurrent_users when only disaggregated plans are asked for, aggregated
-    plans and a note with both; 10,000 users at that cap (20,000) are planned disaggregated too."""
-    workload = {"input_tokens": 500, "output_tokens": 300, "concurrent_users": 10_001}
-    body = {**CHAT, "workload": workload, "ha_policy": {"max_utilization_ratio": 0.5},
-            "candidates": {**CHAT["candidates"], "tensor_parallel": [2], "deployment": "disaggregated"}}
-    response = client.post("/v1/slo-plan", json=body)
-    assert response.status_code == 422
-    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/workload/concurrent_users"]
-    both = plan(client, {**body, "candidates": {**body["candidates"], "deployment": "both"}})
-    assert {p["deployment"] for p in both["plans"]} == {"aggregated"}
-    assert any("at most 20,000 users" in note for note in both["assumptions"]["notes"])
-    body["workload"] = {**workload, "concurrent_users": 10_000}
-    assert client.post("/v1/slo-plan", json=body).status_code == 200
 
 
 def test_an_open_loop_pool_states_no_users(client):
@@ -256,3 +251,27 @@ def test_each_pool_states_its_own_layout(client):
     assert len(set(descriptions)) == len(descriptions)
     assert any(pools["disaggregation"][role]["expert_parallel"] > 1 for pools in body["plans"]
                for role in ("prefill", "decode"))
+
+
+def test_extra_replicas_are_said_to_spare_aggregated_plans_only(client):
+    body = plan(client, {**LONG_PROMPTS, "ha_policy": {"extra_replicas": 1}})
+    assert any("extra_replicas adds replicas to aggregated plans only" in note
+               for note in body["assumptions"]["notes"])
+    assert not any("extra_replicas" in note for note in plan(client, LONG_PROMPTS)["assumptions"]["notes"])
+
+
+def _priced(cost: float, gpus: int, e2e_s: float, label: str) -> SimpleNamespace:
+    return SimpleNamespace(cost_per_hour_usd=cost, gpus=gpus, e2e_at_slo_percentile_s=e2e_s, label=label,
+                           transfer=SimpleNamespace(time_s=0.01, link="nvlink", prompt_tokens=4000))
+
+
+def test_the_comparison_note_follows_the_ranking_on_a_cost_tie_and_says_when_neither_kind_plans():
+    """$53.92/h both: the disaggregated plan of 8 GPUs ranks before the aggregated one of 16 (fewer GPUs), and
+    the note says so instead of calling either cheaper."""
+    aggregated = SimpleNamespace(plans=[_priced(53.92, 16, 10.0, "a")])
+    disaggregated = SimpleNamespace(plans=[_priced(53.92, 8, 12.0, "d")])
+    note = _comparison_note(aggregated, disaggregated)
+    assert note.startswith("aggregated and disaggregated tie at $53.92/h: the disaggregated plan ranks first")
+    empty = SimpleNamespace(plans=[])
+    assert _comparison_note(empty, empty) == "aggregated vs disaggregated: no plan of either kind meets the SLO"
+    assert _comparison_note(empty, disaggregated).endswith("no aggregated plan meets the SLO")

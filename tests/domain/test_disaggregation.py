@@ -29,21 +29,19 @@ from app.sizing.serving.disaggregation import (
     NETWORK_TRANSFER_LATENCY_S,
     NVLINK,
     NVLINK_TRANSFER_LATENCY_S,
-    PoolOption,
     PoolTimes,
     _pool_option,
+    _PoolOption,
     _simulate_role,
+    _size_pools,
     combine,
     decode_role_requests,
     deployment_link,
     fewest_workers,
-    first_step_budget_s,
     kv_transfer,
     plan_disaggregated,
     pool_capacity,
-    prefill_floor_s,
     prefill_role_requests,
-    size_pools,
     transfer_link,
     transfer_times_s,
 )
@@ -255,7 +253,7 @@ def test_a_pool_worker_with_attention_dp_ranks_is_its_ranks_side_by_side() -> No
     assert screened.kv_tokens_per_replica == 8 * screened.scheduler.kv_capacity_tokens
 
 
-def test_pool_options_are_sized_while_they_could_still_be_cheaper() -> None:
+def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: pytest.MonkeyPatch) -> None:
     """Options by analytic bound ($/h) 10, 11, 12, 30, 40, each sized (stubbed) to: infeasible, 25 GPUs at $2 =
     $50, 10 at $2 = $20, and the rest $15. The first two are always sized (one fails); the third's bound 12 is
     below the cheapest so far ($50), so it is sized ($20); the fourth's 30 is not below $20: the search stops
@@ -263,21 +261,22 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper() -> None:
     sized_to = {0: None, 1: 25, 2: 10, 3: 7.5, 4: 7.5}
     tried = []
 
-    def size(option):
+    def size(planner, option, role, requests, behind):
         tried.append(option.workers)
         gpus = sized_to[option.workers]
         if gpus is None:
             return Infeasible(None, ("misses",))
         return SimpleNamespace(gpus=gpus, price_per_gpu_hour_usd=2.0), None
 
-    options = [PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
+    monkeypatch.setattr("app.sizing.serving.disaggregation._size_pool", size)
+    options = [_PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
     refused: list = []
-    sized = size_pools(list(reversed(options)), size, refused)
+    sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused)
     assert tried == [0, 1, 2]
     assert [pool.gpus for pool, _ in sized] == [25, 10] and len(refused) == 1
     sized_to.update({1: None, 2: None, 3: None, 4: None})
     tried.clear()
-    assert size_pools(options, size, []) == []
+    assert _size_pools(None, options, PREFILL_POOL, None, 0.0, []) == []
     assert tried == [0, 1, 2, 3]
 
 
@@ -390,64 +389,46 @@ def _closed_loop_inputs(users: int) -> PlanInputs:
                       simulated_requests=500)
 
 
-def test_a_closed_loop_disaggregated_plan_serves_its_users_with_the_fewest_workers() -> None:
-    """Llama-3.1-70B fp8 on H100, 256 users of 8k in / 1k out, p95 TTFT 2 s and TPOT 40 ms. Each plan:
+def test_a_closed_loop_is_planned_as_the_open_loop_of_its_users_rate() -> None:
+    """Llama-3.1-70B fp8 on H100, 256 users of 8k in / 1k out, p95 TTFT 2 s and TPOT 40 ms.
 
-    - adds up: a pool's GPUs are workers x TP at $3.00/h each; its users are the 256 over its workers, and its
-      requests/s the deployment's over its workers;
-    - runs at Little's law: with no time between a user's requests, requests/s = users / mean time per request,
-      and a request of 1,000 output tokens takes TTFT + 999 x TPOT (fixed lengths: every request about the
-      median), so 256 / (p50 TTFT + 999 x p50 TPOT) within 5%; output tokens/s = 1,000 x requests/s;
-    - has the fewest workers: one decode worker fewer misses the TPOT SLO or the first step's share of the TTFT
-      with decode alone (each scheduler holding its share of the users); one prefill worker fewer misses the
-      TTFT SLO in the whole loop, its first round (the users' first requests, sent together) left out.
+    - The first rate tried is what the users send through a plan just meeting the SLO: each request then takes
+      2 + 999 x 0.04 = 41.96 s, so 256 / 41.96 = 6.101 req/s; the rate only rises from there, so every plan was
+      sized for at least that (its decode workers' share of it, x the workers).
+    - Each plan's users send 256 / its mean request time (Little's law), no more than the rate it was sized for
+      (2% of simulation noise allowed), and 1,000 output tokens per request; a pool holds 256 / its workers users.
+    - The plans are the open loop's at the rate sized for, pool for pool.
     """
     users, inputs = 256, _closed_loop_inputs(256)
-    result = plan_closed_loop(inputs, configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"]))
+    candidates = configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"])
+    result = plan_closed_loop(inputs, candidates)
     assert result.plans
     for plan in result.plans:
+        sized = plan.decode.load_per_worker * plan.decode.workers
+        assert sized == pytest.approx(plan.prefill.load_per_worker * plan.prefill.workers)
+        assert sized >= 256 / 41.96 * (1 - 1e-9)
+        sent = plan.predicted.requests_per_s
+        assert sent == pytest.approx(users / plan.mean_e2e_s) and sent <= sized * 1.02
+        assert plan.output_tokens_per_s == pytest.approx(1000 * sent)
+        assert plan.cost_per_million_output_tokens_usd == pytest.approx(plan.cost_per_hour_usd / (3600 * 1000 * sent)
+                                                                          * 1e6)
         for pool in (plan.prefill, plan.decode):
-            assert pool.gpus == pool.workers * pool.configuration.tensor_parallel
-            assert pool.cost_per_hour_usd == pytest.approx(pool.gpus * 3.0)
             assert pool.users_per_worker == pytest.approx(users / pool.workers)
-            assert pool.load_per_worker * pool.workers == pytest.approx(plan.predicted.requests_per_s)
-        predicted = plan.predicted
-        assert predicted.load == users
-        assert predicted.ttft.at_slo_percentile_s <= 2.0 and predicted.tpot.at_slo_percentile_s <= 0.04
-        cycle = predicted.ttft.p50_s + 999 * predicted.tpot.p50_s
-        assert predicted.requests_per_s == pytest.approx(users / cycle, rel=0.05)
-        assert plan.output_tokens_per_s == pytest.approx(1000 * predicted.requests_per_s)
-    plan = result.plans[0]
-    assert plan.prefill.workers > 1 and plan.decode.workers > 1  # both counts are searched here
-    planner = _Planner(inputs)
-    decode_screened = planner.screen(plan.decode.configuration, DECODE_POOL)
-    prefill_screened = planner.screen(plan.prefill.configuration, PREFILL_POOL)
-    each = math.ceil(users / ((plan.decode.workers - 1) * decode_screened.schedulers))
-    requests = planner._unit_requests(max(500, 3 * each))
-    alone = simulate(decode_screened.step_time, decode_screened.scheduler, decode_role_requests(requests),
-                     closed_loop_users=each)
-    budget = first_step_budget_s(planner, decode_screened, prefill_floor_s(planner, prefill_screened))
-    assert alone.percentile("tpot", 95) > 0.04 or alone.percentile("ttft", 95) > budget
-    requests = planner._unit_requests(3 * users)
-    fewer = dataclasses.replace(plan.prefill, workers=plan.prefill.workers - 1)
-    link = deployment_link(H100, fewer.gpus, H100, plan.decode.gpus, plan.decode.engine.engine)
-    transfer = transfer_times_s(LLAMA_3_1_70B, requests.input_tokens, "fp8", decode_tensor_parallel=plan.decode.
-                                configuration.tensor_parallel, decode_pipeline_parallel=1,
-                                bandwidth_bytes_per_s=link[1], latency_s=link[2])
-    loop = closed_loop(users, requests, PoolRanks(prefill_screened.step_time, prefill_screened.scheduler,
-                                                  fewer.workers * prefill_screened.schedulers),
-                       PoolRanks(decode_screened.step_time, decode_screened.scheduler,
-                                 plan.decode.workers * decode_screened.schedulers), transfer)
-    assert np.percentile(loop.ttft_s[users:], 95) > 2.0
+        assert plan.predicted.ttft.at_slo_percentile_s <= 2.0 and plan.predicted.tpot.at_slo_percentile_s <= 0.04
+    cheapest = result.plans[0]
+    rate = cheapest.decode.load_per_worker * cheapest.decode.workers
+    opened = plan_disaggregated(dataclasses.replace(inputs, workload=Workload(Fixed(8000), Fixed(1000),
+                                                                              requests_per_s=rate)), candidates)
+    assert [(p.prefill.configuration, p.prefill.workers, p.decode.configuration, p.decode.workers)
+            for p in opened.plans] == [(p.prefill.configuration, p.prefill.workers, p.decode.configuration,
+                                        p.decode.workers) for p in result.plans]
 
 
-def test_a_closed_loop_plan_states_its_users_and_refuses_pipeline_pools() -> None:
-    result = plan_closed_loop(_closed_loop_inputs(16), configurations(LLAMA_3_1_70B, [H100], [4], [1, 2], ["fp8"],
-                                                                      ["fp8"]))
-    assert {plan.prefill.configuration.pipeline_parallel for plan in result.plans} == {1}
-    refused = [reason for item in result.infeasible for reason in item.reasons if "pipeline stages" in reason]
-    assert len(refused) == 2  # TP4 PP2 in either pool
-    assert all("pipeline stages are not sized for a closed loop" in reason for reason in refused)
+def test_more_users_never_take_fewer_gpus() -> None:
+    gpus = [plan_closed_loop(_closed_loop_inputs(users), configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"],
+                                                                        ["fp8"])).plans[0].gpus
+            for users in (16, 64, 256, 1024)]
+    assert gpus == sorted(gpus) and gpus[0] < gpus[-1]
 
 
 def test_an_open_loop_is_not_planned_as_a_closed_one() -> None:

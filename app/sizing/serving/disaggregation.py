@@ -30,7 +30,7 @@ pool gets its own GPU, layout and worker count.
 
 Longer than 600 lines because it is the whole disaggregated model of an open loop in one place: the transfer,
 the per-pool memory, the per-request composition and the two-pool planner share their definitions of the roles
-(the closed loop's estimate and planner, `disaggregated_loop.py`, reuse them).
+(a closed loop's estimate and planner, `disaggregated_loop.py`, build on them).
 """
 
 from __future__ import annotations
@@ -97,7 +97,6 @@ TRANSFER_LATENCY_SOURCE = ("NCCL tuner latency model, Simple protocol: base 8.4 
 
 
 Seconds = TypeVar("Seconds", float, np.ndarray)  # one request, or one per request
-Sized = TypeVar("Sized")  # what sizing a pool found beside it (its simulation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +301,7 @@ def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int) -> int 
 
 # Planning ---------------------------------------------------------------------------------------------
 
-# Per pool, the options sized by simulation (`size_pools`): the cheapest few by the analytic bound, then each next
+# Per pool, the options sized by simulation (`_size_pools`): the cheapest few by the analytic bound, then each next
 # one that could still be cheaper than every pool sized so far, up to the most.
 POOL_CONFIGURATIONS_SIMULATED = 2
 MAX_POOL_CONFIGURATIONS_SIMULATED = 4
@@ -320,7 +319,7 @@ class Pool:
     engine: ResolvedEngine
     kv_tokens_per_worker: int
     workers: int
-    load_per_worker: float  # requests/s, its share of the sized load (a closed loop's: of the throughput)
+    load_per_worker: float  # requests/s, its share of the sized load (a closed loop's: of its users' sized rate)
     gpus: int
     price_per_gpu_hour_usd: float | None
     price_source: str | None
@@ -341,6 +340,7 @@ class DisaggregatedPlan:
     meets_slo: bool
     binding_constraint: str
     binding_detail: str
+    mean_e2e_s: float  # a request's mean time, first token to last (what a closed loop's users wait per request)
 
     @property
     def e2e_at_slo_percentile_s(self) -> float:
@@ -361,10 +361,10 @@ class DisaggregatedResult:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolOption:
+class _PoolOption:
     screened: _Screened
     workers: int  # workers needed if each ran at its analytic throughput (where the search starts)
-    bound: float  # their cost (`cost_units`): a lower bound
+    bound: float  # their cost (`_cost_units`): a lower bound
 
 
 def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) -> DisaggregatedResult:
@@ -376,54 +376,35 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
     the decode worker's first step at its sized load).
     """
     if inputs.workload.is_closed_loop:
-        raise ValueError("plan_disaggregated sizes an open-loop load (requests_per_s); a closed loop's: "
-                         "disaggregated_loop.plan_closed_loop")
+        raise ValueError("disaggregated plans are sized for an open-loop load (requests_per_s)")
     planner = _Planner(inputs)
-    options, infeasible = screen_pools(planner, candidates, _pool_option)
-    requests = planner._unit_requests(inputs.simulated_requests)
-    plans = []
-    prefill_floor = min((prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
-                        default=math.inf)
-    decodes = size_pools(options[DECODE_POOL],
-                         lambda option: _size_pool(planner, option, DECODE_POOL, requests, prefill_floor), infeasible)
-    if decodes:  # the prefill pools are sized behind the cheapest decode pool
-        decode_pool, decode_result = min(decodes, key=lambda sized: cost_key(sized[0]))
-        prefills = size_pools(options[PREFILL_POOL], lambda option: _size_pool(
-            planner, option, PREFILL_POOL, requests, (decode_pool, decode_result)), infeasible)
-        for prefill_pool, _ in prefills:
-            built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
-            (infeasible if isinstance(built, Infeasible) else plans).append(built)
-    return result(planner, plans, infeasible)
-
-
-def screen_pools(planner: _Planner, candidates: Sequence[Configuration],
-                 option: Callable[[_Planner, _Screened, str], PoolOption],
-                 refuse: Callable[[Configuration], str | None] = lambda configuration: None,
-                 ) -> tuple[dict[str, list[PoolOption]], list[Infeasible]]:
-    """Each candidate screened for each pool (`_Planner.screen`), as an option of that pool (`option`), or
-    infeasible there with the reasons, prefixed with the pool; `refuse` names a reason to refuse a candidate
-    outright (None: screen it)."""
     infeasible: list[Infeasible] = []
-    options: dict[str, list[PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
+    options: dict[str, list[_PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
     for configuration in candidates:
         for role in (PREFILL_POOL, DECODE_POOL):
-            refused = refuse(configuration)
-            outcome = Infeasible(configuration, (refused,)) if refused else planner.screen(configuration, role)
+            outcome = planner.screen(configuration, role)
             if isinstance(outcome, Infeasible):
                 infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
             else:
-                options[role].append(option(planner, outcome, role))
-    return options, infeasible
-
-
-def result(planner: _Planner, plans: list[DisaggregatedPlan], infeasible: list[Infeasible]) -> DisaggregatedResult:
-    """The plans cheapest first, with what was infeasible and what the search simulated."""
+                options[role].append(_pool_option(planner, outcome, role))
+    requests = planner._unit_requests(inputs.simulated_requests)
+    plans = []
+    prefill_floor = min((_prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
+                        default=math.inf)
+    decodes = _size_pools(planner, options[DECODE_POOL], DECODE_POOL, requests, prefill_floor, infeasible)
+    if decodes:  # the prefill pools are sized behind the cheapest decode pool
+        decode_pool, decode_result = min(decodes, key=lambda sized: _cost_key(sized[0]))
+        prefills = _size_pools(planner, options[PREFILL_POOL], PREFILL_POOL, requests,
+                               (decode_pool, decode_result), infeasible)
+        for prefill_pool, _ in prefills:
+            built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
+            (infeasible if isinstance(built, Infeasible) else plans).append(built)
     plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
                               p.e2e_at_slo_percentile_s))
     return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests)
 
 
-def _pool_option(planner: _Planner, screened: _Screened, role: str) -> PoolOption:
+def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
     """The workers the pool needs if each ran at its analytic throughput: back-to-back prefills of the
     mean prompt, or decode steps at the largest batch the engine runs, on each of its schedulers (attention
     data-parallel ranks x pipeline micro-batches), and what they cost."""
@@ -439,7 +420,7 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> PoolOptio
         rate = batch / (step * max(lengths.output_mean - 1, 1.0))
     workers = max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
     gpus = workers * screened.configuration.gpus_per_replica
-    return PoolOption(screened, workers, cost_units(gpus, screened.price))
+    return _PoolOption(screened, workers, _cost_units(gpus, screened.price))
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
@@ -454,55 +435,37 @@ def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: 
     return simulate(screened.step_time, screened.scheduler, role_requests)
 
 
-def prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
+def _prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
     """The p-th percentile prompt prefilled alone on this configuration."""
     prompt = planner.lengths.input_at_percentile
     return prefill_time_s(screened.step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
                           screened.scheduler.max_num_batched_tokens)
 
 
-def size_pools(options: list[PoolOption], size: Callable[[PoolOption], tuple[Pool, Sized] | Infeasible],
-               infeasible: list[Infeasible]) -> list[tuple[Pool, Sized]]:
-    """Pool options in the order of their analytic bound, each sized by simulation (`size`): the first
+def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, requests: Requests,
+                behind: float | tuple[Pool, SimulationResult],
+                infeasible: list[Infeasible]) -> list[tuple[Pool, SimulationResult]]:
+    """Pool options of `role` in the order of their analytic bound, each sized by simulation: the first
     POOL_CONFIGURATIONS_SIMULATED, then each next one whose bound is below the cost of the cheapest pool sized so
     far (or while none is), MAX_POOL_CONFIGURATIONS_SIMULATED in all at most. An option with a low bound that sizes
     dear (a pipeline's workers) thus does not keep a cheaper one from being sized."""
-    sized: list[tuple[Pool, Sized]] = []
+    sized: list[tuple[Pool, SimulationResult]] = []
     for tried, option in enumerate(sorted(options, key=lambda o: o.bound)[:MAX_POOL_CONFIGURATIONS_SIMULATED]):
         if tried >= POOL_CONFIGURATIONS_SIMULATED and sized and option.bound >= min(
-                cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
+                _cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
             break
-        outcome = size(option)
+        outcome = _size_pool(planner, option, role, requests, behind)
         (infeasible if isinstance(outcome, Infeasible) else sized).append(outcome)
     return sized
 
 
-def first_step_budget_s(planner: _Planner, screened: _Screened, prefill_floor: float) -> float:
-    """What the TTFT SLO leaves a decode worker for its first step: the SLO less the fastest prefill of the
-    p-th prompt (`prefill_floor`, `prefill_floor_s`) and that prompt's KV transfer to this worker over the scale-out network."""
-    prompt = planner.lengths.input_at_percentile
-    configuration = screened.configuration
-    transfer = transfer_times_s(planner.inputs.model, np.array([prompt]), configuration.kv_dtype,
-                                decode_tensor_parallel=configuration.tensor_parallel,
-                                decode_pipeline_parallel=configuration.pipeline_parallel,
-                                bandwidth_bytes_per_s=configuration.gpu.scale_out_bandwidth_bytes_per_s,
-                                latency_s=NETWORK_TRANSFER_LATENCY_S)[0]
-    return planner.slo.ttft_s - prefill_floor - float(transfer)
-
-
-def decode_meets(result: SimulationResult, slo: Slo, first_step_budget: float) -> bool:
-    """Whether a decode worker's run meets the TPOT SLO and its first steps wait within `first_step_budget_s`."""
-    tpot = result.percentile("tpot", slo.percentile)
-    return (math.isnan(tpot) or tpot <= slo.tpot_s) and result.percentile("ttft", slo.percentile) <= first_step_budget
-
-
-def cost_units(gpus: int, price: float | None) -> float:
+def _cost_units(gpus: int, price: float | None) -> float:
     """What `gpus` GPUs cost in the units pool options are ranked by: $/h when priced, else past every priced
     option, by GPU count."""
     return gpus * price if price is not None else 1e12 + gpus
 
 
-def _size_pool(planner: _Planner, option: PoolOption, role: str, requests: Requests,
+def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requests,
                behind: float | tuple[Pool, SimulationResult]) -> tuple[Pool, SimulationResult] | Infeasible:
     """The fewest workers of this configuration meeting the pool's SLO. Decode: the TPOT, and a wait for
     the first decode step within what the TTFT SLO leaves after the fastest prefill (`behind`, the p-th
@@ -512,7 +475,14 @@ def _size_pool(planner: _Planner, option: PoolOption, role: str, requests: Reque
     slo, screened = planner.slo, option.screened
     if role == DECODE_POOL:
         assert isinstance(behind, float)
-        first_step_budget = first_step_budget_s(planner, screened, behind)
+        prompt = planner.lengths.input_at_percentile
+        configuration = screened.configuration
+        transfer = transfer_times_s(planner.inputs.model, np.array([prompt]), configuration.kv_dtype,
+                                    decode_tensor_parallel=configuration.tensor_parallel,
+                                    decode_pipeline_parallel=configuration.pipeline_parallel,
+                                    bandwidth_bytes_per_s=configuration.gpu.scale_out_bandwidth_bytes_per_s,
+                                    latency_s=NETWORK_TRANSFER_LATENCY_S)[0]
+        first_step_budget = slo.ttft_s - behind - transfer
     results: dict[int, SimulationResult] = {}
 
     def run(workers: int) -> SimulationResult:
@@ -526,11 +496,13 @@ def _size_pool(planner: _Planner, option: PoolOption, role: str, requests: Reque
         except (KvCapacityError, SimulationLimitError, ValueError):
             return False
         if role == DECODE_POOL:
-            return decode_meets(result, slo, first_step_budget)
+            tpot = result.percentile("tpot", slo.percentile)
+            return ((math.isnan(tpot) or tpot <= slo.tpot_s)
+                    and result.percentile("ttft", slo.percentile) <= first_step_budget)
         assert not isinstance(behind, float)
         decode_pool, decode_result = behind
         combined = combine(_pool_times(planner, result, decode_result, decode_pool, requests))
-        checks = combined_checks(combined, slo, result.warmup_requests)
+        checks = _combined_checks(combined, slo, result.warmup_requests)
         return all(ratio <= 1 for name, _, _, ratio in checks if name != BINDING_TPOT)
 
     workers = fewest_workers(meets, min(option.workers, MAX_POOL_WORKERS), MAX_POOL_WORKERS)
@@ -539,17 +511,17 @@ def _size_pool(planner: _Planner, option: PoolOption, role: str, requests: Reque
         return Infeasible(screened.configuration, (
             (f"{role} pool: misses the {slo_name} SLO at every worker count up to {MAX_POOL_WORKERS}, the most "
             "the search sizes a pool with"),))
-    return worker_pool(planner, screened, role, workers), run(workers)
+    return _pool(planner, screened, role, workers), run(workers)
 
 
 MAX_POOL_WORKERS = 4096
 
 
-def cost_key(pool: Pool) -> tuple[bool, float, int]:
+def _cost_key(pool: Pool) -> tuple[bool, float, int]:
     return pool.cost_per_hour_usd is None, pool.cost_per_hour_usd or 0.0, pool.gpus
 
 
-def worker_pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
+def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
     gpus = workers * screened.configuration.gpus_per_replica
     return Pool(role=role, configuration=screened.configuration, compute_dtype=screened.compute_dtype,
                 efficiency=screened.efficiency, engine=screened.engine,
@@ -570,7 +542,7 @@ def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec
                         decode_gpu.scale_out_bandwidth_bytes_per_s), NETWORK_TRANSFER_LATENCY_S
 
 
-def pool_link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
+def _link(prefill: Pool, decode: Pool) -> tuple[str, float, float]:
     return deployment_link(prefill.configuration.gpu, prefill.gpus, decode.configuration.gpu, decode.gpus,
                            decode.engine.engine)
 
@@ -594,17 +566,17 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     slo, inputs = planner.slo, planner.inputs
     prefill_screened = planner.screen(prefill.configuration, PREFILL_POOL)
     assert isinstance(prefill_screened, _Screened)
-    link = pool_link(prefill, decode)
+    link = _link(prefill, decode)
     for _ in range(TTFT_RETRIES + 1):
         offered = planner.peak_load * inputs.peak_to_mean_ratio / prefill.workers
         prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered)
         times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
         combined = combine(times)
-        checks = combined_checks(combined, slo, prefill_result.warmup_requests)
+        checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
         if all(ratio <= 1 for *_, ratio in checks):
             break
-        prefill = worker_pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + 1)
-        link = pool_link(prefill, decode)
+        prefill = _pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + 1)
+        link = _link(prefill, decode)
     else:
         worst = max(checks, key=lambda check: check[3])
         return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
@@ -620,12 +592,12 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
                            link=link[0], bandwidth_bytes_per_s=link[1], latency_s=link[2])
     skip = prefill_result.warmup_requests
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
-    meets = meets_all(measured, slo)
+    meets = _meets_all(measured, slo)
     prediction = Prediction(
         load=planner.peak_load * inputs.peak_to_mean_ratio,
-        ttft=combined_percentiles(measured, "ttft", slo.percentile),
-        tpot=combined_percentiles(measured, "tpot", slo.percentile),
-        e2e=combined_percentiles(measured, "e2e", slo.percentile),
+        ttft=_combined_percentiles(measured, "ttft", slo.percentile),
+        tpot=_combined_percentiles(measured, "tpot", slo.percentile),
+        e2e=_combined_percentiles(measured, "e2e", slo.percentile),
         goodput_ratio=float(meets.mean()),
         requests_per_s=planner.peak_load * inputs.peak_to_mean_ratio,
         output_tokens_per_s=tokens_per_s,
@@ -637,10 +609,10 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         prefill=prefill, decode=decode, transfer=transfer, gpus=gpus, cost_per_hour_usd=cost,
         cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
         output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
-        binding_detail=binding_detail)
+        binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)))
 
 
-def combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
+def _combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
     checks = []
     for name, limit in ((BINDING_TTFT, slo.ttft_s), (BINDING_TPOT, slo.tpot_s), (BINDING_E2E, slo.e2e_s)):
@@ -650,19 +622,19 @@ def combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str,
         if not math.isnan(value):
             checks.append((name, value, limit, value / limit))
     if slo.goodput_ratio is not None:
-        fraction = float(meets_all(measured, slo).mean())
+        fraction = float(_meets_all(measured, slo).mean())
         checks.append((BINDING_GOODPUT, fraction, slo.goodput_ratio,
                        slo.goodput_ratio / fraction if fraction > 0 else math.inf))
     return tuple(checks)
 
 
-def meets_all(combined: Combined, slo: Slo) -> np.ndarray:
+def _meets_all(combined: Combined, slo: Slo) -> np.ndarray:
     meets = (combined.ttft_s <= slo.ttft_s) & (np.isnan(combined.tpot_s) | (combined.tpot_s <= slo.tpot_s))
     if slo.e2e_s is not None:
         meets &= combined.e2e_s <= slo.e2e_s
     return meets
 
 
-def combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
+def _combined_percentiles(combined: Combined, metric: str, slo_percentile: float) -> Percentiles:
     p50, p95, p99 = (combined.percentile(metric, q) for q in PERCENTILES_REPORTED)
     return Percentiles(p50, p95, p99, combined.percentile(metric, slo_percentile))
