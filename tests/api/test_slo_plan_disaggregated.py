@@ -275,3 +275,19 @@ def test_the_comparison_note_follows_the_ranking_on_a_cost_tie_and_says_when_nei
     empty = SimpleNamespace(plans=[])
     assert _comparison_note(empty, empty) == "aggregated vs disaggregated: no plan of either kind meets the SLO"
     assert _comparison_note(empty, disaggregated).endswith("no aggregated plan meets the SLO")
+
+
+@pytest.mark.parametrize("users", [8, 40])
+def test_every_closed_loop_plan_carries_its_users_rate(client, users):
+    """Three-token answers of 1k prompts on three GPU types: the users' rate hangs mostly on TTFT, which each
+    plan's pools set, so plans of one rate differ most in what their users send. Each plan kept carries its own
+    users (their rate within 2% of the rate it was sized for); those that would not are listed infeasible."""
+    body = plan(client, {"model": "qwen3-8b", "workload": {"input_tokens": 1000, "output_tokens": 3,
+                                                           "concurrent_users": users},
+                         "slo": {"ttft_ms": 5000, "tpot_ms": 40, "percentile": 95},
+                         "candidates": {"gpus": ["h100-sxm", "l4", "h20"], "deployment": "both"}})
+    plans = [item for item in body["plans"] if item["deployment"] == "disaggregated"]
+    assert plans
+    for item in plans:
+        decode = item["disaggregation"]["decode"]
+        assert item["predicted"]["requests_per_s"] <= decode["load_per_worker_requests_per_s"] * decode["workers"] * 1.02

@@ -424,6 +424,39 @@ def test_a_closed_loop_is_planned_as_the_open_loop_of_its_users_rate() -> None:
                                         p.decode.workers) for p in result.plans]
 
 
+def test_the_rate_a_closed_loop_is_sized_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 users, 101-token answers, SLO TTFT 1 s and TPOT 10 ms: a plan just meeting it carries
+    100 / (1 + 100 x 0.01) = 50 req/s, the first rate. The open loop is stubbed: its cheapest plan's requests take
+    1.0 s on average below 80 req/s (its users send 100) and 1.25 s from 80 (they send 80); a second plan's take
+    1.1 s (they send 90.9). Rounds: 50 short (100 > 51), raised to 100: enough (80 <= 102); halfway 75: short;
+    87.5: enough; 81.25: enough; 78.125: short; six rounds. Sized at 81.25 req/s: the cheapest plan's users send
+    80 (within 82.875), the second plan's 90.9, more: refused with both rates."""
+    inputs = dataclasses.replace(_closed_loop_inputs(100), workload=Workload(Fixed(1000), Fixed(101),
+                                                                             concurrent_users=100),
+                                 slo=Slo(ttft_s=1.0, tpot_s=0.01, percentile=95))
+    real = plan_disaggregated(dataclasses.replace(inputs, workload=Workload(Fixed(1000), Fixed(101),
+                                                                           requests_per_s=1.0)),
+                              configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"])).plans[0]
+    rates = []
+
+    def stub(opened: PlanInputs, candidates: list) -> SimpleNamespace:
+        rate = opened.workload.requests_per_s
+        rates.append(rate)
+        plans = (dataclasses.replace(real, mean_e2e_s=1.0 if rate < 80 else 1.25),
+                 dataclasses.replace(real, mean_e2e_s=1.1))
+        return SimpleNamespace(plans=plans, infeasible=(), simulations=1, simulated_requests=10)
+
+    monkeypatch.setattr("app.sizing.serving.disaggregated_loop.plan_disaggregated", stub)
+    result = plan_closed_loop(inputs, [])
+    assert rates == pytest.approx([50.0, 100.0, 75.0, 87.5, 81.25, 78.125])
+    assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([80.0])
+    assert result.plans[0].output_tokens_per_s == pytest.approx(80.0 * 101)
+    assert len(result.infeasible) == 1
+    assert "its 100 users would send 90.9 req/s, more than the 81.2 req/s it was sized for" in (
+        result.infeasible[0].reasons[0])
+    assert (result.simulations, result.simulated_requests) == (6, 60)
+
+
 def test_more_users_never_take_fewer_gpus() -> None:
     gpus = [plan_closed_loop(_closed_loop_inputs(users), configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"],
                                                                         ["fp8"])).plans[0].gpus

@@ -13,14 +13,18 @@ how a request's times combine and the open loop's planner).
   those (2026-12-06: 8 prefill workers at 20% busy for 16 users; fewer workers for 2,048 users than for
   1,024). N users whose requests each take E on average send N / E requests/s (Little's law, no time between a
   user's requests). The first rate tried is the one a plan just meeting the SLO would carry, N / (TTFT SLO +
-  (mean answer - 1) x TPOT SLO); each plan's own mean E then says what its users would send, and while some
-  plan's users would send more than the rate it was sized for (by more than RATE_TOLERANCE), the rate is raised
-  to theirs and the open loop planned again, MAX_RATE_ROUNDS times at most. A plan whose users still send more
-  is refused with the rates. Percentiles are the open loop's at the rate sized for: at or above the users' own.
+  (mean answer - 1) x TPOT SLO); the cheapest plan's own mean E then says what its users would send. While no
+  rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once one is,
+  the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to what
+  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all: every plan sized at one rate, the
+  lowest found that carries the cheapest plan's users. Any other plan whose users would send more than that
+  rate is refused with both rates. Percentiles are the open loop's at the rate sized for: at or above the users'
+  own.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -158,7 +162,7 @@ def _ranks(pool: PoolRanks, requests: Requests, kinds: np.ndarray, user: np.ndar
 
 # Planning: a closed loop as the open loop of its users' rate ------------------------------------------
 
-MAX_RATE_ROUNDS = 4  # open-loop plans at most, each at the rate the previous one's users would send
+MAX_RATE_ROUNDS = 6  # open-loop plans at most (a rate raised to the users', then halved toward the one too low)
 RATE_TOLERANCE = 1.02  # a plan's users may send this much more than the rate it was sized for (simulation noise)
 
 
@@ -171,23 +175,35 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     users = workload.concurrent_users
     answer = _Planner(inputs).lengths.output_mean
     rate = users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s)
+    short = 0.0  # the highest rate whose cheapest plan's users send more than it
+    enough: tuple[float, DisaggregatedResult] | None = None  # the lowest rate whose cheapest plan carries its users
     simulations = simulated_requests = 0
     for _ in range(MAX_RATE_ROUNDS):
-        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None))
-        result = plan_disaggregated(opened, candidates)
+        result = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
+                                                                     concurrent_users=None)), candidates)
         simulations += result.simulations
         simulated_requests += result.simulated_requests
-        sent = max((users / plan.mean_e2e_s for plan in result.plans), default=0.0)
+        last = (rate, result)
+        sent = users / result.plans[0].mean_e2e_s if result.plans else math.inf
         if sent <= rate * RATE_TOLERANCE:
+            enough = (rate, result)
+        else:
+            short = rate
+        if enough is None:
+            if not result.plans:
+                break
+            rate = sent  # what its users would send
+        elif enough[0] <= short * RATE_TOLERANCE:
             break
-        rate = sent
+        else:  # halfway to the rate too low, or down to what the users of the plan carried send
+            rate = (short + enough[0]) / 2 if short else users / enough[1].plans[0].mean_e2e_s
+    rate, result = enough if enough is not None else last
     plans, infeasible = [], list(result.infeasible)
     for plan in result.plans:
         sent = users / plan.mean_e2e_s
         if sent > rate * RATE_TOLERANCE:
             reason = (f"disaggregated with {plan.prefill.configuration.label} prefill: its {users:,} users would "
-                      f"send {sent:.3g} req/s, more than the {rate:.3g} req/s it was sized for after "
-                      f"{MAX_RATE_ROUNDS} rounds")
+                      f"send {sent:.3g} req/s, more than the {rate:.3g} req/s it was sized for")
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
         else:
             plans.append(_of_users(plan, users, rate, answer))
