@@ -68,11 +68,11 @@ def fixed_closed_loop_requests(users: int, input_tokens: int, output_tokens: int
 
 def closed_loop(users: int, requests: Requests, prefill: PoolRanks, decode: PoolRanks,
                 transfer_s: float | np.ndarray) -> Combined:
-    """Per-request latencies of `requests` (`closed_loop_requests`; their arrival times are ignored) from
-    `users` users, each sending its next request the moment the last one ends, through a disaggregated
-    deployment; all users send their first at t = 0 (as the aggregated closed loop is simulated,
-    `predict.py`: a harness starting its users together). `transfer_s`: one KV transfer's time, or each
-    request's.
+    """Per-request latencies of `requests` (at least one per user, e.g. `fixed_closed_loop_requests`; their
+    arrival times are ignored) from `users` users, each sending its next request the moment the last one ends,
+    through a disaggregated deployment; all users send their first at t = 0 (as the aggregated closed loop is
+    simulated, `predict.py`: a harness starting its users together). `transfer_s`: one KV transfer's time, or
+    each request's.
 
     Request j is user j mod `users`'s (j div `users`)-th; every request goes through prefill, the KV transfer
     and decode. The router spreads the users evenly: user u is served by prefill rank u mod (prefill ranks)
@@ -120,10 +120,9 @@ def closed_loop(users: int, requests: Requests, prefill: PoolRanks, decode: Pool
         arrivals = moved
         if settled:
             break
-    combined = combine(PoolTimes(prefill_ttft_s=prefill_times[1], transfer_s=np.array(transfer),
-                                 decode_first_s=decode_times[1], decode_rest_s=decode_times[2] - decode_times[0],
-                                 output_tokens=requests.output_tokens))
-    return replace(combined, preemptions=prefill_times[3] + decode_times[3])
+    return combine(PoolTimes(prefill_ttft_s=prefill_times[1], transfer_s=np.array(transfer),
+                             decode_first_s=decode_times[1], decode_rest_s=decode_times[2] - decode_times[0],
+                             output_tokens=requests.output_tokens))
 
 
 def _mean_request(requests: Requests) -> Requests:
@@ -136,15 +135,13 @@ def _mean_request(requests: Requests) -> Requests:
 
 
 def _ranks(pool: PoolRanks, requests: Requests, kinds: np.ndarray, user: np.ndarray, arrivals: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each request's first-token time, time from arrival to first token, and finish time on its rank of
     `pool` (user u on rank u mod ranks), every rank simulated with its requests (as the pool's role serves
-    them) in arrival order, once for ranks given requests of the same `kinds` (lengths) at the same times;
-    and the ranks' preemptions."""
+    them) in arrival order, once for ranks given requests of the same `kinds` (lengths) at the same times."""
     ranks = min(pool.ranks, int(user.max()) + 1)
     first, waited, finish = (np.empty(len(user)) for _ in range(3))
     done: dict[bytes, SimulationResult] = {}
-    preemptions = 0
     order = np.lexsort((arrivals, user % ranks))  # by rank, then by arrival
     ends = np.cumsum(np.bincount(user % ranks, minlength=ranks)).tolist()
     for start, end in zip([0, *ends[:-1]], ends, strict=True):
@@ -156,8 +153,7 @@ def _ranks(pool: PoolRanks, requests: Requests, kinds: np.ndarray, user: np.ndar
             result = simulate(pool.step_time, pool.scheduler, requests.subset(picked, times), warmup_fraction=0)
             done[key] = result
         first[picked], waited[picked], finish[picked] = result.first_token_s, result.ttft_s, result.finish_s
-        preemptions += result.preemptions
-    return first, waited, finish, preemptions
+    return first, waited, finish
 
 
 # Planning: a closed loop as the open loop of its users' rate ------------------------------------------

@@ -236,7 +236,6 @@ class Combined:
     ttft_s: np.ndarray
     tpot_s: np.ndarray  # (E2E − TTFT) / (OSL − 1); NaN for one-token answers
     e2e_s: np.ndarray
-    preemptions: int = 0  # of the runs behind them, where known (`disaggregated_loop.closed_loop`)
 
     def percentile(self, metric: str, q: float) -> float:
         values = getattr(self, f"{metric}_s")
