@@ -434,11 +434,10 @@ class PlanAssumptionsOut(BaseModel):
 
 POOL_EXAMPLE = {
     "gpu": "h100-sxm", "gpu_name": "NVIDIA H100 SXM5 80GB", "tensor_parallel": 2, "pipeline_parallel": 1,
-    "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 2, "layout": "TP2 PP1", "workers": 4, "gpus": 8,
-    "load_per_worker_requests_per_s": 1.0, "users_per_worker": None, "kv_tokens_per_worker": 1050000,
-    "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "cost_per_hour_usd": 29.12,
-    "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...",
-               "notes": []},
+    "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 2, "layout": "TP2 PP1", "workers": 4,
+    "extra_workers": 0, "gpus": 8, "load_per_worker_requests_per_s": 1.0, "users_per_worker": None,
+    "kv_tokens_per_worker": 1050000, "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "cost_per_hour_usd": 29.12,
+    "launch": {"command": "vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 ...", "notes": []},
 }
 
 
@@ -456,7 +455,8 @@ class PoolOut(BaseModel):
     expert_parallel: int
     moe_tensor_parallel: int = Field(description="GPUs each routed expert is split over")
     layout: str = Field(description='A worker\'s layout in short, e.g. "TP1 DP8 EP8 PP1"')
-    workers: int
+    workers: int = Field(description="Including extra_workers")
+    extra_workers: int = Field(description="Spares (ha_policy.extra_replicas): the SLO holds with these down")
     gpus: int = Field(description="workers x tensor_parallel x pipeline_parallel x data_parallel")
     load_per_worker_requests_per_s: float = Field(
         description="Its share of the rate sized for (open loop: peak x burst; closed loop: the users' rate)")
@@ -503,7 +503,7 @@ class PlanOut(BaseModel):
     max_model_len: int
     kv_tokens_per_replica: int
     load_per_replica: LoadPerReplicaOut
-    replicas: int = Field(description="Including extra_replicas")
+    replicas: int = Field(description="Including extra_replicas (disaggregated: both pools' workers)")
     extra_replicas: int
     gpus_per_replica: int
     gpus: int

@@ -253,9 +253,6 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     disaggregated = offload(plan_pools, inputs, configurations) if deployment != AGGREGATED else None
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
-    if disaggregated is not None and disaggregated.plans and request.ha_policy.extra_replicas:
-        notes.append("ha_policy.extra_replicas adds replicas to aggregated plans only: a disaggregated plan's pools "
-                     "hold no spare worker")
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
         [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
     max_model_len = plan_core.max_model_len(inputs)
@@ -545,7 +542,7 @@ def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, r
         gpu=configuration.gpu.slug, gpu_name=configuration.gpu.name, tensor_parallel=configuration.tensor_parallel,
         pipeline_parallel=configuration.pipeline_parallel, data_parallel=layout.data_parallel,
         expert_parallel=layout.expert_parallel, moe_tensor_parallel=layout.moe_tensor_parallel, layout=layout.label,
-        workers=pool.workers, gpus=pool.gpus,
+        workers=pool.workers, extra_workers=pool.extra_workers, gpus=pool.gpus,
         load_per_worker_requests_per_s=pool.load_per_worker, users_per_worker=pool.users_per_worker,
         kv_tokens_per_worker=pool.kv_tokens_per_worker,
         max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
@@ -572,7 +569,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
                                      decode.kv_tokens_per_worker),
         load_per_replica=LoadPerReplicaOut(
             unit=unit, offered=offered, max_verified=sized, failing=None, analytic_ceiling=sized),
-        replicas=plan.prefill.workers + decode.workers, extra_replicas=0,
+        replicas=plan.prefill.workers + decode.workers, extra_replicas=plan.prefill.extra_workers + decode.extra_workers,
         gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
         nodes=sum(plan_core.replica_nodes(pool.configuration, pool.workers) for pool in (plan.prefill, decode)),
         price_per_gpu_hour_usd=decode.price_per_gpu_hour_usd, price_source=decode.price_source,

@@ -17,7 +17,8 @@
 # (was: a negative amount); a dense model with experts per token or shared experts is refused.
 # 2026.12.06.9: a closed loop (concurrent_users) gets disaggregated plans, sized as the open loop of its users' rate
 # (was: aggregated plans only); the comparison note calls a cost tie a tie.
-CALCULATION_VERSION = "2026.12.06.9"
+# 2026.12.06.10: ha_policy.extra_replicas adds spare workers to each pool of a disaggregated plan (was: none).
+CALCULATION_VERSION = "2026.12.06.10"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

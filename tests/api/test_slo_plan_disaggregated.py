@@ -253,11 +253,24 @@ def test_each_pool_states_its_own_layout(client):
                for role in ("prefill", "decode"))
 
 
-def test_extra_replicas_are_said_to_spare_aggregated_plans_only(client):
+def test_extra_replicas_spare_workers_in_each_pool(client):
+    """N + 1: an aggregated plan gets one replica more, a disaggregated one a worker more in each pool (two
+    replicas more in all), counted in its GPUs and cost."""
     body = plan(client, {**LONG_PROMPTS, "ha_policy": {"extra_replicas": 1}})
-    assert any("extra_replicas adds replicas to aggregated plans only" in note
-               for note in body["assumptions"]["notes"])
-    assert not any("extra_replicas" in note for note in plan(client, LONG_PROMPTS)["assumptions"]["notes"])
+    kinds = {p["deployment"]: p for p in body["plans"]}
+    assert kinds["aggregated"]["extra_replicas"] == 1
+    disaggregated = kinds["disaggregated"]
+    pools = disaggregated["disaggregation"]
+    assert [pools[role]["extra_workers"] for role in ("prefill", "decode")] == [1, 1]
+    assert disaggregated["extra_replicas"] == 2
+    assert disaggregated["replicas"] == pools["prefill"]["workers"] + pools["decode"]["workers"]
+    assert disaggregated["gpus"] == pools["prefill"]["gpus"] + pools["decode"]["gpus"]
+    assert disaggregated["cost_per_hour_usd"] == pytest.approx(
+        disaggregated["gpus"] * disaggregated["price_per_gpu_hour_usd"])
+    assert not any("extra_replicas" in note for note in body["assumptions"]["notes"])
+    bare = plan(client, LONG_PROMPTS)
+    assert all(p["disaggregation"][role]["extra_workers"] == 0 for p in bare["plans"]
+               if p["deployment"] == "disaggregated" for role in ("prefill", "decode"))
 
 
 def _priced(cost: float, gpus: int, e2e_s: float, label: str) -> SimpleNamespace:

@@ -19,7 +19,10 @@ how a request's times combine and the open loop's planner).
   the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all: every plan sized at one rate, the
   lowest found that carries the cheapest plan's users. Any other plan whose users would send more than that
   rate is refused with both rates. Percentiles are the open loop's at the rate sized for: at or above the users'
-  own.
+  own. Spare workers (`ha_policy.extra_replicas`, k per pool) do not enter the search: the rate is that of the
+  users with k workers of either pool down (the pools sized above), and the plan kept is the same one planned
+  again at that rate with the spares (`disaggregation`: N + k per pool), its percentiles the open loop's at
+  the rate over all the workers, its users' rate theirs with every worker up.
 """
 
 from __future__ import annotations
@@ -168,15 +171,16 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     if workload.concurrent_users is None:
         raise ValueError("plan_closed_loop sizes a closed loop (concurrent_users); an open loop's: "
                          "disaggregation.plan_disaggregated")
-    users = workload.concurrent_users
+    users, spares = workload.concurrent_users, inputs.policy.extra_replicas
     answer = _Planner(inputs).lengths.output_mean
+    searched = replace(inputs, policy=replace(inputs.policy, extra_replicas=0))  # the rate: k workers down
     rate = users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s)
     short = 0.0  # the highest rate whose cheapest plan's users send more than it
     enough: tuple[float, DisaggregatedResult] | None = None  # the lowest rate whose cheapest plan carries its users
     simulations = simulated_requests = 0
     for _ in range(MAX_RATE_ROUNDS):
-        result = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
-                                                                     concurrent_users=None)), candidates)
+        result = plan_disaggregated(replace(searched, workload=replace(workload, requests_per_s=rate,
+                                                                       concurrent_users=None)), candidates)
         simulations += result.simulations
         simulated_requests += result.simulated_requests
         last = (rate, result)
@@ -194,7 +198,7 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
         else:  # halfway to the rate too low, or down to what the users of the plan carried send
             rate = (short + enough[0]) / 2 if short else users / enough[1].plans[0].mean_e2e_s
     rate, result = enough if enough is not None else last
-    plans, infeasible = [], list(result.infeasible)
+    kept, infeasible = [], list(result.infeasible)
     for plan in result.plans:
         sent = users / plan.mean_e2e_s
         if sent > rate * RATE_TOLERANCE:
@@ -202,8 +206,23 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
                       f"send {sent:.3g} req/s, more than the {rate:.3g} req/s it was sized for")
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
         else:
-            plans.append(_of_users(plan, users, rate, answer))
+            kept.append(plan)
+    if spares and kept:  # the same pools (sizing is deterministic) with k spare workers each, predicted all up
+        spared = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
+                                                                     concurrent_users=None)), candidates)
+        simulations += spared.simulations
+        simulated_requests += spared.simulated_requests
+        by_pools = {_pools_key(plan): plan for plan in spared.plans}
+        kept = [by_pools[_pools_key(plan)] for plan in kept]
+    plans = sorted((_of_users(plan, users, rate, answer) for plan in kept),
+                   key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
+                                  p.e2e_at_slo_percentile_s))
     return DisaggregatedResult(tuple(plans), tuple(infeasible), simulations, simulated_requests)
+
+
+def _pools_key(plan: DisaggregatedPlan) -> tuple[object, ...]:
+    """A plan's pools without their spares: the same deployment planned with and without them."""
+    return tuple((pool.configuration, pool.workers - pool.extra_workers) for pool in (plan.prefill, plan.decode))
 
 
 def _of_users(plan: DisaggregatedPlan, users: int, rate: float, answer: float) -> DisaggregatedPlan:

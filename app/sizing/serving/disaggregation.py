@@ -25,6 +25,10 @@ pool gets its own GPU, layout and worker count.
   Each decode worker's step costs the profile's `decode_worker_step_overhead_s` more than an aggregated
   worker's (its loop tracks the KV transfers in flight; fitted on published disaggregated runs), which the
   engine rules charge on decode pools alone (`engines.host_adjusted`, decode_pool).
+- **Spare workers** (`ha_policy.extra_replicas` = k): N + k per pool. Either pool losing k workers must still
+  meet the SLO, so both pools are sized (and checked at the offered load) without the spares, then each gets k
+  more; the prediction is the deployment's with every worker up at the offered load, as an aggregated plan's
+  with its extra replicas.
 - **Memory per pool** (`pool_capacity`, /v1/capacity): each pool's workers under the engine's accounting
   of an aggregated replica, charged what a worker of the role holds per request.
 
@@ -324,6 +328,7 @@ class Pool:
     price_source: str | None
     cost_per_hour_usd: float | None
     users_per_worker: float | None = None  # a closed loop's users over the workers; None: an open loop
+    extra_workers: int = 0  # spare workers (ha_policy.extra_replicas), included in `workers`
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,11 +525,11 @@ def _cost_key(pool: Pool) -> tuple[bool, float, int]:
     return pool.cost_per_hour_usd is None, pool.cost_per_hour_usd or 0.0, pool.gpus
 
 
-def _pool(planner: _Planner, screened: _Screened, role: str, workers: int) -> Pool:
+def _pool(planner: _Planner, screened: _Screened, role: str, workers: int, extra_workers: int = 0) -> Pool:
     gpus = workers * screened.configuration.gpus_per_replica
     return Pool(role=role, configuration=screened.configuration, compute_dtype=screened.compute_dtype,
                 efficiency=screened.efficiency, engine=screened.engine,
-                kv_tokens_per_worker=screened.kv_tokens_per_replica, workers=workers,
+                kv_tokens_per_worker=screened.kv_tokens_per_replica, workers=workers, extra_workers=extra_workers,
                 load_per_worker=planner.sized_load / workers, gpus=gpus,
                 price_per_gpu_hour_usd=screened.price, price_source=screened.price_source,
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
@@ -580,6 +585,17 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         worst = max(checks, key=lambda check: check[3])
         return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
                                                  + _describe(worst, slo.percentile),))
+    spares = inputs.policy.extra_replicas
+    if spares:  # N + k per pool: the SLO met above with k workers of either pool down; predicted with all up
+        decode_screened = planner.screen(decode.configuration, DECODE_POOL)
+        assert isinstance(decode_screened, _Screened)
+        prefill = _pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + spares, spares)
+        decode = _pool(planner, decode_screened, DECODE_POOL, decode.workers + spares, spares)
+        link, offered = _link(prefill, decode), planner.peak_load * inputs.peak_to_mean_ratio
+        prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered / prefill.workers)
+        decode_result = _simulate_role(planner, decode_screened, DECODE_POOL, requests, offered / decode.workers)
+        combined = combine(_pool_times(planner, prefill_result, decode_result, decode, requests, link))
+        checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
     gpus = prefill.gpus + decode.gpus
     priced = prefill.cost_per_hour_usd is not None and decode.cost_per_hour_usd is not None
     cost = prefill.cost_per_hour_usd + decode.cost_per_hour_usd if priced else None  # type: ignore[operator]
@@ -607,7 +623,8 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     return DisaggregatedPlan(
         prefill=prefill, decode=decode, transfer=transfer, gpus=gpus, cost_per_hour_usd=cost,
         cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
-        output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
+        output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=all(check[3] <= 1 for check in checks),
+        binding_constraint=worst[0],
         binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)))
 
 
