@@ -30,6 +30,7 @@ from app.sizing.serving.disaggregation import (
     NVLINK,
     NVLINK_TRANSFER_LATENCY_S,
     PoolTimes,
+    _decode_guess,
     _pool_option,
     _PoolOption,
     _simulate_role,
@@ -206,6 +207,69 @@ def test_fewest_workers(needed: int, lowest: int, most: int, expected: int | Non
     assert len(calls) <= 2 * math.ceil(math.log2(most)) + 2  # doubling, then bisection
 
 
+@pytest.mark.parametrize(("needed", "lowest", "guess", "tries", "expected"), [
+    # Right: the guess meets and one fewer does not.
+    (37, 3, 37, [37, 36], 37),
+    # 3 over: 39 meets, 38 meets, 36 misses (steps of 1, 2), bisection between 36 and 38: 37.
+    (37, 3, 40, [40, 39, 37, 33, 35, 36], 37),
+    # 7 under: 30 misses, then 31, 33, 37 (steps of 1, 2, 4): 37 meets, bisection between 33 and 37: 35, 36.
+    (37, 3, 30, [30, 31, 33, 37, 35, 36], 37),
+    # Down to the lower bound: 5 meets, 4 and 2 meet (steps 1, 2); 2 - 4 is under `lowest` = 2: the answer is 2.
+    (1, 2, 5, [5, 4, 2], 2),
+    # A guess at or under the lower bound searches from the bound; one over the most, from the most.
+    (10, 8, 6, [8, 16, 12, 10, 9], 10), (100, 1, 500, [100, 99], 100),
+    # Nothing up to the most meets.
+    (101, 1, 90, [90, 91, 93, 97, 100], None),
+])
+def test_fewest_workers_from_a_guess(needed: int, lowest: int, guess: int, tries: list[int],
+                                     expected: int | None) -> None:
+    calls: list[int] = []
+
+    def meets(workers: int) -> bool:
+        calls.append(workers)
+        return workers >= needed
+
+    assert fewest_workers(meets, lowest, 100, guess) == expected
+    assert calls == tries
+
+
+def test_a_decode_pool_guess_is_the_largest_batch_within_the_tpot_slo() -> None:
+    """A step of b sequences takes 10 ms + 0.1 ms x b; 101-token answers take 100 decode steps; each worker has
+    2 schedulers; 500 req/s to carry. TPOT SLO 30 ms: 128 sequences step in 22.8 ms (256 take 35.6 ms), so a
+    scheduler carries 128 / (0.0228 x 100) = 56.14 req/s and 500 / (2 x 56.14) = 4.45: 5 workers. With at most 64
+    sequences: 64 / (0.0164 x 100) = 39.02 req/s, 500 / 78.05 = 6.41: 7. TPOT SLO 5 ms, no batch within it: one
+    sequence, 1 / (0.0101 x 100) = 0.990 req/s, 500 / 1.980 = 252.5: 253."""
+    def step_time(seqs, context, prefill, prefill_context):
+        return 0.010 + 0.0001 * np.asarray(seqs, dtype=float)
+
+    def guess(tpot_s: float, max_num_seqs: int) -> int:
+        planner = SimpleNamespace(lengths=SimpleNamespace(input_mean=1000.0, output_mean=101.0), sized_load=500.0,
+                                  slo=SimpleNamespace(tpot_s=tpot_s))
+        screened = SimpleNamespace(step_time=step_time, schedulers=2,
+                                   scheduler=SimpleNamespace(max_num_seqs=max_num_seqs))
+        return _decode_guess(planner, screened)
+
+    assert [guess(0.030, 1024), guess(0.030, 64), guess(0.005, 1024)] == [5, 7, 253]
+
+
+def test_a_search_started_from_another_plans_pools_finds_the_same_plans_sooner() -> None:
+    """`workers_per_load` holds each sized pool's workers per req/s of the sized load; a plan at the same rate
+    started from them finds the same pools with fewer simulations (Llama-3.1-70B fp8 on H100, 8k / 1k at 20 req/s:
+    pools of 4 to 12 workers, which the first plan's searches reach by doubling and bisection)."""
+    inputs = PlanInputs(model=LLAMA_3_1_70B, workload=Workload(Fixed(8000), Fixed(1000), requests_per_s=20.0),
+                        slo=Slo(ttft_s=2.0, tpot_s=0.04, percentile=95),
+                        efficiencies={("h100-sxm", dtype): DEFAULT_EFFICIENCY for dtype in COMPUTE_DTYPES},
+                        simulated_requests=500)
+    candidates = configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"])
+    first = plan_disaggregated(inputs, candidates)
+    for plan in first.plans:
+        for pool in (plan.prefill, plan.decode):
+            assert first.workers_per_load[(pool.configuration, pool.role)] == pytest.approx(pool.workers / 20.0)
+    again = plan_disaggregated(inputs, candidates, first.workers_per_load)
+    assert again.plans == first.plans
+    assert again.simulations < first.simulations
+
+
 def test_a_disaggregated_plan_adds_up_and_meets_the_slo() -> None:
     """Llama-3.1-70B fp8 on H100 at 8k in / 1k out, 2 req/s: each pool's GPUs are workers x TP, the cost
     is GPUs x $3.00/h, and the predicted percentiles meet the SLO."""
@@ -295,7 +359,7 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: p
     sized_to = {0: None, 1: 25, 2: 10, 3: 7.5, 4: 7.5}
     tried = []
 
-    def size(planner, option, role, requests, behind):
+    def size(planner, option, role, requests, behind, guesses):
         tried.append(option.workers)
         gpus = sized_to[option.workers]
         if gpus is None:
@@ -305,12 +369,12 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: p
     monkeypatch.setattr("app.sizing.serving.disaggregation._size_pool", size)
     options = [_PoolOption(None, index, bound) for index, bound in enumerate((10.0, 11.0, 12.0, 30.0, 40.0))]
     refused: list = []
-    sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused)
+    sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused, {})
     assert tried == [0, 1, 2]
     assert [pool.gpus for pool, _ in sized] == [25, 10] and len(refused) == 1
     sized_to.update({1: None, 2: None, 3: None, 4: None})
     tried.clear()
-    assert _size_pools(None, options, PREFILL_POOL, None, 0.0, []) == []
+    assert _size_pools(None, options, PREFILL_POOL, None, 0.0, [], {}) == []
     assert tried == [0, 1, 2, 3]
 
 
@@ -473,12 +537,13 @@ def test_the_rate_a_closed_loop_is_sized_for(monkeypatch: pytest.MonkeyPatch) ->
                               configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"])).plans[0]
     rates = []
 
-    def stub(opened: PlanInputs, candidates: list) -> SimpleNamespace:
+    def stub(opened: PlanInputs, candidates: list, guesses: dict) -> SimpleNamespace:
         rate = opened.workload.requests_per_s
         rates.append(rate)
         plans = (dataclasses.replace(real, mean_e2e_s=1.0 if rate < 80 else 1.25),
                  dataclasses.replace(real, mean_e2e_s=1.1))
-        return SimpleNamespace(plans=plans, infeasible=(), simulations=1, simulated_requests=10)
+        return SimpleNamespace(plans=plans, infeasible=(), simulations=1, simulated_requests=10,
+                               workers_per_load={})
 
     monkeypatch.setattr("app.sizing.serving.disaggregated_loop.plan_disaggregated", stub)
     result = plan_closed_loop(inputs, [])

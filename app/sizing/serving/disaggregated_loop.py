@@ -20,9 +20,9 @@ how a request's times combine and the open loop's planner).
   lowest found that carries the cheapest plan's users. Any other plan whose users would send more than that
   rate is refused with both rates. Percentiles are the open loop's at the rate sized for: at or above the users'
   own. Spare workers (`ha_policy.extra_replicas`, k per pool) do not enter the search: the rate is that of the
-  users with k workers of either pool down (the pools sized above), and the plan kept is the same one planned
-  again at that rate with the spares (`disaggregation`: N + k per pool), its percentiles the open loop's at
-  the rate over all the workers, its users' rate theirs with every worker up.
+  users with k workers of either pool down (the pools sized above), and each plan kept gets the spares
+  (`disaggregation.spare_workers`: N + k per pool), its percentiles the open loop's at that rate over all the
+  workers, its users' rate theirs with every worker up.
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ from app.sizing.serving.disaggregation import (
     combine,
     decode_role_requests,
     plan_disaggregated,
+    plan_order,
     prefill_role_requests,
+    spare_workers,
 )
 from app.sizing.serving.plan import Configuration, Infeasible, PlanInputs, _Planner, cost_per_million_tokens
 from app.sizing.serving.simulate import SchedulerConfig, SimulationResult, StepTimeFn, simulate
@@ -178,9 +180,11 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     short = 0.0  # the highest rate whose cheapest plan's users send more than it
     enough: tuple[float, DisaggregatedResult] | None = None  # the lowest rate whose cheapest plan carries its users
     simulations = simulated_requests = 0
+    guesses: dict[tuple[Configuration, str], float] = {}  # each round's pools start the next one's searches
     for _ in range(MAX_RATE_ROUNDS):
         result = plan_disaggregated(replace(searched, workload=replace(workload, requests_per_s=rate,
-                                                                       concurrent_users=None)), candidates)
+                                                                       concurrent_users=None)), candidates, guesses)
+        guesses.update(result.workers_per_load)
         simulations += result.simulations
         simulated_requests += result.simulated_requests
         last = (rate, result)
@@ -207,22 +211,14 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
         else:
             kept.append(plan)
-    if spares and kept:  # the same pools (sizing is deterministic) with k spare workers each, predicted all up
-        spared = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
-                                                                     concurrent_users=None)), candidates)
+    if spares and kept:  # k spare workers in each pool of the plans kept, predicted with every worker up
+        spared = spare_workers(replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None)),
+                               kept)
         simulations += spared.simulations
         simulated_requests += spared.simulated_requests
-        by_pools = {_pools_key(plan): plan for plan in spared.plans}
-        kept = [by_pools[_pools_key(plan)] for plan in kept]
-    plans = sorted((_of_users(plan, users, rate, answer) for plan in kept),
-                   key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
-                                  p.e2e_at_slo_percentile_s))
+        kept = list(spared.plans)
+    plans = sorted((_of_users(plan, users, rate, answer) for plan in kept), key=plan_order)
     return DisaggregatedResult(tuple(plans), tuple(infeasible), simulations, simulated_requests)
-
-
-def _pools_key(plan: DisaggregatedPlan) -> tuple[object, ...]:
-    """A plan's pools without their spares: the same deployment planned with and without them."""
-    return tuple((pool.configuration, pool.workers - pool.extra_workers) for pool in (plan.prefill, plan.decode))
 
 
 def _of_users(plan: DisaggregatedPlan, users: int, rate: float, answer: float) -> DisaggregatedPlan:

@@ -40,8 +40,8 @@ the per-pool memory, the per-request composition and the two-pool planner share 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -277,22 +277,44 @@ def decode_role_requests(requests: Requests) -> Requests:
 
 
 
-def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int) -> int | None:
+def fewest_workers(meets: Callable[[int], bool], lowest: int, most: int, guess: int | None = None) -> int | None:
     """The fewest workers in [lowest, most] for which `meets` holds (it holds for all counts above one
-    that meets), by doubling then bisection; None when even `most` misses."""
+    that meets; `lowest` is a lower bound, never undercut); None when even `most` misses. From `lowest`: doubling,
+    then bisection. From a `guess` near the answer: steps of 1, 2, 4, ... away from it (down while the counts
+    meet, up while they miss) until the answer is bracketed, then bisection: 2 tries where the guess is right,
+    about 2 log2(d) where it is d off."""
     if lowest < 1 or most < lowest:
         raise ValueError("need 1 <= lowest <= most")
-    if meets(lowest):
-        return lowest
-    failing, passing = lowest, None
-    while passing is None:
-        candidate = min(most, failing * 2)
-        if meets(candidate):
-            passing = candidate
-        elif candidate >= most:
-            return None
+    failing, passing = lowest - 1, None  # counts below `lowest` miss: never tried
+    if guess is None or guess <= lowest:
+        if meets(lowest):
+            return lowest
+        failing = lowest
+        while passing is None:
+            candidate = min(most, failing * 2)
+            if meets(candidate):
+                passing = candidate
+            elif candidate >= most:
+                return None
+            else:
+                failing = candidate
+    else:
+        start, step = min(guess, most), 1
+        if meets(start):
+            passing = start
+            while passing - step >= lowest and meets(passing - step):
+                passing, step = passing - step, step * 2
+            failing = max(failing, passing - step)
         else:
-            failing = candidate
+            failing = start
+            while passing is None:
+                candidate = min(most, failing + step)
+                if meets(candidate):
+                    passing = candidate
+                elif candidate >= most:
+                    return None
+                else:
+                    failing, step = candidate, step * 2
     while passing - failing > 1:
         middle = (passing + failing) // 2
         if meets(middle):
@@ -362,22 +384,29 @@ class DisaggregatedResult:
     infeasible: tuple[Infeasible, ...]  # per pool configuration, reasons prefixed with the pool
     simulations: int
     simulated_requests: int
+    # Workers per request/s of sized load of each pool sized, by (configuration, role): where a search at another
+    # rate starts (`plan_disaggregated`'s `guesses`)
+    workers_per_load: Mapping[tuple[Configuration, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class _PoolOption:
     screened: _Screened
-    workers: int  # workers needed if each ran at its analytic throughput (where the search starts)
+    workers: int  # workers needed if each ran at its analytic throughput (the search's lower bound)
     bound: float  # their cost (`_cost_units`): a lower bound
 
 
-def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) -> DisaggregatedResult:
+def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration],
+                       guesses: Mapping[tuple[Configuration, str], float] | None = None) -> DisaggregatedResult:
     """The cheapest disaggregated deployments over `candidates` (each may serve either pool).
 
     Open-loop workloads (a closed loop's: `disaggregated_loop.plan_closed_loop`). The pools are sized
     one after the other: decode workers by the TPOT SLO (a decode worker's TPOT does not depend on the
     prefill pool), then prefill workers by the TTFT SLO of the combined request (prefill + transfer +
     the decode worker's first step at its sized load).
+
+    A pool's worker search starts from `guesses` (workers per request/s of sized load, by
+    configuration and role, e.g. a plan at another rate's `workers_per_load`) where it has one.
     """
     if inputs.workload.is_closed_loop:
         raise ValueError("disaggregated plans are sized for an open-loop load (requests_per_s)")
@@ -395,17 +424,25 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration]) 
     plans = []
     prefill_floor = min((_prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
                         default=math.inf)
-    decodes = _size_pools(planner, options[DECODE_POOL], DECODE_POOL, requests, prefill_floor, infeasible)
+    guesses, prefills = guesses or {}, []
+    decodes = _size_pools(planner, options[DECODE_POOL], DECODE_POOL, requests, prefill_floor, infeasible, guesses)
     if decodes:  # the prefill pools are sized behind the cheapest decode pool
         decode_pool, decode_result = min(decodes, key=lambda sized: _cost_key(sized[0]))
         prefills = _size_pools(planner, options[PREFILL_POOL], PREFILL_POOL, requests,
-                               (decode_pool, decode_result), infeasible)
+                               (decode_pool, decode_result), infeasible, guesses)
         for prefill_pool, _ in prefills:
             built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
             (infeasible if isinstance(built, Infeasible) else plans).append(built)
-    plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
-                              p.e2e_at_slo_percentile_s))
-    return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests)
+    plans.sort(key=plan_order)
+    sized = {(pool.configuration, pool.role): pool.workers / planner.sized_load
+             for pool, _ in (*decodes, *prefills)}
+    return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests,
+                               sized)
+
+
+def plan_order(plan: DisaggregatedPlan) -> tuple[bool, float, int, float]:
+    """How plans rank: the cheapest first (unpriced last), then by fewer GPUs and lower E2E."""
+    return plan.cost_per_hour_usd is None, plan.cost_per_hour_usd or 0.0, plan.gpus, plan.e2e_at_slo_percentile_s
 
 
 def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
@@ -447,8 +484,8 @@ def _prefill_floor_s(planner: _Planner, screened: _Screened) -> float:
 
 
 def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, requests: Requests,
-                behind: float | tuple[Pool, SimulationResult],
-                infeasible: list[Infeasible]) -> list[tuple[Pool, SimulationResult]]:
+                behind: float | tuple[Pool, SimulationResult], infeasible: list[Infeasible],
+                guesses: Mapping[tuple[Configuration, str], float]) -> list[tuple[Pool, SimulationResult]]:
     """Pool options of `role` in the order of their analytic bound, each sized by simulation: the first
     POOL_CONFIGURATIONS_SIMULATED, then each next one whose bound is below the cost of the cheapest pool sized so
     far (or while none is), MAX_POOL_CONFIGURATIONS_SIMULATED in all at most. An option with a low bound that sizes
@@ -458,7 +495,7 @@ def _size_pools(planner: _Planner, options: list[_PoolOption], role: str, reques
         if tried >= POOL_CONFIGURATIONS_SIMULATED and sized and option.bound >= min(
                 _cost_units(pool.gpus, pool.price_per_gpu_hour_usd) for pool, _ in sized):
             break
-        outcome = _size_pool(planner, option, role, requests, behind)
+        outcome = _size_pool(planner, option, role, requests, behind, guesses)
         (infeasible if isinstance(outcome, Infeasible) else sized).append(outcome)
     return sized
 
@@ -470,12 +507,15 @@ def _cost_units(gpus: int, price: float | None) -> float:
 
 
 def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requests,
-               behind: float | tuple[Pool, SimulationResult]) -> tuple[Pool, SimulationResult] | Infeasible:
+               behind: float | tuple[Pool, SimulationResult],
+               guesses: Mapping[tuple[Configuration, str], float]) -> tuple[Pool, SimulationResult] | Infeasible:
     """The fewest workers of this configuration meeting the pool's SLO. Decode: the TPOT, and a wait for
     the first decode step within what the TTFT SLO leaves after the fastest prefill (`behind`, the p-th
     prompt prefilled alone) and the KV transfer: a decode pool short of KV or sequence slots queues the
     requests. Prefill: the TTFT (and E2E) of the whole request with the sized decode pool (`behind`). The
-    search starts at the analytic worker count, which no simulated count undercuts by much."""
+    search never goes below the analytic worker count, and starts from the workers `guesses` give this
+    configuration and role at the sized load where it has them, else from a decode pool's `_decode_guess` (a
+    prefill pool's from the analytic count: the guesses tried for it came out far off)."""
     slo, screened = planner.slo, option.screened
     if role == DECODE_POOL:
         assert isinstance(behind, float)
@@ -509,7 +549,11 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
         checks = _combined_checks(combined, slo, result.warmup_requests)
         return all(ratio <= 1 for name, _, _, ratio in checks if name != BINDING_TPOT)
 
-    workers = fewest_workers(meets, min(option.workers, MAX_POOL_WORKERS), MAX_POOL_WORKERS)
+    per_load = guesses.get((screened.configuration, role))
+    guess = None if per_load is None else math.ceil(per_load * planner.sized_load * (1 - 1e-9))
+    if guess is None and role == DECODE_POOL:
+        guess = _decode_guess(planner, screened)
+    workers = fewest_workers(meets, min(option.workers, MAX_POOL_WORKERS), MAX_POOL_WORKERS, guess)
     if workers is None:
         slo_name = "TPOT (or its share of the TTFT)" if role == DECODE_POOL else "TTFT"
         return Infeasible(screened.configuration, (
@@ -519,6 +563,22 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
 
 
 MAX_POOL_WORKERS = 4096
+DECODE_GUESS_BATCHES = 2 ** np.arange(13)  # the batches `_decode_guess` times (up to the engine's largest)
+
+
+def _decode_guess(planner: _Planner, screened: _Screened) -> int:
+    """Decode workers if each ran, back to back, the largest batch (a power of two, at most the engine's) whose
+    step takes at most the TPOT SLO: b / (step(b) x (mean answer - 1)) requests/s on each scheduler. A step over
+    the SLO keeps the batch below b, so this is about what the SLO lets a worker carry, and no fewer than the
+    analytic count at the engine's largest batch (`_pool_option`)."""
+    lengths, largest = planner.lengths, screened.scheduler.max_num_seqs
+    batches = DECODE_GUESS_BATCHES[DECODE_GUESS_BATCHES <= largest] if largest else DECODE_GUESS_BATCHES
+    steps = np.asarray(screened.step_time(batches, batches * (lengths.input_mean + lengths.output_mean / 2), 0, 0),
+                       dtype=float)
+    fitting = steps <= planner.slo.tpot_s
+    batch, step = (batches[fitting][-1], steps[fitting][-1]) if fitting.any() else (batches[0], steps[0])
+    rate = batch / (step * max(lengths.output_mean - 1, 1.0))
+    return max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
 
 
 def _cost_key(pool: Pool) -> tuple[bool, float, int]:
@@ -585,17 +645,41 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         worst = max(checks, key=lambda check: check[3])
         return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
                                                  + _describe(worst, slo.percentile),))
-    spares = inputs.policy.extra_replicas
-    if spares:  # N + k per pool: the SLO met above with k workers of either pool down; predicted with all up
-        decode_screened = planner.screen(decode.configuration, DECODE_POOL)
-        assert isinstance(decode_screened, _Screened)
-        prefill = _pool(planner, prefill_screened, PREFILL_POOL, prefill.workers + spares, spares)
-        decode = _pool(planner, decode_screened, DECODE_POOL, decode.workers + spares, spares)
-        link, offered = _link(prefill, decode), planner.peak_load * inputs.peak_to_mean_ratio
-        prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered / prefill.workers)
-        decode_result = _simulate_role(planner, decode_screened, DECODE_POOL, requests, offered / decode.workers)
-        combined = combine(_pool_times(planner, prefill_result, decode_result, decode, requests, link))
-        checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
+    if inputs.policy.extra_replicas:
+        return _spared(planner, prefill, decode, requests)
+    return _built(planner, prefill, decode, requests, prefill_result, decode_result, link, combined, checks)
+
+
+def spare_workers(inputs: PlanInputs, plans: Sequence[DisaggregatedPlan]) -> DisaggregatedResult:
+    """`plans` (sized without spares) with `inputs.policy.extra_replicas` more workers in each pool, predicted
+    with every worker up at the offered load of `inputs` (module docstring: spare workers)."""
+    planner = _Planner(inputs)
+    requests = planner._unit_requests(inputs.simulated_requests)
+    spared = tuple(_spared(planner, plan.prefill, plan.decode, requests) for plan in plans)
+    return DisaggregatedResult(spared, (), planner.simulations, planner.simulated_requests)
+
+
+def _spared(planner: _Planner, prefill: Pool, decode: Pool, requests: Requests) -> DisaggregatedPlan:
+    """N + k per pool: pools that meet the SLO with k workers of either pool down, k more workers each."""
+    spares, offered = planner.inputs.policy.extra_replicas, planner.peak_load * planner.inputs.peak_to_mean_ratio
+    pools, results = [], []
+    for role, pool in ((PREFILL_POOL, prefill), (DECODE_POOL, decode)):
+        screened = planner.screen(pool.configuration, role)
+        assert isinstance(screened, _Screened)
+        pools.append(_pool(planner, screened, role, pool.workers + spares, spares))
+        results.append(_simulate_role(planner, screened, role, requests, offered / pools[-1].workers))
+    prefill, decode = pools
+    link = _link(prefill, decode)
+    combined = combine(_pool_times(planner, results[0], results[1], decode, requests, link))
+    checks = _combined_checks(combined, planner.slo, results[0].warmup_requests)
+    return _built(planner, prefill, decode, requests, results[0], results[1], link, combined, checks)
+
+
+def _built(planner: _Planner, prefill: Pool, decode: Pool, requests: Requests, prefill_result: SimulationResult,
+           decode_result: SimulationResult, link: tuple[str, float, float], combined: Combined,
+           checks: tuple[tuple[str, float, float, float], ...]) -> DisaggregatedPlan:
+    """The plan of these pools from their simulations at the offered load."""
+    slo, inputs = planner.slo, planner.inputs
     gpus = prefill.gpus + decode.gpus
     priced = prefill.cost_per_hour_usd is not None and decode.cost_per_hour_usd is not None
     cost = prefill.cost_per_hour_usd + decode.cost_per_hour_usd if priced else None  # type: ignore[operator]
