@@ -7,8 +7,9 @@ measured is the arithmetic a request costs. Each call is timed `REPEATS` times, 
 (timeit.repeat with number=1, after a warm-up), on the process's CPU-time clock so that time the
 process spends preempted on a busy machine does not count; the table gives the median and p99 in
 microseconds. The target is well under 1 ms per call, and a median of at most 100 ms for a whole-catalog
-plan (every catalog GPU, the default candidates) of each of a dense 70B, an MoE and a windowed model. A
-benchmark, not a test: nothing here asserts a time.
+plan (every catalog GPU, the default candidates) of each of a dense 70B, an MoE and a windowed model. Two
+disaggregated whole-catalog plans (an open loop and a closed loop of users) are timed beside them, with no
+target: they simulate each pool at several worker counts. A benchmark, not a test: nothing here asserts a time.
 
 To add an endpoint (e.g. /v1/capacity or /v1/slo-plan), append one `Case` to `CASES`: the endpoint
 path, a short label for the core call, and a zero-argument callable that makes that call, e.g.
@@ -42,6 +43,8 @@ from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.model.flops import decode_cost, prefill_cost
 from app.sizing.model.kv import kv_cache_size
 from app.sizing.serving.capacity import capacity
+from app.sizing.serving.disaggregated_loop import plan_closed_loop
+from app.sizing.serving.disaggregation import plan_disaggregated
 from app.sizing.serving.plan import PlanInputs, Slo, configurations, plan
 from app.sizing.serving.simulate import SchedulerConfig, simulate
 from app.sizing.serving.workload import Fixed, Workload
@@ -94,6 +97,23 @@ def _slo_plan_catalog(model: str) -> Callable[[], object]:
     return lambda: plan(inputs, candidates)
 
 
+# Disaggregated plans (candidates.deployment "disaggregated"): long prompts, where they pay, over the whole catalog
+# in fp8, for an open loop and for a closed loop of users (whose rate the planner seeks over several open-loop plans).
+DISAGGREGATED_LOADS = {"5 req/s": {"requests_per_s": 5.0}, "256 users": {"concurrent_users": 256}}
+
+
+def _disaggregated_catalog(load: str) -> Callable[[], object]:
+    model = MODELS["llama-3.1-70b"]
+    inputs = PlanInputs(
+        model=model, workload=Workload(Fixed(8000), Fixed(1000), **DISAGGREGATED_LOADS[load]),
+        slo=Slo(ttft_s=3.0, tpot_s=0.040, percentile=95),
+        efficiencies={(slug, dtype): SHIPPED_PROFILE.efficiency_for(gpu.family, dtype, gpu.vendor)
+                      for slug, gpu in GPUS.items() for dtype in COMPUTE_DTYPES})
+    candidates = configurations(model, list(GPUS.values()), None, [1], ["fp8"], ["fp8"])
+    planner = plan_closed_loop if inputs.workload.is_closed_loop else plan_disaggregated
+    return lambda: planner(inputs, candidates)
+
+
 def _simulation_2000() -> Callable[[], object]:
     """One replica of the example's cheapest H100 plan (TP4) at 5 req/s, its KV capacity from vLLM's rules."""
     model, gpu = MODELS["llama-3.1-70b"], GPUS["h100-sxm"]
@@ -137,6 +157,8 @@ CASES: list[Case] = [
            _slo_plan_catalog(model), repeats=5) for model in PLAN_MODELS),
     Case("/v1/slo-plan", "simulate(llama-3.1-70b, h100-sxm TP4, 2,000 requests at 5 req/s)",
          _simulation_2000(), repeats=20),
+    *(Case("/v1/slo-plan", f"disaggregated(llama-3.1-70b fp8, 8k/1k, {load}, p95 TTFT 3 s / TPOT 40 ms, whole "
+                           "catalog)", _disaggregated_catalog(load), repeats=3) for load in DISAGGREGATED_LOADS),
 ]
 
 
