@@ -253,6 +253,15 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     disaggregated = offload(plan_pools, inputs, configurations) if deployment != AGGREGATED else None
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
+    workload = inputs.workload
+    if (aggregated is not None and aggregated.plans and workload.is_closed_loop
+            and isinstance(workload.input_tokens, Fixed) and isinstance(workload.output_tokens, Fixed)):
+        notes.append("aggregated plans simulate the closed loop's users themselves: users of fixed lengths settle "
+                     "into regular turns (each prompt prefilled alone, or in waves), so their percentiles show that "
+                     "pattern's spread, often none; users whose lengths vary now and then queue behind each other: "
+                     "give the lengths as distributions (lognormal or histogram) for the tails"
+                     + ("; disaggregated plans are sized as the open loop of the users' rate, whose arrivals "
+                        "bunch" if disaggregated is not None else ""))
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
         [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
     max_model_len = plan_core.max_model_len(inputs)

@@ -150,6 +150,20 @@ def test_closed_loop_plans_users(client):
     assert load["unit"] == "concurrent_users"
     assert plan["replicas"] == math.ceil(40 / load["max_verified"] - 1e-9)
     assert load["offered"] == math.ceil(40 / plan["replicas"])
+    # Users of fixed lengths fall into regular turns in the simulation: the note says so, and how to get tails.
+    turns = [note for note in response.json()["assumptions"]["notes"] if "regular turns" in note]
+    assert len(turns) == 1 and "distributions" in turns[0]
+
+
+def test_a_closed_loop_of_varied_lengths_or_an_open_loop_gets_no_note_on_turns(client):
+    base = {"slo": {"ttft_ms": 1000, "tpot_ms": 30}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
+            "model": "llama-3.1-8b"}
+    for workload in ({"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800}, "output_tokens": 200,
+                      "concurrent_users": 40},
+                     {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 5}):
+        response = post(client, {**base, "workload": workload})
+        assert response.status_code == 200, response.text
+        assert not any("regular turns" in note for note in response.json()["assumptions"]["notes"])
 
 
 def test_a_gpu_without_a_price_is_ranked_by_gpu_count_and_said_so(client):
