@@ -19,10 +19,8 @@ how a request's times combine and the open loop's planner).
   the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all: every plan sized at one rate, the
   lowest found that carries the cheapest plan's users. Any other plan whose users would send more than that
   rate is refused with both rates. Percentiles are the open loop's at the rate sized for: at or above the users'
-  own. Spare workers (`ha_policy.extra_replicas`, k per pool) do not enter the search: the rate is that of the
-  users with k workers of either pool down (the pools sized above), and each plan kept gets the spares
-  (`disaggregation.spare_workers`: N + k per pool), its percentiles the open loop's at that rate over all the
-  workers, its users' rate theirs with every worker up.
+  own. With spare workers (`ha_policy.extra_replicas`, k per pool), each plan's requests are timed without them
+  (`disaggregation`: what the plan guarantees with k workers of either pool down), and so is its users' rate.
 """
 
 from __future__ import annotations
@@ -41,9 +39,7 @@ from app.sizing.serving.disaggregation import (
     combine,
     decode_role_requests,
     plan_disaggregated,
-    plan_order,
     prefill_role_requests,
-    spare_workers,
 )
 from app.sizing.serving.plan import Configuration, Infeasible, PlanInputs, _Planner, cost_per_million_tokens
 from app.sizing.serving.simulate import SchedulerConfig, SimulationResult, StepTimeFn, simulate
@@ -173,17 +169,16 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     if workload.concurrent_users is None:
         raise ValueError("plan_closed_loop sizes a closed loop (concurrent_users); an open loop's: "
                          "disaggregation.plan_disaggregated")
-    users, spares = workload.concurrent_users, inputs.policy.extra_replicas
+    users = workload.concurrent_users
     answer = _Planner(inputs).lengths.output_mean
-    searched = replace(inputs, policy=replace(inputs.policy, extra_replicas=0))  # the rate: k workers down
     rate = users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s)
     short = 0.0  # the highest rate whose cheapest plan's users send more than it
     enough: tuple[float, DisaggregatedResult] | None = None  # the lowest rate whose cheapest plan carries its users
     simulations = simulated_requests = 0
     guesses: dict[tuple[Configuration, str], float] = {}  # each round's pools start the next one's searches
     for _ in range(MAX_RATE_ROUNDS):
-        result = plan_disaggregated(replace(searched, workload=replace(workload, requests_per_s=rate,
-                                                                       concurrent_users=None)), candidates, guesses)
+        result = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
+                                                                     concurrent_users=None)), candidates, guesses)
         guesses.update(result.workers_per_load)
         simulations += result.simulations
         simulated_requests += result.simulated_requests
@@ -202,7 +197,7 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
         else:  # halfway to the rate too low, or down to what the users of the plan carried send
             rate = (short + enough[0]) / 2 if short else users / enough[1].plans[0].mean_e2e_s
     rate, result = enough if enough is not None else last
-    kept, infeasible = [], list(result.infeasible)
+    plans, infeasible = [], list(result.infeasible)
     for plan in result.plans:
         sent = users / plan.mean_e2e_s
         if sent > rate * RATE_TOLERANCE:
@@ -210,14 +205,7 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
                       f"send {sent:.3g} req/s, more than the {rate:.3g} req/s it was sized for")
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
         else:
-            kept.append(plan)
-    if spares and kept:  # k spare workers in each pool of the plans kept, predicted with every worker up
-        spared = spare_workers(replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None)),
-                               kept)
-        simulations += spared.simulations
-        simulated_requests += spared.simulated_requests
-        kept = list(spared.plans)
-    plans = sorted((_of_users(plan, users, rate, answer) for plan in kept), key=plan_order)
+            plans.append(_of_users(plan, users, rate, answer))
     return DisaggregatedResult(tuple(plans), tuple(infeasible), simulations, simulated_requests)
 
 
