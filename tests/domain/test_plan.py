@@ -17,6 +17,7 @@ from app.sizing.serving.plan import (
     Configuration,
     DraftModel,
     HaPolicy,
+    Infeasible,
     PlanInputs,
     SearchSpaceTooLarge,
     Slo,
@@ -657,6 +658,40 @@ def test_after_a_ttft_miss_of_a_replica_that_fell_behind_the_search_steps_to_its
     closed_loop = _Planner(inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), concurrent_users=64),
                                       Slo(ttft_s=1.0, tpot_s=0.05), H100))
     assert closed_loop._replicas_served(run(2.445, "ttft")) is None
+
+
+def _falling_short(planner, meets_up_to: float) -> list[float]:
+    """Stub the planner's runs: a replica finishes 99% of the load it is sent (short of it, as a finite run's drain
+    makes it), meets the SLO up to `meets_up_to` req/s, and misses the TTFT by 1.23x above; returns the loads run."""
+    loads: list[float] = []
+
+    def run(screened, load):
+        loads.append(load)
+        ratio = 0.5 if load <= meets_up_to else 1.23
+        return _Run(load, SimpleNamespace(requests_per_s=0.99 * load), (("ttft", ratio, 1.0, ratio),))
+
+    planner.run = run
+    return loads
+
+
+def test_a_replica_held_twice_to_its_finishing_rate_lets_the_light_load_decide():
+    """100 req/s sized, a 1 req/s ceiling per replica: the search starts at 100 replicas (1 req/s each), misses
+    by 1.23 (a step of x1.25 to 125), but the replica finished 0.99 req/s: held to ceil(100 / 0.99) = 102. Missing
+    there too (finishing 0.99 x 100/102 = 0.9706: 104 replicas, again under the x1.25 step), it is held no more:
+    the light load, 5% of the ceiling (0.05 req/s: 2,000 replicas), is run next. Missing at every load: refused
+    after 3 runs (one replica at a time, it took hundreds). Meeting up to 0.5 req/s: the light load meets, and
+    bisection between 102 and 2,000 replicas finds 200 (0.5 req/s each), or the fewest within 8% above."""
+    screened = SimpleNamespace(min_replicas=1, ceiling=1.0, configuration="L40S TP1")
+    planner = _Planner(inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), requests_per_s=100.0),
+                                  Slo(ttft_s=1.0, tpot_s=0.05), H100))
+    loads = _falling_short(planner, meets_up_to=0.0)
+    refused = planner.settle(screened)
+    assert isinstance(refused, Infeasible) and "light load" in refused.reasons[0]
+    assert loads == pytest.approx([1.0, 100 / 102, 0.05])
+    loads = _falling_short(planner, meets_up_to=0.5)
+    settled = planner.settle(screened)
+    assert loads[:3] == pytest.approx([1.0, 100 / 102, 0.05]) and len(loads) <= 12
+    assert 200 <= settled.replicas <= 200 * 1.08
 
 
 def test_a_tensorrt_llm_prefill_pool_is_screened_with_its_host_work_added_to_each_step():
