@@ -17,8 +17,10 @@
 # (was: a negative amount); a dense model with experts per token or shared experts is refused.
 # 2026.12.06.9: a closed loop (concurrent_users) gets disaggregated plans, sized as the open loop of its users' rate
 # (was: aggregated plans only); the comparison note calls a cost tie a tie.
-# 2026.12.06.10: ha_policy.extra_replicas adds spare workers to each pool of a disaggregated plan (was: none); a
-# disaggregated pool's worker search starts near its answer (the same fewest count wherever more workers never hurt).
+# 2026.12.06.10: ha_policy.extra_replicas adds spare workers to each pool of a disaggregated plan (was: none), its
+# prediction the pools' without them over the spared deployment's link; a disaggregated pool's worker search starts
+# near its answer (the same fewest count wherever more workers never hurt); an aggregated search's step held to a
+# replica's finishing rate holds once, then the light load decides (was: held every time).
 CALCULATION_VERSION = "2026.12.06.10"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
