@@ -436,16 +436,12 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration],
         for prefill_pool, _ in prefills:
             built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
             (infeasible if isinstance(built, Infeasible) else plans).append(built)
-    plans.sort(key=plan_order)
+    plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
+                              p.e2e_at_slo_percentile_s))
     sized = {(pool.configuration, pool.role): pool.workers / planner.sized_load
              for pool, _ in (*decodes, *prefills)}
     return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests,
                                sized)
-
-
-def plan_order(plan: DisaggregatedPlan) -> tuple[bool, float, int, float]:
-    """How plans rank: the cheapest first (unpriced last), then by fewer GPUs and lower E2E."""
-    return plan.cost_per_hour_usd is None, plan.cost_per_hour_usd or 0.0, plan.gpus, plan.e2e_at_slo_percentile_s
 
 
 def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOption:
@@ -634,8 +630,9 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     slo, inputs = planner.slo, planner.inputs
     prefill_screened = planner.screen(prefill.configuration, PREFILL_POOL)
     assert isinstance(prefill_screened, _Screened)
+    decode_screened = planner.screen(decode.configuration, DECODE_POOL) if inputs.policy.extra_replicas else None
     for _ in range(TTFT_RETRIES + 1):
-        link = _link(*_spared(planner, prefill, decode))
+        link = _link(_spared(planner, prefill, prefill_screened), _spared(planner, decode, decode_screened))
         offered = planner.peak_load * inputs.peak_to_mean_ratio / prefill.workers
         prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered)
         times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
@@ -648,28 +645,8 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         worst = max(checks, key=lambda check: check[3])
         return Infeasible(decode.configuration, (f"disaggregated with {prefill.configuration.label} prefill: "
                                                  + _describe(worst, slo.percentile),))
-    prefill, decode = _spared(planner, prefill, decode)
-    return _built(planner, prefill, decode, requests, prefill_result, decode_result, link, combined, checks)
-
-
-def _spared(planner: _Planner, prefill: Pool, decode: Pool) -> tuple[Pool, Pool]:
-    """Both pools with `ha_policy.extra_replicas` spare workers each (N + k per pool)."""
-    spares = planner.inputs.policy.extra_replicas
-    if not spares:
-        return prefill, decode
-    pools = []
-    for pool in (prefill, decode):
-        screened = planner.screen(pool.configuration, pool.role)
-        assert isinstance(screened, _Screened)
-        pools.append(_pool(planner, screened, pool.role, pool.workers + spares, spares))
-    return pools[0], pools[1]
-
-
-def _built(planner: _Planner, prefill: Pool, decode: Pool, requests: Requests, prefill_result: SimulationResult,
-           decode_result: SimulationResult, link: tuple[str, float, float], combined: Combined,
-           checks: tuple[tuple[str, float, float, float], ...]) -> DisaggregatedPlan:
-    """The plan of these pools from their simulations at the offered load (without their spare workers)."""
-    slo, inputs = planner.slo, planner.inputs
+    # The plan: its pools with their spares, its prediction theirs without (the guarantee).
+    prefill, decode = _spared(planner, prefill, prefill_screened), _spared(planner, decode, decode_screened)
     gpus = prefill.gpus + decode.gpus
     priced = prefill.cost_per_hour_usd is not None and decode.cost_per_hour_usd is not None
     cost = prefill.cost_per_hour_usd + decode.cost_per_hour_usd if priced else None  # type: ignore[operator]
@@ -700,6 +677,15 @@ def _built(planner: _Planner, prefill: Pool, decode: Pool, requests: Requests, p
         cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
         output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
         binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)))
+
+
+def _spared(planner: _Planner, pool: Pool, screened: _Screened | Infeasible | None) -> Pool:
+    """The pool with `ha_policy.extra_replicas` spare workers (N + k per pool; `screened`: its configuration's)."""
+    spares = planner.inputs.policy.extra_replicas
+    if not spares:
+        return pool
+    assert isinstance(screened, _Screened)
+    return _pool(planner, screened, pool.role, pool.workers + spares, spares)
 
 
 def _combined_checks(combined: Combined, slo: Slo, skip: int) -> tuple[tuple[str, float, float, float], ...]:
