@@ -21,7 +21,10 @@
 # prediction the pools' without them over the spared deployment's link; a disaggregated pool's worker search starts
 # near its answer (the same fewest count wherever more workers never hurt); an aggregated search's step held to a
 # replica's finishing rate holds once, then the light load decides (was: held every time).
-CALCULATION_VERSION = "2026.12.06.10"
+# 2026.12.07.1: each disaggregated plan of a closed loop whose users send more or less than the rate the cheapest
+# was sized for (by 2%) is sized at its own users' rate, and the plans are ranked at their own rates (was: every
+# plan at the cheapest's rate, one whose users sent more refused).
+CALCULATION_VERSION = "2026.12.07.1"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

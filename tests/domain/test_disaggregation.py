@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -60,7 +61,7 @@ from app.sizing.serving.plan import (
 from app.sizing.serving.simulate import SchedulerConfig, simulate
 from app.sizing.serving.workload import Fixed, Requests, Workload
 from app.sizing.specs import COMPUTE_DTYPES, GpuSpec
-from tests.domain.models_for_tests import DEEPSEEK_V3, LLAMA_3_70B
+from tests.domain.models_for_tests import DEEPSEEK_V3, LLAMA_3_8B, LLAMA_3_70B
 
 # meta-llama/Llama-3.1-70B config.json: the KV geometry of Llama-3-70B (80 layers, 8 KV heads of 128),
 # with 131,072 positions.
@@ -504,7 +505,8 @@ def test_a_closed_loop_is_planned_as_the_open_loop_of_its_users_rate() -> None:
       sized for at least that (its decode workers' share of it, x the workers).
     - Each plan's users send 256 / its mean request time (Little's law), no more than the rate it was sized for
       (2% of simulation noise allowed), and 1,000 output tokens per request; a pool holds 256 / its workers users.
-    - The plans are the open loop's at the rate sized for, pool for pool.
+    - Every plan's users send within 2% of that rate here, so each is the open loop's plan at it, pool for pool
+      (a plan whose users send more or less gets its own rate: the next test).
     """
     users, inputs = 256, _closed_loop_inputs(256)
     candidates = configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"])
@@ -524,6 +526,7 @@ def test_a_closed_loop_is_planned_as_the_open_loop_of_its_users_rate() -> None:
         assert plan.predicted.ttft.at_slo_percentile_s <= 2.0 and plan.predicted.tpot.at_slo_percentile_s <= 0.04
     cheapest = result.plans[0]
     rate = cheapest.decode.load_per_worker * cheapest.decode.workers
+    assert all(rate / 1.02 <= plan.predicted.requests_per_s <= rate * 1.02 for plan in result.plans)
     opened = plan_disaggregated(dataclasses.replace(inputs, workload=Workload(Fixed(8000), Fixed(1000),
                                                                               requests_per_s=rate)), candidates)
     assert [(p.prefill.configuration, p.prefill.workers, p.decode.configuration, p.decode.workers)
@@ -531,38 +534,91 @@ def test_a_closed_loop_is_planned_as_the_open_loop_of_its_users_rate() -> None:
                                         p.decode.workers) for p in result.plans]
 
 
-def test_the_rate_a_closed_loop_is_sized_for(monkeypatch: pytest.MonkeyPatch) -> None:
-    """100 users, 101-token answers, SLO TTFT 1 s and TPOT 10 ms: a plan just meeting it carries
-    100 / (1 + 100 x 0.01) = 50 req/s, the first rate. The open loop is stubbed: its cheapest plan's requests take
-    1.0 s on average below 80 req/s (its users send 100) and 1.25 s from 80 (they send 80); a second plan's take
-    1.1 s (they send 90.9). Rounds: 50 short (100 > 51), raised to 100: enough (80 <= 102); halfway 75: short;
-    87.5: enough; 81.25: enough; 78.125: short; six rounds. Sized at 81.25 req/s: the cheapest plan's users send
-    80 (within 82.875), the second plan's 90.9, more: refused with both rates."""
+def test_each_plan_of_a_closed_loop_is_sized_for_its_own_users() -> None:
+    """Llama-3-8B fp8 on H100 and H200 (TP1, 2, 4), 256 users of 2,000 in / 20 out, p95 TTFT 1 s, TPOT 30 ms:
+    a request is mostly its prefill, so what a plan's users send depends on its prefill pool. Each plan is sized
+    for its own users: they send between 1 / 1.02 and 1.02 x the rate it was sized for (sized at the one rate
+    the rounds ended on, the cheapest plan's users sent 88% of it: 26 GPUs where 24 carry them, 2026-12-07),
+    and the plans are in order of cost."""
+    inputs = dataclasses.replace(_closed_loop_inputs(256), model=LLAMA_3_8B,
+                                 workload=Workload(Fixed(2000), Fixed(20), concurrent_users=256),
+                                 slo=Slo(ttft_s=1.0, tpot_s=0.03, percentile=95),
+                                 efficiencies={(gpu, dtype): DEFAULT_EFFICIENCY for gpu in ("h100-sxm", "h200-sxm")
+                                               for dtype in COMPUTE_DTYPES})
+    plans = plan_closed_loop(inputs, configurations(LLAMA_3_8B, [H100, H200], [1, 2, 4], [1], ["fp8"],
+                                                    ["fp8"])).plans
+    assert len(plans) >= 2
+    for plan in plans:
+        sized = plan.decode.load_per_worker * plan.decode.workers
+        assert sized / 1.02 <= plan.predicted.requests_per_s <= sized * 1.02
+        assert plan.predicted.ttft.at_slo_percentile_s <= 1.0 and plan.predicted.tpot.at_slo_percentile_s <= 0.03
+    assert [plan.cost_per_hour_usd for plan in plans] == sorted(plan.cost_per_hour_usd for plan in plans)
+
+
+def _stubbed_open_loops(monkeypatch: pytest.MonkeyPatch, paired_mean_s: Callable[[float], float]
+                        ) -> tuple[PlanInputs, list[float], list[float]]:
+    """100 users, 101-token answers, SLO TTFT 1 s and TPOT 10 ms, the open loop stubbed: its cheapest plan's
+    requests take 1.0 s on average below 80 req/s and 1.25 s from 80; a second plan's 1.1 s; the second plan's
+    pairing alone (`pairing`) takes `paired_mean_s(rate)`. Returns the inputs and the rates of the open loops
+    planned over every candidate and over the pairing alone."""
     inputs = dataclasses.replace(_closed_loop_inputs(100), workload=Workload(Fixed(1000), Fixed(101),
                                                                              concurrent_users=100),
                                  slo=Slo(ttft_s=1.0, tpot_s=0.01, percentile=95))
     real = plan_disaggregated(dataclasses.replace(inputs, workload=Workload(Fixed(1000), Fixed(101),
                                                                            requests_per_s=1.0)),
                               configurations(LLAMA_3_1_70B, [H100], [4], [1], ["fp8"], ["fp8"])).plans[0]
-    rates = []
+    rates: list[float] = []
+    paired: list[float] = []
 
-    def stub(opened: PlanInputs, candidates: list, guesses: dict) -> SimpleNamespace:
+    def stub(opened: PlanInputs, candidates: list, guesses: dict, pairing: tuple | None) -> SimpleNamespace:
         rate = opened.workload.requests_per_s
-        rates.append(rate)
-        plans = (dataclasses.replace(real, mean_e2e_s=1.0 if rate < 80 else 1.25),
-                 dataclasses.replace(real, mean_e2e_s=1.1))
+        if pairing is None:
+            rates.append(rate)
+            plans = (dataclasses.replace(real, mean_e2e_s=1.0 if rate < 80 else 1.25),
+                     dataclasses.replace(real, mean_e2e_s=1.1))
+        else:
+            paired.append(rate)
+            plans = (dataclasses.replace(real, mean_e2e_s=paired_mean_s(rate)),)
         return SimpleNamespace(plans=plans, infeasible=(), simulations=1, simulated_requests=10,
                                workers_per_load={})
 
     monkeypatch.setattr("app.sizing.serving.disaggregated_loop.plan_disaggregated", stub)
+    return inputs, rates, paired
+
+
+def test_the_rate_a_closed_loop_is_sized_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan just meeting the SLO carries 100 / (1 + 100 x 0.01) = 50 req/s, the first rate. Rounds over every
+    candidate: 50 short (100 > 51), raised to 100: enough (80 <= 102); halfway 75: short; 87.5: enough; 81.25:
+    enough; 78.125: short; six rounds. Sized at 81.25 req/s the cheapest plan's users send 80 (within 81.25 / 1.02
+    = 79.66 and 81.25 x 1.02 = 82.875): kept. The second plan's users send 100 / 1.1 = 90.909, more: its own rate
+    is sought from there over its pairing alone (its requests still 1.1 s), 81.25 known too low: 90.909 enough;
+    halfway (81.25 + 90.909) / 2 = 86.080: short (90.909 > 87.801); (86.080 + 90.909) / 2 = 88.494: short
+    (> 90.264); (88.494 + 90.909) / 2 = 89.702: enough (<= 91.496), within 2% of 88.494 (90.264): four rounds,
+    sized at 89.702. Both plans cost the same: they stay in order."""
+    inputs, rates, paired = _stubbed_open_loops(monkeypatch, lambda rate: 1.1)
     result = plan_closed_loop(inputs, [])
     assert rates == pytest.approx([50.0, 100.0, 75.0, 87.5, 81.25, 78.125])
-    assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([80.0])
+    assert paired == pytest.approx([90.909091, 86.079545, 88.494318, 89.701705])
+    assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([80.0, 90.909091])
     assert result.plans[0].output_tokens_per_s == pytest.approx(80.0 * 101)
+    assert "sized as an open loop of 81.2 req/s" in result.plans[0].binding_detail
+    assert "sized as an open loop of 89.7 req/s" in result.plans[1].binding_detail
+    assert result.infeasible == ()
+    assert (result.simulations, result.simulated_requests) == (10, 100)
+
+
+def test_a_plan_whose_users_outrun_every_rate_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second plan's pairing alone takes 100 / (1.1 x rate) s per request: its users always send 1.1x the
+    rate it was sized for, more than 1.02x, so no rate is enough: from 90.909 (what they send at 81.25) the rate
+    is raised to theirs each round: 90.909, 100, 110, 121, 133.1, 146.41 (six rounds), and the plan is refused
+    with the last rate and what its users would send there, 161.05 req/s."""
+    inputs, _, paired = _stubbed_open_loops(monkeypatch, lambda rate: 100 / (1.1 * rate))
+    result = plan_closed_loop(inputs, [])
+    assert paired == pytest.approx([90.909091, 100.0, 110.0, 121.0, 133.1, 146.41])
+    assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([80.0])
     assert len(result.infeasible) == 1
-    assert "its 100 users would send 90.9 req/s, more than the 81.2 req/s it was sized for" in (
-        result.infeasible[0].reasons[0])
-    assert (result.simulations, result.simulated_requests) == (6, 60)
+    assert ("no deployment sized for up to 146 req/s carries its 100 users (they would send 161 req/s)"
+            in result.infeasible[0].reasons[0])
 
 
 def test_a_closed_loop_spares_workers_beyond_the_pools_its_users_need() -> None:

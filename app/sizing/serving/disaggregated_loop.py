@@ -16,17 +16,22 @@ how a request's times combine and the open loop's planner).
   (mean answer - 1) x TPOT SLO); the cheapest plan's own mean E then says what its users would send. While no
   rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once one is,
   the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to what
-  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all: every plan sized at one rate, the
-  lowest found that carries the cheapest plan's users. Any other plan whose users would send more than that
-  rate is refused with both rates. Percentiles are the open loop's at the rate sized for: at or above the users'
-  own. With spare workers (`ha_policy.extra_replicas`, k per pool), each plan's requests are timed without them
+  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all (`_seek`): the lowest rate found that
+  carries the cheapest plan's users. Every plan of that open loop whose users send more or less than it, by
+  RATE_TOLERANCE, gets its own rate sought the same way, from what its users send there, with its pools'
+  configurations alone (`plan_disaggregated`'s `pairing`): else a plan whose users send less is larger than it
+  need be, which misranks plans where the prefill pool decides a request's time (2026-12-07: Qwen3-8B, 2,000 in /
+  20 out, 1,024 users, whole catalog: a plan's users sent 77% of the rate it was sized for, and sized at their
+  own it was the cheapest), and one whose users send more would be refused. Plans are ranked by cost at their
+  own rates; one whose rate is not found is refused with what its users would send. Percentiles are the open
+  loop's at the rate sized for: at or above the users' own. With spare workers (`ha_policy.extra_replicas`, k per pool), each plan's requests are timed without them
   (`disaggregation`: what the plan guarantees with k workers of either pool down), and so is its users' rate.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -171,42 +176,75 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
                          "disaggregation.plan_disaggregated")
     users = workload.concurrent_users
     answer = _Planner(inputs).lengths.output_mean
-    rate = users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s)
-    short = 0.0  # the highest rate whose cheapest plan's users send more than it
-    enough: tuple[float, DisaggregatedResult] | None = None  # the lowest rate whose cheapest plan carries its users
-    simulations = simulated_requests = 0
-    guesses: dict[tuple[Configuration, str], float] = {}  # each round's pools start the next one's searches
-    for _ in range(MAX_RATE_ROUNDS):
-        result = plan_disaggregated(replace(inputs, workload=replace(workload, requests_per_s=rate,
-                                                                     concurrent_users=None)), candidates, guesses)
+    counts = [0, 0]  # simulations, simulated requests
+    guesses: dict[tuple[Configuration, str], float] = {}  # each plan's pools start the next one's searches
+
+    def at(rate: float, pairing: tuple[Configuration, Configuration] | None = None) -> _Sized:
+        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None))
+        result = plan_disaggregated(opened, candidates, guesses, pairing)
         guesses.update(result.workers_per_load)
-        simulations += result.simulations
-        simulated_requests += result.simulated_requests
-        last = (rate, result)
-        sent = users / result.plans[0].mean_e2e_s if result.plans else math.inf
-        if sent <= rate * RATE_TOLERANCE:
-            enough = (rate, result)
-        else:
-            short = rate
-        if enough is None:
-            if not result.plans:
-                break
-            rate = sent  # what its users would send
-        elif enough[0] <= short * RATE_TOLERANCE:
-            break
-        else:  # halfway to the rate too low, or down to what the users of the plan carried send
-            rate = (short + enough[0]) / 2 if short else users / enough[1].plans[0].mean_e2e_s
-    rate, result = enough if enough is not None else last
-    plans, infeasible = [], list(result.infeasible)
-    for plan in result.plans:
+        counts[0] += result.simulations
+        counts[1] += result.simulated_requests
+        return _Sized(rate, result.plans[0] if result.plans else None, result)
+
+    cheapest = _seek(users, users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s), at)
+    sized, infeasible = [], list(cheapest.result.infeasible)
+    for plan in cheapest.result.plans:
+        own = _Sized(cheapest.rate, plan, cheapest.result)
         sent = users / plan.mean_e2e_s
-        if sent > rate * RATE_TOLERANCE:
-            reason = (f"disaggregated with {plan.prefill.configuration.label} prefill: its {users:,} users would "
-                      f"send {sent:.3g} req/s, more than the {rate:.3g} req/s it was sized for")
-            infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
+        if not cheapest.rate / RATE_TOLERANCE <= sent <= cheapest.rate * RATE_TOLERANCE:
+            pairing = (plan.prefill.configuration, plan.decode.configuration)  # sought at its own users' rate
+            own = _seek(users, sent, lambda rate, pairing=pairing: at(rate, pairing),
+                        short=cheapest.rate if sent > cheapest.rate else 0.0,
+                        enough=None if sent > cheapest.rate else own)
+        if own.plan is not None and users / own.plan.mean_e2e_s <= own.rate * RATE_TOLERANCE:
+            sized.append(_of_users(own.plan, users, own.rate, answer))
         else:
-            plans.append(_of_users(plan, users, rate, answer))
-    return DisaggregatedResult(tuple(plans), tuple(infeasible), simulations, simulated_requests)
+            reason = (f"disaggregated with {plan.prefill.configuration.label} prefill: no deployment sized for up "
+                      f"to {own.rate:.3g} req/s carries its {users:,} users (they would send "
+                      + (f"{users / own.plan.mean_e2e_s:.3g} req/s)" if own.plan else "more: none met the SLO)"))
+            infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
+    sized.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
+                              p.e2e_at_slo_percentile_s))
+    return DisaggregatedResult(tuple(sized), tuple(infeasible), *counts)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sized:
+    """An open-loop plan at `rate` req/s: the deployment sought (None: none met the SLO) and the whole result."""
+
+    rate: float
+    plan: DisaggregatedPlan | None
+    result: DisaggregatedResult
+
+
+def _seek(users: int, rate: float, at: Callable[[float], _Sized], short: float = 0.0,
+          enough: _Sized | None = None) -> _Sized:
+    """The lowest rate (of at most MAX_RATE_ROUNDS tried, from `rate`) whose plan `at` sizes carries `users`: its
+    users, N / its mean request time, send no more than it (by RATE_TOLERANCE). While none is known (`enough`),
+    the rate is raised to what its users send; then it is sought down toward the highest rate known too low
+    (`short`): halfway, or first down to what the enough plan's users send, until the enough rate is within
+    RATE_TOLERANCE of the one too low. Without any enough rate: the last one."""
+    last = enough
+    for _ in range(MAX_RATE_ROUNDS):
+        last = at(rate)
+        sent = users / last.plan.mean_e2e_s if last.plan else math.inf
+        if sent <= rate * RATE_TOLERANCE:
+            enough = last
+        else:
+            short = max(short, rate)
+        if enough is None:
+            if last.plan is None:
+                break
+            rate = sent
+        elif enough.rate <= short * RATE_TOLERANCE:
+            break
+        else:
+            assert enough.plan is not None
+            rate = (short + enough.rate) / 2 if short else users / enough.plan.mean_e2e_s
+    result = enough or last
+    assert result is not None
+    return result
 
 
 def _of_users(plan: DisaggregatedPlan, users: int, rate: float, answer: float) -> DisaggregatedPlan:

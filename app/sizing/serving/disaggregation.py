@@ -400,8 +400,10 @@ class _PoolOption:
 
 
 def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration],
-                       guesses: Mapping[tuple[Configuration, str], float] | None = None) -> DisaggregatedResult:
-    """The cheapest disaggregated deployments over `candidates` (each may serve either pool).
+                       guesses: Mapping[tuple[Configuration, str], float] | None = None,
+                       pairing: tuple[Configuration, Configuration] | None = None) -> DisaggregatedResult:
+    """The cheapest disaggregated deployments over `candidates` (each may serve either pool), or with
+    `pairing` (prefill, decode) that pair's deployment alone.
 
     Open-loop workloads (a closed loop's: `disaggregated_loop.plan_closed_loop`). The pools are sized
     one after the other: decode workers by the TPOT SLO (a decode worker's TPOT does not depend on the
@@ -416,13 +418,14 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration],
     planner = _Planner(inputs)
     infeasible: list[Infeasible] = []
     options: dict[str, list[_PoolOption]] = {PREFILL_POOL: [], DECODE_POOL: []}
-    for configuration in candidates:
-        for role in (PREFILL_POOL, DECODE_POOL):
-            outcome = planner.screen(configuration, role)
-            if isinstance(outcome, Infeasible):
-                infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
-            else:
-                options[role].append(_pool_option(planner, outcome, role))
+    roles = ((pairing[0], PREFILL_POOL), (pairing[1], DECODE_POOL)) if pairing else (
+        (configuration, role) for configuration in candidates for role in (PREFILL_POOL, DECODE_POOL))
+    for configuration, role in roles:
+        outcome = planner.screen(configuration, role)
+        if isinstance(outcome, Infeasible):
+            infeasible.append(Infeasible(configuration, tuple(f"{role} pool: {r}" for r in outcome.reasons)))
+        else:
+            options[role].append(_pool_option(planner, outcome, role))
     requests = planner._unit_requests(inputs.simulated_requests)
     plans = []
     prefill_floor = min((_prefill_floor_s(planner, option.screened) for option in options[PREFILL_POOL]),
