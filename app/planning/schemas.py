@@ -385,7 +385,7 @@ class PercentilesOut(BaseModel):
 
 
 class PredictionOut(BaseModel):
-    """One replica simulated at its offered load."""
+    """One replica simulated at its offered load (disaggregated: a decode worker's share, any spares down)."""
 
     model_config = schema_examples(PREDICTION_EXAMPLE)
 

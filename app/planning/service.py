@@ -562,7 +562,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
                        profiles: dict[tuple[str, str], str], request: SloPlanRequest, max_model_len: int,
                        inputs: plan_core.PlanInputs, held_out: HeldOutErrors) -> PlanOut:
     """A disaggregated plan: the per-replica fields describe one decode worker; GPUs and costs both pools."""
-    decode, predicted = plan.decode, plan.predicted
+    decode, predicted = plan.decode, plan.decode_worker_prediction
     configuration, engine, gpu = decode.configuration, decode.engine, decode.configuration.gpu
     transfer = plan.transfer
     prefill_out, decode_out = (_pool_out(pool, model, model_id, max_model_len, role, transfer.link == NVLINK)

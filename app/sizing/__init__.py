@@ -23,7 +23,8 @@
 # replica's finishing rate holds once, then the light load decides (was: held every time).
 # 2026.12.07.1: each disaggregated plan of a closed loop whose users send more or less than the rate the cheapest
 # was sized for (by 2%) is sized at its own users' rate, and the plans are ranked at their own rates (was: every
-# plan at the cheapest's rate, one whose users sent more refused).
+# plan at the cheapest's rate, one whose users sent more refused); a disaggregated plan's `predicted` load, requests
+# and tokens per second are one decode worker's share, as its other per-replica fields (was: the deployment's).
 CALCULATION_VERSION = "2026.12.07.1"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

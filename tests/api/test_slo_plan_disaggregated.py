@@ -187,11 +187,14 @@ def test_a_closed_loop_gets_disaggregated_plans_sized_for_its_users(client):
             assert pool["users_per_worker"] == pytest.approx(32 / pool["workers"])
         sized = decode["load_per_worker_requests_per_s"] * decode["workers"]
         assert sized >= 32 / (2 + 999 * 0.03) * (1 - 1e-9)
-        assert item["predicted"]["requests_per_s"] <= sized * 1.02
-        assert item["output_tokens_per_s"] == pytest.approx(1000 * item["predicted"]["requests_per_s"])
+        sent = item["predicted"]["requests_per_s"] * decode["workers"]  # per decode worker, as every per-replica field
+        assert sent <= sized * 1.02
+        assert item["output_tokens_per_s"] == pytest.approx(1000 * sent)
+        assert item["predicted"]["output_tokens_per_s"] == pytest.approx(1000 * item["predicted"]["requests_per_s"])
         load = item["load_per_replica"]
         assert load["unit"] == "concurrent_users"
         assert load["offered"] == pytest.approx(32 / decode["workers"])
+        assert item["predicted"]["load_per_replica"] == pytest.approx(load["offered"])
         assert item["predicted"]["ttft"]["at_slo_percentile_ms"] <= 2000
         assert item["predicted"]["tpot"]["at_slo_percentile_ms"] <= 30
 
@@ -293,8 +296,9 @@ def test_the_comparison_note_follows_the_ranking_on_a_cost_tie_and_says_when_nei
 @pytest.mark.parametrize("users", [8, 40])
 def test_every_closed_loop_plan_carries_its_users_rate(client, users):
     """Three-token answers of 1k prompts on three GPU types: the users' rate hangs mostly on TTFT, which each
-    plan's pools set, so plans of one rate differ most in what their users send. Each plan kept carries its own
-    users (their rate within 2% of the rate it was sized for); those that would not are listed infeasible."""
+    plan's pools set, so plans of one rate differ most in what their users send. Each plan is sized at its own
+    users' rate and carries them (a decode worker's share of their rate within 2% of its share of the rate it was
+    sized for); one whose rate is not found is listed infeasible."""
     body = plan(client, {"model": "qwen3-8b", "workload": {"input_tokens": 1000, "output_tokens": 3,
                                                            "concurrent_users": users},
                          "slo": {"ttft_ms": 5000, "tpot_ms": 40, "percentile": 95},
@@ -303,4 +307,4 @@ def test_every_closed_loop_plan_carries_its_users_rate(client, users):
     assert plans
     for item in plans:
         decode = item["disaggregation"]["decode"]
-        assert item["predicted"]["requests_per_s"] <= decode["load_per_worker_requests_per_s"] * decode["workers"] * 1.02
+        assert item["predicted"]["requests_per_s"] <= decode["load_per_worker_requests_per_s"] * 1.02

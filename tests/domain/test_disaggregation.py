@@ -624,7 +624,8 @@ def test_a_plan_whose_users_outrun_every_rate_is_refused(monkeypatch: pytest.Mon
 def test_a_closed_loop_spares_workers_beyond_the_pools_its_users_need() -> None:
     """64 users with one spare worker per pool: each plan's requests are timed without the spares (a worker of
     either pool down), so its users' rate (64 / its mean request time) is within the rate its pools were sized
-    for; every pool has one worker more, and its users are spread over all its workers."""
+    for; every pool has one worker more, and its users are spread over all its workers. As one decode worker's
+    (the API's per-replica prediction), the users, their rate and tokens are over the d - 1 decode workers timed."""
     candidates = configurations(LLAMA_3_1_70B, [H100], [2, 4], [1], ["fp8"], ["fp8"])
     spared = plan_closed_loop(dataclasses.replace(_closed_loop_inputs(64), policy=HaPolicy(extra_replicas=1)),
                               candidates).plans
@@ -637,6 +638,12 @@ def test_a_closed_loop_spares_workers_beyond_the_pools_its_users_need() -> None:
             assert pool.load_per_worker * pool.workers == pytest.approx(sized)
         assert plan.predicted.requests_per_s == pytest.approx(64 / plan.mean_e2e_s)
         assert plan.predicted.requests_per_s <= sized * 1.02
+        # As one decode worker's: the 64 users and their rate over the d - 1 workers timed (one spare down).
+        worker, timed = plan.decode_worker_prediction, plan.decode.workers - 1
+        assert worker.load == pytest.approx(64 / timed)
+        assert worker.requests_per_s == pytest.approx(64 / plan.mean_e2e_s / timed)
+        assert worker.output_tokens_per_s == pytest.approx(1000 * 64 / plan.mean_e2e_s / timed)
+        assert worker.ttft == plan.predicted.ttft and worker.tpot == plan.predicted.tpot
         assert plan.predicted.ttft.at_slo_percentile_s <= 2.0 and plan.predicted.tpot.at_slo_percentile_s <= 0.04
 
 

@@ -376,6 +376,14 @@ class DisaggregatedPlan:
         return self.predicted.e2e.at_slo_percentile_s
 
     @property
+    def decode_worker_prediction(self) -> Prediction:
+        """`predicted` as one decode worker's: its share of the load, requests and tokens (of the decode workers
+        the prediction is timed with: any spares down); the percentiles are every request's."""
+        timed, whole = self.decode.workers - self.decode.extra_workers, self.predicted
+        return replace(whole, load=whole.load / timed, requests_per_s=whole.requests_per_s / timed,
+                       output_tokens_per_s=whole.output_tokens_per_s / timed)
+
+    @property
     def label(self) -> str:
         return (f"{self.prefill.workers} x prefill {self.prefill.configuration.label} + "
                 f"{self.decode.workers} x decode {self.decode.configuration.label}")
