@@ -518,14 +518,12 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
     best_agg = min(aggregated.plans, key=_rank_key, default=None)
     best_dis = min(disaggregated.plans, key=_rank_key, default=None)
     if best_agg is None or best_dis is None:
-        missing = ("plan of either kind" if best_agg is best_dis else
-                   "aggregated plan" if best_agg is None else "disaggregated plan")
+        missing = "plan of either kind" if best_agg is best_dis else f"{'dis' if best_agg else ''}aggregated plan"
         return f"aggregated vs disaggregated: no {missing} meets the SLO"
     if best_agg.cost_per_hour_usd is None or best_dis.cost_per_hour_usd is None:
         return (f"aggregated vs disaggregated: {best_agg.gpus} GPUs against {best_dis.gpus} "
                 "(unpriced: compared by GPU count)")
-    agg_cost, dis_cost = best_agg.cost_per_hour_usd, best_dis.cost_per_hour_usd
-    transfer = best_dis.transfer
+    agg_cost, dis_cost, transfer = best_agg.cost_per_hour_usd, best_dis.cost_per_hour_usd, best_dis.transfer
     if dis_cost == agg_cost:
         first = "disaggregated" if _rank_key(best_dis) < _rank_key(best_agg) else "aggregated"
         return (f"aggregated and disaggregated tie at ${agg_cost:,.2f}/h: the {first} plan ranks first (fewer GPUs, "
@@ -536,11 +534,15 @@ def _comparison_note(aggregated: plan_core.PlanResult, disaggregated: Disaggrega
                 f"worker runs a larger batch within the TPOT SLO, and the prefill pool is sized for prompts alone "
                 f"(KV transfer {transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link})")
     more = f" ({dis_cost / agg_cost - 1:.0%} more)" if agg_cost > 0 else ""  # GPUs may be priced at 0
-    return (f"aggregated wins: ${agg_cost:,.2f}/h against ${dis_cost:,.2f}/h disaggregated"
-            f"{more}: with prompts of {transfer.prompt_tokens:,} tokens on average, "
-            "prefill is a small share of each GPU's time, so mixing it into decode steps costs little TPOT, while "
-            "separate pools each round up to whole workers, cannot lend idle capacity to each other and add a KV "
-            f"transfer ({transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link}) to every TTFT")
+    share = best_dis.prefill_share
+    why = ("is a small share of the work", "so mixing it into decode steps costs little TPOT") if share <= 1 / 3 else (
+        ("is most of the work", "so few decode steps are left for prompt chunks to slow") if share >= 2 / 3 else
+        ("is much of the work", "and prompt chunks slow the decode steps less than the split costs"))
+    return (f"aggregated wins: ${agg_cost:,.2f}/h against ${dis_cost:,.2f}/h disaggregated{more}: with prompts of "
+            f"{transfer.prompt_tokens:,} tokens on average, prefill {why[0]} ({share:.0%} of the GPU time a "
+            f"request takes in the disaggregated plan), {why[1]}, while separate pools each round up to whole "
+            "workers, cannot lend idle capacity to each other and add a KV transfer "
+            f"({transfer.time_s * 1e3:.3g} ms per mean prompt over {transfer.link}) to every TTFT")
 
 
 def _pool_out(pool: Pool, model: ModelSpec, model_id: str, max_model_len: int, role: str,

@@ -24,7 +24,8 @@
 # 2026.12.07.1: each disaggregated plan of a closed loop whose users send more or less than the rate the cheapest
 # was sized for (by 2%) is sized at its own users' rate, and the plans are ranked at their own rates (was: every
 # plan at the cheapest's rate, one whose users sent more refused); a disaggregated plan's `predicted` load, requests
-# and tokens per second are one decode worker's share, as its other per-replica fields (was: the deployment's).
+# and tokens per second are one decode worker's share, as its other per-replica fields (was: the deployment's); the
+# note on why aggregated wins states prefill's share of a request's GPU time (was: "a small share" whatever it was).
 CALCULATION_VERSION = "2026.12.07.1"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

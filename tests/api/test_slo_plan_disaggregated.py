@@ -281,6 +281,27 @@ def _priced(cost: float, gpus: int, e2e_s: float, label: str) -> SimpleNamespace
                            transfer=SimpleNamespace(time_s=0.01, link="nvlink", prompt_tokens=4000))
 
 
+@pytest.mark.parametrize(("share", "why"), [
+    (0.2, ("prefill is a small share of the work (20% of the GPU time a request takes in the disaggregated plan), "
+           "so mixing it into decode steps costs little TPOT")),
+    (0.5, ("prefill is much of the work (50% of the GPU time a request takes in the disaggregated plan), and prompt "
+           "chunks slow the decode steps less than the split costs")),
+    (0.9, ("prefill is most of the work (90% of the GPU time a request takes in the disaggregated plan), so few "
+           "decode steps are left for prompt chunks to slow")),
+])
+def test_why_aggregated_wins_follows_the_share_of_the_work_prefill_is(share, why):
+    """$50/h aggregated against $60/h disaggregated: 60 / 50 - 1 = 20% more. Prefill's share of a request's GPU
+    time (`prefill_share`): 20% (a third or less: small), 50%, 90% (two thirds or more: most). The transfer: 0.01 s
+    = 10 ms of a 4,000-token mean prompt over NVLink (`_priced`)."""
+    aggregated = SimpleNamespace(plans=[_priced(50.0, 8, 10.0, "a")])
+    disaggregated = _priced(60.0, 10, 12.0, "d")
+    disaggregated.prefill_share = share
+    note = _comparison_note(aggregated, SimpleNamespace(plans=[disaggregated]))
+    assert note == ("aggregated wins: $50.00/h against $60.00/h disaggregated (20% more): with prompts of 4,000 tokens "
+                    f"on average, {why}, while separate pools each round up to whole workers, cannot lend idle "
+                    "capacity to each other and add a KV transfer (10 ms per mean prompt over nvlink) to every TTFT")
+
+
 def test_the_comparison_note_follows_the_ranking_on_a_cost_tie_and_says_when_neither_kind_plans():
     """$53.92/h both: the disaggregated plan of 8 GPUs ranks before the aggregated one of 16 (fewer GPUs), and
     the note says so instead of calling either cheaper."""

@@ -370,6 +370,9 @@ class DisaggregatedPlan:
     binding_constraint: str
     binding_detail: str
     mean_e2e_s: float  # a request's mean time, first token to last (what a closed loop's users wait per request)
+    # Prefill's share of the GPU time a request takes: GPU-seconds of a prefill worker busy with the mean prompt,
+    # against the decode workers' GPU-seconds per request (`_prefill_share`): why aggregated wins or loses
+    prefill_share: float = 0.0
 
     @property
     def e2e_at_slo_percentile_s(self) -> float:
@@ -461,10 +464,7 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
     data-parallel ranks x pipeline micro-batches), and what they cost."""
     lengths, step_time = planner.lengths, screened.step_time
     if role == PREFILL_POOL:
-        prompt = max(1, round(lengths.input_mean))
-        busy_s = prefill_time_s(step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
-                                screened.scheduler.max_num_batched_tokens)
-        rate = 1 / max(busy_s, 1e-12)
+        rate = 1 / max(_prefill_busy_s(planner, screened), 1e-12)
     else:
         batch = screened.scheduler.max_num_seqs
         step = float(step_time(batch, batch * (lengths.input_mean + lengths.output_mean / 2), 0, 0))
@@ -472,6 +472,13 @@ def _pool_option(planner: _Planner, screened: _Screened, role: str) -> _PoolOpti
     workers = max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
     gpus = workers * screened.configuration.gpus_per_replica
     return _PoolOption(screened, workers, _cost_units(gpus, screened.price))
+
+
+def _prefill_busy_s(planner: _Planner, screened: _Screened) -> float:
+    """One scheduler of a prefill worker busy with the mean prompt alone."""
+    prompt = max(1, round(planner.lengths.input_mean))
+    return prefill_time_s(screened.step_time, prompt, cached_prompt_tokens(planner.workload, prompt),
+                          screened.scheduler.max_num_batched_tokens)
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
@@ -687,7 +694,18 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         prefill=prefill, decode=decode, transfer=transfer, gpus=gpus, cost_per_hour_usd=cost,
         cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
         output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
-        binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)))
+        binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)),
+        prefill_share=_prefill_share(planner, prefill_screened, decode))
+
+
+def _prefill_share(planner: _Planner, prefill: _Screened, decode: Pool) -> float:
+    """Prefill's share of the GPU time a request takes (`DisaggregatedPlan.prefill_share`): a prefill worker's
+    GPUs busy with the mean prompt (one of its schedulers' prefill time, its schedulers side by side), against
+    the decode workers (without spares: always stepping while they hold requests) over the requests per second."""
+    prefill_s = prefill.configuration.gpus_per_replica * _prefill_busy_s(planner, prefill) / prefill.schedulers
+    decode_s = ((decode.workers - decode.extra_workers) * decode.configuration.gpus_per_replica
+                / (planner.peak_load * planner.inputs.peak_to_mean_ratio))
+    return prefill_s / (prefill_s + decode_s)
 
 
 def _spared(planner: _Planner, pool: Pool, screened: _Screened | Infeasible | None) -> Pool:
