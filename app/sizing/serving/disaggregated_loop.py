@@ -24,8 +24,9 @@ how a request's times combine and the open loop's planner).
   20 out, 1,024 users, whole catalog: a plan's users sent 77% of the rate it was sized for, and sized at their
   own it was the cheapest), and one whose users send more would be refused. Plans are ranked by cost at their
   own rates; one whose rate is not found is refused with what its users would send. Percentiles are the open
-  loop's at the rate sized for: at or above the users' own. With spare workers (`ha_policy.extra_replicas`, k per pool), each plan's requests are timed without them
-  (`disaggregation`: what the plan guarantees with k workers of either pool down), and so is its users' rate.
+  loop's at the rate sized for: at or above the users' own. With spare workers (`ha_policy.extra_replicas`, k per
+  pool), each plan's requests are timed without them (`disaggregation`: what the plan guarantees with k workers of
+  either pool down), and so is its users' rate.
 """
 
 from __future__ import annotations

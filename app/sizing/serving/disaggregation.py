@@ -372,7 +372,7 @@ class DisaggregatedPlan:
     mean_e2e_s: float  # a request's mean time, first token to last (what a closed loop's users wait per request)
     # Prefill's share of the GPU time a request takes: GPU-seconds of a prefill worker busy with the mean prompt,
     # against the decode workers' GPU-seconds per request (`_prefill_share`): why aggregated wins or loses
-    prefill_share: float = 0.0
+    prefill_share: float
 
     @property
     def e2e_at_slo_percentile_s(self) -> float:
