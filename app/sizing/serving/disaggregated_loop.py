@@ -45,6 +45,7 @@ from app.sizing.serving.disaggregation import (
     combine,
     decode_role_requests,
     plan_disaggregated,
+    plan_order,
     prefill_role_requests,
 )
 from app.sizing.serving.plan import Configuration, Infeasible, PlanInputs, _Planner, cost_per_million_tokens
@@ -205,8 +206,7 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
                       f"to {own.rate:.3g} req/s carries its {users:,} users (they would send "
                       + (f"{users / own.plan.mean_e2e_s:.3g} req/s)" if own.plan else "more: none met the SLO)"))
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
-    sized.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
-                              p.e2e_at_slo_percentile_s))
+    sized.sort(key=plan_order)
     return DisaggregatedResult(tuple(sized), tuple(infeasible), *counts)
 
 

@@ -450,8 +450,7 @@ def plan_disaggregated(inputs: PlanInputs, candidates: Sequence[Configuration],
         for prefill_pool, _ in prefills:
             built = _deployment(planner, prefill_pool, decode_pool, requests, decode_result)
             (infeasible if isinstance(built, Infeasible) else plans).append(built)
-    plans.sort(key=lambda p: (p.cost_per_hour_usd is None, p.cost_per_hour_usd or 0.0, p.gpus,
-                              p.e2e_at_slo_percentile_s))
+    plans.sort(key=plan_order)
     sized = {(pool.configuration, pool.role): pool.workers / planner.sized_load
              for pool, _ in (*decodes, *prefills)}
     return DisaggregatedResult(tuple(plans), tuple(infeasible), planner.simulations, planner.simulated_requests,
@@ -596,6 +595,12 @@ def _decode_guess(planner: _Planner, screened: _Screened) -> int:
     batch, step = (batches[fitting][-1], steps[fitting][-1]) if fitting.any() else (batches[0], steps[0])
     rate = batch / (step * max(lengths.output_mean - 1, 1.0))
     return max(1, math.ceil(planner.sized_load / (rate * screened.schedulers) * (1 - 1e-9)))
+
+
+def plan_order(plan: DisaggregatedPlan) -> tuple[bool, float, int, float]:
+    """How plans rank: priced before unpriced, cheaper first, then fewer GPUs, then the shorter E2E at the SLO
+    percentile."""
+    return plan.cost_per_hour_usd is None, plan.cost_per_hour_usd or 0.0, plan.gpus, plan.e2e_at_slo_percentile_s
 
 
 def _cost_key(pool: Pool) -> tuple[bool, float, int]:
