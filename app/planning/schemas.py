@@ -2,6 +2,10 @@
 
 Inputs are strict (JSON numbers for numbers), reject unknown fields, NaN and infinities, and bound
 every list, so a request can neither reach the core unchecked nor ask for an unbounded search.
+
+Longer than 600 lines because it is one endpoint's whole contract, request and response, each field with its
+description and bounds beside the examples that exercise them: split, the examples would live apart from the
+fields they show.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from app.estimates.schemas import (
     WeightDtype,
 )
 from app.sizing.serving.plan import MIN_UTILIZATION_RATIO
-from app.sizing.serving.workload import MAX_ARRIVAL_CV, MIN_ARRIVAL_CV
+from app.sizing.serving.workload import MAX_ARRIVAL_CV, MAX_THINK_TIME_S, MIN_ARRIVAL_CV
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
 # A cloud SKU not in the catalog: H100 SXM figures at a negotiated price.
@@ -107,7 +111,7 @@ def _lengths(value: Any) -> Any:
 
 class WorkloadIn(BaseModel):
     """Prompt and answer lengths and the load: open loop (`requests_per_s`) or closed loop
-    (`concurrent_users`, each sending the next request when the last one finishes).
+    (`concurrent_users`, each sending the next request when the last one finishes, or `think_time_s` later).
 
     Two separate knobs describe a bursty open-loop workload: `peak_to_mean_ratio` scales the rate the
     fleet is sized for (the rate peaks above requests_per_s), and `arrival_cv` says how arrivals bunch
@@ -120,6 +124,7 @@ class WorkloadIn(BaseModel):
          "output_tokens": {"kind": "histogram", "bins": [[100, 0.2], [500, 0.6], [1500, 0.2]]},
          "requests_per_s": 20, "peak_to_mean_ratio": 1.5, "arrival_cv": 2, "prefix_cache_hit_rate": 0.3, "shared_prefix_tokens": 200},
         {"input_tokens": 2000, "output_tokens": 300, "concurrent_users": 64},
+        {"input_tokens": 1500, "output_tokens": 400, "concurrent_users": 2000, "think_time_s": 30},
     )
 
     input_tokens: Lengths = Field(description="Prompt tokens: a fixed number, or a distribution")
@@ -130,6 +135,9 @@ class WorkloadIn(BaseModel):
                           "concurrent_users")
     concurrent_users: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         None, description="Users each waiting for their answer before the next request (closed loop)")
+    think_time_s: Annotated[float, Field(ge=0, le=MAX_THINK_TIME_S)] = Field(
+        0.0, description="Closed loop only: the mean time a user reads and types between an answer's last token and "
+                         "the next request (each pause exponential); 0 = a benchmark's users, sending at once")
     peak_to_mean_ratio: Annotated[float, Field(ge=1, le=100)] = Field(
         1.0, description="Peak-to-mean scaling: the fleet is sized for requests_per_s x peak_to_mean_ratio "
                          "(open loop only)")
@@ -171,6 +179,8 @@ class WorkloadIn(BaseModel):
             self.burst_factor = None
         if self.concurrent_users is not None and (self.peak_to_mean_ratio != 1 or self.arrival_cv != 1):
             raise ValueError("peak_to_mean_ratio and arrival_cv apply to requests_per_s (open loop) only")
+        if self.think_time_s and self.concurrent_users is None:
+            raise ValueError("think_time_s applies to concurrent_users (closed loop) only")
         return self
 
 

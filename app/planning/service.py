@@ -51,9 +51,7 @@ from app.sizing.engines import ENGINES
 from app.sizing.engines.base import LaunchSpec, ResolvedEngine
 from app.sizing.engines.launch import launch_command
 from app.sizing.hardware.efficiency import Efficiency
-from app.sizing.hardware.roofline import (
-    default_compute_dtype,
-)
+from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.layout import KIND_DISAGGREGATED
 from app.sizing.serving import disaggregated_loop, disaggregation
 from app.sizing.serving import plan as plan_core
@@ -254,7 +252,7 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
     workload = inputs.workload
-    if (aggregated is not None and aggregated.plans and workload.is_closed_loop
+    if (aggregated is not None and aggregated.plans and workload.is_closed_loop and not workload.think_time_s
             and isinstance(workload.input_tokens, Fixed) and isinstance(workload.output_tokens, Fixed)):
         notes.append("aggregated plans simulate the closed loop's users themselves: users of fixed lengths settle "
                      "into regular turns (each prompt prefilled alone, or in waves), so their percentiles show that "
@@ -348,7 +346,8 @@ def _plan_workload(workload: WorkloadIn, model: ModelSpec) -> Workload:
                                    max(1, positions - longest_answer)),
         output_tokens=output_tokens,
         requests_per_s=workload.requests_per_s, concurrent_users=workload.concurrent_users,
-        arrival_cv=workload.arrival_cv, prefix_cache_hit_rate=workload.prefix_cache_hit_rate, shared_prefix_tokens=workload.shared_prefix_tokens)
+        arrival_cv=workload.arrival_cv, prefix_cache_hit_rate=workload.prefix_cache_hit_rate,
+        shared_prefix_tokens=workload.shared_prefix_tokens, think_time_s=workload.think_time_s)
 
 
 def _plan_speculation(sources: PlanSources, speculative: SpeculativeIn | None,
@@ -385,12 +384,13 @@ def _plan_efficiencies(profile: CalibrationProfile, gpus: Sequence[GpuSpec], wei
 
 def _load_model_text(workload: WorkloadIn, deployment: str) -> str:
     if workload.concurrent_users is not None:
-        pools = ("" if deployment == AGGREGATED else
-                 "; a disaggregated deployment is sized as the open loop of the users' rate (users / mean request "
-                 "time, Little's law): its pools simulated with Poisson arrivals at the rate it was sized for")
+        pools = ("" if deployment == AGGREGATED else "; a disaggregated deployment is sized as the open loop of the "
+                 "users' rate (users / (mean request time + think time), Little's law): its pools simulated with "
+                 "Poisson arrivals at the rate it was sized for")
         replicas = "" if deployment == DISAGGREGATED else "; every replica is simulated with its share of the users"
-        return (f"closed loop: {workload.concurrent_users} users, each sending the next request the moment the "
-                f"last one finishes{replicas}{pools}")
+        sends = f"{workload.think_time_s:g} s on average after" if workload.think_time_s else "the moment"
+        return (f"closed loop: {workload.concurrent_users} users, each sending the next request {sends} the last one "
+                f"finishes{replicas}{pools}")
     arrivals = ("a Poisson stream" if workload.arrival_cv == 1 else
                 f"a Gamma renewal stream (gaps with coefficient of variation {workload.arrival_cv:g})")
     return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x peak-to-mean ratio "

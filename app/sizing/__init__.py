@@ -26,7 +26,11 @@
 # plan at the cheapest's rate, one whose users sent more refused); a disaggregated plan's `predicted` load, requests
 # and tokens per second are one decode worker's share, as its other per-replica fields (was: the deployment's); the
 # note on why aggregated wins states prefill's share of a request's GPU time (was: "a small share" whatever it was).
-CALCULATION_VERSION = "2026.12.07.1"
+# 2026.12.07.2: a closed loop's users may think between requests (workload.think_time_s, exponential pauses; was:
+# none, every user sending the next request the moment the last one ended), the aggregated replicas simulated with
+# the pauses and the disaggregated plans sized for N / (E + Z); a closed loop's disaggregated rate search stops at a
+# rate within 2% of what its plan's users send (was: six rounds of about the same rate for a plan sought lower).
+CALCULATION_VERSION = "2026.12.07.2"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

@@ -155,6 +155,37 @@ def test_closed_loop_plans_users(client):
     assert len(turns) == 1 and "distributions" in turns[0]
 
 
+def test_users_who_think_between_requests_need_fewer_replicas(client):
+    """400 users of 1,000 in / 200 out on H100 TP1 with a 30 ms TPOT SLO. Thinking 60 s between requests, each
+    holds a sequence slot a few seconds of every 60 or so: a replica's users send about N / (60 + E) req/s, and
+    fewer replicas carry them than the same users sending at once. Their pauses are exponential, so they fall
+    into no regular turns (no note on turns), and the load model says how long they think."""
+    base = {"model": "llama-3.1-8b", "slo": {"ttft_ms": 1000, "tpot_ms": 30},
+            "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]}}
+    workload = {"input_tokens": 1000, "output_tokens": 200, "concurrent_users": 400}
+    at_once = post(client, {**base, "workload": workload})
+    thinking = post(client, {**base, "workload": {**workload, "think_time_s": 60}})
+    assert at_once.status_code == thinking.status_code == 200, thinking.text
+    (hurried,), (calm,) = at_once.json()["plans"], thinking.json()["plans"]
+    assert calm["replicas"] < hurried["replicas"]
+    assert calm["replicas"] == math.ceil(400 / calm["load_per_replica"]["max_verified"] - 1e-9)
+    users = calm["load_per_replica"]["offered"]
+    assert users / (60 + 10) <= calm["predicted"]["requests_per_s"] * 1.08 and (
+        calm["predicted"]["requests_per_s"] <= users / 60 * 1.08)
+    assumptions = thinking.json()["assumptions"]
+    assert "each sending the next request 60 s on average after the last one finishes" in assumptions["load_model"]
+    assert not any("regular turns" in note for note in assumptions["notes"])
+
+
+def test_think_time_belongs_to_a_closed_loop_and_is_never_negative(client):
+    open_loop = {**ISSUE_EXAMPLE, "workload": {**ISSUE_EXAMPLE["workload"], "think_time_s": 5}}
+    negative = {**ISSUE_EXAMPLE, "workload": {"input_tokens": 1000, "output_tokens": 200, "concurrent_users": 4,
+                                              "think_time_s": -1}}
+    response = post(client, open_loop)
+    assert problem_pointers(response) == ["/body/workload"] and "think_time_s" in response.text
+    assert problem_pointers(post(client, negative)) == ["/body/workload/think_time_s"]
+
+
 def test_a_closed_loop_of_varied_lengths_or_an_open_loop_gets_no_note_on_turns(client):
     base = {"slo": {"ttft_ms": 1000, "tpot_ms": 30}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
             "model": "llama-3.1-8b"}

@@ -199,6 +199,26 @@ def test_a_closed_loop_gets_disaggregated_plans_sized_for_its_users(client):
         assert item["predicted"]["tpot"]["at_slo_percentile_ms"] <= 30
 
 
+def test_a_closed_loop_of_users_who_think_is_sized_for_n_over_e_plus_z(client):
+    """The 32 users above thinking 100 s between requests: a plan's users send 32 / (E + 100) req/s, E its mean
+    request time (at least the 999 x TPOT p50 of its answer: 32 / (100 + 999 x TPOT p50) bounds the rate from
+    above), and each plan is sized for no less than a plan just meeting the SLO would carry them at,
+    32 / (2 + 999 x 0.03 + 100) = 0.2425 req/s; the binding detail names the think time."""
+    body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
+                                                      "concurrent_users": 32, "think_time_s": 100},
+                         "candidates": {**LONG_PROMPTS["candidates"], "deployment": "disaggregated"}})
+    assert body["plans"]
+    assert "users / (mean request time + think time)" in body["assumptions"]["load_model"]
+    for item in body["plans"]:
+        decode = item["disaggregation"]["decode"]
+        sized = decode["load_per_worker_requests_per_s"] * decode["workers"]
+        assert sized >= 32 / (2 + 999 * 0.03 + 100) * (1 - 1e-9)
+        sent = item["predicted"]["requests_per_s"] * decode["workers"]
+        assert sent <= sized * 1.02
+        assert sent <= 32 / (100 + 999 * item["predicted"]["tpot"]["p50_ms"] / 1000)
+        assert "mean think time 100 s" in item["binding_detail"]
+
+
 def test_both_with_a_closed_loop_ranks_both_kinds_and_says_which_wins(client):
     body = plan(client, {**LONG_PROMPTS, "workload": {"input_tokens": 8000, "output_tokens": 1000,
                                                       "concurrent_users": 32}})

@@ -636,6 +636,40 @@ def test_the_analytic_ceiling_counts_window_layers_as_the_simulator_does():
                                                   **shape)) == 18
 
 
+def test_users_who_think_raise_the_analytic_ceiling_by_e_plus_z_over_e():
+    """The KV-bound closed loop above (10 users at once, steps of 1 ms whatever they carry, so a prompt riding a
+    decode step costs nothing more): a request holds its slot E = 0 + (1,024 - 1) x 1 ms = 1.023 s. Users who
+    think Z = 3.069 s between requests hold it E of every E + Z = 4.092 s: the slots carry 10 x 4.092 / 1.023 =
+    40 users."""
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 1e-3 + 0.0 * np.asarray(decode_seqs, dtype=float)
+
+    config = SchedulerConfig(1300 * 16, block_size=16, max_num_seqs=256, kv_tokens_reserved_per_request="full")
+    for think, users in ((0.0, 10), (3.069, 40)):
+        workload = Workload(Fixed(1024), Fixed(1024), concurrent_users=100, think_time_s=think)
+        planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=100.0), H100))
+        assert planner._ceiling(step, config) == pytest.approx(users, rel=1e-12)
+
+
+def test_closed_loop_plans_of_users_who_think_carry_them_at_n_over_e_plus_z():
+    """64 users thinking 20 s between requests of 1,000 in / 200 out, 2,000 simulated requests: each replica takes
+    at most its max verified users and replicas = ceil(64 / max users), as without think time; a replica's
+    predicted rate is its users over their mean cycle, N / (E + Z) (Little's law), E about the median request
+    (fixed lengths at a light load barely queue). The rate measured over 1,800 requests, each user's pauses
+    exponential, has a sampling error of about 2.3% (a cycle's coefficient of variation, about 1 with exponential
+    pauses, over sqrt(1,800)): 8% is over 3 of them."""
+    thinking = inputs_for(LLAMA_3_8B, Workload(Fixed(1000), Fixed(200), concurrent_users=64, think_time_s=20.0),
+                          EIGHT_B_SLO, H100, simulated_requests=2000)
+    result = plan(thinking, configurations(LLAMA_3_8B, [H100], [1, 2], [1], ["bf16"], ["bf16"]))
+    at_once = eight_b_plan(workload=Workload(Fixed(1000), Fixed(200), concurrent_users=64))
+    assert result.feasible
+    for found in result.plans:
+        assert found.replicas == math.ceil(64 / found.max_load_per_replica - 1e-9)
+        users = found.offered_load_per_replica
+        assert found.predicted.requests_per_s == pytest.approx(users / (20.0 + found.predicted.e2e.p50_s), rel=0.08)
+    assert result.plans[0].gpus <= at_once.plans[0].gpus
+
+
 def test_after_a_ttft_miss_of_a_replica_that_fell_behind_the_search_steps_to_its_finishing_rate():
     """5 req/s sized load (peak-to-mean 1, utilization cap 1). A run at 2.5 req/s per replica that finished
     2.445 req/s and missed TTFT: its queue grew, so the replicas that carry 5 req/s at 2.445 each are

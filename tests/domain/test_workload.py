@@ -229,6 +229,44 @@ def test_closed_loop_requests_have_no_arrival_times():
         sample_requests(Workload(Fixed(100), Fixed(10), concurrent_users=8), 20, seed=0, rate_scale=2)
 
 
+def test_a_closed_loop_s_think_times_are_exponential_and_leave_the_lengths_alone():
+    """Think time 5 s: exponential pauses of mean 5 s and sd 5 s; over 20,000 the mean has standard error
+    5 / sqrt(20000) = 0.035 s (0.7%), so 3% is over 4 standard errors, and an exponential's squared coefficient
+    of variation is 1. They are drawn after the lengths, so the lengths are those of the same users without
+    think time, who draw no pauses at all."""
+    thinking = sample_requests(Workload(LogNormal(p50=500, p90=1500), Fixed(10), concurrent_users=8,
+                                        think_time_s=5.0), 20_000, seed=4)
+    at_once = sample_requests(Workload(LogNormal(p50=500, p90=1500), Fixed(10), concurrent_users=8), 20_000, seed=4)
+    assert thinking.think_s.mean() == pytest.approx(5.0, rel=0.03)
+    assert thinking.think_s.var() / thinking.think_s.mean() ** 2 == pytest.approx(1.0, rel=0.08)
+    assert np.array_equal(thinking.input_tokens, at_once.input_tokens)
+    assert at_once.think_s is None and np.isnan(thinking.arrival_s).all()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"requests_per_s": 1.0, "think_time_s": 1.0}, "closed loop"),
+    ({"concurrent_users": 4, "think_time_s": -1.0}, "think_time_s"),
+    ({"concurrent_users": 4, "think_time_s": math.inf}, "think_time_s"),
+    ({"concurrent_users": 4, "think_time_s": 86_401.0}, "think_time_s"),
+])
+def test_think_time_is_a_closed_loop_s_finite_pause(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Workload(Fixed(100), Fixed(10), **kwargs)
+
+
+def test_think_times_belong_to_a_closed_loop_s_requests():
+    with pytest.raises(ValueError, match="think_s"):
+        Requests([0.0], [10], [5], [0], think_s=[1.0])  # arrivals are set: an open loop
+    with pytest.raises(ValueError, match="think_s"):
+        Requests([np.nan], [10], [5], [0], think_s=[-1.0])
+    with pytest.raises(ValueError, match="same length"):
+        Requests([np.nan] * 2, [10] * 2, [5] * 2, [0] * 2, think_s=[1.0])
+    closed = Requests([np.nan] * 4, [10] * 4, [5] * 4, [0] * 4, think_s=[1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(ValueError):
+        closed.think_s[0] = 0.0  # read-only
+    assert closed.subset(np.array([2, 3]), np.array([0.5, 0.7])).think_s is None  # arrivals set: no pauses
+
+
 @pytest.mark.parametrize("hit_rate, shared, prompt, cached", [
     (0.5, 0, 1000, 500),  # half of each prompt found in the cache
     (0.5, 300, 1000, 500),  # the shared prefix is inside the 50%: max(300, 500)

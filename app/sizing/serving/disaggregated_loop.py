@@ -11,12 +11,13 @@ how a request's times combine and the open loop's planner).
   and their requests together arrive as a Poisson stream (a superposition of independent streams), where the
   deterministic loop keeps users of fixed lengths in step or in perfect turns and sizes the prefill pool by
   those (2026-12-06: 8 prefill workers at 20% busy for 16 users; fewer workers for 2,048 users than for
-  1,024). N users whose requests each take E on average send N / E requests/s (Little's law, no time between a
-  user's requests). The first rate tried is the one a plan just meeting the SLO would carry, N / (TTFT SLO +
-  (mean answer - 1) x TPOT SLO); the cheapest plan's own mean E then says what its users would send. While no
+  1,024). N users whose requests each take E on average and who think Z between them (the workload's
+  `think_time_s`, 0 by default) send N / (E + Z) requests/s (Little's law). The first rate tried is the one a plan
+  just meeting the SLO would carry, N / (TTFT SLO + (mean answer - 1) x TPOT SLO + Z); the cheapest plan's own mean E then says what its users would send. While no
   rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once one is,
   the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to what
-  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans in all (`_seek`): the lowest rate found that
+  the enough plan's users send) until a rate is within RATE_TOLERANCE of the one too low or of what its own users
+  send, MAX_RATE_ROUNDS open-loop plans at most (`_seek`): the lowest rate found that
   carries the cheapest plan's users. Every plan of that open loop whose users send more or less than it, by
   RATE_TOLERANCE, gets its own rate sought the same way, from what its users send there, with its pools'
   configurations alone (`plan_disaggregated`'s `pairing`): else a plan whose users send less is larger than it
@@ -100,6 +101,8 @@ def closed_loop(users: int, requests: Requests, prefill: PoolRanks, decode: Pool
     total = len(requests)
     if users < 1 or total < users:
         raise ValueError("need users >= 1 and at least one request per user")
+    if requests.think_s is not None:
+        raise ValueError("closed_loop estimates a benchmark's users, who do not think between requests")
     transfer = np.broadcast_to(np.asarray(transfer_s, dtype=float), (total,))
     mean = _mean_request(requests)
     mean_transfer = float(np.mean(transfer))
@@ -176,35 +179,36 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     if workload.concurrent_users is None:
         raise ValueError("plan_closed_loop sizes a closed loop (concurrent_users); an open loop's: "
                          "disaggregation.plan_disaggregated")
-    users = workload.concurrent_users
+    users, think = workload.concurrent_users, workload.think_time_s
     answer = _Planner(inputs).lengths.output_mean
     counts = [0, 0]  # simulations, simulated requests
     guesses: dict[tuple[Configuration, str], float] = {}  # each plan's pools start the next one's searches
 
     def at(rate: float, pairing: tuple[Configuration, Configuration] | None = None) -> _Sized:
-        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None))
+        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None, think_time_s=0.0))
         result = plan_disaggregated(opened, candidates, guesses, pairing)
         guesses.update(result.workers_per_load)
         counts[0] += result.simulations
         counts[1] += result.simulated_requests
         return _Sized(rate, result.plans[0] if result.plans else None, result)
 
-    cheapest = _seek(users, users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s), at)
+    cheapest = _seek(users, think, users / (slo.ttft_s + max(answer - 1, 0.0) * slo.tpot_s + think), at)
     sized, infeasible = [], list(cheapest.result.infeasible)
     for plan in cheapest.result.plans:
         own = _Sized(cheapest.rate, plan, cheapest.result)
-        sent = users / plan.mean_e2e_s
+        sent = users_rate(users, think, plan)
         if not cheapest.rate / RATE_TOLERANCE <= sent <= cheapest.rate * RATE_TOLERANCE:
             pairing = (plan.prefill.configuration, plan.decode.configuration)  # sought at its own users' rate
-            own = _seek(users, sent, lambda rate, pairing=pairing: at(rate, pairing),
+            own = _seek(users, think, sent, lambda rate, pairing=pairing: at(rate, pairing),
                         short=cheapest.rate if sent > cheapest.rate else 0.0,
                         enough=None if sent > cheapest.rate else own)
-        if own.plan is not None and users / own.plan.mean_e2e_s <= own.rate * RATE_TOLERANCE:
-            sized.append(_of_users(own.plan, users, own.rate, answer))
+        if own.plan is not None and users_rate(users, think, own.plan) <= own.rate * RATE_TOLERANCE:
+            sized.append(_of_users(own.plan, users, think, own.rate, answer))
         else:
             reason = (f"disaggregated with {plan.prefill.configuration.label} prefill: no deployment sized for up "
                       f"to {own.rate:.3g} req/s carries its {users:,} users (they would send "
-                      + (f"{users / own.plan.mean_e2e_s:.3g} req/s)" if own.plan else "more: none met the SLO)"))
+                      + (f"{users_rate(users, think, own.plan):.3g} req/s)" if own.plan
+                         else "more: none met the SLO)"))
             infeasible.append(Infeasible(plan.decode.configuration, (reason,)))
     sized.sort(key=plan_order)
     return DisaggregatedResult(tuple(sized), tuple(infeasible), *counts)
@@ -219,19 +223,29 @@ class _Sized:
     result: DisaggregatedResult
 
 
-def _seek(users: int, rate: float, at: Callable[[float], _Sized], short: float = 0.0,
+def users_rate(users: int, think_s: float, plan: DisaggregatedPlan) -> float:
+    """Requests/s that `users` users send through `plan`, each thinking `think_s` on average between its requests:
+    N / (E + Z), E the plan's mean request time (Little's law)."""
+    return users / (plan.mean_e2e_s + think_s)
+
+
+def _seek(users: int, think_s: float, rate: float, at: Callable[[float], _Sized], short: float = 0.0,
           enough: _Sized | None = None) -> _Sized:
     """The lowest rate (of at most MAX_RATE_ROUNDS tried, from `rate`) whose plan `at` sizes carries `users`: its
-    users, N / its mean request time, send no more than it (by RATE_TOLERANCE). While none is known (`enough`),
+    users (`users_rate`, thinking `think_s`) send no more than it (by RATE_TOLERANCE). While none is known (`enough`),
     the rate is raised to what its users send; then it is sought down toward the highest rate known too low
     (`short`): halfway, or first down to what the enough plan's users send, until the enough rate is within
-    RATE_TOLERANCE of the one too low. Without any enough rate: the last one."""
+    RATE_TOLERANCE of the one too low, or a rate is enough with its users sending within RATE_TOLERANCE of it (a
+    lower one would carry them by no more than the tolerance; without this stop, a plan sought from what its users
+    send, none too low, tried about that rate again each round to the last). Without any enough rate: the last one."""
     last = enough
     for _ in range(MAX_RATE_ROUNDS):
         last = at(rate)
-        sent = users / last.plan.mean_e2e_s if last.plan else math.inf
+        sent = users_rate(users, think_s, last.plan) if last.plan else math.inf
         if sent <= rate * RATE_TOLERANCE:
             enough = last
+            if sent * RATE_TOLERANCE >= rate:
+                break
         else:
             short = max(short, rate)
         if enough is None:
@@ -242,16 +256,16 @@ def _seek(users: int, rate: float, at: Callable[[float], _Sized], short: float =
             break
         else:
             assert enough.plan is not None
-            rate = (short + enough.rate) / 2 if short else users / enough.plan.mean_e2e_s
+            rate = (short + enough.rate) / 2 if short else users_rate(users, think_s, enough.plan)
     result = enough or last
     assert result is not None
     return result
 
 
-def _of_users(plan: DisaggregatedPlan, users: int, rate: float, answer: float) -> DisaggregatedPlan:
+def _of_users(plan: DisaggregatedPlan, users: int, think_s: float, rate: float, answer: float) -> DisaggregatedPlan:
     """The open loop's plan as the closed loop's: the users per worker (each worker's share of the rate it was
-    sized for stays), the users' rate through it (N / mean E), and the tokens and cost per token at that rate."""
-    sent = users / plan.mean_e2e_s
+    sized for stays), the users' rate through it (`users_rate`), and the tokens and cost per token at that rate."""
+    sent = users_rate(users, think_s, plan)
     tokens_per_s = sent * answer
     pools = [replace(pool, users_per_worker=users / pool.workers) for pool in (plan.prefill, plan.decode)]
     return replace(
@@ -260,4 +274,5 @@ def _of_users(plan: DisaggregatedPlan, users: int, rate: float, answer: float) -
                                             else cost_per_million_tokens(plan.cost_per_hour_usd, tokens_per_s)),
         predicted=replace(plan.predicted, load=float(users), requests_per_s=sent, output_tokens_per_s=tokens_per_s),
         binding_detail=(f"{plan.binding_detail}; sized as an open loop of {rate:.3g} req/s, its {users:,} users "
-                        f"send {sent:.3g} req/s (mean request {plan.mean_e2e_s:.3g} s)"))
+                        f"send {sent:.3g} req/s (mean request {plan.mean_e2e_s:.3g} s"
+                        + (f", mean think time {think_s:.3g} s)" if think_s else ")")))

@@ -939,7 +939,9 @@ class _Planner:
         adding them. A running request's TPOT then includes the prefills of the requests that replace
         finished ones: TPOT(B) = decode(B) + B·p(B)/(OSL − 1). The best batch is the largest with
         TPOT(B) within the SLO (and within KV capacity and max_num_seqs); the ceiling is
-        1 / ((OSL − 1)·decode(B)/B + p(B)) requests/s, or B users.
+        1 / ((OSL − 1)·decode(B)/B + p(B)) requests/s, or B users, B·(E + Z)/E of them (whole users, rounded
+        down) when each thinks Z between its requests (`Workload.think_time_s`): a user then holds a sequence slot
+        E = p(B) + (OSL − 1)·TPOT(B) of every E + Z.
 
         B is found by bisection (a dozen step times, not one per batch size), which assumes TPOT(B)
         grows with B. It can dip where a chunk rides along a compute-bound step (the chunk then costs
@@ -984,9 +986,10 @@ class _Planner:
                         batch, best = middle, timed
                     else:
                         failing = middle
+        decode, prefill, tpot = best
         if self.closed_loop:
-            return float(batch)
-        decode, prefill, _ = best
+            think, busy = self.workload.think_time_s, prefill + max(lengths.output_mean - 1, 0.0) * tpot
+            return float(math.floor(batch * (1 + think / busy) + 1e-9) if think and busy > 0 else batch)
         return float(1 / (max(lengths.output_mean - 1, 0.0) * decode / batch + prefill))
 
     def _price(self, gpu: GpuSpec) -> tuple[float | None, str | None]:

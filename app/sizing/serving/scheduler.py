@@ -47,13 +47,13 @@ class Scheduler:
 
     # Slots: the loop reads and writes these attributes a few dozen times per event (measured: the
     # scheduler's own time about 15% lower than with an instance dict when it runs as plain Python).
-    __slots__ = ("arrival", "block_size", "c0", "cached", "chunked", "closed_loop", "decode_context",
+    __slots__ = ("arrival", "arrived", "block_size", "c0", "cached", "chunked", "closed_loop", "decode_context",
                  "decode_run", "decoders_by_phase", "decoding", "done", "ds", "ds0", "finish", "finish_heap",
                  "finish_step", "first_token", "free_blocks", "generated", "held", "input", "issued",
-                 "last_step_s", "max_num_seqs", "max_steps", "mixed", "n", "next_arrival", "on_demand", "output", "phase",
-                 "position", "preemptions", "prefilling", "prompt", "running", "scalar", "shared", "state",
-                 "step_time", "steps", "t", "token_budget", "tokens_out", "trace_time", "trace_tokens",
-                 "vector_min_steps", "waiting", "window")
+                 "last_step_s", "load_end_s", "max_num_seqs", "max_steps", "mixed", "n", "next_arrival", "on_demand",
+                 "output", "phase", "position", "preemptions", "prefilling", "prompt", "running", "scalar", "sending",
+                 "shared", "state", "step_time", "steps", "t", "think", "token_budget", "tokens_out", "trace_time",
+                 "trace_tokens", "vector_min_steps", "waiting", "window")
 
     def __init__(self, step_time: Any, config: SchedulerConfig, requests: Requests, closed_loop_users: int | None,
                  *, on_demand: bool, shared_tokens: list[int], window_blocks: list[int], free_blocks: int,
@@ -83,9 +83,20 @@ class Scheduler:
         self.shared = shared_tokens
         self.window = window_blocks  # blocks of its window layers a running request holds (reserved whole)
         self.arrival: list[float]
-        if closed_loop_users is not None:  # the users' first requests at t = 0, the rest sent as these finish
+        # A closed loop's think times (Requests.think_s; empty: none): the k-th request sent is sent think[k] after
+        # its user's last answer (or t = 0) into `sending`, a heap of send times; each becomes the next request's
+        # arrival when the clock reaches it (`_arrive`), `arrived` of them so far, so arrivals stay in index order.
+        self.think: list[float] = [] if requests.think_s is None else requests.think_s.tolist()
+        self.sending: list[float] = []
+        self.arrived = 0
+        self.load_end_s = math.nan  # when the users, thinking, sent the last request (SimulationResult.load_end_s)
+        if closed_loop_users is not None:  # the users' first requests at t = 0 (or a pause), the rest as these finish
             self.issued = min(closed_loop_users, n)
-            self.arrival = [0.0] * self.issued + [math.inf] * (n - self.issued)
+            self.arrival = [math.inf] * n
+            if self.think:
+                self.sending = sorted(self.think[:self.issued])  # a sorted list is a heap
+            else:
+                self.arrival[:self.issued] = [0.0] * self.issued
         else:
             self.issued = n
             self.arrival = requests.arrival_s.tolist()
@@ -131,6 +142,8 @@ class Scheduler:
         trace_time, trace_tokens = self.trace_time.append, self.trace_tokens.append
         while self.done < n:
             next_arrival, t = self.next_arrival, self.t
+            if self.sending and self.sending[0] <= t:
+                self._arrive(t)
             while next_arrival < n and arrival[next_arrival] <= t:
                 waiting.append(next_arrival)
                 state[next_arrival] = _WAITING
@@ -149,13 +162,27 @@ class Scheduler:
             elif self.decoding:
                 self._jump()
             elif next_arrival < n:  # idle until the next arrival
-                self.t = max(t, arrival[next_arrival])
+                self.t = max(t, self._next_arrival_s())
                 continue
             else:  # cannot happen after _check_servable; fail loudly rather than spin
                 raise RuntimeError("scheduler stalled with requests waiting and nothing running")
             trace_time(self.t)
             trace_tokens(self.tokens_out)
         return True
+
+    def _arrive(self, t: float) -> None:
+        """The sends due by `t` become the next requests' arrivals, in the order they were sent."""
+        sending, arrival = self.sending, self.arrival
+        while sending and sending[0] <= t:
+            arrival[self.arrived] = heapq.heappop(sending)
+            self.arrived += 1
+
+    def _next_arrival_s(self) -> float:
+        """When the next request arrives: the next one in index order, or the next send due (inf: none)."""
+        upcoming = self.arrival[self.next_arrival] if self.next_arrival < self.n else math.inf
+        if self.sending and self.sending[0] < upcoming:
+            return self.sending[0]
+        return upcoming
 
     def _admission_blocks(self, j: int) -> int:
         own = (self.prompt[j] if self.on_demand else self.input[j] + self.output[j]) - self.shared[j]
@@ -289,9 +316,14 @@ class Scheduler:
         del self.running[j]
         self.finish[j] = self.t
         self.done += 1
-        if self.closed_loop and self.issued < self.n:  # the user sends the next request now
-            self.arrival[self.issued] = self.t
+        if self.closed_loop and self.issued < self.n:  # the user sends the next request: now, or after a pause
+            if self.think:
+                heapq.heappush(self.sending, self.t + self.think[self.issued])
+            else:
+                self.arrival[self.issued] = self.t
             self.issued += 1
+            if self.think and self.issued == self.n:
+                self.load_end_s = self.t
 
     def _advance_decodes(self, steps: int) -> None:
         """Account `steps` decode steps just run (clock and KV blocks already advanced), then finish
@@ -339,7 +371,7 @@ class Scheduler:
         # An arrival matters only if it could be admitted: empty queue and a free sequence slot.
         next_arrival = math.inf
         if not self.waiting and len(self.running) < self.max_num_seqs and self.next_arrival < self.n:
-            next_arrival = self.arrival[self.next_arrival]
+            next_arrival = self._next_arrival_s()
             last_step_s = self.last_step_s
             if last_step_s > 0 and next_arrival < math.inf:
                 # size the window to reach about the arrival, not far beyond it

@@ -31,8 +31,10 @@ scheduler reproduces the engine behaviour that decides latency under load:
   the request's own KV.
 - Livelock guard: a request whose prompt plus answer cannot fit in the KV cache on its own would be
   preempted forever; `simulate` rejects it up front with `KvCapacityError` (nothing is simulated).
-- Closed loop: all users send their first request at t = 0 (not staggered) and each sends its next
-  request the instant the previous one finishes (zero think time).
+- Closed loop: without think times, all users send their first request at t = 0 (not staggered) and each
+  sends its next request the instant the previous one finishes; with them (`Requests.think_s`, drawn from the
+  workload's `think_time_s`), each request is sent its think time after its user's last answer ended (a user's
+  first: after t = 0), and requests arrive in the order they are sent.
 
 Speed: the scheduler keeps aggregate state (decoding count, sum of their contexts, a heap of finish
 steps, decoders per KV-block phase), so a step costs O(1) plus O(log n) per event. Between events
@@ -44,7 +46,9 @@ call and a cumulative sum (jump ahead), or in closed form when the step-time fun
 Measurement: the first `warmup_fraction` of requests (in arrival order, 10% by default) are left
 out of percentiles and goodput; rates are measured over the window from the first measured
 request's arrival to the last arrival (while the offered load is on, before the drain), or to the
-last finish when every request arrives at once.
+last finish when every request arrives at once. A closed loop with think times ends its load earlier: when
+its users send the last request, after which only the sends still thinking arrive, fewer and fewer (N users
+thinking Z on average would otherwise stretch the window by about Z·ln N of thinning arrivals).
 
 The scheduler's state and event loop live in `scheduler.py` (compiled with mypyc when installed); this
 module validates, runs it and measures the result.
@@ -193,6 +197,7 @@ class SimulationResult:
     warmup_fraction: float
     trace_time_s: np.ndarray
     trace_output_tokens: np.ndarray
+    load_end_s: float = math.nan  # a closed loop with think times: when its users sent the last request
 
     @property
     def warmup_requests(self) -> int:
@@ -202,7 +207,7 @@ class SimulationResult:
     @property
     def measurement_window_s(self) -> tuple[float, float]:
         start = float(self.arrival_s[self.warmup_requests])
-        end = float(self.arrival_s[-1])
+        end = float(self.arrival_s[-1]) if math.isnan(self.load_end_s) else self.load_end_s
         if end <= start:  # everything arrived at once (offline batch): measure to the last finish
             end = float(self.finish_s.max())
         return start, end
@@ -351,7 +356,8 @@ def _every(requests: Requests, start: int, step: int) -> Requests:
     picked = slice(start, None, step)
     return replace(requests, arrival_s=requests.arrival_s[picked], input_tokens=requests.input_tokens[picked],
                    output_tokens=requests.output_tokens[picked],
-                   cached_prefix_tokens=requests.cached_prefix_tokens[picked])
+                   cached_prefix_tokens=requests.cached_prefix_tokens[picked],
+                   think_s=None if requests.think_s is None else requests.think_s[picked])
 
 
 def _merged(runs: list[SimulationResult], warmup_fraction: float) -> SimulationResult:
@@ -368,7 +374,8 @@ def _merged(runs: list[SimulationResult], warmup_fraction: float) -> SimulationR
     return SimulationResult(
         **arrays, preemptions=sum(run.preemptions for run in runs), steps=sum(run.steps for run in runs),
         sim_time_s=max(run.sim_time_s for run in runs),
-        makespan_s=float(arrays["finish_s"].max() - arrays["arrival_s"].min()), warmup_fraction=warmup_fraction)
+        makespan_s=float(arrays["finish_s"].max() - arrays["arrival_s"].min()), warmup_fraction=warmup_fraction,
+        load_end_s=min(run.load_end_s for run in runs))  # (NaN where none has one: every run is alike)
 
 
 def _shared_tokens(requests: Requests) -> np.ndarray:
@@ -434,4 +441,5 @@ def _result(scheduler: Scheduler, warmup_fraction: float) -> SimulationResult:
         array.setflags(write=False)
     return SimulationResult(
         **arrays, preemptions=scheduler.preemptions, steps=scheduler.steps, sim_time_s=scheduler.t,
-        makespan_s=float(finish.max() - arrival.min()), warmup_fraction=warmup_fraction)
+        makespan_s=float(finish.max() - arrival.min()), warmup_fraction=warmup_fraction,
+        load_end_s=scheduler.load_end_s)

@@ -1,8 +1,9 @@
 """What the service is asked to serve: prompt/answer length distributions and the arrival process.
 
 A workload is either open loop (`requests_per_s`: a renewal arrival process, Poisson or burstier,
-see `arrival_cv`) or closed loop (`concurrent_users`: each user sends the next request the moment the previous
-one finishes). `sample_requests` turns it into concrete, seeded requests for the simulator.
+see `arrival_cv`) or closed loop (`concurrent_users`: each user sends the next request `think_time_s` on average
+after the previous one finishes, the moment it does by default). `sample_requests` turns it into concrete, seeded
+requests for the simulator.
 
 Lengths are token counts. A length distribution is one of three kinds, each with `.mean`,
 `.quantile(q)` and `.sample(rng, n)` (integers >= 1):
@@ -27,6 +28,10 @@ DEFAULT_MAX_TOKENS = 131_072
 # A fitted lognormal must reproduce every statistic it was given to within this fraction; beyond it
 # the numbers do not describe a lognormal and a Histogram is the honest input.
 LOGNORMAL_FIT_TOLERANCE = 0.10
+
+# The longest mean think time: a day between a user's requests (Little's law still holds; beyond it a closed
+# loop is better described by its users' rate, an open loop).
+MAX_THINK_TIME_S = 86_400.0
 
 # Arrival burstiness bounds: CV 10 (Gamma shape 0.01) already puts most arrivals into a few huge
 # clumps; CV 0.1 (shape 100) is nearly a metronome. Beyond either, the number means little.
@@ -273,6 +278,13 @@ class Workload:
       (vLLM reports the same token-level rate); those tokens skip prefill compute.
     - `shared_prefix_tokens` P: a prefix every prompt starts with (system prompt, few-shot block),
       always a cache hit once warm and stored once in the KV cache, not per request.
+    - `think_time_s` Z: closed loop only, the mean time a user takes between receiving an answer's last token
+      and sending the next request (reading, typing). Each pause is drawn from an exponential of mean Z, the
+      memoryless pause of the interactive-system model, so the users' sends do not fall into step; each user's
+      first request comes after one such pause too (the exponential's residual is itself, so the users start
+      as a loop already running would find them). N users whose requests take E on average send N / (E + Z)
+      requests/s (Little's law); 0, the default, is a benchmark's users, sending the next request the moment
+      the last one ends, all starting at t = 0.
     Per request of n prompt tokens: shared = min(P, n − 1) and cached = max(shared,
     min(n − 1, round(r·n))); at least the last prompt token is always computed, as engines do to
     produce the first output token's logits.
@@ -285,6 +297,7 @@ class Workload:
     arrival_cv: float = 1.0
     prefix_cache_hit_rate: float = 0.0
     shared_prefix_tokens: int = 0
+    think_time_s: float = 0.0
 
     def __post_init__(self) -> None:
         if (self.requests_per_s is None) == (self.concurrent_users is None):
@@ -303,6 +316,10 @@ class Workload:
             raise ValueError("prefix_cache_hit_rate must be in [0, 1]")
         if self.shared_prefix_tokens < 0:
             raise ValueError("shared_prefix_tokens must be >= 0")
+        if not (math.isfinite(self.think_time_s) and 0 <= self.think_time_s <= MAX_THINK_TIME_S):
+            raise ValueError(f"think_time_s must be in [0, {MAX_THINK_TIME_S:g}] seconds")
+        if self.think_time_s and self.concurrent_users is None:
+            raise ValueError("think_time_s applies to a closed loop's users (concurrent_users) only")
 
     @property
     def is_closed_loop(self) -> bool:
@@ -313,7 +330,9 @@ class Workload:
 class Requests:
     """Concrete requests in arrival order (read-only arrays of equal length).
 
-    `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself.
+    `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself, the k-th one
+    sent `think_s[k]` after its user's last answer ended (after t = 0 for a user's first; None: none, every
+    user starts at t = 0 and sends the next the moment the last one ends).
     `shared_prefix_tokens` is the one prefix stored once in the KV cache; a request's share of it is
     min(shared_prefix_tokens, cached_prefix_tokens).
     """
@@ -323,11 +342,13 @@ class Requests:
     output_tokens: np.ndarray  # int64, >= 1
     cached_prefix_tokens: np.ndarray  # int64, 0 <= cached < input
     shared_prefix_tokens: int = 0
+    think_s: np.ndarray | None = None  # float64, >= 0, closed loop only
 
     def __post_init__(self) -> None:
         arrays = {}
-        for name, dtype in (("arrival_s", np.float64), ("input_tokens", np.int64),
-                            ("output_tokens", np.int64), ("cached_prefix_tokens", np.int64)):
+        names = (("arrival_s", np.float64), ("input_tokens", np.int64), ("output_tokens", np.int64),
+                 ("cached_prefix_tokens", np.int64)) + ((("think_s", np.float64),) if self.think_s is not None else ())
+        for name, dtype in names:
             array = np.array(getattr(self, name), dtype=dtype)  # a private copy, then frozen
             if array.ndim != 1:
                 raise ValueError(f"{name} must be one-dimensional")
@@ -349,14 +370,17 @@ class Requests:
             raise ValueError("arrival_s must be non-negative and non-decreasing")
         if self.shared_prefix_tokens < 0:
             raise ValueError("shared_prefix_tokens must be >= 0")
+        if self.think_s is not None and (len(timed) or not np.all(np.isfinite(self.think_s) & (self.think_s >= 0))):
+            raise ValueError("think_s must be finite and >= 0, and only for a closed loop (no arrival_s)")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
     def subset(self, indices: np.ndarray, arrival_s: np.ndarray) -> Requests:
         """The requests at `indices`, in that order, arriving at `arrival_s` (one per index, non-negative and
-        non-decreasing). Their lengths were checked when these were made, so only the arrivals are checked: a
-        closed loop's rank takes its users' requests this way many times over (`disaggregated_loop._ranks`)."""
+        non-decreasing), with no think times (arrivals are set). Their lengths were checked when these were made,
+        so only the arrivals are checked: a closed loop's rank takes its users' requests this way many times over
+        (`disaggregated_loop._ranks`)."""
         arrival_s = np.array(arrival_s, dtype=np.float64)
         if arrival_s.shape != np.shape(indices) or np.any(~(arrival_s >= 0)) or np.any(arrival_s[1:] < arrival_s[:-1]):
             raise ValueError("arrival_s must be non-negative and non-decreasing, one per request")
@@ -367,15 +391,18 @@ class Requests:
             array.setflags(write=False)
             object.__setattr__(picked, name, array)
         object.__setattr__(picked, "shared_prefix_tokens", self.shared_prefix_tokens)
+        object.__setattr__(picked, "think_s", None)
         return picked
 
 
 def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1.0) -> Requests:
     """`n` requests drawn from the workload with a PCG64 generator seeded by `seed`.
 
-    Draw order is fixed (arrival gaps, then input lengths, then output lengths), and a gap is a unit
-    draw divided by the rate, so the same seed at another `rate_scale` gives the same lengths and
-    arrivals scaled in time: load sweeps compare like with like (common random numbers).
+    Draw order is fixed (arrival gaps, then input lengths, then output lengths, then a closed loop's think
+    times when it has any), and a gap is a unit draw divided by the rate, so the same seed at another
+    `rate_scale` gives the same lengths and arrivals scaled in time: load sweeps compare like with like (common
+    random numbers); a closed loop draws the same lengths with any think time, and without one the draws it
+    always drew.
     """
     if n < 1:
         raise ValueError("n must be >= 1")
@@ -399,4 +426,5 @@ def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1
     shared = np.minimum(workload.shared_prefix_tokens, input_tokens - 1)
     by_rate = np.minimum(input_tokens - 1, np.rint(workload.prefix_cache_hit_rate * input_tokens))
     cached = np.maximum(shared, by_rate).astype(np.int64)
-    return Requests(arrival_s, input_tokens, output_tokens, cached, workload.shared_prefix_tokens)
+    think_s = rng.standard_exponential(n) * workload.think_time_s if workload.think_time_s else None
+    return Requests(arrival_s, input_tokens, output_tokens, cached, workload.shared_prefix_tokens, think_s)
