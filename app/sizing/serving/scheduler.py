@@ -371,7 +371,10 @@ class Scheduler:
         # An arrival matters only if it could be admitted: empty queue and a free sequence slot.
         next_arrival = math.inf
         if not self.waiting and len(self.running) < self.max_num_seqs and self.next_arrival < self.n:
-            next_arrival = self._next_arrival_s()
+            next_arrival = self.arrival[self.next_arrival]
+            sending = self.sending
+            if sending and sending[0] < next_arrival:  # (`_next_arrival_s` inline: this runs once per jump)
+                next_arrival = sending[0]
             last_step_s = self.last_step_s
             if last_step_s > 0 and next_arrival < math.inf:
                 # size the window to reach about the arrival, not far beyond it
