@@ -28,8 +28,8 @@
 # note on why aggregated wins states prefill's share of a request's GPU time (was: "a small share" whatever it was).
 # 2026.12.07.2: a closed loop's users may think between requests (workload.think_time_s, exponential pauses; was:
 # none, every user sending the next request the moment the last one ended), the aggregated replicas simulated with
-# the pauses and the disaggregated plans sized for N / (E + Z); a closed loop's disaggregated rate search stops at a
-# rate within 2% of what its plan's users send (was: six rounds of about the same rate for a plan sought lower).
+# the pauses and the disaggregated plans sized for N / (E + Z); a closed loop's disaggregated rate search stops where
+# its next rate would be no lower than the one known enough (was: the same plan sized again, or a larger one kept).
 CALCULATION_VERSION = "2026.12.07.2"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

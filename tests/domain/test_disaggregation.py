@@ -603,38 +603,39 @@ def _stubbed_open_loops(monkeypatch: pytest.MonkeyPatch, paired_mean_s: Callable
 
 def test_the_rate_a_closed_loop_is_sized_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plan just meeting the SLO carries 100 / (1 + 100 x 0.01) = 50 req/s, the first rate. Rounds over every
-    candidate: 50 short (100 > 51), raised to 100: enough (80 <= 102) but its users send less than 100 / 1.02 =
-    98.04; halfway 75: short; 87.5: enough (80 < 85.78); 81.25: enough, its users' 80 within 2% of it (80 x 1.02 =
-    81.6 >= 81.25): five rounds. Sized at 81.25 req/s the cheapest plan's users send 80 (within 81.25 / 1.02 =
-    79.66 and 81.25 x 1.02 = 82.875): kept. The second plan's users send 100 / 1.1 = 90.909, more: its own rate is
-    sought from there over its pairing alone (its requests still 1.1 s), 81.25 known too low: 90.909 is enough and
-    exactly what its users send there, one round, sized at 90.909. Both plans cost the same: they stay in
-    order."""
+    candidate: 50 short (100 > 51), raised to 100: enough (80 <= 102); halfway 75: short; 87.5: enough; 81.25:
+    enough; 78.125: short; six rounds. Sized at 81.25 req/s the cheapest plan's users send 80 (within 81.25 / 1.02
+    = 79.66 and 81.25 x 1.02 = 82.875): kept. The second plan's users send 100 / 1.1 = 90.909, more: its own rate
+    is sought from there over its pairing alone (its requests still 1.1 s), 81.25 known too low: 90.909 enough;
+    halfway (81.25 + 90.909) / 2 = 86.080: short (90.909 > 87.801); (86.080 + 90.909) / 2 = 88.494: short
+    (> 90.264); (88.494 + 90.909) / 2 = 89.702: enough (<= 91.496), within 2% of 88.494 (90.264): four rounds,
+    sized at 89.702. Both plans cost the same: they stay in order."""
     inputs, rates, paired = _stubbed_open_loops(monkeypatch, lambda rate: 1.1)
     result = plan_closed_loop(inputs, [])
-    assert rates == pytest.approx([50.0, 100.0, 75.0, 87.5, 81.25])
-    assert paired == pytest.approx([90.909091])
+    assert rates == pytest.approx([50.0, 100.0, 75.0, 87.5, 81.25, 78.125])
+    assert paired == pytest.approx([90.909091, 86.079545, 88.494318, 89.701705])
     assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([80.0, 90.909091])
     assert result.plans[0].output_tokens_per_s == pytest.approx(80.0 * 101)
     assert "sized as an open loop of 81.2 req/s" in result.plans[0].binding_detail
-    assert "sized as an open loop of 90.9 req/s" in result.plans[1].binding_detail
+    assert "sized as an open loop of 89.7 req/s" in result.plans[1].binding_detail
     assert result.infeasible == ()
-    assert (result.simulations, result.simulated_requests) == (6, 60)
+    assert (result.simulations, result.simulated_requests) == (10, 100)
 
 
 def test_users_who_think_send_less_and_a_plan_sought_lower_stops_at_their_rate(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The same 100 users thinking 1 s on average between requests: N / (E + Z). A plan just meeting the SLO
     carries 100 / (1 + 100 x 0.01 + 1) = 33.333 req/s, the first rate: short (the cheapest plan's users send
-    100 / (1 + 1) = 50 > 34); raised to 50: enough, and exactly what they send: two rounds, sized at 50. The
-    second plan's users send 100 / (1.1 + 1) = 47.619, less than 50 / 1.02 = 49.02: its own rate is sought from
-    there, none known too low: 47.619 is enough and what they send, one round (before the stop at the users' own
-    rate, each of the six rounds tried 47.619 again). Without the think time the same plans carry 80 and 90.9
+    100 / (1 + 1) = 50 > 34); raised to 50: enough (50 <= 51); halfway down 41.667, 45.833, 47.917, 48.958: each
+    short (its users still send 50, more than 1.02 x each); six rounds, sized at 50. The second plan's users send
+    100 / (1.1 + 1) = 47.619, less than 50 / 1.02 = 49.02: its own rate is sought from there, none known too low:
+    47.619 is enough, and its users send exactly that: the next plan would be this one again, so one round (each
+    of the six rounds planned 47.619 again before). Without the think time the same plans carry 80 and 90.9
     req/s (the test above)."""
     inputs, rates, paired = _stubbed_open_loops(monkeypatch, lambda rate: 1.1)
     inputs = dataclasses.replace(inputs, workload=dataclasses.replace(inputs.workload, think_time_s=1.0))
     result = plan_closed_loop(inputs, [])
-    assert rates == pytest.approx([33.333333, 50.0])
+    assert rates == pytest.approx([33.333333, 50.0, 41.666667, 45.833333, 47.916667, 48.958333])
     assert paired == pytest.approx([47.619048])
     assert [plan.predicted.requests_per_s for plan in result.plans] == pytest.approx([50.0, 47.619048])
     assert result.plans[1].output_tokens_per_s == pytest.approx(47.619048 * 101)

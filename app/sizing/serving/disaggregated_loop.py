@@ -16,8 +16,7 @@ how a request's times combine and the open loop's planner).
   just meeting the SLO would carry, N / (TTFT SLO + (mean answer - 1) x TPOT SLO + Z); the cheapest plan's own mean E then says what its users would send. While no
   rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once one is,
   the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to what
-  the enough plan's users send) until a rate is within RATE_TOLERANCE of the one too low or of what its own users
-  send, MAX_RATE_ROUNDS open-loop plans at most (`_seek`): the lowest rate found that
+  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans at most (`_seek`): the lowest rate found that
   carries the cheapest plan's users. Every plan of that open loop whose users send more or less than it, by
   RATE_TOLERANCE, gets its own rate sought the same way, from what its users send there, with its pools'
   configurations alone (`plan_disaggregated`'s `pairing`): else a plan whose users send less is larger than it
@@ -235,17 +234,15 @@ def _seek(users: int, think_s: float, rate: float, at: Callable[[float], _Sized]
     users (`users_rate`, thinking `think_s`) send no more than it (by RATE_TOLERANCE). While none is known (`enough`),
     the rate is raised to what its users send; then it is sought down toward the highest rate known too low
     (`short`): halfway, or first down to what the enough plan's users send, until the enough rate is within
-    RATE_TOLERANCE of the one too low, or a rate is enough with its users sending within RATE_TOLERANCE of it (a
-    lower one would carry them by no more than the tolerance; without this stop, a plan sought from what its users
-    send, none too low, tried about that rate again each round to the last). Without any enough rate: the last one."""
+    RATE_TOLERANCE of the one too low, or what its users send is no lower than it (the next plan would be this one
+    again: a plan sought from what its users send, none known too low, sized the same rate each round to the last).
+    Without any enough rate: the last one."""
     last = enough
     for _ in range(MAX_RATE_ROUNDS):
         last = at(rate)
         sent = users_rate(users, think_s, last.plan) if last.plan else math.inf
         if sent <= rate * RATE_TOLERANCE:
             enough = last
-            if sent * RATE_TOLERANCE >= rate:
-                break
         else:
             short = max(short, rate)
         if enough is None:
@@ -254,9 +251,13 @@ def _seek(users: int, think_s: float, rate: float, at: Callable[[float], _Sized]
             rate = sent
         elif enough.rate <= short * RATE_TOLERANCE:
             break
+        elif short:
+            rate = (short + enough.rate) / 2
         else:
             assert enough.plan is not None
-            rate = (short + enough.rate) / 2 if short else users_rate(users, think_s, enough.plan)
+            rate = users_rate(users, think_s, enough.plan)
+            if rate >= enough.rate:
+                break
     result = enough or last
     assert result is not None
     return result
