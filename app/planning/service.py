@@ -254,10 +254,10 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     workload = inputs.workload
     if (aggregated is not None and aggregated.plans and workload.is_closed_loop and not workload.think_time_s
             and isinstance(workload.input_tokens, Fixed) and isinstance(workload.output_tokens, Fixed)):
-        notes.append("aggregated plans simulate the closed loop's users themselves: users of fixed lengths settle "
-                     "into regular turns (each prompt prefilled alone, or in waves), so their percentiles show that "
-                     "pattern's spread, often none; users whose lengths vary now and then queue behind each other: "
-                     "give the lengths as distributions (lognormal or histogram) for the tails"
+        notes.append("aggregated plans simulate the closed loop's users themselves: users of fixed lengths settle into "
+                     "regular turns (each prompt prefilled alone, or in waves), so their percentiles show that pattern's "
+                     "spread, often none; users whose lengths vary, or who pause between requests, now and then queue "
+                     "behind each other: give lengths as distributions (lognormal or histogram), or think_time_s"
                      + ("; disaggregated plans are sized as the open loop of the users' rate, whose arrivals "
                         "bunch" if disaggregated is not None else ""))
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(

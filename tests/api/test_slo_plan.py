@@ -152,7 +152,7 @@ def test_closed_loop_plans_users(client):
     assert load["offered"] == math.ceil(40 / plan["replicas"])
     # Users of fixed lengths fall into regular turns in the simulation: the note says so, and how to get tails.
     turns = [note for note in response.json()["assumptions"]["notes"] if "regular turns" in note]
-    assert len(turns) == 1 and "distributions" in turns[0]
+    assert len(turns) == 1 and "distributions" in turns[0] and "think_time_s" in turns[0]
 
 
 def test_users_who_think_between_requests_need_fewer_replicas(client):
