@@ -170,26 +170,44 @@ def test_closed_loop_with_one_user_runs_requests_back_to_back():
 
 
 def test_users_thinking_send_each_request_a_think_time_after_their_last_answer():
-    """Two users, prompt 10 (one step), answer 3 (two more steps), 10 ms steps, think times 0.3, 0.1, 0, 0.05 s
-    (the k-th request sent thinks the k-th). The users' first requests are sent after 0.3 s (user A) and 0.1 s
-    (user B): B's arrives first, at 0.1, and ends at 0.13; B sends the next after 0 s: 0.13, ending 0.16; B
-    again after 0.05 s: 0.21, ending 0.24 (four requests sent: no more). A's arrives at 0.3 and ends at 0.33.
-    Requests arrive in the order their sends fall due, each alone: 30 ms apiece."""
+    """Two users, prompt 10 (one step), answer 3 (two more steps), 10 ms steps, think draws 0.3, 0.2, 0, 0.1 s,
+    the k-th send made taking the k-th. Both users think from t = 0; the sooner of two exponential pauses of mean Z is
+    one of mean Z / 2, so the first user is heard from after 0.3 / 2 = 0.15 s (send 1), and the other, thinking
+    on, after a further 0.2 / 1 (send 2): at 0.35. The first user's request ends at 0.18; it sends again after 0 s
+    (send 3): 0.18, ending 0.21; again after 0.1 s (send 4, the last): 0.31, ending 0.34. The second user's
+    request arrives at 0.35 and ends at 0.38. Requests arrive in the order their sends fall due, each alone: 30 ms
+    apiece."""
     closed = Requests(np.full(4, math.nan), np.array([10] * 4), np.array([3] * 4), np.zeros(4),
-                      think_s=np.array([0.3, 0.1, 0.0, 0.05]))
+                      think_s=np.array([0.3, 0.2, 0.0, 0.1]))
     result = simulate(constant_step(TAU), SchedulerConfig(kv_capacity_tokens=1024), closed, closed_loop_users=2,
                       warmup_fraction=0.0)
-    assert result.arrival_s == pytest.approx([0.1, 0.13, 0.21, 0.3])
+    assert result.arrival_s == pytest.approx([0.15, 0.18, 0.31, 0.35])
     assert result.e2e_s == pytest.approx([0.03] * 4)
+
+
+def test_users_outnumbering_the_requests_send_at_their_own_pace():
+    """6,000 users thinking 10 s between requests of 1 in / 50 out, 5,000 requests, 10 ms steps: every user sends
+    about once in the run, yet the users send N / (E + Z) = 6,000 / 10.5 = 571 req/s from the start (the users
+    thinking send at 1 / Z each, whether they are yet to send or have been answered): the 5,000 requests arrive
+    within about 8.8 s. (Drawing the 6,000 users' first requests up front would spend every request on the first
+    5,000 of them, at a rate falling from 600 to 100 req/s as the users yet to send run out.)"""
+    workload = Workload(Fixed(1), Fixed(50), concurrent_users=6000, think_time_s=10.0)
+    result = simulate(constant_step(TAU), SchedulerConfig(kv_capacity_tokens=10_000_000, max_num_seqs=1024),
+                      workload=workload, num_requests=5000, seed=0)
+    mean_e2e = float(result.e2e_s[result.warmup_requests:].mean())
+    assert 0.5 <= mean_e2e <= 0.51  # 50 steps of 10 ms, and a wait of up to a step for the one under way
+    assert result.requests_per_s == pytest.approx(6000 / (mean_e2e + 10.0), rel=0.05)
+    assert result.arrival_s[-1] == pytest.approx(5000 / (6000 / (mean_e2e + 10.0)), rel=0.05)
+    assert result.mean_concurrency == pytest.approx(result.requests_per_s * mean_e2e, rel=0.02)
 
 
 def test_users_who_think_send_n_over_e_plus_z():
     """200 users thinking 2 s on average (exponential) between requests of 100 in / 50 out, 10 ms steps: each
     user cycles through one request (E) and one pause (Z), so they send N / (E + Z) requests/s (Little's law over
-    the users), and the requests in the system number the rate x E (over the requests). The rate is measured
-    while the users send (to when they send the last of the 10,000): after that only those still thinking
-    arrive, about Z·ln(200) = 10.6 s of thinning arrivals that, measured to the last arrival, read the rate 5%
-    low. 9,000 measured requests put about 1% of sampling noise on the rate."""
+    the users), and the requests in the system number the rate x E (over the requests). The users keep their
+    pace to the last of the 10,000 arrivals (sends counted as they were made, not as they arrived, left
+    about Z·ln(200) = 10.6 s of thinning arrivals at the end, which read the rate 5% low). 9,000 measured
+    requests put about 1% of sampling noise on the rate."""
     workload = Workload(Fixed(100), Fixed(50), concurrent_users=200, think_time_s=2.0)
     result = simulate(constant_step(TAU), SchedulerConfig(kv_capacity_tokens=1_000_000), workload=workload,
                       num_requests=10_000, seed=0)

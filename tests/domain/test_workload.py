@@ -232,14 +232,16 @@ def test_closed_loop_requests_have_no_arrival_times():
 def test_a_closed_loop_s_think_times_are_exponential_and_leave_the_lengths_alone():
     """Think time 5 s: exponential pauses of mean 5 s and sd 5 s; over 20,000 the mean has standard error
     5 / sqrt(20000) = 0.035 s (0.7%), so 3% is over 4 standard errors, and an exponential's squared coefficient
-    of variation is 1. They are drawn after the lengths, so the lengths are those of the same users without
-    think time, who draw no pauses at all."""
+    of variation is 1. One per request and one per user (users may send again before the last request arrives);
+    drawn after the lengths, so the lengths are those of the same users without think time, who draw no pauses
+    at all."""
     thinking = sample_requests(Workload(LogNormal(p50=500, p90=1500), Fixed(10), concurrent_users=8,
                                         think_time_s=5.0), 20_000, seed=4)
     at_once = sample_requests(Workload(LogNormal(p50=500, p90=1500), Fixed(10), concurrent_users=8), 20_000, seed=4)
     assert thinking.think_s.mean() == pytest.approx(5.0, rel=0.03)
     assert thinking.think_s.var() / thinking.think_s.mean() ** 2 == pytest.approx(1.0, rel=0.08)
     assert np.array_equal(thinking.input_tokens, at_once.input_tokens)
+    assert len(thinking.think_s) == 20_000 + 8
     assert at_once.think_s is None and np.isnan(thinking.arrival_s).all()
 
 
@@ -259,7 +261,7 @@ def test_think_times_belong_to_a_closed_loop_s_requests():
         Requests([0.0], [10], [5], [0], think_s=[1.0])  # arrivals are set: an open loop
     with pytest.raises(ValueError, match="think_s"):
         Requests([np.nan], [10], [5], [0], think_s=[-1.0])
-    with pytest.raises(ValueError, match="same length"):
+    with pytest.raises(ValueError, match="at least one per request"):
         Requests([np.nan] * 2, [10] * 2, [5] * 2, [0] * 2, think_s=[1.0])
     closed = Requests([np.nan] * 4, [10] * 4, [5] * 4, [0] * 4, think_s=[1.0, 2.0, 3.0, 4.0])
     with pytest.raises(ValueError):

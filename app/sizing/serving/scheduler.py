@@ -48,12 +48,12 @@ class Scheduler:
     # Slots: the loop reads and writes these attributes a few dozen times per event (measured: the
     # scheduler's own time about 15% lower than with an instance dict when it runs as plain Python).
     __slots__ = ("arrival", "arrived", "block_size", "c0", "cached", "chunked", "closed_loop", "decode_context",
-                 "decode_run", "decoders_by_phase", "decoding", "done", "ds", "ds0", "finish", "finish_heap",
+                 "decode_run", "decoders_by_phase", "decoding", "done", "drawn", "ds", "ds0", "finish", "finish_heap",
                  "finish_step", "first_token", "free_blocks", "generated", "held", "input", "issued",
-                 "last_step_s", "load_end_s", "max_num_seqs", "max_steps", "mixed", "n", "next_arrival", "on_demand",
-                 "output", "phase", "position", "preemptions", "prefilling", "prompt", "running", "scalar", "sending",
-                 "shared", "state", "step_time", "steps", "t", "think", "token_budget", "tokens_out", "trace_time",
-                 "trace_tokens", "vector_min_steps", "waiting", "window")
+                 "last_step_s", "max_num_seqs", "max_steps", "mixed", "n", "next_arrival",
+                 "next_first_s", "on_demand", "output", "phase", "position", "preemptions", "prefilling", "prompt",
+                 "running", "scalar", "sending", "shared", "state", "step_time", "steps", "t", "think", "token_budget",
+                 "tokens_out", "trace_time", "trace_tokens", "unsent", "vector_min_steps", "waiting", "window")
 
     def __init__(self, step_time: Any, config: SchedulerConfig, requests: Requests, closed_loop_users: int | None,
                  *, on_demand: bool, shared_tokens: list[int], window_blocks: list[int], free_blocks: int,
@@ -83,20 +83,31 @@ class Scheduler:
         self.shared = shared_tokens
         self.window = window_blocks  # blocks of its window layers a running request holds (reserved whole)
         self.arrival: list[float]
-        # A closed loop's think times (Requests.think_s; empty: none): the k-th request sent is sent think[k] after
-        # its user's last answer (or t = 0) into `sending`, a heap of send times; each becomes the next request's
-        # arrival when the clock reaches it (`_arrive`), `arrived` of them so far, so arrivals stay in index order.
+        # A closed loop's think times (Requests.think_s; empty: none), one draw per send in the order sends are made
+        # (`drawn` so far): a user whose answer ended at t sends at t + its draw (into `sending`, a heap of send
+        # times), and the users not heard from yet (`unsent`, all thinking since t = 0) send their first one by one,
+        # the next when the soonest of their exponential pauses ends (`next_first_s`: the last first send + its draw
+        # / unsent, the minimum of `unsent` exponentials of mean Z being one of mean Z / unsent). Each send becomes
+        # the next request's arrival when the clock reaches it (`_arrive`; `arrived` so far), so arrivals stay in
+        # index order; sends after the last request has arrived are not made. Every user keeps its pace up to the
+        # last arrival however many requests are simulated (all users' first requests drawn up front would take
+        # every request when users outnumber them, and sends counted as they are made, not as they arrive, would
+        # thin the arrivals long before the last).
         self.think: list[float] = [] if requests.think_s is None else requests.think_s.tolist()
         self.sending: list[float] = []
         self.arrived = 0
-        self.load_end_s = math.nan  # when the users, thinking, sent the last request (SimulationResult.load_end_s)
-        if closed_loop_users is not None:  # the users' first requests at t = 0 (or a pause), the rest as these finish
+        self.drawn = 0
+        self.unsent = 0
+        self.next_first_s = math.inf
+        self.arrival = [math.inf] * n
+        if closed_loop_users is not None and self.think:  # one send at a time, from t = 0
+            self.issued = 0  # (unused: the sends are counted as they arrive)
+            self.unsent = closed_loop_users
+            self.next_first_s = self.think[0] / closed_loop_users
+            self.drawn = 1
+        elif closed_loop_users is not None:  # the users' first requests at t = 0, the rest sent as these finish
             self.issued = min(closed_loop_users, n)
-            self.arrival = [math.inf] * n
-            if self.think:
-                self.sending = sorted(self.think[:self.issued])  # a sorted list is a heap
-            else:
-                self.arrival[:self.issued] = [0.0] * self.issued
+            self.arrival[:self.issued] = [0.0] * self.issued
         else:
             self.issued = n
             self.arrival = requests.arrival_s.tolist()
@@ -142,7 +153,7 @@ class Scheduler:
         trace_time, trace_tokens = self.trace_time.append, self.trace_tokens.append
         while self.done < n:
             next_arrival, t = self.next_arrival, self.t
-            if self.sending and self.sending[0] <= t:
+            if (self.sending and self.sending[0] <= t) or self.next_first_s <= t:
                 self._arrive(t)
             while next_arrival < n and arrival[next_arrival] <= t:
                 waiting.append(next_arrival)
@@ -171,18 +182,34 @@ class Scheduler:
         return True
 
     def _arrive(self, t: float) -> None:
-        """The sends due by `t` become the next requests' arrivals, in the order they were sent."""
-        sending, arrival = self.sending, self.arrival
-        while sending and sending[0] <= t:
-            arrival[self.arrived] = heapq.heappop(sending)
+        """The sends due by `t` become the next requests' arrivals, in the order they fall due; a user's first
+        send, arriving, lets the next user not heard from yet send. Once the last request has arrived, no more."""
+        sending, arrival, think = self.sending, self.arrival, self.think
+        while self.arrived < self.n:
+            if sending and sending[0] <= self.next_first_s:
+                if sending[0] > t:
+                    return
+                due = heapq.heappop(sending)
+            elif self.next_first_s <= t:
+                due = self.next_first_s
+                self.unsent -= 1
+                self.next_first_s = math.inf
+                if self.unsent and self.drawn < len(think):
+                    self.next_first_s = due + think[self.drawn] / self.unsent
+                    self.drawn += 1
+            else:
+                return
+            arrival[self.arrived] = due
             self.arrived += 1
+        sending.clear()
+        self.next_first_s = math.inf
 
     def _next_arrival_s(self) -> float:
         """When the next request arrives: the next one in index order, or the next send due (inf: none)."""
         upcoming = self.arrival[self.next_arrival] if self.next_arrival < self.n else math.inf
         if self.sending and self.sending[0] < upcoming:
-            return self.sending[0]
-        return upcoming
+            upcoming = self.sending[0]
+        return min(upcoming, self.next_first_s)
 
     def _admission_blocks(self, j: int) -> int:
         own = (self.prompt[j] if self.on_demand else self.input[j] + self.output[j]) - self.shared[j]
@@ -316,14 +343,15 @@ class Scheduler:
         del self.running[j]
         self.finish[j] = self.t
         self.done += 1
-        if self.closed_loop and self.issued < self.n:  # the user sends the next request: now, or after a pause
-            if self.think:
-                heapq.heappush(self.sending, self.t + self.think[self.issued])
-            else:
-                self.arrival[self.issued] = self.t
+        if not self.closed_loop:
+            return
+        if self.think:  # the user sends the next request after a pause (`_arrive` takes it while requests are left)
+            if self.arrived < self.n and self.drawn < len(self.think):
+                heapq.heappush(self.sending, self.t + self.think[self.drawn])
+                self.drawn += 1
+        elif self.issued < self.n:  # the user sends the next request now
+            self.arrival[self.issued] = self.t
             self.issued += 1
-            if self.think and self.issued == self.n:
-                self.load_end_s = self.t
 
     def _advance_decodes(self, steps: int) -> None:
         """Account `steps` decode steps just run (clock and KV blocks already advanced), then finish
@@ -375,6 +403,7 @@ class Scheduler:
             sending = self.sending
             if sending and sending[0] < next_arrival:  # (`_next_arrival_s` inline: this runs once per jump)
                 next_arrival = sending[0]
+            next_arrival = min(next_arrival, self.next_first_s)
             last_step_s = self.last_step_s
             if last_step_s > 0 and next_arrival < math.inf:
                 # size the window to reach about the arrival, not far beyond it

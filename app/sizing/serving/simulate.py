@@ -33,8 +33,9 @@ scheduler reproduces the engine behaviour that decides latency under load:
   preempted forever; `simulate` rejects it up front with `KvCapacityError` (nothing is simulated).
 - Closed loop: without think times, all users send their first request at t = 0 (not staggered) and each
   sends its next request the instant the previous one finishes; with them (`Requests.think_s`, drawn from the
-  workload's `think_time_s`), each request is sent its think time after its user's last answer ended (a user's
-  first: after t = 0), and requests arrive in the order they are sent.
+  workload's `think_time_s`), each user sends its next request a pause after its last answer ended (its first
+  a pause after t = 0), requests arrive in the order their sends fall due, and sends after the last request
+  has arrived are not made (so the users keep their pace to the last arrival).
 
 Speed: the scheduler keeps aggregate state (decoding count, sum of their contexts, a heap of finish
 steps, decoders per KV-block phase), so a step costs O(1) plus O(log n) per event. Between events
@@ -46,9 +47,7 @@ call and a cumulative sum (jump ahead), or in closed form when the step-time fun
 Measurement: the first `warmup_fraction` of requests (in arrival order, 10% by default) are left
 out of percentiles and goodput; rates are measured over the window from the first measured
 request's arrival to the last arrival (while the offered load is on, before the drain), or to the
-last finish when every request arrives at once. A closed loop with think times ends its load earlier: when
-its users send the last request, after which only the sends still thinking arrive, fewer and fewer (N users
-thinking Z on average would otherwise stretch the window by about Z·ln N of thinning arrivals).
+last finish when every request arrives at once.
 
 The scheduler's state and event loop live in `scheduler.py` (compiled with mypyc when installed); this
 module validates, runs it and measures the result.
@@ -197,7 +196,6 @@ class SimulationResult:
     warmup_fraction: float
     trace_time_s: np.ndarray
     trace_output_tokens: np.ndarray
-    load_end_s: float = math.nan  # a closed loop with think times: when its users sent the last request
 
     @property
     def warmup_requests(self) -> int:
@@ -207,7 +205,7 @@ class SimulationResult:
     @property
     def measurement_window_s(self) -> tuple[float, float]:
         start = float(self.arrival_s[self.warmup_requests])
-        end = float(self.arrival_s[-1]) if math.isnan(self.load_end_s) else self.load_end_s
+        end = float(self.arrival_s[-1])
         if end <= start:  # everything arrived at once (offline batch): measure to the last finish
             end = float(self.finish_s.max())
         return start, end
@@ -374,8 +372,7 @@ def _merged(runs: list[SimulationResult], warmup_fraction: float) -> SimulationR
     return SimulationResult(
         **arrays, preemptions=sum(run.preemptions for run in runs), steps=sum(run.steps for run in runs),
         sim_time_s=max(run.sim_time_s for run in runs),
-        makespan_s=float(arrays["finish_s"].max() - arrays["arrival_s"].min()), warmup_fraction=warmup_fraction,
-        load_end_s=min(run.load_end_s for run in runs))  # (NaN where none has one: every run is alike)
+        makespan_s=float(arrays["finish_s"].max() - arrays["arrival_s"].min()), warmup_fraction=warmup_fraction)
 
 
 def _shared_tokens(requests: Requests) -> np.ndarray:
@@ -441,5 +438,4 @@ def _result(scheduler: Scheduler, warmup_fraction: float) -> SimulationResult:
         array.setflags(write=False)
     return SimulationResult(
         **arrays, preemptions=scheduler.preemptions, steps=scheduler.steps, sim_time_s=scheduler.t,
-        makespan_s=float(finish.max() - arrival.min()), warmup_fraction=warmup_fraction,
-        load_end_s=scheduler.load_end_s)
+        makespan_s=float(finish.max() - arrival.min()), warmup_fraction=warmup_fraction)

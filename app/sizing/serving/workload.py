@@ -330,9 +330,11 @@ class Workload:
 class Requests:
     """Concrete requests in arrival order (read-only arrays of equal length).
 
-    `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself, the k-th one
-    sent `think_s[k]` after its user's last answer ended (after t = 0 for a user's first; None: none, every
-    user starts at t = 0 and sends the next the moment the last one ends).
+    `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself. `think_s`, a
+    closed loop's think times (None: none, every user starts at t = 0 and sends the next request the moment the
+    last one ends), one unit of pause per send in the order sends are made, at least one per request: users may
+    send again before the last request arrives, and `sample_requests` draws one per request and one per user
+    (the simulator makes no send past the draws, `scheduler.py`).
     `shared_prefix_tokens` is the one prefix stored once in the KV cache; a request's share of it is
     min(shared_prefix_tokens, cached_prefix_tokens).
     """
@@ -342,7 +344,7 @@ class Requests:
     output_tokens: np.ndarray  # int64, >= 1
     cached_prefix_tokens: np.ndarray  # int64, 0 <= cached < input
     shared_prefix_tokens: int = 0
-    think_s: np.ndarray | None = None  # float64, >= 0, closed loop only
+    think_s: np.ndarray | None = None  # float64, >= 0, closed loop only, at least one per request
 
     def __post_init__(self) -> None:
         arrays = {}
@@ -356,7 +358,7 @@ class Requests:
             object.__setattr__(self, name, array)
             arrays[name] = array
         n = len(self.arrival_s)
-        if any(len(a) != n for a in arrays.values()):
+        if any(len(a) != n for name, a in arrays.items() if name != "think_s"):
             raise ValueError("all request arrays must have the same length")
         if n and (self.input_tokens.min() < 1 or self.output_tokens.min() < 1):
             raise ValueError("input_tokens and output_tokens must be >= 1")
@@ -370,8 +372,10 @@ class Requests:
             raise ValueError("arrival_s must be non-negative and non-decreasing")
         if self.shared_prefix_tokens < 0:
             raise ValueError("shared_prefix_tokens must be >= 0")
-        if self.think_s is not None and (len(timed) or not np.all(np.isfinite(self.think_s) & (self.think_s >= 0))):
-            raise ValueError("think_s must be finite and >= 0, and only for a closed loop (no arrival_s)")
+        if self.think_s is not None and (len(timed) or len(self.think_s) < n
+                                         or not np.all(np.isfinite(self.think_s) & (self.think_s >= 0))):
+            raise ValueError("think_s must be finite and >= 0, at least one per request, and only for a closed loop "
+                             "(no arrival_s)")
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -426,5 +430,7 @@ def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1
     shared = np.minimum(workload.shared_prefix_tokens, input_tokens - 1)
     by_rate = np.minimum(input_tokens - 1, np.rint(workload.prefix_cache_hit_rate * input_tokens))
     cached = np.maximum(shared, by_rate).astype(np.int64)
-    think_s = rng.standard_exponential(n) * workload.think_time_s if workload.think_time_s else None
+    think_s = None
+    if workload.think_time_s:  # a closed loop's: one per request and one per user (`Requests`)
+        think_s = rng.standard_exponential(n + (workload.concurrent_users or 0)) * workload.think_time_s
     return Requests(arrival_s, input_tokens, output_tokens, cached, workload.shared_prefix_tokens, think_s)
