@@ -93,7 +93,8 @@ class Scheduler:
         # last arrival however many requests are simulated (all users' first requests drawn up front would take
         # every request when users outnumber them, and sends counted as they are made, not as they arrive, would
         # thin the arrivals long before the last).
-        self.think: list[float] = [] if requests.think_s is None else requests.think_s.tolist()
+        self.think: list[float] = ([] if requests.think_s is None or closed_loop_users is None  # what it may use
+                                   else requests.think_s[:n + closed_loop_users].tolist())
         self.sending: list[float] = []
         self.arrived = 0
         self.drawn = 0

@@ -332,7 +332,7 @@ class Requests:
 
     `arrival_s` is NaN for a closed-loop workload: the simulator issues those requests itself. `think_s`, a
     closed loop's think times (None: none, every user starts at t = 0 and sends the next request the moment the
-    last one ends), one unit of pause per send in the order sends are made, at least one per request: users may
+    last one ends), one pause in seconds per send in the order sends are made, at least one per request: users may
     send again before the last request arrives, and `sample_requests` draws one per request and one per user
     (the simulator makes no send past the draws, `scheduler.py`).
     `shared_prefix_tokens` is the one prefix stored once in the KV cache; a request's share of it is
