@@ -140,13 +140,23 @@ def _by_key(session_factory: SessionFactory, idempotency_key: str, created_by: s
 
 
 def _replay(stored: QuoteRecord, request_sha256: str) -> StoredQuote:
-    """The stored quote for a retried key, if the retry carries the same request."""
-    if stored.request_sha256 != request_sha256:
+    """The stored quote for a retried key, if the retry carries the same request: the same digest, or a stored
+    request that today's schema reads as the same document (a quote stored before a field with a default was
+    added has no such field; read today, it has the default, as the retry does)."""
+    if stored.request_sha256 != request_sha256 and _todays_digest(stored) != request_sha256:
         raise Unprocessable(
             "This Idempotency-Key was already used with a different request; use a new key for a new quote",
             errors=[(IDEMPOTENCY_KEY_POINTER, "already used with another request body")],
         )
     return stored_quote(stored)
+
+
+def _todays_digest(stored: QuoteRecord) -> str | None:
+    """The SHA-256 of the stored request as today's schema reads it (None: it no longer validates)."""
+    try:
+        return sha256_hex(request_document(SloPlanRequest.model_validate_json(canonical_json(stored.request))))
+    except ValidationError:
+        return None
 
 
 def create_quote(session_factory: SessionFactory, request: SloPlanRequest, idempotency_key: str | None,

@@ -268,6 +268,25 @@ def test_the_same_request_spelled_differently_is_the_same_body(client: TestClien
     assert retry.status_code == 200 and retry.json()["id"] == first.json()["id"]
 
 
+def test_a_retry_after_an_upgrade_that_added_a_default_field_returns_the_stored_quote(
+        client: TestClient, write_headers: dict[str, str], engine: Engine) -> None:
+    """A quote stored before `workload.think_time_s` existed: its request document has no such field and its
+    digest is that document's. The same body retried with its key today validates with the field at its default
+    (another document, another digest), and is still the same request: the stored quote (200), nothing new stored.
+    A body that differs (another seed) is still a 422."""
+    first = _create(client, write_headers, key="order-45")
+    with Session(engine) as session, session.begin():
+        record = session.get(QuoteRecord, first.json()["id"])
+        before = json.loads(json.dumps(record.request))
+        del before["workload"]["think_time_s"]
+        record.request, record.request_sha256 = before, _canonical_sha256(before)
+    retry = _create(client, write_headers, key="order-45")
+    assert retry.status_code == 200 and retry.json()["id"] == first.json()["id"]
+    assert retry.json()["request_sha256"] == _canonical_sha256(before)
+    assert _create(client, write_headers, {**PLAN, "seed": 7}, key="order-45").status_code == 422
+    assert _stored_rows(engine) == 1
+
+
 def test_the_same_key_with_another_body_is_a_422_naming_the_header(client: TestClient,
                                                                    write_headers: dict[str, str],
                                                                    engine: Engine) -> None:
