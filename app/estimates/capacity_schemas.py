@@ -32,6 +32,7 @@ from app.estimates.schemas import (
     WeightDtype,
 )
 from app.sizing.model.recipes import FORMATS, GROUPS, RECIPE_NAMES
+from app.sizing.serving.workload import MAX_THINK_TIME_S
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
 EngineVersion = Annotated[str, Field(pattern=r"^v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?$", max_length=20)]
@@ -78,7 +79,7 @@ OPERATING_POINT_EXAMPLE: dict[str, Any] = {
     "expected_prefill_ms": 18.1, "ideal_tpot_ms": 30.86, "expected_tpot_ms": 42.86,
     "ideal_tokens_per_s_per_user": 32.4, "expected_tokens_per_s_per_user": 23.33,
     "ideal_output_tokens_per_s": 10822.0, "expected_output_tokens_per_s": 7792.6,
-    "ideal_requests_per_s": 21.64, "expected_requests_per_s": 15.59,
+    "ideal_requests_per_s": 21.64, "expected_requests_per_s": 15.59, "users_at_think_time": None,
 }
 SUGGESTION_EXAMPLE: dict[str, Any] = {
     "tensor_parallel": 8, "pipeline_parallel": 1, "weight_dtype": "fp8", "num_gpus": 8, "kv_tokens": 333856,
@@ -175,6 +176,9 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
         None, description="KV block (page) in tokens; null = vllm 16, trtllm 32, sglang 1, generic 16")
     input_tokens: ContextTokens = Field(description="Mean prompt tokens per request")
     output_tokens: ContextTokens = Field(description="Mean generated tokens per request")
+    think_time_s: Annotated[float, Field(ge=0, le=MAX_THINK_TIME_S)] | None = Field(
+        None, description="Mean time a user reads and types between an answer and the next request: the operating "
+                          "point then states the users it carries (users_at_think_time); null = not asked")
 
 
 class WeightGroupOut(BaseModel):
@@ -273,6 +277,11 @@ class OperatingPointOut(BaseModel):
     expected_output_tokens_per_s: float
     ideal_requests_per_s: float
     expected_requests_per_s: float
+    users_at_think_time: float | None = Field(None, description=(
+        "With the request's think_time_s: the users this operating point carries when each pauses that long "
+        "between requests, batch_size + expected_requests_per_s x think_time_s (Little's law: those being answered "
+        "and those thinking); its throughput limit, no latency SLO checked (/v1/slo-plan sizes for one). Null "
+        "without think_time_s"))
 
 
 class SuggestionOut(BaseModel):

@@ -212,7 +212,7 @@ def _precision_arguments(precisions: ResolvedPrecisions) -> dict[str, str]:
 _SUGGESTION_FIELDS = tuple(SuggestionOut.model_fields)
 _CONCURRENCY_VIEWS = tuple(MaxConcurrencyOut.model_fields)
 _CONCURRENCY_FIELDS = tuple(ConcurrencyOut.model_fields)
-_OPERATING_POINT_FIELDS = tuple(OperatingPointOut.model_fields)
+_OPERATING_POINT_FIELDS = tuple(name for name in OperatingPointOut.model_fields if name != "users_at_think_time")
 
 
 def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, layout: Layout,
@@ -246,7 +246,8 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
         max_concurrency=MaxConcurrencyOut(**{
             view: _concurrency_out(getattr(result.max_concurrency, view)) for view in _CONCURRENCY_VIEWS}),
         max_context_tokens=result.max_context_tokens,
-        operating_point=None if result.operating_point is None else _operating_point_out(result.operating_point),
+        operating_point=(None if result.operating_point is None
+                         else _operating_point_out(result.operating_point, request.think_time_s)),
         engine=_engine_out(resolved),
         assumptions=CapacityAssumptions(
             weight_dtype=precisions.weight_dtype,
@@ -307,10 +308,12 @@ def _engine_out(resolved: ResolvedEngine) -> EngineOut:
         sources=dict(resolved.sources))
 
 
-def _operating_point_out(point: capacity_core.OperatingPoint) -> OperatingPointOut:
-    """The core's seconds as milliseconds: `x_ms` is `x_s` x 1000; other fields carry over."""
+def _operating_point_out(point: capacity_core.OperatingPoint, think_time_s: float | None) -> OperatingPointOut:
+    """The core's seconds as milliseconds: `x_ms` is `x_s` x 1000; other fields carry over; with a think time, the
+    users the point carries: those being answered (the batch) and those thinking (the rate x the pause)."""
     return OperatingPointOut(**{
         name: getattr(point, name[:-3] + "_s") * 1e3 if name.endswith("_ms") else getattr(point, name)
-        for name in _OPERATING_POINT_FIELDS})
+        for name in _OPERATING_POINT_FIELDS}, users_at_think_time=(
+            None if think_time_s is None else point.batch_size + point.expected_requests_per_s * think_time_s))
 
 

@@ -54,6 +54,21 @@ def test_seed_worked_example(client: TestClient) -> None:
     assert data["operating_point"]["concurrency_view"] == "admission"
 
 
+def test_a_think_time_states_the_users_the_operating_point_carries(client: TestClient) -> None:
+    """The seed's example, its 346 running requests of 1,000 in / 500 out, each user thinking 30 s between
+    requests: the users being answered (346) plus those thinking, the rate x 30 s (Little's law over the
+    thinking users), 346 + R x 30 with R the expected requests/s, which the think time leaves as it is. The
+    rate's own arithmetic: 346 / (500 x TPOT). Without a think time: null."""
+    thinking = post(client, {**SEED_EXAMPLE, "think_time_s": 30})["operating_point"]
+    at_once = post(client, SEED_EXAMPLE)["operating_point"]
+    rate = thinking["expected_requests_per_s"]
+    assert rate == pytest.approx(346 / (500 * thinking["expected_tpot_ms"] / 1000))
+    assert thinking["users_at_think_time"] == pytest.approx(346 + rate * 30)
+    assert at_once["users_at_think_time"] is None and at_once["expected_requests_per_s"] == rate
+    negative = client.post("/v1/capacity", json={**SEED_EXAMPLE, "think_time_s": -1})
+    assert negative.status_code == 422 and "/body/think_time_s" in [e["pointer"] for e in negative.json()["errors"]]
+
+
 def test_inline_specs_give_the_same_answer(client: TestClient) -> None:
     """The inline Llama-3-70B architecture and H100 spec (the schema examples) are the catalog rows."""
     body = {**SEED_EXAMPLE, "model_spec": MODEL_ARCHITECTURE_EXAMPLE, "gpu_spec": GPU_SPEC_EXAMPLE}
