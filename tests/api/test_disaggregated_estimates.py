@@ -75,6 +75,9 @@ def test_capacity_of_each_pool_and_the_transfer(client: TestClient) -> None:
     assert answer["max_concurrency"]["admission"]["sequences"] == 378
     point = answer["operating_point"]
     assert point["expected_prefill_ms"] == 0 and point["expected_tpot_ms"] == point["expected_decode_step_ms"]
+    # Users thinking 60 s: the decode worker's 378 being answered plus its requests/s x 60 thinking.
+    thinking = client.post("/v1/capacity", json={**CAPACITY, "think_time_s": 60}).json()["operating_point"]
+    assert thinking["users_at_think_time"] == pytest.approx(378 + point["expected_requests_per_s"] * 60)
 
 
 def test_capacity_pools_inside_one_node_move_the_kv_over_nvlink(client: TestClient) -> None:
