@@ -29,7 +29,8 @@
 # 2026.12.07.2: a closed loop's users may think between requests (workload.think_time_s, exponential pauses; was:
 # none, every user sending the next request the moment the last one ended), the aggregated replicas simulated with
 # the pauses and the disaggregated plans sized for N / (E + Z); a closed loop's disaggregated rate search stops where
-# its next rate would be no lower than the one known enough (was: the same plan sized again, or a larger one kept).
+# its next rate would be no lower than the one known enough (was: the same plan sized again, or a larger one kept);
+# /v1/capacity's operating point states the users it carries at a think time (batch + requests/s x think time).
 CALCULATION_VERSION = "2026.12.07.2"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
