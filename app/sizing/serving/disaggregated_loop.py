@@ -6,27 +6,27 @@ how a request's times combine and the open loop's planner).
 - **The estimate** (`closed_loop`): every user's requests through both pools, all users starting together, the
   passes repeated until the arrivals they imply settle. The validator predicts measured runs with it
   (`predict.py`): a benchmark's users start together and its lengths are fixed, so they may stay in step.
-- **The planner** (`plan_closed_loop`, /v1/slo-plan with `concurrent_users` and a disaggregated deployment)
-  plans the open loop of the users' rate instead: many users whose lengths and steps vary do not stay in step,
-  and their requests together arrive as a Poisson stream (a superposition of independent streams), where the
-  deterministic loop keeps users of fixed lengths in step or in perfect turns and sizes the prefill pool by
-  those (2026-12-06: 8 prefill workers at 20% busy for 16 users; fewer workers for 2,048 users than for
-  1,024). N users whose requests each take E on average and who think Z between them (the workload's
-  `think_time_s`, 0 by default) send N / (E + Z) requests/s (Little's law). The first rate tried is the one a plan
-  just meeting the SLO would carry, N / (TTFT SLO + (mean answer - 1) x TPOT SLO + Z); the cheapest plan's own mean E then says what its users would send. While no
-  rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once one is,
-  the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to what
-  the enough plan's users send), MAX_RATE_ROUNDS open-loop plans at most (`_seek`): the lowest rate found that
+- **The planner** (`plan_closed_loop`, /v1/slo-plan with `concurrent_users` and a disaggregated deployment) plans
+  the open loop of the users' rate instead: many users whose lengths and steps vary do not stay in step, and their
+  requests together arrive as a Poisson stream (a superposition of independent streams), where the deterministic
+  loop keeps users of fixed lengths in step or in perfect turns and sizes the prefill pool by those (2026-12-06: 8
+  prefill workers at 20% busy for 16 users; fewer workers for 2,048 users than for 1,024). N users whose requests
+  each take E on average and who think Z between them (the workload's `think_time_s`, 0 by default) send
+  N / (E + Z) requests/s (Little's law). The first rate tried is the one a plan just meeting the SLO would carry,
+  N / (TTFT SLO + (mean answer - 1) x TPOT SLO + Z); the cheapest plan's own mean E then says what its users would send.
+  While no rate has been enough for them (they send more, by RATE_TOLERANCE), the rate is raised to theirs; once
+  one is, the lowest enough rate is sought down toward the highest too low one (halving the gap, or first down to
+  what the enough plan's users send), MAX_RATE_ROUNDS open-loop plans at most (`_seek`): the lowest rate found that
   carries the cheapest plan's users. Every plan of that open loop whose users send more or less than it, by
   RATE_TOLERANCE, gets its own rate sought the same way, from what its users send there, with its pools'
-  configurations alone (`plan_disaggregated`'s `pairing`): else a plan whose users send less is larger than it
-  need be, which misranks plans where the prefill pool decides a request's time (2026-12-07: Qwen3-8B, 2,000 in /
-  20 out, 1,024 users, whole catalog: a plan's users sent 77% of the rate it was sized for, and sized at their
-  own it was the cheapest), and one whose users send more would be refused. Plans are ranked by cost at their
-  own rates; one whose rate is not found is refused with what its users would send. Percentiles are the open
-  loop's at the rate sized for: at or above the users' own. With spare workers (`ha_policy.extra_replicas`, k per
-  pool), each plan's requests are timed without them (`disaggregation`: what the plan guarantees with k workers of
-  either pool down), and so is its users' rate.
+  configurations alone (`plan_disaggregated`'s `pairing`): else a plan whose users send less is larger than it need
+  be, which misranks plans where the prefill pool decides a request's time (2026-12-07: Qwen3-8B, 2,000 in / 20
+  out, 1,024 users, whole catalog: a plan's users sent 77% of the rate it was sized for, and sized at their own it
+  was the cheapest), and one whose users send more would be refused. Plans are ranked by cost at their own rates;
+  one whose rate is not found is refused with what its users would send. Percentiles are the open loop's at the
+  rate sized for: at or above the users' own. With spare workers (`ha_policy.extra_replicas`, k per pool), each
+  plan's requests are timed without them (`disaggregation`: what the plan guarantees with k workers of either pool
+  down), and so is its users' rate.
 """
 
 from __future__ import annotations
@@ -184,7 +184,8 @@ def plan_closed_loop(inputs: PlanInputs, candidates: Sequence[Configuration]) ->
     guesses: dict[tuple[Configuration, str], float] = {}  # each plan's pools start the next one's searches
 
     def at(rate: float, pairing: tuple[Configuration, Configuration] | None = None) -> _Sized:
-        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None, think_time_s=0.0))
+        opened = replace(inputs, workload=replace(workload, requests_per_s=rate, concurrent_users=None,
+                                                  think_time_s=0.0))
         result = plan_disaggregated(opened, candidates, guesses, pairing)
         guesses.update(result.workers_per_load)
         counts[0] += result.simulations
