@@ -92,12 +92,18 @@ def database_revisions(engine: Engine) -> frozenset[str]:
         return frozenset(MigrationContext.configure(connection).get_current_heads())
 
 
+class RequestAbandoned(Exception):
+    """Raised by work that finds its request already answered 503 at its deadline (`RequestDeadline.check`):
+    nothing it could still compute would reach anyone, so it stops and frees its request slot."""
+
+
 class RequestDeadline:
     """Whether a request may still commit, or has run past its deadline (its client got a 503).
 
     The timeout middleware puts one in the request's scope. Exactly one of the two claims wins,
     so a client told "timed out" can rely on its write not being applied, and a write that is
-    committing is let finish (and answered) even when the deadline passes meanwhile.
+    committing is let finish (and answered) even when the deadline passes meanwhile. Long work in a
+    worker thread (which nothing can interrupt) calls `check` between its pieces to stop once expired.
     """
 
     SCOPE_KEY = "app.deadline"
@@ -122,6 +128,11 @@ class RequestDeadline:
     @property
     def expired(self) -> bool:
         return self._state == "expired"
+
+    def check(self) -> None:
+        """Raise RequestAbandoned once the request has been answered 503 (its work can stop)."""
+        if self.expired:
+            raise RequestAbandoned("the request ran past its deadline and was answered 503; its work stopped")
 
 
 def get_session(request: Request) -> Iterator[Session]:

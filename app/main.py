@@ -34,7 +34,7 @@ from app.calibration import api as calibration_api
 from app.catalog import api as catalog_api
 from app.catalog.service import SpecCache
 from app.charts import api as charts_api
-from app.db import RequestDeadline, make_engine, make_session_factory, memory_only_session
+from app.db import RequestAbandoned, RequestDeadline, make_engine, make_session_factory, memory_only_session
 from app.docs import install_docs
 from app.errors import current_request_id, install_error_handlers, problem_response
 from app.estimates import api as estimates_api
@@ -179,9 +179,11 @@ class RequestContextMiddleware:
         """Run the app in one of the process's request slots (without one unless `queued`); if it has not
         started its response by the deadline (waiting for a slot included), answer a 503 problem.
 
-        Sync endpoints run in worker threads, which cannot be interrupted, so late work is not
-        cancelled: it runs to its end in its slot (the slots bound the work, not just the
-        waiting), its session rolls back instead of committing (app.db.RequestDeadline), and
+        Sync endpoints run in worker threads, which cannot be interrupted: late work stops at its next
+        check of the deadline where it makes one (`RequestDeadline.check`: validation and calibration
+        uploads, before each row and fitted entry; plan searches are stopped with their worker process,
+        app.planning.pool), else runs to its end in its slot (the slots bound the work, not just the
+        waiting); either way its session rolls back instead of committing (app.db.RequestDeadline), and
         whatever it sends is dropped. A request already committing is let finish and answer.
         """
         deadline = RequestDeadline(due=time.monotonic() + self.timeout_s)
@@ -244,6 +246,8 @@ def _log_late_failure(task: asyncio.Future[None]) -> None:
         return
     if isinstance(task.exception(), SearchTimedOut):  # the expected end of a search past the deadline
         error_log.warning("timed-out search stopped", extra={"detail": str(task.exception())})
+    elif isinstance(task.exception(), RequestAbandoned):  # work that checked its deadline and stopped
+        error_log.warning("timed-out work stopped", extra={"detail": str(task.exception())})
     else:
         error_log.error("timed-out request failed later", exc_info=task.exception())
 

@@ -24,6 +24,7 @@ from app.common import NO_NUL_PATTERN, SLUG_PATTERN
 from app.db import NeedsDatabase, RequestDeadline, get_session
 from app.errors import Forbidden, PreconditionFailed, Unauthorized
 from app.settings import ApiKey
+from app.sizing.calibration.fit import keep_going
 
 # Representations and ETags ---------------------------------------------------------------
 
@@ -87,6 +88,17 @@ def plan_offload(request: Request) -> Callable[..., Any]:
     outlives its request's 503."""
     deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
     return request.app.state.plan_pool.until(deadline.due if deadline is not None else None)
+
+
+def deadline_check(request: Request) -> Callable[[], None]:
+    """What long work in a worker thread calls between its pieces: it raises `RequestAbandoned` once this
+    request has been answered 503 at its deadline (`RequestDeadline.check`), so the work stops and frees its
+    request slot instead of running to its end for nobody."""
+    deadline: RequestDeadline | None = request.scope.get(RequestDeadline.SCOPE_KEY)
+    return deadline.check if deadline is not None else keep_going
+
+
+DeadlineCheck = Annotated[Callable[[], None], Depends(deadline_check)]
 
 
 def json_response(answer: BaseModel) -> Response:

@@ -28,7 +28,16 @@ from app.calibration.schemas import (
 from app.common import SLUG_PATTERN
 from app.errors import Unprocessable, json_pointer, problem_responses
 from app.sizing.calibration.fit import MIN_ROWS_PER_ENTRY
-from app.web import CalibrationWriter, CatalogRead, Limit, Offset, SessionDep, SizingRead, representation
+from app.web import (
+    CalibrationWriter,
+    CatalogRead,
+    DeadlineCheck,
+    Limit,
+    Offset,
+    SessionDep,
+    SizingRead,
+    representation,
+)
 
 router = APIRouter(tags=["calibrations"])
 
@@ -153,10 +162,11 @@ def get_calibration(session: SessionDep, name: ProfilePath) -> ProfileOut:
         "everything else. Use the profile by naming it in any sizing request's `calibration`. Names are never "
         "reused (409)."),
 )
-def create_calibration(writer: CalibrationWriter, session: SessionDep,
+def create_calibration(writer: CalibrationWriter, session: SessionDep, check: DeadlineCheck,
                        body: Annotated[CalibrationRequest, Depends(calibration_upload)]) -> Response:
-    """Fit a profile and store it (the route's description says how)."""
-    result = calibration.create_calibration(session, body, written_by=writer.name)
+    """Fit a profile and store it (the route's description says how). Work past the request's deadline
+    stops at its next row or fitted entry (`check`)."""
+    result = calibration.create_calibration(session, body, written_by=writer.name, check=check)
     return Response(representation(result), status_code=201, media_type="application/json",
                     headers={"Location": f"/v1/calibrations/{result.profile.name}"})
 
@@ -167,8 +177,9 @@ def create_calibration(writer: CalibrationWriter, session: SessionDep,
     openapi_extra=_body_docs(ValidationRequest, {"calibration": _NAME_FIELD}),
     responses=problem_responses(400, 404, 413, 422, 503),
 )
-def validate_rows(session: SessionDep,
+def validate_rows(session: SessionDep, check: DeadlineCheck,
                   body: Annotated[ValidationRequest, Depends(validation_upload)]) -> ValidationResponse:
     """Predict each row under a profile (default: the default profile) and report the errors; nothing is
-    stored. Rows that cannot be predicted carry the reason instead of a prediction."""
-    return calibration.validate_upload(session, body)
+    stored. Rows that cannot be predicted carry the reason instead of a prediction. A request answered 503 at its
+    deadline stops its work at the next row."""
+    return calibration.validate_upload(session, body, check=check)

@@ -89,6 +89,7 @@ from app.sizing.calibration.fit import (
     abs_pct_error,
     fit_profile,
     fitted_sources,
+    keep_going,
     parameters_at_bounds,
     same_fits,
 )
@@ -287,12 +288,15 @@ class PreparedRow:
         return "; ".join(assumptions) or None
 
 
-def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog) -> tuple[list[PreparedRow], dict[str, str]]:
+def prepare_rows(rows: Sequence[ObservedRow], catalog: SpecCatalog,
+                 check: Callable[[], None] = keep_going) -> tuple[list[PreparedRow], dict[str, str]]:
     """Prepared rows, and the reason for every row that cannot be predicted (by row id). A model or GPU the
     catalog lacks is the reason first, whatever else the row leaves out: no prediction could be made for it
-    even with every other cell stated."""
+    even with every other cell stated. `check` is called before each row (whatever it raises stops the work:
+    a request past its deadline)."""
     prepared, skipped = [], {}
     for row in rows:
+        check()
         model, gpu = catalog.model(row.model), catalog.gpu(row.gpu)
         if model is None:
             skipped[row.row_id] = _named_reason(row, f"unknown model slug {row.model!r}")
@@ -429,11 +433,13 @@ def category(prepared: PreparedRow, efficiency: Efficiency) -> str:
 
 
 def evaluate(rows: Sequence[ObservedRow], prepared: Sequence[PreparedRow], skipped: dict[str, str],
-             profile: CalibrationProfile) -> Report:
-    """Predict every prepared row under `profile` and summarize the errors (rows in input order)."""
+             profile: CalibrationProfile, check: Callable[[], None] = keep_going) -> Report:
+    """Predict every prepared row under `profile` and summarize the errors (rows in input order); `check` is
+    called before each row, as in `prepare_rows`."""
     by_id = {item.row.row_id: item for item in prepared}
     outcomes = []
     for row in rows:
+        check()
         item = by_id.get(row.row_id)
         if item is None:
             outcomes.append(RowOutcome(row, "", None, skipped[row.row_id], None))
@@ -487,9 +493,10 @@ def _reason_kind(reason: str) -> str:
     return reason.split(":")[0].split(" '")[0].strip()
 
 
-def validate(rows: Sequence[ObservedRow], catalog: SpecCatalog, profile: CalibrationProfile) -> Report:
-    prepared, skipped = prepare_rows(rows, catalog)
-    return evaluate(rows, prepared, skipped, profile)
+def validate(rows: Sequence[ObservedRow], catalog: SpecCatalog, profile: CalibrationProfile,
+             check: Callable[[], None] = keep_going) -> Report:
+    prepared, skipped = prepare_rows(rows, catalog, check)
+    return evaluate(rows, prepared, skipped, profile, check)
 
 
 def row_document(outcome: RowOutcome) -> dict[str, Any]:
@@ -543,7 +550,8 @@ class Calibration:
 def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, description: str,
               base: CalibrationProfile, fit_global: bool, cross_validation: bool, source_file: str,
               source_sha256: str, now: datetime | None = None, max_evaluations: int = DEFAULT_EVALUATIONS,
-              progress: Callable[[str], None] | None = None, jobs: int = 1) -> Calibration:
+              progress: Callable[[str], None] | None = None, jobs: int = 1,
+              check: Callable[[], None] = keep_going) -> Calibration:
     """Fit a profile to the rows, starting from `base` (see fit.fit_profile), with its provenance.
 
     Only rows whose schedule does not depend on the step time take part in the fit (all but Poisson
@@ -552,11 +560,13 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
     `cross_validation`, the profile's specificity level is the one with the lowest held-out error, a more
     specific one only where its lead is more than sampling noise (`crossval.level_choice`); without it, the
     most specific level. `jobs` > 1 runs the whole fit and the cross-validation's folds in that many worker
-    processes at once (`crossval.task_runner`): the same numbers, sooner.
+    processes at once (`crossval.task_runner`): the same numbers, sooner. `check` is called before each row
+    prepared or predicted and each entry fitted (whatever it raises stops the work: a request past its
+    deadline); the cross-validation's folds do not call it.
     """
     now = now or datetime.now(UTC)
     say = progress or (lambda message: None)
-    prepared, skipped = prepare_rows(rows, catalog)
+    prepared, skipped = prepare_rows(rows, catalog, check)
     training = [item for item in prepared if item.fittable]
     if not training:
         unfitted = Counter(item.unfitted_reason for item in prepared)
@@ -564,7 +574,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         reasons += [f"{count} skipped: {kind}" for kind, count in Counter(map(_reason_kind, skipped.values())).items()]
         raise NothingToFit("no row can be used by a fit: " + "; ".join(reasons[:6]))
     say(f"{len(prepared)} of {len(rows)} rows predicted, {len(training)} used by the fit")
-    before = evaluate(rows, prepared, skipped, base)
+    before = evaluate(rows, prepared, skipped, base, check)
     fitted_on = now.date().isoformat()
 
     def describe(family: str, compute_dtype: str, fitted: Sequence[FitTarget]) -> str:
@@ -573,7 +583,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
                 f"{fitted_sources(fitted)}), starting from {base.name!r}")
 
     fit_all = partial(fit_profile, training, base, name=name, fit_global=fit_global, describe=describe,
-                      max_evaluations=max_evaluations)
+                      max_evaluations=max_evaluations, check=check)
     validation = None
     if cross_validation:  # the whole fit beside every fold, in one run: a worker takes the next when it is done
         folds = hold_out_folds(training, prepared, base, fit_global=fit_global, max_evaluations=max_evaluations,
@@ -589,13 +599,13 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
                            f"(Poisson rows aside) an entry of its own needs; the rows have "
                            + ", ".join(f"{count} of {family}/{dtype}" for (family, dtype), count in
                                        sorted(Counter((t.family, t.compute_dtype) for t in training).items())))
-    after = evaluate(rows, prepared, skipped, fit.profile)
+    after = evaluate(rows, prepared, skipped, fit.profile, check)
     say(f"fit: median error {_pct(before.summary.overall.median_abs_pct_error)} -> "
         f"{_pct(after.summary.overall.median_abs_pct_error)}")
     profile = fit.profile
     if validation is not None:
         profile = fit.levels[validation["chosen_level"]]
-        after = evaluate(rows, prepared, skipped, profile)
+        after = evaluate(rows, prepared, skipped, profile, check)
         say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
             f"{_pct(after.summary.overall.median_abs_pct_error)}")
     copies = same_fits(profile)
@@ -698,21 +708,24 @@ def contradictions_out(report: Report) -> list[ContradictionOut]:
     return [ContradictionOut.model_validate(contradiction_document(group)) for group in report.contradictions]
 
 
-def validate_upload(session: Session, request: ValidationRequest) -> ValidationResponse:
-    """POST /v1/validate: the error report of the rows under a profile; nothing is stored."""
+def validate_upload(session: Session, request: ValidationRequest,
+                    check: Callable[[], None] = keep_going) -> ValidationResponse:
+    """POST /v1/validate: the error report of the rows under a profile; nothing is stored. `check`: called
+    between rows (`validate`)."""
     rows = _observed_or_422(request.rows)
     check_upload_work(rows, request.max_simulated_runs, "python -m app.validate FILE.csv", DatabaseCatalog(session))
     profile = get_profile(session, request.calibration)
-    report = validate(rows, DatabaseCatalog(session), profile)
+    report = validate(rows, DatabaseCatalog(session), profile, check)
     rows_out, summary = report_schemas(report)
     return ValidationResponse(calibration_profile=profile.name, rows=rows_out, summary=summary,
                               contradictions=contradictions_out(report),
                               calculation_version=CALCULATION_VERSION)
 
 
-def create_calibration(session: Session, request: CalibrationRequest, *, written_by: str) -> CalibrationResponse:
+def create_calibration(session: Session, request: CalibrationRequest, *, written_by: str,
+                       check: Callable[[], None] = keep_going) -> CalibrationResponse:
     """POST /v1/calibrations: fit a named profile to the rows, store it (on behalf of the key named
-    `written_by`), report before and after."""
+    `written_by`), report before and after. `check`: called between rows and fitted entries (`calibrate`)."""
     if request.name in RESERVED_PROFILE_NAMES:
         raise Unprocessable(f"the profile name {request.name!r} is reserved",
                             errors=[("/body/name", f"reserved: {', '.join(sorted(RESERVED_PROFILE_NAMES))}")])
@@ -727,7 +740,8 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
     try:
         result = calibrate(rows, DatabaseCatalog(session), name=request.name, description=request.description,
                            base=base, fit_global=False, cross_validation=False, source_file="upload",
-                           source_sha256=file_sha256(canonical), max_evaluations=UPLOAD_FIT_EVALUATIONS)
+                           source_sha256=file_sha256(canonical), max_evaluations=UPLOAD_FIT_EVALUATIONS,
+                           check=check)
     except NothingToFit as exc:
         raise Unprocessable(str(exc), errors=[("/body/rows", str(exc))]) from None
     record = store_profile(session, result.document, origin=ORIGIN_USER, written_by=written_by)

@@ -20,7 +20,12 @@ from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from app.calibration import service as calibration
-from app.calibration.profiles import DEFAULT_PROFILE_PATH, load_default_profile, profile_from_entries
+from app.calibration.profiles import (
+    DEFAULT_PROFILE_PATH,
+    builtin_profile,
+    load_default_profile,
+    profile_from_entries,
+)
 from app.calibration.rows import observed_rows, rows_from_csv
 from app.calibration.schemas import (
     MAX_CALIBRATE_ROWS,
@@ -28,6 +33,7 @@ from app.calibration.schemas import (
     MAX_VALIDATE_ROWS,
     MAX_VALIDATE_SIMULATED_RUNS,
     CalibrationRequest,
+    ValidationRequest,
 )
 from app.calibration.tables import CalibrationProfileRecord
 from app.catalog.repository import bump_catalog_revision
@@ -734,3 +740,23 @@ def test_a_150_row_sample_of_the_shipped_file_is_within_the_fit_limits() -> None
     assert len(rows) == 158  # ceil(1,263 / 8)
     request = CalibrationRequest(name="sample", rows=rows)
     calibration.check_upload_work(observed_rows(request.rows), request.max_simulated_runs, "-", calibration.ReferenceCatalog())
+
+
+def test_validation_checks_before_each_row_it_prepares_and_each_it_predicts() -> None:
+    """The 35 sample rows: 35 checks while preparing them, 35 while predicting, 70 in all (the API's check stops
+    a request past its deadline there). A check that raises on its 36th call, the first prediction's, stops the
+    validation: the exception comes out, and no report."""
+    rows = observed_rows(ValidationRequest(rows=SAMPLE_ROWS).rows)
+    calls: list[int] = []
+    report = calibration.validate(rows, calibration.ReferenceCatalog(), builtin_profile(),
+                                  check=lambda: calls.append(1))
+    assert len(calls) == 70 and len(report.outcomes) == 35
+
+    def stop_at_the_first_prediction() -> None:
+        if len(calls) == 70 + 35:
+            raise TimeoutError("past the deadline")
+        calls.append(1)
+
+    with pytest.raises(TimeoutError):
+        calibration.validate(rows, calibration.ReferenceCatalog(), builtin_profile(), check=stop_at_the_first_prediction)
+    assert len(calls) == 70 + 35

@@ -7,6 +7,7 @@ Every refusal is an RFC 9457 problem (413, 422 or 503), never a 500 and never a 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
@@ -22,6 +23,7 @@ from sqlalchemy import Engine, delete, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
+from app.calibration import service as calibration
 from app.catalog import service as catalog_service
 from app.catalog.repository import catalog_revision
 from app.catalog.schemas import GPU_SPEC_EXAMPLE
@@ -32,6 +34,7 @@ from app.planning import service as planning
 from app.quotes.tables import QuoteRecord
 from app.settings import Settings
 from tests.api.problems import assert_problem
+from tests.api.test_calibrations import SAMPLE_ROWS
 
 KV = {"model": "llama-3-70b", "context_tokens": 8192}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -360,6 +363,52 @@ def test_liveness_and_metrics_answer_while_every_slot_is_busy(
     assert alive.headers["x-content-type-options"] == "nosniff"
     assert scraped.status_code == 200
     assert 'http_requests_total{method="GET",route="/healthz",status="200"} 1.0' in scraped.text
+
+
+@contextmanager
+def slow_preparation(monkeypatch: pytest.MonkeyPatch, seconds: float) -> Iterator[list[str]]:
+    """Each row's preparation for prediction (`predict.prepare`, as the upload service calls it) made `seconds`
+    slower; yields the list of rows prepared, by model, as they are."""
+    real, prepared = calibration.prepare, []
+
+    def slowed(measurement: Any, model: Any, gpu: Any) -> Any:
+        time.sleep(seconds)
+        prepared.append(model.slug)
+        return real(measurement, model, gpu)
+
+    monkeypatch.setattr(calibration, "prepare", slowed)
+    yield prepared
+
+
+@pytest.mark.parametrize(("path", "extra"), [("/v1/validate", {}), ("/v1/calibrations", {"name": "late-fit"})])
+def test_an_upload_past_its_deadline_stops_at_its_next_row_and_frees_its_slot(
+        app_with: Any, monkeypatch: pytest.MonkeyPatch, write_headers: dict[str, str], path: str,
+        extra: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """The 35 rows of examples/calibration-sample.csv, each made 0.2 s slower to prepare for prediction: 7 s of
+    work. One request slot, a 0.5 s deadline: the 503 comes at 0.5 s and the work stops at its next row's check,
+    after at most 4 rows (begun at 0, 0.2, 0.4 and, with a late tick, 0.6 s; 35 if it ran to its end), so a
+    request sent 0.7 s after the 503 finds the slot free and is served; work running to its end would hold it
+    until 7 s, and that request would wait its own 0.5 s deadline out. The stop is logged as a warning
+    ("timed-out work stopped"), not as a failure."""
+    logger = logging.getLogger("app")
+    logger.addHandler(caplog.handler)  # the app's logger does not propagate to the root
+    try:
+        with slow_preparation(monkeypatch, 0.2) as prepared, TestClient(
+                app_with(request_timeout_s=0.5, max_concurrent_requests=1), raise_server_exceptions=False) as client:
+            late = client.post(path, json={"rows": SAMPLE_ROWS, **extra}, headers=write_headers)
+            time.sleep(0.7)
+            served = client.get("/v1/gpus/h100-sxm")
+            stopped_after = len(prepared)
+            time.sleep(0.5)
+            assert len(prepared) == stopped_after  # nothing more was prepared
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert_problem(late, 503)
+    assert served.status_code == 200
+    assert 1 <= stopped_after <= 4
+    assert [record.levelno for record in caplog.records if record.getMessage() == "timed-out work stopped"] == [
+        logging.WARNING]
+    assert not [record for record in caplog.records if record.getMessage() == "timed-out request failed later"]
 
 
 @pytest.mark.parametrize(("name", "value"), [

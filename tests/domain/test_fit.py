@@ -316,6 +316,39 @@ def test_a_makers_entry_is_fitted_on_its_gpus_and_answers_for_a_family_without_a
         e.key: e for e in fit.profile.entries if not e.family.startswith("vendor:")}
 
 
+class Stopped(Exception):
+    """What the test's check raises (a request's raises RequestAbandoned)."""
+
+
+def test_the_check_is_called_before_each_entrys_search_and_what_it_raises_stops_the_fit() -> None:
+    """24 toy rows (toy_targets x 8), 12 hopper and 12 ampere, all NVIDIA's and bf16, fit_global: the searches, in
+    order, are the global entry, hopper's and ampere's family entries, NVIDIA's maker entry (two families: a search
+    of its own); each family's only precision takes its family's fit, searching nothing. So 4 checks. A check that
+    raises on its third call stops the fit there: the exception comes out, and no entry after the second runs
+    (families are fitted in name order: ampere, then hopper)."""
+    toys = toy_targets() * 8
+    rows = [dataclasses.replace(t, family="hopper" if index < 12 else "ampere", vendor="NVIDIA")
+            for index, t in enumerate(toys)]
+    base = single_entry_profile("b", DEFAULT_EFFICIENCY)
+    calls = []
+    fit = fit_profile(rows, base, name="x", fit_global=True, max_evaluations=20,
+                      describe=lambda family, dtype, rows: "fit", check=lambda: calls.append(len(calls)))
+    assert len(calls) == 4
+    assert [(e.family, e.compute_dtype) for e in fit.entries][:4] == [
+        (ANY, ANY), ("ampere", ANY), ("hopper", ANY), ("vendor:nvidia", ANY)]
+    checks, described = [], []
+
+    def third_stops() -> None:
+        if len(checks) == 2:
+            raise Stopped
+        checks.append(True)
+
+    with pytest.raises(Stopped):
+        fit_profile(rows, base, name="x", fit_global=True, max_evaluations=20,
+                    describe=lambda family, dtype, rows: described.append(family) or "fit", check=third_stops)
+    assert described == [ANY, "ampere"]  # the global entry and ampere's searched; hopper's never starts
+
+
 def test_fitted_sources_name_each_source_with_its_rows_the_most_first() -> None:
     """Six rows: three of A, two of B, one of C; then a tie, two of D and two of A, goes by name."""
     rows = [dataclasses.replace(product_targets()[0], source_id=source) for source in "ABACBA"]

@@ -215,6 +215,11 @@ LEVELS = (GLOBAL, FAMILY, FAMILY_PRECISION)
 _MISS_PENALTY = math.log(1000.0)
 
 
+def keep_going() -> None:
+    """The `check` of work nobody waits on (a command line's fit or validation): never stops it. A request's
+    passes one that raises once the request is past its deadline (`app.web.deadline_check`)."""
+
+
 def parameter_value(efficiency: Efficiency, name: str) -> float:
     """A fitted parameter's value in an efficiency (SMALL_M_FLATNESS is read off its compute curve)."""
     if name == SERIAL_STEP:
@@ -435,7 +440,8 @@ class ProfileFit:
 
 def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name: str, fit_global: bool,
                 describe: Callable[[str, str, Sequence[FitTarget]], str], max_evaluations: int = DEFAULT_EVALUATIONS,
-                max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY) -> ProfileFit:
+                max_rows_per_entry: int | None = MAX_FIT_ROWS_PER_ENTRY,
+                check: Callable[[], None] = keep_going) -> ProfileFit:
     """Fit a profile from the general to the specific, each entry starting where the previous level left
     it: the global entry on every target (when `fit_global`); then, for each GPU family with at least
     MIN_ROWS_PER_ENTRY targets, a family entry (family, `*`) on all of them, the fallback for its
@@ -454,6 +460,8 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     the cost of a prompt step per MoE layer is refitted on all its MoE rows (`fit_prompt_step_overhead`). The
     entries below start from the search's values, not the refit's: a refit that moved where a family's search
     starts would move all of its values (the search is local; 2026-12-04, several points on subsets).
+    `check` is called before each entry's search and before the decode worker's fit: whatever it raises stops
+    the fit there (a request past its deadline).
     """
     if not targets:
         raise ValueError("nothing to fit: no measurements")
@@ -463,6 +471,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     levels: dict[str, CalibrationProfile] = {}
 
     def fit(key: tuple[str, str], rows: Sequence[FitTarget]) -> Efficiency:
+        check()
         moe_rows = spread([row for row in rows if row.pays_prefill_overhead and not row.measures_decode_worker_step],
                           max_rows_per_entry)
         rows = spread([row for row in rows if row.measures_steps], max_rows_per_entry)
@@ -527,6 +536,7 @@ def fit_profile(targets: Sequence[FitTarget], base: CalibrationProfile, *, name:
     # entry of its own needs measure it; fewer keep the base's (one model family's four TPOTs, all that is left
     # when DeepSeek's are held out, would set it for every run).
     if len(decode_rows) >= MIN_ROWS_PER_ENTRY:
+        check()
         step = fit_decode_worker_step(decode_rows, levels[FAMILY])
         levels = {level: with_decode_worker_step(profile, step) for level, profile in levels.items()}
     return ProfileFit(levels[FAMILY_PRECISION], tuple(fits), levels)
