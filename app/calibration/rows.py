@@ -39,7 +39,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import ValidationError
 
@@ -50,6 +50,15 @@ from app.sizing.model.recipes import PUBLISHED_RECIPES
 from app.sizing.serving.workload import PairedLengths
 
 CSV_COLUMNS = tuple(MeasurementRowIn.model_fields)
+
+
+def _numeric(annotation: Any) -> bool:
+    """Whether a column's type is a number (int or float, optional or constrained)."""
+    return annotation in (int, float) or any(_numeric(argument) for argument in get_args(annotation))
+
+
+_NUMBER_FORM = " (digits, a sign, a decimal point, an exponent; no '_' between digits)"
+NUMERIC_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if _numeric(field.annotation))
 REQUIRED_COLUMNS = tuple(name for name, field in MeasurementRowIn.model_fields.items() if field.is_required())
 # Columns naming a thing (a catalog entry or a word of the schema's vocabulary): a value outside what
 # the service knows skips the row instead of refusing the file.
@@ -245,7 +254,13 @@ def _records(text: str, pointer: str, max_rows: int | None):
     stripped, empty ones left out."""
     reader = csv.DictReader(io.StringIO(text))
     try:
-        header = reader.fieldnames or []
+        header = [name.strip() for name in reader.fieldnames or []]  # names stripped, as cells are
+        reader.fieldnames = header
+        repeated = sorted({name for name in header if name in CSV_COLUMNS and header.count(name) > 1})
+        if repeated:  # which copy holds the row's value is the file's mistake, not ours to guess
+            raise RowsInvalid(f"the CSV header names a column more than once: {', '.join(repeated)}",
+                              [(pointer, f"column {name!r} appears {header.count(name)} times in the header; keep one")
+                               for name in repeated])
         missing = [column for column in REQUIRED_COLUMNS if column not in header]
         if missing:
             expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
@@ -340,6 +355,10 @@ def _read_cells(cells: Mapping[str, str], pointer: str, prefix: str = "") -> Obs
 def _checked(cells: Mapping[str, str], pointer: str, prefix: str) -> MeasurementRowIn | str | list[tuple[str, str]]:
     """The row in the schema; or why it is skipped whatever else it states (a name outside the vocabulary, a
     layout not stated); or the (pointer, message) of each cell that is not what its column holds."""
+    unreadable = [(f"{pointer}/{column}", f"{prefix}{value!r} is not a number as a cell writes one" + _NUMBER_FORM)
+                  for column, value in cells.items() if column in NUMERIC_COLUMNS and "_" in value]
+    if unreadable:  # Python's and the schema's lax parsing would read 1_000 as 1000
+        return unreadable
     try:
         return MeasurementRowIn.model_validate(_schema_cells(cells), strict=False)
     except ValidationError as exc:

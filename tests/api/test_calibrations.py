@@ -26,7 +26,7 @@ from app.calibration.profiles import (
     load_default_profile,
     profile_from_entries,
 )
-from app.calibration.rows import observed_rows, rows_from_csv
+from app.calibration.rows import RowsInvalid, observed_rows, rows_from_csv
 from app.calibration.schemas import (
     MAX_CALIBRATE_ROWS,
     MAX_CALIBRATE_SIMULATED_RUNS,
@@ -481,10 +481,29 @@ FIRST_ROW = SAMPLE_TEXT.splitlines()[1]
     (HEADER + "\n" + "\n".join(FIRST_ROW.replace("TRTLLM_PERF_V017-2,", f"r{i},", 1)
                                for i in range(MAX_VALIDATE_ROWS + 1)) + "\n", "/body/file"),  # too many rows
     (HEADER + "\n" + FIRST_ROW + "\n" + FIRST_ROW + "\n", "/body/file/3/row_id"),  # line 3 repeats line 2's id
+    # Python's literal syntax, which int() and float() read (1_000 as 1000), is no number in a cell:
+    (HEADER + "\n" + FIRST_ROW.replace(",28836.77,", ",28_836.77,") + "\n", "/body/file/2/value"),
+    (HEADER + "\n" + FIRST_ROW.replace(",offline,128,128,", ",offline,1_28,128,") + "\n", "/body/file/2/isl"),
 ])
 def test_bad_csv_uploads_are_problems(client: TestClient, text: str, pointer: str) -> None:
     response = client.post("/v1/validate", files={"file": ("rows.csv", text, "text/csv")})
     assert_problem(response, 422, pointer)
+
+
+def test_a_csv_that_names_a_column_twice_is_refused_not_read_from_one_copy() -> None:
+    """The first sample row with a second `model` column (llama-3-70b beside the row's llama-3.1-8b) and a second
+    `value` (7): which copy is the row's cannot be told, so the upload is a 422 naming both columns, never read
+    from the last copy (a validation of the wrong model, or a fit to the wrong number). The same header without
+    the copies is read (spaces around the names stripped, as they are around cells)."""
+    doubled = (HEADER + ",model,value\n" + FIRST_ROW + ",llama-3-70b,7\n")
+    with pytest.raises(RowsInvalid) as raised:
+        rows_from_csv(doubled)
+    assert raised.value.errors == [
+        ("/body/file", "column 'model' appears 2 times in the header; keep one"),
+        ("/body/file", "column 'value' appears 2 times in the header; keep one")]
+    spaced = ", ".join(HEADER.split(",")) + "\n" + FIRST_ROW + "\n"
+    (row,) = rows_from_csv(spaced)
+    assert (row.model, row.value) == ("llama-3.1-8b", 28836.77)
 
 
 def test_uploads_need_a_csv_file_or_json(client: TestClient) -> None:
