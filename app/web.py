@@ -57,8 +57,9 @@ class Preconditions:
             if "*" not in self.if_match and current_etag not in self.if_match:
                 raise PreconditionFailed("The row changed since you read it (stale If-Match ETag); "
                                          "GET it again and reapply your change")
+        # Weak comparison (RFC 9110 13.1.2), as a GET's If-None-Match: W/"x" matches "x".
         if self.if_none_match is not None and current_etag is not None and (
-                "*" in self.if_none_match or current_etag in self.if_none_match):
+                "*" in self.if_none_match or current_etag in {tag.removeprefix("W/") for tag in self.if_none_match}):
             raise PreconditionFailed("The row already exists (If-None-Match)")
 
 

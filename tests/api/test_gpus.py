@@ -139,6 +139,21 @@ def test_if_none_match_star_only_creates(client: TestClient, write_headers: dict
     assert client.put("/v1/gpus/example-64gb", json=NEW_GPU, headers=create_only).status_code == 412
 
 
+def test_if_none_match_compares_weakly_on_writes_as_on_reads(client: TestClient, write_headers: dict[str, str]) -> None:
+    """RFC 9110 13.1.2: If-None-Match uses the weak comparison, so W/"<current tag>" names the row as it is: a GET
+    with it is a 304, and a PUT or DELETE with it a 412 that changes nothing (it was a 200 that overwrote the row);
+    a weak tag of another version is no match, and the write goes through."""
+    client.put("/v1/gpus/example-64gb", json=NEW_GPU, headers=write_headers)
+    etag = client.get("/v1/gpus/example-64gb").headers["etag"]
+    weak = {**write_headers, "If-None-Match": f"W/{etag}"}
+    assert client.get("/v1/gpus/example-64gb", headers={"If-None-Match": f"W/{etag}"}).status_code == 304
+    assert client.put("/v1/gpus/example-64gb", json={**NEW_GPU, "tdp_w": 701.0}, headers=weak).status_code == 412
+    assert client.delete("/v1/gpus/example-64gb", headers=weak).status_code == 412
+    assert client.get("/v1/gpus/example-64gb").json()["tdp_w"] is None  # NEW_GPU states none
+    other = {**write_headers, "If-None-Match": 'W/"0123456789abcdef0123456789abcdef"'}
+    assert client.put("/v1/gpus/example-64gb", json={**NEW_GPU, "tdp_w": 701.0}, headers=other).status_code == 200
+
+
 def test_delete_is_204_then_404(client: TestClient, write_headers: dict[str, str]) -> None:
     etag = client.get("/v1/gpus/t4").headers["etag"]
     deleted = client.delete("/v1/gpus/t4", headers={**write_headers, "If-Match": etag})
