@@ -34,7 +34,7 @@ from app.calibration.profiles import profile_from_entries
 from app.catalog import repository
 from app.catalog import service as catalog_service
 from app.catalog.reference import gpu_spec_from_record, model_spec_from_record
-from app.catalog.schemas import GpuOut, ModelArchitecture, ModelOut
+from app.catalog.schemas import GpuOut, ModelOut
 from app.catalog.tables import GpuRecord, ModelRecord
 from app.errors import Conflict, NotFound, ServiceUnavailable, Unprocessable
 from app.planning import service as planning
@@ -83,12 +83,14 @@ def _candidate_gpus(session: Session, request: SloPlanRequest) -> list[GpuOut]:
 
 
 def _models(session: Session, request: SloPlanRequest) -> list[ModelOut]:
-    """Catalog models the plan resolves: the model (unless inline) and a speculative draft model."""
+    """Catalog models the plan resolves: the model (unless inline) and a speculative draft model, as the catalog
+    holds them (a reprice plans a model deleted since from the quote's copy, `_RepriceSources`)."""
     slugs = {request.model} if request.model is not None else set()
     speculative = request.speculative
     if speculative is not None and speculative.draft_model is not None:
         slugs.add(speculative.draft_model)
-    return [catalog_service.read_one(session, catalog_service.MODELS, slug) for slug in sorted(slugs)]
+    records = (repository.get(session, ModelRecord, slug) for slug in sorted(slugs))
+    return [catalog_service.MODELS.to_out(record) for record in records if record is not None]
 
 
 def catalog_snapshot(session: Session, request: SloPlanRequest, profile: dict[str, Any]) -> dict[str, Any]:
@@ -254,11 +256,10 @@ def _stored_request(record: QuoteRecord) -> SloPlanRequest:
                        "schema; it cannot be repriced") from None
 
 
-def _todays_request(session: Session, stored: SloPlanRequest,
-                    snapshot: dict[str, Any]) -> SloPlanRequest:
+def _todays_request(session: Session, stored: SloPlanRequest) -> SloPlanRequest:
     """The stored request, made runnable against today's catalog: listed candidate GPUs deleted
-    since are left out (with their price overrides), and a model deleted since is planned from its
-    stored architecture. A deleted draft model has no stand-in: that is a 409."""
+    since are left out (with their price overrides). A model deleted since is planned from its stored
+    row (`_RepriceSources`); a deleted draft model has no stand-in: that is a 409."""
     changes: dict[str, Any] = {}
     candidates = stored.candidates
     if candidates.gpus is not None:
@@ -275,11 +276,6 @@ def _todays_request(session: Session, stored: SloPlanRequest,
     if draft is not None and repository.get(session, ModelRecord, draft) is None:
         raise Conflict(f"The quote's draft model {draft!r} has been deleted from the catalog since; "
                        "it cannot be repriced as quoted")
-    if stored.model is not None and repository.get(session, ModelRecord, stored.model) is None:
-        row = snapshot["models"][stored.model]
-        architecture = {name: row[name] for name in ModelArchitecture.model_fields}
-        changes["model"] = None
-        changes["model_spec"] = ModelArchitecture.model_validate_json(canonical_json(architecture))
     return stored.model_copy(update=changes) if changes else stored
 
 
@@ -347,13 +343,22 @@ def _outcome_differences(before: dict[str, Any], after: dict[str, Any]) -> Itera
 
 
 class _RepriceSources(planning.DatabaseSources):
-    """Today's catalog and profiles; a named profile deleted since is replaced by the quote's copy of it
-    (as a deleted model is by its stored architecture)."""
+    """Today's catalog and profiles; a model or a named profile deleted since is replaced by the quote's copy of
+    it (`snapshot`): the model keeps its slug and its Hugging Face id (the plan's name and launch commands)."""
 
-    def __init__(self, session: Session, stored_profile: dict[str, Any] | None) -> None:
+    def __init__(self, session: Session, snapshot: dict[str, Any]) -> None:
         super().__init__(session)
-        self.stored_profile = stored_profile
+        self.snapshot = snapshot
+        self.stored_profile: dict[str, Any] | None = snapshot.get("calibration_profile")
         self.profile_deleted = False
+
+    def model(self, slug: str) -> tuple[ModelSpec, str]:
+        try:
+            return super().model(slug)
+        except NotFound:
+            if slug not in self.snapshot["models"]:
+                raise
+        return SnapshotSources(self.snapshot).model(slug)
 
     def profile(self, name: str | None) -> CalibrationProfile:
         try:
@@ -416,8 +421,8 @@ def reprice(session: Session, quote_id: str, offload: planning.Offload = plannin
     nothing."""
     record = _record_or_404(session, quote_id)
     stored = record.catalog_snapshot
-    todays = _todays_request(session, _stored_request(record), stored)
-    sources = _RepriceSources(session, stored.get("calibration_profile"))
+    todays = _todays_request(session, _stored_request(record))
+    sources = _RepriceSources(session, stored)
     result, snapshot = plan_with_snapshot(session, todays, sources, offload)
     differences = [
         *_row_differences("model", stored["models"], snapshot["models"]),

@@ -445,10 +445,12 @@ def test_reprice_after_the_model_is_deleted_uses_the_stored_architecture(
          "after": None, "detail": "model llama-3.1-8b (version 1) was deleted from the catalog since; "
                                   "the reprice plans with the architecture stored in the quote"},
     ]
-    # Same architecture, same GPU, same price: the same plan.
+    # Same architecture, same GPU, same price: the same plan, named as quoted (its slug, and its Hugging Face id
+    # in the launch command, from the quote's copy of the row: not "model_spec (inline)" and a placeholder path).
     before, after = quote["result"]["plans"][0], body["repriced"]["plans"][0]
-    for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted"):
+    for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted", "launch"):
         assert after[field] == before[field]
+    assert body["repriced"]["model"] == body["original"]["model"] == "llama-3.1-8b"
 
 
 def test_reprice_after_the_snapshot_gpu_was_rewritten_unchanged(client: TestClient,
