@@ -30,8 +30,9 @@ from app.sizing.specs import LAYER_CHUNKED, LAYER_FULL, LAYER_SLIDING, LAYER_TYP
 # Integers above 2**53 are not exactly representable as floats, and products of a few of them
 # would overflow float arithmetic downstream; no real model dimension comes near.
 MAX_INTEGER = 2**53
-# Guards the per-layer tuples (layer_types, moe_layers); published models have at most ~130 layers.
-MAX_LAYERS = 10_000
+# Guards the per-layer tuples (layer_types, moe_layers); published models have at most ~130 layers. The catalog's
+# bound (schemas.Layers), so a config is refused once, with the limit it is held to.
+MAX_LAYERS = 1000
 
 _TEXT_CONFIG = "text_config"
 # Multimodal wrappers and the class their `text_config` is read with when it names no model_type.
@@ -207,6 +208,9 @@ class NormalizedConfig:
     fields: dict[str, object]          # ModelSpec keyword arguments (HF names), ready for ModelSpec(**fields)
     defaults_applied: tuple[str, ...]  # human-readable "field = value (reason/source)" lines
     notes: tuple[str, ...]             # other observations (e.g. "num_kv_heads 71 ignored: multi_query")
+    # Where the config states each field it states (a JSON pointer into it: "/num_local_experts" for num_experts),
+    # so a later problem with a field's value names the key the client sent.
+    pointers: Mapping[str, str] = field(default_factory=dict)
 
 
 class ConfigError(ValueError):
@@ -228,7 +232,7 @@ def normalize_hf_config(raw: object) -> NormalizedConfig:
     except ValueError as exc:  # an invariant the reader did not anticipate: still the client's input
         raise ConfigError([("", str(exc))]) from None
     return NormalizedConfig(fields, tuple(dict.fromkeys(reader.defaults_applied)),
-                            tuple(dict.fromkeys(reader.notes)))
+                            tuple(dict.fromkeys(reader.notes)), dict(reader.located))
 
 
 # Reading values -----------------------------------------------------------------------------
@@ -308,6 +312,7 @@ class _Reader:
         self.problems: list[tuple[str, str]] = []
         self.defaults_applied: list[str] = []
         self.notes: list[str] = []
+        self.located: dict[str, str] = {}  # key -> the pointer of the alias the config states it under
 
     @property
     def source(self) -> str:
@@ -326,7 +331,10 @@ class _Reader:
         for pointer, value in stated[1:]:
             if value != stated[0][1]:
                 self.problems.append((pointer, f"conflicts with {stated[0][0]} ({_describe(stated[0][1])})"))
-        return (stated or present or [None])[0]
+        found = (stated or present or [None])[0]
+        if found is not None:
+            self.located[key] = found[0]
+        return found
 
     def get(self, key: str, parse: Callable[[object], object], *, null: object = _REJECT) -> object:
         """The config's value for `key`, else the family default (reported), else _MISSING.

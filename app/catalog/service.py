@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from app.catalog import repository
-from app.catalog.hf_config import ConfigError, normalize_hf_config
+from app.catalog.hf_config import ConfigError, NormalizedConfig, normalize_hf_config
 from app.catalog.reference import (
     architecture_kind,
     attention_kind,
@@ -387,6 +387,14 @@ def _flush_or_conflict(session: Session, kind: CatalogKind[Any], slug: str) -> N
 IMPORT_SOURCE = "Imported from a Hugging Face config.json"
 
 
+def _config_pointer(normalized: NormalizedConfig, location: tuple[Any, ...]) -> str:
+    """Where in the imported config a catalog field's value came from (the key the client sent, an alias
+    included: /body/num_local_experts for num_experts), else the field under /body."""
+    name, *rest = location
+    stated = normalized.pointers.get(name) if isinstance(name, str) else None
+    return "/body" + stated + json_pointer(tuple(rest)) if stated is not None else json_pointer(("body", *location))
+
+
 def import_model(session: Session, slug: str, config: object, *, written_by: str | None,
                  preconditions: Preconditions) -> tuple[ModelImport, bool]:
     """Normalize a raw config.json to the catalog shape; store it on behalf of the key named
@@ -417,7 +425,7 @@ def import_model(session: Session, slug: str, config: object, *, written_by: str
     except ValidationError as exc:
         raise Unprocessable(
             "The config's values are out of range for a model architecture",
-            errors=[(json_pointer(("body", *error["loc"])), error["msg"]) for error in exc.errors()],
+            errors=[(_config_pointer(normalized, error["loc"]), error["msg"]) for error in exc.errors()],
         ) from None
     columns = model_columns(slug, body)
     version = None

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.api.problems import assert_problem
+
 SMALL_MODEL = {
     "name": "Tiny GQA model",
     "num_hidden_layers": 4,
@@ -324,6 +326,20 @@ def test_import_missing_essentials_is_a_422_listing_them(client: TestClient) -> 
     assert response.status_code == 422
     pointers = {error["pointer"] for error in response.json()["errors"]}
     assert {"/body/hidden_size", "/body/num_hidden_layers"} <= pointers
+
+
+def test_an_imported_value_out_of_the_catalogs_range_is_named_by_the_key_sent(client: TestClient) -> None:
+    """Mixtral's config states its experts as num_local_experts (the catalog's num_experts): a billion of them is
+    past the catalog's bound, and the 422 points at /body/num_local_experts, the key the config sent. Layers are
+    held to the catalog's bound of 1,000 once, with that limit: 5,000 (which the reader's old bound of 10,000 let
+    through to a second, other limit) and 100,000 alike."""
+    experts = client.post("/v1/models/import", params={"slug": "x1"},
+                          json={**MIXTRAL_8X7B, "num_local_experts": 1_000_000_000})
+    assert_problem(experts, 422, "/body/num_local_experts")
+    for layers in (5_000, 100_000):
+        deep = client.post("/v1/models/import", params={"slug": "x1"}, json={**LLAMA_3_70B, "num_hidden_layers": layers})
+        problem = assert_problem(deep, 422, "/body/num_hidden_layers")
+        assert [error["detail"] for error in problem["errors"]] == [f"must be between 1 and 1000, got {layers}"]
 
 
 @pytest.mark.parametrize("body", [b"{not json", b'{"hidden_size": NaN}', b"", b"\xff\xfe\x00garbage"])

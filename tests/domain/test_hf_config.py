@@ -533,8 +533,8 @@ def test_missing_essentials_without_model_type():
     ("hidden_size", {"value": 4096}, "expected an integer, got an object"),
     ("hidden_size", -8192, "must be between 1 and 9007199254740992, got -8192"),
     ("hidden_size", 10**30, "must be between 1 and 9007199254740992, got an integer of 100 bits"),
-    ("num_hidden_layers", 0, "must be between 1 and 10000, got 0"),
-    ("num_hidden_layers", 10**6, "must be between 1 and 10000, got 1000000"),
+    ("num_hidden_layers", 0, "must be between 1 and 1000, got 0"),
+    ("num_hidden_layers", 10**6, "must be between 1 and 1000, got 1000000"),
     ("tie_word_embeddings", 0, "expected true or false, got 0"),
     ("torch_dtype", 16, "expected a string, got 16"),
 ])
@@ -545,7 +545,7 @@ def test_wrong_types_are_reported_at_their_pointer(key, value, message):
 def test_every_wrong_field_is_reported_at_once():
     config = {**load("meta-llama-3-70b"), "hidden_size": "big", "vocab_size": None, "num_hidden_layers": -1}
     assert problems_of(config) == [
-        ("/num_hidden_layers", "must be between 1 and 10000, got -1"),
+        ("/num_hidden_layers", "must be between 1 and 1000, got -1"),
         ("/hidden_size", 'expected an integer, got "big"'),
         ("/vocab_size", "expected an integer, got null"),
     ]
