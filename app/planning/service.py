@@ -23,7 +23,7 @@ from app.estimates.inputs import (
     published_checkpoint,
     served_dtype,
 )
-from app.planning.checks import check_plan_parallelism, draft_notes
+from app.planning.checks import check_plan_parallelism, closed_loop_notes, draft_notes
 from app.planning.schemas import (
     DisaggregationOut,
     HistogramLengths,
@@ -251,15 +251,8 @@ def plan_slo(session: Session, request: SloPlanRequest, sources: PlanSources | N
     disaggregated = offload(plan_pools, inputs, configurations) if deployment != AGGREGATED else None
     if aggregated is not None and disaggregated is not None:
         notes.append(_comparison_note(aggregated, disaggregated))
-    workload = inputs.workload
-    if (aggregated is not None and aggregated.plans and workload.is_closed_loop and not workload.think_time_s
-            and isinstance(workload.input_tokens, Fixed) and isinstance(workload.output_tokens, Fixed)):
-        notes.append("aggregated plans simulate the closed loop's users themselves: users of fixed lengths settle into "
-                     "regular turns (each prompt prefilled alone, or in waves), so their percentiles show that pattern's "
-                     "spread, often none; users whose lengths vary, or who pause between requests, now and then queue "
-                     "behind each other: give lengths as distributions (lognormal or histogram), or think_time_s"
-                     + ("; disaggregated plans are sized as the open loop of the users' rate, whose arrivals "
-                        "bunch" if disaggregated is not None else ""))
+    if aggregated is not None and aggregated.plans:
+        notes += closed_loop_notes(inputs.workload, disaggregated is not None)
     ranked: list[plan_core.Plan | disaggregation.DisaggregatedPlan] = sorted(
         [*(aggregated.plans if aggregated else ()), *(disaggregated.plans if disaggregated else ())], key=_rank_key)
     max_model_len = plan_core.max_model_len(inputs)

@@ -152,7 +152,7 @@ def test_closed_loop_plans_users(client):
     assert load["offered"] == math.ceil(40 / plan["replicas"])
     # Users of fixed lengths fall into regular turns in the simulation: the note says so, and how to get tails.
     turns = [note for note in response.json()["assumptions"]["notes"] if "regular turns" in note]
-    assert len(turns) == 1 and "distributions" in turns[0] and "think_time_s" in turns[0]
+    assert len(turns) == 1 and "output_tokens as a distribution" in turns[0] and "think_time_s" in turns[0]
 
 
 def test_users_who_think_between_requests_need_fewer_replicas(client):
@@ -175,6 +175,9 @@ def test_users_who_think_between_requests_need_fewer_replicas(client):
     assumptions = thinking.json()["assumptions"]
     assert "each sending the next request 60 s on average after the last one finishes" in assumptions["load_model"]
     assert not any("regular turns" in note for note in assumptions["notes"])
+    # Their answers are all 200 tokens: the groups that finish together, and what a short pause does to them.
+    bursts = [note for note in assumptions["notes"] if "come back in bursts" in note]
+    assert len(bursts) == 1 and "output_tokens as a distribution" in bursts[0]
 
 
 def test_think_time_belongs_to_a_closed_loop_and_is_never_negative(client):
@@ -186,15 +189,19 @@ def test_think_time_belongs_to_a_closed_loop_and_is_never_negative(client):
     assert problem_pointers(post(client, negative)) == ["/body/workload/think_time_s"]
 
 
-def test_a_closed_loop_of_varied_lengths_or_an_open_loop_gets_no_note_on_turns(client):
+def test_a_closed_loop_of_varied_answers_or_an_open_loop_gets_no_note_on_turns(client):
+    """Requests decoding together finish together only when their answers have one length: prompts of varied
+    lengths with answers of one length still get the note; answers of varied lengths, or an open loop, do not."""
     base = {"slo": {"ttft_ms": 1000, "tpot_ms": 30}, "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]},
             "model": "llama-3.1-8b"}
-    for workload in ({"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800}, "output_tokens": 200,
-                      "concurrent_users": 40},
-                     {"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 5}):
+    varied = {"kind": "lognormal", "mean": 200, "p50": 160}
+    for workload, noted in (({"input_tokens": {"kind": "lognormal", "mean": 1000, "p50": 800}, "output_tokens": 200,
+                              "concurrent_users": 40}, True),
+                            ({"input_tokens": 1000, "output_tokens": varied, "concurrent_users": 40}, False),
+                            ({"input_tokens": 1000, "output_tokens": 200, "requests_per_s": 5}, False)):
         response = post(client, {**base, "workload": workload})
         assert response.status_code == 200, response.text
-        assert not any("regular turns" in note for note in response.json()["assumptions"]["notes"])
+        assert any("regular turns" in note for note in response.json()["assumptions"]["notes"]) is noted
 
 
 def test_a_gpu_without_a_price_is_ranked_by_gpu_count_and_said_so(client):
