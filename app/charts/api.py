@@ -111,7 +111,7 @@ class QueryForm:
                 fields[name] = (typed, Field(default, description=info.description, examples=example,
                                              json_schema_extra=schema_extra))
                 parents[name] = parent
-        parameters = create_model(f"{request_model.__name__}Query", __config__=ConfigDict(extra="forbid"),
+        parameters = create_model(f"{request_model.__name__}Query", __config__=ConfigDict(extra="forbid", allow_inf_nan=False),
                                   **fields)
         return cls(request_model, parameters, parents)
 

@@ -177,11 +177,21 @@ class WorkloadIn(BaseModel):
             # One spelling in stored documents (burst_factor is excluded from dumps).
             self.peak_to_mean_ratio = self.burst_factor
             self.burst_factor = None
-        if self.concurrent_users is not None and (self.peak_to_mean_ratio != 1 or self.arrival_cv != 1):
-            raise ValueError("peak_to_mean_ratio and arrival_cv apply to requests_per_s (open loop) only")
-        if self.think_time_s and self.concurrent_users is None:
-            raise ValueError("think_time_s applies to concurrent_users (closed loop) only")
         return self
+
+    @field_validator("think_time_s")
+    @classmethod
+    def _closed_loop_only(cls, value: float, info: ValidationInfo) -> float:
+        if value and info.data.get("requests_per_s") is not None:  # (both loads, or neither: `_one_load` says so)
+            raise ValueError("think_time_s applies to concurrent_users (closed loop) only")
+        return value
+
+    @field_validator("peak_to_mean_ratio", "arrival_cv", "burst_factor")
+    @classmethod
+    def _open_loop_only(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value not in (None, 1) and info.data.get("concurrent_users") is not None:
+            raise ValueError(f"{info.field_name} applies to requests_per_s (open loop) only")
+        return value
 
 
 class SloIn(BaseModel):
@@ -518,7 +528,9 @@ class PlanOut(BaseModel):
     gpus_per_replica: int
     gpus: int
     nodes: int = Field(description="Tensor parallelism stays inside one node; small replicas share nodes")
-    price_per_gpu_hour_usd: float | None
+    price_per_gpu_hour_usd: float | None = Field(description=(
+        "The price of `gpu` (disaggregated: the decode worker's GPU; a prefill pool on another GPU is priced at its "
+        "own: cost_per_hour_usd sums both pools' costs, each stated in its pool)"))
     price_source: Literal["request", "catalog"] | None = Field(description="null = no price known")
     cost_per_hour_usd: float | None
     cost_per_million_output_tokens_usd: float | None

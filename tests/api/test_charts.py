@@ -479,12 +479,23 @@ def test_an_infeasible_plan_is_still_a_chart(client: TestClient) -> None:
     ({"metric": "e2e"}, "/query/metric"),
     ({"tensor_parallel": [0]}, "/query/tensor_parallel/0"),
     ({"concurrent_users": 10}, "/query"),  # both an arrival rate and a user count
+    ({"think_time_s": 3}, "/query/think_time_s"),  # a closed loop's pause in an open loop
+    ({"think_time_s": "nan"}, "/query/think_time_s"),
 ])
 def test_bad_slo_plan_chart_query_parameters(client: TestClient, params: dict[str, Any],
                                              pointer: str) -> None:
     base = {"model": "llama-3.1-8b", "input_tokens": 1000, "output_tokens": 250, "requests_per_s": 5,
             "ttft_ms": 1000, "tpot_ms": 50, "gpus": ["h100-sxm"], "simulated_requests": 500}
     assert_problem(get(client, PLAN, {**base, **params}), 422, pointer)
+
+
+def test_a_non_finite_query_number_is_called_so_as_in_a_json_body(client: TestClient) -> None:
+    """nan or inf in a query parameter is "not a finite number", as in the JSON body, not a range miss."""
+    base = {"model": "llama-3.1-8b", "input_tokens": 1000, "output_tokens": 250, "concurrent_users": 5,
+            "ttft_ms": 1000, "tpot_ms": 50, "gpus": ["h100-sxm"]}
+    for text in ("nan", "inf"):
+        problem = assert_problem(get(client, PLAN, {**base, "think_time_s": text}), 422, "/query/think_time_s")
+        assert [error["detail"] for error in problem["errors"]] == ["Input should be a finite number"]
 
 
 def test_bad_slo_plan_chart_body(client: TestClient) -> None:

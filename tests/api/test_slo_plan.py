@@ -185,8 +185,20 @@ def test_think_time_belongs_to_a_closed_loop_and_is_never_negative(client):
     negative = {**ISSUE_EXAMPLE, "workload": {"input_tokens": 1000, "output_tokens": 200, "concurrent_users": 4,
                                               "think_time_s": -1}}
     response = post(client, open_loop)
-    assert problem_pointers(response) == ["/body/workload"] and "think_time_s" in response.text
+    assert problem_pointers(response) == ["/body/workload/think_time_s"] and "closed loop" in response.text
     assert problem_pointers(post(client, negative)) == ["/body/workload/think_time_s"]
+
+
+@pytest.mark.parametrize(("field", "value", "load"), [
+    ("think_time_s", 5, {"requests_per_s": 2}), ("peak_to_mean_ratio", 1.5, {"concurrent_users": 4}),
+    ("burst_factor", 1.5, {"concurrent_users": 4}), ("arrival_cv", 2, {"concurrent_users": 4}),
+])
+def test_a_field_of_the_other_loop_is_a_422_at_that_field(client, field, value, load):
+    """A closed loop's think time in an open loop, or an open loop's rate shaping in a closed one: the 422 points
+    at the field itself (and says which loop it belongs to), not at the whole workload."""
+    body = {**ISSUE_EXAMPLE, "workload": {"input_tokens": 1000, "output_tokens": 200, **load, field: value}}
+    response = post(client, body)
+    assert problem_pointers(response) == [f"/body/workload/{field}"] and "only" in response.text
 
 
 def test_a_closed_loop_of_varied_answers_or_an_open_loop_gets_no_note_on_turns(client):
@@ -388,7 +400,7 @@ def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
     assert "Gamma renewal stream (gaps with coefficient of variation 2)" in bursty.json()["assumptions"]["load_model"]
     closed = post(client, {**BURST_CASE, "workload": {"input_tokens": 1000, "output_tokens": 500,
                                                        "concurrent_users": 8, "arrival_cv": 2}})
-    assert problem_pointers(closed) == ["/body/workload"]
+    assert problem_pointers(closed) == ["/body/workload/arrival_cv"]
 
 
 # Inline GPUs ---------------------------------------------------------------------------------
