@@ -383,6 +383,14 @@ class PoolCapacityOut(BaseModel):
                     "batch but keeps its blocks); decode: concurrent requests of prompt + answer (capped by "
                     "max_num_seqs)")
     requests: int = Field(description="requests_per_worker.sequences x workers: the whole pool")
+    expected_requests_per_s_per_worker: float | None = Field(
+        None, description="Requests one worker sustains, no latency SLO checked (null when a worker does not fit): "
+                          "prefill: the prompts it prefills per second at its token budget (as many whole prompts "
+                          "as max_num_batched_tokens holds in one step, else one prompt in chunks; each attention "
+                          "data-parallel rank its own, each pipeline stage 1/pp of a step); decode: its operating "
+                          "point's expected_requests_per_s")
+    expected_requests_per_s: float | None = Field(
+        None, description="expected_requests_per_s_per_worker x workers: the whole pool")
     engine: EngineOut
 
 
@@ -395,6 +403,12 @@ class CapacityDisaggregationOut(BaseModel):
     prefill: PoolCapacityOut
     decode: PoolCapacityOut
     kv_transfer: KvTransferOut = Field(description="At input_tokens, from app.sizing.serving.disaggregation")
+    expected_requests_per_s: float | None = Field(
+        None, description="What the deployment sustains, no latency SLO checked: the lower of its pools' "
+                          "expected_requests_per_s (null when a pool does not fit)")
+    limited_by: Literal["prefill", "decode"] | None = Field(
+        None, description="The pool whose rate that is: with prefill, the decode pool's workers run below the "
+                          "operating point above (top-level fields), and the prompts queue beyond this rate")
 
 
 class CapacityResponse(BaseModel):

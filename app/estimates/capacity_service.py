@@ -91,6 +91,10 @@ DISAGGREGATED_CAPACITY_FORMULAS = (
      "section 3 gives neither role memory defaults of its own); a prefill worker holds each prompt's KV "
      "(input_tokens) until its transfer completes, in-flight prompts = its KV blocks // the prompt's blocks; a "
      "decode worker holds prompt + answer (input + output) and times decode steps alone"),
+    ("pool rates (no latency SLO): a prefill worker sustains lanes x k / step(k prompts) prompts/s, k = "
+     "max_num_batched_tokens // input_tokens whole prompts in one step, else lanes / (one prompt's prefill in "
+     "chunks), lanes = dp x pp; a decode worker its operating point's requests/s; a pool = workers x a worker's; "
+     "the deployment = the lower pool's (limited_by)"),
     ("KV transfer = latency + the prompt's KV on the most loaded decode GPU / per-GPU bandwidth: NVLink when both "
      "pools are one GPU type and all their GPUs fit one NVLink domain, else the scale-out network; latency "
      "11.8 us (NVLink) or 22.4 us (network), NCCL's model of one message"),
@@ -196,11 +200,14 @@ def _disaggregated_capacity(session: Session, request: CapacityRequest, model: M
     if env:  # a setting the transfer assumes that the engine's defaults lack (SGLang's MNNVL across an NVL72)
         top.assumptions.defaults_used.append(
             f"KV transfer over {transfer.link} with {' '.join(env)} set for both pools' workers")
+    pool_outs = _pool_capacity_out(prefill, prefill_pool), _pool_capacity_out(decode, decode_pool)
+    rates = [(out.expected_requests_per_s, out.role) for out in pool_outs]
+    rate, limited_by = min(rates) if all(value is not None for value, _ in rates) else (None, None)
     return top.model_copy(update={
         "fits": not reasons, "reasons": reasons, "deployment": DISAGGREGATED,
         "disaggregation": CapacityDisaggregationOut(
-            prefill=_pool_capacity_out(prefill, prefill_pool), decode=_pool_capacity_out(decode, decode_pool),
-            kv_transfer=kv_transfer_out(transfer))})
+            prefill=pool_outs[0], decode=pool_outs[1], kv_transfer=kv_transfer_out(transfer),
+            expected_requests_per_s=rate, limited_by=limited_by)})
 
 
 def _precision_arguments(precisions: ResolvedPrecisions) -> dict[str, str]:
@@ -261,7 +268,10 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
 
 
 def _pool_capacity_out(answer: disaggregation.PoolCapacity, pool: ResolvedPool) -> PoolCapacityOut:
-    worker, layout = answer.worker, answer.layout
+    worker, layout, point = answer.worker, answer.layout, answer.worker.operating_point
+    per_worker = None if point is None else (
+        point.expected_prefill_requests_per_s if answer.role == disaggregation.PREFILL_POOL
+        else point.expected_requests_per_s)
     return PoolCapacityOut(
         role=answer.role, gpu=pool.gpu_label, tensor_parallel=layout.tensor_parallel,
         pipeline_parallel=layout.pipeline_parallel, data_parallel=layout.data_parallel,
@@ -271,7 +281,10 @@ def _pool_capacity_out(answer: disaggregation.PoolCapacity, pool: ResolvedPool) 
         kv_bytes_per_token_per_gpu=worker.kv_bytes_per_token_per_gpu, kv_tokens_per_worker=worker.kv_tokens,
         kv_blocks_per_worker=worker.kv_blocks, tokens_per_request=answer.tokens_per_request,
         requests_per_worker=_concurrency_out(answer.requests_per_worker),
-        requests=answer.requests_per_worker.sequences * answer.workers, engine=_engine_out(worker.engine))
+        requests=answer.requests_per_worker.sequences * answer.workers,
+        expected_requests_per_s_per_worker=per_worker,
+        expected_requests_per_s=None if per_worker is None else per_worker * answer.workers,
+        engine=_engine_out(worker.engine))
 
 
 def _memory_out(result: capacity_core.CapacityResult) -> MemoryOut:

@@ -31,7 +31,9 @@
 # the pauses and the disaggregated plans sized for N / (E + Z); a closed loop's disaggregated rate search stops where
 # its next rate would be no lower than the one known enough (was: the same plan sized again, or a larger one kept);
 # /v1/capacity's operating point states the users it carries at a think time (batch + requests/s x think time).
-CALCULATION_VERSION = "2026.12.07.2"
+# 2026.12.07.3: /v1/capacity of a disaggregated deployment states what each pool sustains (a prefill worker: the
+# prompts its token budget holds per step, each attention-DP rank its own; was: none) and which pool limits it.
+CALCULATION_VERSION = "2026.12.07.3"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

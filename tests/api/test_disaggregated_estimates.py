@@ -80,6 +80,26 @@ def test_capacity_of_each_pool_and_the_transfer(client: TestClient) -> None:
     assert thinking["users_at_think_time"] == pytest.approx(378 + point["expected_requests_per_s"] * 60)
 
 
+def test_capacity_states_what_each_pool_sustains_and_which_one_limits_the_deployment(client: TestClient) -> None:
+    """The deployment sustains the lower of its pools' rates. A prompt of 8,192 tokens fills the 8,192-token budget
+    alone, so a prefill worker prefills 1 / (its prompt's time) prompts/s (tests/domain/test_capacity.py); the decode
+    pool sustains its workers x the top-level operating point (one decode worker). Two TP4 prefill workers (about
+    2.4 prompts/s each) limit one TP8 decode worker of 378 requests (about 7.3 requests/s); 32 of them do not, and
+    the decode worker's rate is then the deployment's (a fuzzing run found the prefill pool ignored)."""
+    answer = post(client, "/v1/capacity", CAPACITY)
+    pools, point = answer["disaggregation"], answer["operating_point"]
+    prefill, decode = pools["prefill"], pools["decode"]
+    assert prefill["expected_requests_per_s"] == pytest.approx(2 * prefill["expected_requests_per_s_per_worker"])
+    assert decode["expected_requests_per_s_per_worker"] == point["expected_requests_per_s"]
+    assert decode["expected_requests_per_s"] == point["expected_requests_per_s"]  # one decode worker
+    assert prefill["expected_requests_per_s"] < decode["expected_requests_per_s"]
+    assert (pools["expected_requests_per_s"], pools["limited_by"]) == (prefill["expected_requests_per_s"], "prefill")
+    wide = post(client, "/v1/capacity", {**CAPACITY, "prefill": {"tensor_parallel": 4, "workers": 32}})["disaggregation"]
+    assert wide["prefill"]["expected_requests_per_s_per_worker"] == prefill["expected_requests_per_s_per_worker"]
+    assert wide["prefill"]["expected_requests_per_s"] == pytest.approx(32 * prefill["expected_requests_per_s_per_worker"])
+    assert (wide["expected_requests_per_s"], wide["limited_by"]) == (decode["expected_requests_per_s"], "decode")
+
+
 def test_capacity_pools_inside_one_node_move_the_kv_over_nvlink(client: TestClient) -> None:
     """TP4 + TP4 = 8 GPUs, one HGX node: NVLink. Each TP4 decode GPU holds 2 KV heads of the prompt:
     8,192 x 2 x 2 x 128 x 1 B x 80 = 335,544,320 B; 11.8 us + 335,544,320 / 450e9 s = 0.75745 ms."""

@@ -21,7 +21,13 @@ from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.model.activations import activation_peak_bytes, activation_values_per_token
 from app.sizing.model.kv import kv_bytes_per_token_per_layer
 from app.sizing.model.params import pipeline_stages
-from app.sizing.serving.capacity import LIMIT_KV_CACHE, LIMIT_MAX_NUM_SEQS, capacity, operating_point
+from app.sizing.serving.capacity import (
+    LIMIT_KV_CACHE,
+    LIMIT_MAX_NUM_SEQS,
+    capacity,
+    operating_point,
+    prefill_requests_per_s,
+)
 from app.sizing.serving.memory import (
     kv_bytes_per_token_per_gpu,
     kv_token_capacity,
@@ -847,3 +853,35 @@ def test_the_per_deployment_memo_keeps_no_request_lengths() -> None:
     after_short = sized(6_000, 1_000)
     assert after_short == fresh_long
     assert after_short.max_concurrency.admission != sized(1_000, 500).max_concurrency.admission
+
+
+def test_a_prefill_worker_sustains_the_prompts_its_token_budget_holds_per_step() -> None:
+    """A toy step of 10 ms + 10 us per prompt token. 1,000-token prompts under an 8,192-token budget go 8 to a
+    step (8,000 tokens: 10 + 80 = 90 ms): 8 / 0.09 = 88.889 prompts/s per lane, 177.778 over 2 lanes (two attention
+    data-parallel ranks). The step carries the 8 prompts' causal context, 8 x 1,000 x 1,001 / 2 = 4,004,000
+    positions, and samples 8 last positions. A prompt of 8,192 or of 20,000 tokens fills the budget alone: one
+    per the time it takes alone in chunks (`alone_s`, 0.5 s here), 2 prompts/s per lane."""
+    calls = []
+
+    def step(decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_seqs):
+        calls.append((decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_seqs))
+        return 0.010 + 1e-5 * prefill_tokens
+
+    assert prefill_requests_per_s(step, 1000, 8192, 2, alone_s=99.0) == pytest.approx(2 * 8 / 0.09, rel=1e-12)
+    assert calls == [(0.0, 0.0, 8000.0, 4_004_000.0, 8.0)]
+    assert prefill_requests_per_s(step, 8192, 8192, 1, alone_s=0.5) == 2.0
+    assert prefill_requests_per_s(step, 20_000, 8192, 1, alone_s=0.5) == 2.0
+    assert len(calls) == 1  # a prompt alone is timed by its chunks, not again here
+
+
+def test_a_disaggregated_decode_worker_prefills_nothing_and_a_prefill_worker_states_its_rate() -> None:
+    """Llama-3-70B fp8 on one TP4 H100 worker, 8,192-token prompts (the budget: one prompt a step): a prefill
+    worker sustains 1 / (its prompt's prefill time) prompts/s; a decode worker prefills nothing (0)."""
+    shape = {"tensor_parallel": 4, "pipeline_parallel": 1, "weight_dtype": "fp8", "kv_dtype": "fp8",
+             "compute_dtype": "fp8", "efficiency": DEFAULT_EFFICIENCY, "max_num_batched_tokens": 8192,
+             "batch_size": 16, "concurrency_view": "admission", "input_tokens": 8192}
+    prefill = operating_point(LLAMA_3_70B, H100, output_tokens=1, **shape)
+    assert prefill.expected_prefill_requests_per_s == pytest.approx(1 / prefill.expected_prefill_s, rel=1e-12)
+    assert prefill.ideal_prefill_requests_per_s == pytest.approx(1 / prefill.ideal_prefill_s, rel=1e-12)
+    decode = operating_point(LLAMA_3_70B, H100, output_tokens=1024, decode_only=True, **shape)
+    assert decode.expected_prefill_requests_per_s == decode.ideal_prefill_requests_per_s == 0.0

@@ -17,8 +17,10 @@ decode operating point is evaluated there with the step-time model (`hardware/st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +129,24 @@ class OperatingPoint:
     expected_output_tokens_per_s: float
     ideal_requests_per_s: float
     expected_requests_per_s: float
+    # The prompts per second the deployment's prefill alone sustains (`prefill_requests_per_s`; 0 for a
+    # disaggregated decode worker, which prefills nothing): a disaggregated prefill worker's throughput limit.
+    ideal_prefill_requests_per_s: float = 0.0
+    expected_prefill_requests_per_s: float = 0.0
+
+
+def prefill_requests_per_s(step_time: Callable[..., Any], input_tokens: int, max_num_batched_tokens: int, lanes: int,
+                           alone_s: float) -> float:
+    """Prompts per second a worker sustains doing nothing but prefill, at its token budget: as many whole
+    prompts as the budget holds in one step (k = budget // prompt, each sampling its last position), else one
+    prompt in chunks taking `alone_s`; `lanes` of them side by side (its attention data-parallel ranks x its
+    pipeline micro-batches in flight, each stage carrying 1/pp of a step, as the operating point's tpot counts
+    them). No latency is checked: the rate at which prompts would queue without end."""
+    per_step = max_num_batched_tokens // input_tokens
+    if per_step <= 1:
+        return lanes / alone_s
+    tokens = per_step * input_tokens
+    return lanes * per_step / float(step_time(0.0, 0.0, float(tokens), tokens * (input_tokens + 1) / 2, float(per_step)))
 
 
 def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurrency_view: str,
@@ -171,6 +191,11 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     def tpot(decode: float, prefill: float) -> float:
         return decode + rank_batch * prefill / (pipeline_parallel * output_tokens)
 
+    lanes = data_parallel * pipeline_parallel
+    prefill_rates = (0.0, 0.0) if decode_only else tuple(
+        prefill_requests_per_s(time, input_tokens, max_num_batched_tokens, lanes, alone)
+        for time, alone in ((steps.ideal_step_time_s, prefill_ideal), (steps.step_time_s, prefill_expected)))
+
     tpot_ideal, tpot_expected = tpot(decode_ideal, prefill_ideal), tpot(decode_expected, prefill_expected)
     return OperatingPoint(
         batch_size=batch_size, concurrency_view=concurrency_view, mean_context_tokens=mean_context,
@@ -183,6 +208,7 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
         expected_output_tokens_per_s=batch_size / tpot_expected,
         ideal_requests_per_s=batch_size / (tpot_ideal * output_tokens),
         expected_requests_per_s=batch_size / (tpot_expected * output_tokens),
+        ideal_prefill_requests_per_s=prefill_rates[0], expected_prefill_requests_per_s=prefill_rates[1],
     )
 
 
