@@ -32,7 +32,9 @@
 # its next rate would be no lower than the one known enough (was: the same plan sized again, or a larger one kept);
 # /v1/capacity's operating point states the users it carries at a think time (batch + requests/s x think time).
 # 2026.12.07.3: /v1/capacity of a disaggregated deployment states what each pool sustains (a prefill worker: the
-# prompts its token budget holds per step, each attention-DP rank its own; was: none) and which pool limits it.
+# prompts its token budget holds per step, each attention-DP rank its own; was: none) and which pool limits it;
+# the note on why aggregated wins counts a decode worker's GPU time per request no longer than the request decodes
+# (was: its share of the workers' whole time, idle included: users thinking a day read "0% prefill").
 CALCULATION_VERSION = "2026.12.07.3"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

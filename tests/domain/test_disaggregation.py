@@ -492,15 +492,18 @@ def test_a_closed_loop_needs_a_request_per_user() -> None:
 def test_prefill_share_of_a_request_s_gpu_time() -> None:
     """1,000-token prompts at 2 req/s. A prefill worker of 2 GPUs and one scheduler whose step costs 10 µs per
     prompt token: the mean prompt keeps it busy 1,000 x 10 µs = 0.01 s, 2 x 0.01 = 0.02 GPU-seconds. Decode: 3
-    workers of 4 GPUs, one a spare: 2 x 4 = 8 GPUs always stepping for 2 req/s, 4 GPU-seconds per request. Prefill's
-    share: 0.02 / (0.02 + 4) = 0.4975%."""
+    workers of 4 GPUs, one a spare: 2 x 4 = 8 GPUs always stepping for 2 req/s, 4 GPU-seconds per request, when a
+    request decodes 5 s (2 req/s x 5 s = 10 requests on 2 workers: always stepping). Prefill's share: 0.02 / (0.02 +
+    4) = 0.4975%. A request decoding 0.5 s (1 request on the 2 workers at a time, each idle half the time) keeps one
+    worker's 4 GPUs busy 0.5 s: 2 GPU-seconds, and prefill's share is 0.02 / (0.02 + 2)."""
     planner = _Planner(dataclasses.replace(_closed_loop_inputs(1), workload=Workload(Fixed(1000), Fixed(100),
                                                                                    requests_per_s=2.0)))
     prefill = SimpleNamespace(configuration=SimpleNamespace(gpus_per_replica=2), schedulers=1,
                               step_time=lambda seqs, context, tokens, positions: tokens * 1e-5,
                               scheduler=SchedulerConfig(kv_capacity_tokens=100_000, max_num_batched_tokens=8192))
     decode = SimpleNamespace(workers=3, extra_workers=1, configuration=SimpleNamespace(gpus_per_replica=4))
-    assert _prefill_share(planner, prefill, decode) == pytest.approx(0.02 / 4.02)
+    assert _prefill_share(planner, prefill, decode, decoding_s=5.0) == pytest.approx(0.02 / 4.02)
+    assert _prefill_share(planner, prefill, decode, decoding_s=0.5) == pytest.approx(0.02 / 2.02)
 
 
 # Planning a closed loop ---------------------------------------------------------------------------------

@@ -700,16 +700,20 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         cost_per_million_output_tokens_usd=None if cost is None else cost_per_million_tokens(cost, tokens_per_s),
         output_tokens_per_s=tokens_per_s, predicted=prediction, meets_slo=True, binding_constraint=worst[0],
         binding_detail=binding_detail, mean_e2e_s=float(np.mean(measured.e2e_s)),
-        prefill_share=_prefill_share(planner, prefill_screened, decode))
+        prefill_share=_prefill_share(planner, prefill_screened, decode,
+                                     float(np.mean(measured.e2e_s - measured.ttft_s))))
 
 
-def _prefill_share(planner: _Planner, prefill: _Screened, decode: Pool) -> float:
+def _prefill_share(planner: _Planner, prefill: _Screened, decode: Pool, decoding_s: float) -> float:
     """Prefill's share of the GPU time a request takes (`DisaggregatedPlan.prefill_share`): a prefill worker's
     GPUs busy with the mean prompt (one of its schedulers' prefill time, its schedulers side by side), against
-    the decode workers (without spares: always stepping while they hold requests) over the requests per second."""
+    the decode workers' (without spares: stepping while they hold requests) over the requests per second, or,
+    where requests are too few to keep them stepping, one worker's GPUs for a request's `decoding_s` (its first
+    token to its last: users thinking a day between requests leave the decode workers idle, which is no work)."""
     prefill_s = prefill.configuration.gpus_per_replica * _prefill_busy_s(planner, prefill) / prefill.schedulers
-    decode_s = ((decode.workers - decode.extra_workers) * decode.configuration.gpus_per_replica
-                / (planner.peak_load * planner.inputs.peak_to_mean_ratio))
+    gpus = decode.configuration.gpus_per_replica
+    decode_s = min((decode.workers - decode.extra_workers) * gpus / (planner.peak_load * planner.inputs.peak_to_mean_ratio),
+                   gpus * decoding_s)
     return prefill_s / (prefill_s + decode_s)
 
 
