@@ -35,6 +35,7 @@ from app.web import (
     SessionDep,
     SlugPath,
     authenticate,
+    etag_of,
     json_with_etag,
     representation,
     requires,
@@ -100,6 +101,8 @@ models_router = APIRouter(prefix="/v1/models", tags=["models"])
 
 RESERVED_SLUGS = frozenset({"import"})  # would shadow POST /v1/models/import
 LOCATION_HEADER = {"Location": {"description": "URL of the new row", "schema": {"type": "string"}}}
+STORED_ETAG_HEADER = {"ETag": {"description": "When stored: the stored row's entity tag (GET /v1/models/{slug}'s), "
+                                              "for the next If-Match", "schema": {"type": "string"}}}
 
 
 @models_router.get("", response_model=ModelPage, summary="List models", dependencies=[CatalogRead],
@@ -205,7 +208,10 @@ def import_access(
                     }}},
                     # Added to the bearer scheme: a dry run needs no key, storing does.
                     "security": [{}]},
-                    responses={201: {"description": "Stored as a new row", "model": ModelImport, "headers": LOCATION_HEADER},
+                    responses={200: {"description": "Normalized (dry run), or stored over an existing row",
+                                     "headers": STORED_ETAG_HEADER},
+                               201: {"description": "Stored as a new row", "model": ModelImport,
+                                     "headers": {**STORED_ETAG_HEADER, **LOCATION_HEADER}},
                     **problem_responses(401, 403, 409, 412, 413, 422, 503)},
                     )
 def import_model(
@@ -223,5 +229,7 @@ def import_model(
     result, created = catalog_service.import_model(session, slug, config, written_by=writer,
                                                    preconditions=preconditions)
     headers = {"Location": f"{catalog_service.MODELS.path}/{slug}"} if created else {}
+    if result.stored:  # the stored row's tag, as a PUT answers with: the next conditional write can use it
+        headers["ETag"] = etag_of(catalog_service.read_one(session, catalog_service.MODELS, slug))
     return Response(representation(result), status_code=201 if created else 200,
                     media_type="application/json", headers=headers)

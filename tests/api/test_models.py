@@ -240,6 +240,24 @@ def test_import_deepseek_v3_and_store_it(client: TestClient, write_headers: dict
     assert again.status_code == 200 and again.json()["version"] == 2
 
 
+def test_a_stored_import_answers_with_the_rows_etag_for_the_next_conditional_write(
+        client: TestClient, write_headers: dict[str, str]) -> None:
+    """As a PUT does: the ETag of the row stored (the GET's), so an If-Match write can follow without a GET; that
+    write bumps the row, and the first tag is then stale (412). A dry run stores nothing and states no tag."""
+    stored = client.post("/v1/models/import", params={"slug": "tagged", "dry_run": "false"}, json=LLAMA_3_70B,
+                         headers=write_headers)
+    assert stored.status_code == 201
+    assert stored.headers["etag"] == client.get("/v1/models/tagged").headers["etag"]
+    replace = {**write_headers, "If-Match": stored.headers["etag"]}
+    again = client.post("/v1/models/import", params={"slug": "tagged", "dry_run": "false"}, json=LLAMA_3_70B,
+                        headers=replace)
+    assert again.status_code == 200 and again.headers["etag"] == client.get("/v1/models/tagged").headers["etag"]
+    stale = client.post("/v1/models/import", params={"slug": "tagged", "dry_run": "false"}, json=LLAMA_3_70B,
+                        headers=replace)
+    assert stale.status_code == 412
+    assert "etag" not in client.post("/v1/models/import", params={"slug": "tagged"}, json=LLAMA_3_70B).headers
+
+
 def test_import_gemma_2_9b_applies_the_omitted_tie_default_and_alternating_windows(client: TestClient) -> None:
     result = _import(client, GEMMA_2_9B)
     model = result["model"]
