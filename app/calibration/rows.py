@@ -251,8 +251,9 @@ def _named_sharegpt_lengths(tokenizer: str, fit: str) -> PairedLengths:
 
 def _records(text: str, pointer: str, max_rows: int | None):
     """(line, cells) per data row of CSV text: cells of the schema's columns and the layout columns,
-    stripped, empty ones left out."""
-    reader = csv.DictReader(io.StringIO(text))
+    stripped, empty ones left out. Lines may end in \n, \r\n or \r alone (universal newlines); a row of empty
+    cells (a spreadsheet's trailing ",,,,") is skipped, as a blank line is."""
+    reader = csv.DictReader(io.StringIO(text, newline=None))
     try:
         header = [name.strip() for name in reader.fieldnames or []]  # names stripped, as cells are
         reader.fieldnames = header
@@ -266,16 +267,16 @@ def _records(text: str, pointer: str, max_rows: int | None):
             expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
             raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
         count = 0
-        for count, record in enumerate(reader, start=1):
-            line = reader.line_num
+        for record in reader:
+            cells = {column: value.strip() for column, value in record.items()
+                     if column is not None and value is not None and value.strip()}
+            if not cells and None not in record:
+                continue
+            count += 1
             if max_rows is not None and count > max_rows:
                 raise RowsInvalid(f"more than {max_rows} rows in one upload",
                                   [(pointer, f"at most {max_rows} rows per upload; split the file")])
-            if None in record:  # more cells than header columns
-                yield line, None
-                continue
-            yield line, {column: value.strip() for column, value in record.items()
-                         if value is not None and value.strip() != ""}
+            yield reader.line_num, None if None in record else cells  # None: more cells than header columns
         if count == 0:
             raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
     except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell

@@ -490,6 +490,21 @@ def test_bad_csv_uploads_are_problems(client: TestClient, text: str, pointer: st
     assert_problem(response, 422, pointer)
 
 
+def test_old_mac_line_ends_and_a_spreadsheets_empty_rows_read_as_the_plain_file() -> None:
+    """The sample's first two rows with lines ending in a lone \r (universal newlines), and with rows of empty
+    cells after them (",,,," as spreadsheets export a used range): the same two rows as the plain file; a file of
+    nothing but such rows has no rows (422 at /body/file), as a header alone has."""
+    plain = "\n".join(SAMPLE_TEXT.splitlines()[:3]) + "\n"
+    expected = rows_from_csv(plain)
+    assert len(expected) == 2
+    assert rows_from_csv(plain.replace("\n", "\r")) == expected
+    empty_row = "," * (len(HEADER.split(",")) - 1)
+    assert rows_from_csv(plain + empty_row + "\n" + empty_row + "\n") == expected
+    with pytest.raises(RowsInvalid) as raised:
+        rows_from_csv(HEADER + "\n" + empty_row + "\n")
+    assert raised.value.errors == [("/body/file", "no data rows after the header")]
+
+
 def test_a_csv_that_names_a_column_twice_is_refused_not_read_from_one_copy() -> None:
     """The first sample row with a second `model` column (llama-3-70b beside the row's llama-3.1-8b) and a second
     `value` (7): which copy is the row's cannot be told, so the upload is a 422 naming both columns, never read
