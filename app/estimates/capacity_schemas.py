@@ -265,7 +265,8 @@ class OperatingPointOut(BaseModel):
     mean_context_tokens: float = Field(description="Cached tokens per running request during decode")
     ideal_decode_step_ms: float
     expected_decode_step_ms: float
-    ideal_prefill_ms: float = Field(description="One request's prompt, in max_num_batched_tokens chunks (0 on a "
+    ideal_prefill_ms: float = Field(description="One request's prompt: in max_num_batched_tokens chunks, or, where a "
+                                                "step holds k >= 2 whole prompts, its 1/k share of such a step (0 on a "
                                                 "disaggregated decode worker: its prompts arrive prefilled)")
     expected_prefill_ms: float
     ideal_tpot_ms: float = Field(description="decode step + batch x prefill / (pp x output_tokens); a "

@@ -69,7 +69,9 @@ CAPACITY_FORMULAS = (
      "steady state = budget / mean KV of a request over its decode (input + t tokens, block-rounded, "
      "t = 1..output); each capped by max_num_seqs"),
     ("operating point: tpot = decode step (batch/(dp x pp) requests at mean context, all stages) + batch/dp x "
-     "prefill / (pp x output); tokens/s per user = 1/tpot, aggregate = batch/tpot, requests/s = aggregate/output"),
+     "prefill / (pp x output), prefill = one prompt's: its chunks of max_num_batched_tokens, or 1/k of a step of "
+     "the k = max_num_batched_tokens // input_tokens >= 2 whole prompts one step holds; tokens/s per user = 1/tpot, "
+     "aggregate = batch/tpot, requests/s = aggregate/output"),
     ("attention data parallelism: each of the dp ranks keeps its own requests' KV at the per-GPU bytes of its "
      "tensor-parallel split (replica KV = dp x one rank's) and holds the attention weights, and the dense and "
      "shared-expert ones (sglang: split over all tp x dp GPUs, its TP group); routed experts are dealt to the "
@@ -91,10 +93,9 @@ DISAGGREGATED_CAPACITY_FORMULAS = (
      "section 3 gives neither role memory defaults of its own); a prefill worker holds each prompt's KV "
      "(input_tokens) until its transfer completes, in-flight prompts = its KV blocks // the prompt's blocks; a "
      "decode worker holds prompt + answer (input + output) and times decode steps alone"),
-    ("pool rates (no latency SLO): a prefill worker sustains lanes x k / step(k prompts) prompts/s, k = "
-     "max_num_batched_tokens // input_tokens whole prompts in one step, else lanes / (one prompt's prefill in "
-     "chunks), lanes = dp x pp; a decode worker its operating point's requests/s; a pool = workers x a worker's; "
-     "the deployment = the lower pool's (limited_by)"),
+    ("pool rates (no latency SLO): a prefill worker sustains dp x pp / prefill prompts/s (prefill: one prompt's, "
+     "as in the operating point); a decode worker its operating point's requests/s; a pool = workers x a "
+     "worker's; the deployment = the lower pool's (limited_by)"),
     ("KV transfer = latency + the prompt's KV on the most loaded decode GPU / per-GPU bandwidth: NVLink when both "
      "pools are one GPU type and all their GPUs fit one NVLink domain, else the scale-out network; latency "
      "11.8 us (NVLink) or 22.4 us (network), NCCL's model of one message"),

@@ -33,6 +33,9 @@
 # /v1/capacity's operating point states the users it carries at a think time (batch + requests/s x think time).
 # 2026.12.07.3: /v1/capacity of a disaggregated deployment states what each pool sustains (a prefill worker: the
 # prompts its token budget holds per step, each attention-DP rank its own; was: none) and which pool limits it;
+# its operating point charges a prompt shorter than half the token budget its 1/k share of a step of the k whole
+# prompts the budget holds (was: a step of its own, fixed costs included: TensorRT-LLM's 122 ms of MoE prompt-step
+# cost on every 100-token Qwen3-235B prompt, TPOT 502 ms where 1,000-token prompts read 238 ms);
 # the note on why aggregated wins counts a decode worker's GPU time per request no longer than the request decodes
 # (was: its share of the workers' whole time, idle included: users thinking a day read "0% prefill").
 CALCULATION_VERSION = "2026.12.07.3"

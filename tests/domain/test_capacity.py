@@ -26,7 +26,7 @@ from app.sizing.serving.capacity import (
     LIMIT_MAX_NUM_SEQS,
     capacity,
     operating_point,
-    prefill_requests_per_s,
+    prompt_prefill_s,
 )
 from app.sizing.serving.memory import (
     kv_bytes_per_token_per_gpu,
@@ -662,6 +662,10 @@ def test_prefill_is_timed_chunk_by_chunk() -> None:
     many = operating_point(LLAMA_3_1_8B, H100, input_tokens=100_000, max_num_batched_tokens=100, **common)
     exact = sum(steps.step_time_s(0, 0, 100, 100 * (100 * k + 50.5), 1) for k in range(1000))
     assert many.expected_prefill_s == pytest.approx(exact, rel=2e-3)
+    # A 1,000-token prompt under an 8,192-token budget: 1/8 of a step of 8 whole prompts (8,000 tokens attending
+    # 8 x 500,500 = 4,004,000 positions, 8 sampled), `prompt_prefill_s`.
+    shared = operating_point(LLAMA_3_1_8B, H100, input_tokens=1000, max_num_batched_tokens=8192, **common)
+    assert shared.expected_prefill_s == pytest.approx(steps.step_time_s(0, 0, 8000, 4_004_000, 8) / 8)
 
 
 def test_a_pipelines_steady_state_steps_at_its_full_period() -> None:
@@ -855,33 +859,37 @@ def test_the_per_deployment_memo_keeps_no_request_lengths() -> None:
     assert after_short.max_concurrency.admission != sized(1_000, 500).max_concurrency.admission
 
 
-def test_a_prefill_worker_sustains_the_prompts_its_token_budget_holds_per_step() -> None:
-    """A toy step of 10 ms + 10 us per prompt token. 1,000-token prompts under an 8,192-token budget go 8 to a
-    step (8,000 tokens: 10 + 80 = 90 ms): 8 / 0.09 = 88.889 prompts/s per lane, 177.778 over 2 lanes (two attention
-    data-parallel ranks). The step carries the 8 prompts' causal context, 8 x 1,000 x 1,001 / 2 = 4,004,000
-    positions, and samples 8 last positions. A prompt of 8,192 or of 20,000 tokens fills the budget alone: one
-    per the time it takes alone in chunks (`alone_s`, 0.5 s here), 2 prompts/s per lane."""
+def test_short_prompts_share_a_prefill_step_and_long_ones_take_their_chunks() -> None:
+    """A toy step of 10 ms + 10 us per prompt token. 1,000-token prompts under an 8,192-token budget go 8 to a step
+    (8,000 tokens: 10 + 80 = 90 ms), so one prompt's prefill is 90 / 8 = 11.25 ms, not the 20 ms of a step of its
+    own: the step's fixed 10 ms is shared (a fuzzing run found TensorRT-LLM's per-MoE-layer cost of a prompt step,
+    122 ms for Qwen3-235B, charged to every 100-token prompt). The step carries the 8 prompts' causal context,
+    8 x 1,000 x 1,001 / 2 = 4,004,000 positions, and samples 8 last positions. A prompt of 8,192 or of 20,000
+    tokens fills the budget alone: its prefill is its chunks' time (`chunks_s`, 0.5 s here)."""
     calls = []
 
     def step(decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_seqs):
         calls.append((decode_seqs, decode_context, prefill_tokens, prefill_context, prefill_seqs))
         return 0.010 + 1e-5 * prefill_tokens
 
-    assert prefill_requests_per_s(step, 1000, 8192, 2, alone_s=99.0) == pytest.approx(2 * 8 / 0.09, rel=1e-12)
+    assert prompt_prefill_s(step, 1000, 8192, chunks_s=99.0) == pytest.approx(0.09 / 8, rel=1e-12)
     assert calls == [(0.0, 0.0, 8000.0, 4_004_000.0, 8.0)]
-    assert prefill_requests_per_s(step, 8192, 8192, 1, alone_s=0.5) == 2.0
-    assert prefill_requests_per_s(step, 20_000, 8192, 1, alone_s=0.5) == 2.0
+    assert prompt_prefill_s(step, 8192, 8192, chunks_s=0.5) == 0.5
+    assert prompt_prefill_s(step, 20_000, 8192, chunks_s=0.5) == 0.5
     assert len(calls) == 1  # a prompt alone is timed by its chunks, not again here
 
 
 def test_a_disaggregated_decode_worker_prefills_nothing_and_a_prefill_worker_states_its_rate() -> None:
     """Llama-3-70B fp8 on one TP4 H100 worker, 8,192-token prompts (the budget: one prompt a step): a prefill
-    worker sustains 1 / (its prompt's prefill time) prompts/s; a decode worker prefills nothing (0)."""
+    worker sustains 1 / (its prompt's prefill time) prompts/s, two attention-DP ranks twice that; a decode worker
+    prefills nothing (0)."""
     shape = {"tensor_parallel": 4, "pipeline_parallel": 1, "weight_dtype": "fp8", "kv_dtype": "fp8",
              "compute_dtype": "fp8", "efficiency": DEFAULT_EFFICIENCY, "max_num_batched_tokens": 8192,
              "batch_size": 16, "concurrency_view": "admission", "input_tokens": 8192}
     prefill = operating_point(LLAMA_3_70B, H100, output_tokens=1, **shape)
     assert prefill.expected_prefill_requests_per_s == pytest.approx(1 / prefill.expected_prefill_s, rel=1e-12)
     assert prefill.ideal_prefill_requests_per_s == pytest.approx(1 / prefill.ideal_prefill_s, rel=1e-12)
+    ranks = operating_point(LLAMA_3_70B, H100, output_tokens=1, **{**shape, "data_parallel": 2})
+    assert ranks.expected_prefill_requests_per_s == pytest.approx(2 / ranks.expected_prefill_s, rel=1e-12)
     decode = operating_point(LLAMA_3_70B, H100, output_tokens=1024, decode_only=True, **shape)
     assert decode.expected_prefill_requests_per_s == decode.ideal_prefill_requests_per_s == 0.0

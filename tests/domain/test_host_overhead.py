@@ -568,9 +568,10 @@ def test_a_measured_disaggregated_run_charges_the_context_servers_steps(monkeypa
 
 
 def test_a_prefill_pools_operating_point_charges_its_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """/v1/capacity's prefill pool (`disaggregation.pool_capacity`): one 2,048-token prompt of Llama-3-8B on a
-    TensorRT-LLM context server is one step (under its 8,192-token max_num_tokens), so its expected prefill is
-    10 ms longer than with the overhead hidden under the step; the decode pool's steps are unchanged."""
+    """/v1/capacity's prefill pool (`disaggregation.pool_capacity`): 2,048-token prompts of Llama-3-8B on a
+    TensorRT-LLM context server go 4 to a step (8,192 // 2,048 under its max_num_tokens), so one prompt's expected
+    prefill, its quarter of the step, is 10 / 4 = 2.5 ms longer than with the overhead hidden under the step; the
+    decode pool's steps are unchanged."""
     def pool(role: str) -> disaggregation.PoolCapacity:
         return disaggregation.pool_capacity(
             role, LLAMA_3_8B, HOPPER, workers=1, layout=Layout(1), input_tokens=2048, output_tokens=128,
@@ -581,5 +582,5 @@ def test_a_prefill_pools_operating_point_charges_its_steps(monkeypatch: pytest.M
     _context_servers_hide_host_work(monkeypatch)
     hidden = pool("prefill").worker.operating_point
     assert charged is not None and hidden is not None and decode is not None
-    assert charged.expected_prefill_s == pytest.approx(hidden.expected_prefill_s + 10e-3, rel=1e-9)
+    assert charged.expected_prefill_s == pytest.approx(hidden.expected_prefill_s + 10e-3 / 4, rel=1e-9)
     assert pool("decode").worker.operating_point == decode

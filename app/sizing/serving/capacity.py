@@ -119,7 +119,7 @@ class OperatingPoint:
     mean_context_tokens: float  # cached tokens per running request during decode
     ideal_decode_step_s: float
     expected_decode_step_s: float
-    ideal_prefill_s: float  # one request's prompt
+    ideal_prefill_s: float  # one request's prompt (`prompt_prefill_s`)
     expected_prefill_s: float
     ideal_tpot_s: float
     expected_tpot_s: float
@@ -129,24 +129,24 @@ class OperatingPoint:
     expected_output_tokens_per_s: float
     ideal_requests_per_s: float
     expected_requests_per_s: float
-    # The prompts per second the deployment's prefill alone sustains (`prefill_requests_per_s`; 0 for a
-    # disaggregated decode worker, which prefills nothing): a disaggregated prefill worker's throughput limit.
+    # The prompts per second the deployment's prefill alone sustains: its dp x pp lanes (attention data-parallel
+    # ranks, pipeline micro-batches in flight, each stage carrying 1/pp of a step, as tpot counts them) over one
+    # prompt's prefill; 0 for a disaggregated decode worker, which prefills nothing. A prefill worker's limit.
     ideal_prefill_requests_per_s: float = 0.0
     expected_prefill_requests_per_s: float = 0.0
 
 
-def prefill_requests_per_s(step_time: Callable[..., Any], input_tokens: int, max_num_batched_tokens: int, lanes: int,
-                           alone_s: float) -> float:
-    """Prompts per second a worker sustains doing nothing but prefill, at its token budget: as many whole
-    prompts as the budget holds in one step (k = budget // prompt, each sampling its last position), else one
-    prompt in chunks taking `alone_s`; `lanes` of them side by side (its attention data-parallel ranks x its
-    pipeline micro-batches in flight, each stage carrying 1/pp of a step, as the operating point's tpot counts
-    them). No latency is checked: the rate at which prompts would queue without end."""
+def prompt_prefill_s(step_time: Callable[..., Any], input_tokens: int, max_num_batched_tokens: int,
+                     chunks_s: float) -> float:
+    """One prompt's prefill at the engine's token budget: alone, in chunks (`chunks_s`), when the budget holds at
+    most one prompt; else its 1/k share of a step of the k = budget // prompt whole prompts the budget holds (each
+    sampling its last position), so the step's fixed costs (weights read, per-step and per-MoE-layer overheads)
+    are shared as a busy engine shares them, not paid by every short prompt."""
     per_step = max_num_batched_tokens // input_tokens
     if per_step <= 1:
-        return lanes / alone_s
+        return chunks_s
     tokens = per_step * input_tokens
-    return lanes * per_step / float(step_time(0.0, 0.0, float(tokens), tokens * (input_tokens + 1) / 2, float(per_step)))
+    return float(step_time(0.0, 0.0, float(tokens), tokens * (input_tokens + 1) / 2, float(per_step))) / per_step
 
 
 def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurrency_view: str,
@@ -185,16 +185,16 @@ def operating_point(model: ModelSpec, gpu: GpuSpec, *, batch_size: int, concurre
     decode_row = (micro_batch, micro_batch * mean_context, 0.0, 0.0)
     decode_ideal, decode_expected = float(steps.ideal_step_time_s(*decode_row)), float(steps.step_time_s(*decode_row))
     prefill_ideal, prefill_expected = (
-        0.0 if decode_only else math.fsum(float(time(*row)) for row in chunk_rows) / len(chunk_rows) * count
+        0.0 if decode_only else prompt_prefill_s(
+            time, input_tokens, max_num_batched_tokens,
+            math.fsum(float(time(*row)) for row in chunk_rows) / len(chunk_rows) * count)
         for time in (steps.ideal_step_time_s, steps.step_time_s))
 
     def tpot(decode: float, prefill: float) -> float:
         return decode + rank_batch * prefill / (pipeline_parallel * output_tokens)
 
     lanes = data_parallel * pipeline_parallel
-    prefill_rates = (0.0, 0.0) if decode_only else tuple(
-        prefill_requests_per_s(time, input_tokens, max_num_batched_tokens, lanes, alone)
-        for time, alone in ((steps.ideal_step_time_s, prefill_ideal), (steps.step_time_s, prefill_expected)))
+    prefill_rates = (0.0, 0.0) if decode_only else (lanes / prefill_ideal, lanes / prefill_expected)
 
     tpot_ideal, tpot_expected = tpot(decode_ideal, prefill_ideal), tpot(decode_expected, prefill_expected)
     return OperatingPoint(
