@@ -48,7 +48,8 @@ from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.engines.base import ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import KIND_DISAGGREGATED, Layout
-from app.sizing.model.recipes import RECIPES, WeightRecipe, uniform_recipe
+from app.sizing.model.recipes import RECIPES, SIXTEEN_BIT_OR_WIDER, WeightRecipe, uniform_recipe
+from app.sizing.model.weights import weight_groups_per_gpu
 from app.sizing.serving import capacity as capacity_core
 from app.sizing.serving import disaggregation
 from app.sizing.specs import KV_DTYPES, ModelSpec
@@ -109,6 +110,13 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     gpu, gpu_label = resolve_gpu(session, request)
     if request.weight_recipe is not None:
         recipe, recipe_lines = RECIPES[request.weight_recipe], []
+        stored = {group.format for group in weight_groups_per_gpu(model, recipe) if group.params}
+        if recipe.dtype not in SIXTEEN_BIT_OR_WIDER and stored <= set(SIXTEEN_BIT_OR_WIDER):
+            raise Unprocessable(
+                f"weight_recipe {recipe.name} quantizes none of {model_label}'s weights ({recipe.description}): "
+                f"every one would stay {', '.join(sorted(stored))}, not {recipe.dtype}",
+                errors=[("/body/weight_recipe", f"{recipe.name} stores no group {model_label} has in {recipe.dtype}: "
+                         + "choose a recipe for this model, or a weight_dtype")])
     else:  # the model's one published checkpoint of the dtype (gpt-oss in fp4), else the plain dtype
         recipe, recipe_lines = published_checkpoint(model, request.weight_dtype)
     pools, layout = None, None

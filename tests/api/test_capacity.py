@@ -472,3 +472,15 @@ def test_recipe_and_version_errors_name_the_field(client: TestClient, change: di
     response = client.post("/v1/capacity", json={"model": "gpt-oss-120b", "gpu": "h100-sxm", **WORKLOAD, **change})
     assert response.status_code == 422
     assert pointer in [error["pointer"] for error in response.json()["errors"]]
+
+
+def test_a_recipe_that_quantizes_none_of_the_models_weights_is_a_422(client: TestClient) -> None:
+    """gpt_oss_mxfp4 stores gpt-oss's routed experts in MXFP4 and every other group in bf16: on dense Llama-3.1-8B,
+    which has no experts, every weight would stay bf16 while the answer said fp4 (a fuzzing run found it so). It is
+    a 422 naming the recipe; on gpt-oss-120b, whose experts it quantizes, it is sized."""
+    problem = assert_problem(client.post("/v1/capacity", json={
+        "model": "llama-3.1-8b", "gpu": "h100-sxm", "weight_recipe": "gpt_oss_mxfp4", **WORKLOAD}), 422,
+        "/body/weight_recipe")
+    assert "every one would stay bf16, not fp4" in problem["detail"]
+    sized = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_recipe": "gpt_oss_mxfp4", **WORKLOAD})
+    assert "mxfp4" in {group["format"] for group in sized["memory"]["weight_groups_per_gpu"]}
