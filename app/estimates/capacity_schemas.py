@@ -93,8 +93,8 @@ ENGINE_EXAMPLE: dict[str, Any] = {
     "max_num_batched_tokens": 8192, "block_size": 16, "max_model_len": 16384, "kv_allocation": "on_demand",
     "sources": {"gpu_memory_utilization": "given", "max_model_len": "given",
                 "max_num_seqs": "vLLM default on GPUs with >= 70 GiB other than A100",
-                "cuda_graph_bytes_per_gpu": ("0.45 GiB measured (Llama-3.1-8B, H100); vLLM >= 0.11 subtracts "
-                                             "its CUDA-graph estimate before sizing the KV cache")},
+                "cuda_graph_bytes_per_gpu": ("median CUDA-graph memory of the vLLM 0.19 llm-d runs on H100 (0.87 "
+                                             "GiB; range 0.64-1.85); subtracted before the KV cache from v0.20")},
 }
 ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
     "weight_dtype": "bf16",
@@ -160,11 +160,13 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
         None, description="Activation peak of a max_num_batched_tokens forward; null = estimate (vllm, "
                           "trtllm) or 0 (sglang: outside its static fraction; generic)")
     non_torch_bytes_per_gpu: BytesPerGpu | None = Field(
-        None, description="CUDA context, NCCL and cuBLAS workspaces; null = measured 0.13 GiB (1 GPU) or 0.6 "
-                          "GiB (2+ GPUs) for vllm/trtllm, 0 otherwise")
+        None, description="CUDA context, NCCL and cuBLAS workspaces; null = the engine's measured default: vllm "
+                          "0.25 GiB (1 GPU) or 2.07 GiB (2+ GPUs: NCCL and custom all-reduce buffers), trtllm 0.13 "
+                          "or 0.6 GiB, 0 otherwise (engine.sources states the one applied)")
     cuda_graph_bytes_per_gpu: BytesPerGpu | None = Field(
-        None, description="CUDA-graph memory subtracted before the KV cache; null = 0.45 GiB for vllm, 0 "
-                          "otherwise")
+        None, description="CUDA-graph memory subtracted before the KV cache; null = the engine's default: vllm "
+                          "from 0.20 0.87 GiB (the median measured; earlier releases capture them after sizing "
+                          "the KV cache: 0), 0 otherwise (engine.sources states the one applied)")
     max_model_len: ContextTokens | None = Field(
         None, description="Longest request the engine accepts; null = the model's max_position_embeddings")
     max_num_seqs: BatchSize | None = Field(None, description="Scheduler cap on running requests; null = the "

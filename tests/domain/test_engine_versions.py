@@ -140,5 +140,7 @@ def test_tensorrt_llm_refuses_gpus_of_other_makers_and_the_others_refuse_none() 
     unstated = dataclasses.replace(mi300x, name="inline", slug="inline", vendor="")
     assert gpu_problems("trtllm", mi300x) == ["trtllm runs on NVIDIA GPUs only, and AMD Instinct MI300X is AMD's"]
     assert gpu_problems("trtllm", h100) == [] and gpu_problems("trtllm", unstated) == []
+    nameless = dataclasses.replace(mi300x, name="", slug="")  # an inline spec without a name
+    assert gpu_problems("trtllm", nameless) == ["trtllm runs on NVIDIA GPUs only, and the GPU (unnamed) is AMD's"]
     for engine in ("vllm", "sglang", "generic", None):
         assert gpu_problems(engine, mi300x) == []

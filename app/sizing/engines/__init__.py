@@ -78,7 +78,8 @@ def gpu_problems(engine: str | None, gpu: GpuSpec) -> list[str]:
     vendors = ENGINES[engine].gpu_vendors if engine is not None else ()
     if not vendors or not gpu.vendor or gpu.vendor in vendors:
         return []
-    return [f"{engine} runs on {' or '.join(vendors)} GPUs only, and {gpu.name or gpu.slug} is {gpu.vendor}'s"]
+    named = gpu.name or gpu.slug or "the GPU (unnamed)"
+    return [f"{engine} runs on {' or '.join(vendors)} GPUs only, and {named} is {gpu.vendor}'s"]
 
 
 def pipeline_split(engine: str | None) -> str:
