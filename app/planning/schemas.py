@@ -534,7 +534,10 @@ class PlanOut(BaseModel):
     price_source: Literal["request", "catalog"] | None = Field(description="null = no price known")
     cost_per_hour_usd: float | None
     cost_per_million_output_tokens_usd: float | None
-    output_tokens_per_s: float = Field(description="The fleet at the peak load")
+    output_tokens_per_s: float = Field(description=(
+        "The fleet's output at the workload's mean rate (requests_per_s x the mean answer; peak_to_mean_ratio sizes "
+        "the fleet, predicted.output_tokens_per_s is at the load sized for), or a closed loop's users at their "
+        "simulated pace: what cost_per_million_output_tokens_usd divides the cost by"))
     output_tokens_per_s_per_gpu: float
     utilization_ratio: float = Field(description="Offered / max verified load per replica (an upper bound: the "
                                                  "true limit lies between max_verified and failing)")

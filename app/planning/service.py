@@ -562,12 +562,14 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
     transfer = plan.transfer
     prefill_out, decode_out = (_pool_out(pool, model, model_id, max_model_len, role, transfer.link == NVLINK)
                                for pool, role in ((plan.prefill, PREFILL_POOL), (decode, DECODE_POOL)))
+    # Verified: a decode worker's share with the spares down, as the prediction is timed (offered: every worker up).
+    timed = decode.workers / (decode.workers - decode.extra_workers)
     if decode.users_per_worker is None:  # an open loop: a decode worker's share of the rate it was sized for
-        unit, sized = "requests_per_s", decode.load_per_worker
+        unit, sized = "requests_per_s", decode.load_per_worker * timed
         offered = inputs.workload.requests_per_s * inputs.peak_to_mean_ratio / decode.workers  # type: ignore[operator]
     else:  # a closed loop: its share of the users, offered and sized for (over the utilization cap)
         unit, offered = "concurrent_users", decode.users_per_worker
-        sized = offered / inputs.policy.max_utilization_ratio
+        sized = offered * timed / inputs.policy.max_utilization_ratio
     return PlanOut(
         rank=rank, **_replica_fields(configuration, engine, decode.compute_dtype, max_model_len,
                                      decode.kv_tokens_per_worker),

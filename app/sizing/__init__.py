@@ -37,7 +37,9 @@
 # prompts the budget holds (was: a step of its own, fixed costs included: TensorRT-LLM's 122 ms of MoE prompt-step
 # cost on every 100-token Qwen3-235B prompt, TPOT 502 ms where 1,000-token prompts read 238 ms);
 # the note on why aggregated wins counts a decode worker's GPU time per request no longer than the request decodes
-# (was: its share of the workers' whole time, idle included: users thinking a day read "0% prefill").
+# (was: its share of the workers' whole time, idle included: users thinking a day read "0% prefill"); a disaggregated
+# plan's prediction carries the tokens of the load it was sized for (was: of the mean rate beside the peak's
+# requests), and its decode worker's max_verified load is its share with the spares down (was: with them up).
 CALCULATION_VERSION = "2026.12.07.3"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

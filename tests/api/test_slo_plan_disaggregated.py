@@ -276,6 +276,19 @@ def test_each_pool_states_its_own_layout(client):
                for role in ("prefill", "decode"))
 
 
+def test_a_peak_sizes_the_pools_and_the_fleets_tokens_stay_at_the_mean_rate(client):
+    """2 req/s of 1,000-token answers with a peak-to-mean ratio of 1.5: the pools are sized for 3 req/s, so the
+    prediction carries 3 req/s and 3 x 1,000 = 3,000 tokens/s over the decode workers (was: 2,000, the mean rate's,
+    beside the peak's requests), while the plan's output_tokens_per_s, the cost per token's basis, stays the mean
+    rate's 2 x 1,000 = 2,000 tokens/s."""
+    body = plan(client, {**LONG_PROMPTS, "workload": {**LONG_PROMPTS["workload"], "peak_to_mean_ratio": 1.5}})
+    disaggregated = next(p for p in body["plans"] if p["deployment"] == "disaggregated")
+    workers, predicted = disaggregated["disaggregation"]["decode"]["workers"], disaggregated["predicted"]
+    assert predicted["requests_per_s"] == pytest.approx(3 / workers)
+    assert predicted["output_tokens_per_s"] == pytest.approx(3000 / workers)
+    assert disaggregated["output_tokens_per_s"] == pytest.approx(2000)
+
+
 def test_extra_replicas_spare_workers_in_each_pool(client):
     """N + 1: an aggregated plan gets one replica more, a disaggregated one a worker more in each pool (two
     replicas more in all), counted in its GPUs and cost."""
@@ -291,6 +304,13 @@ def test_extra_replicas_spare_workers_in_each_pool(client):
     assert disaggregated["cost_per_hour_usd"] == pytest.approx(
         disaggregated["gpus"] * disaggregated["price_per_gpu_hour_usd"])
     assert not any("extra_replicas" in note for note in body["assumptions"]["notes"])
+    # The per-replica fields are a decode worker's: offered with every worker up, verified and predicted with the
+    # spare down (d - 1 workers timed), so the utilization is (d - 1) / d, as an aggregated N + 1 fleet's is below 1.
+    workers, load, predicted = pools["decode"]["workers"], disaggregated["load_per_replica"], disaggregated["predicted"]
+    assert load["offered"] == pytest.approx(2 / workers)
+    assert load["max_verified"] == pytest.approx(2 / (workers - 1)) == pytest.approx(predicted["requests_per_s"])
+    assert disaggregated["utilization_ratio"] == pytest.approx((workers - 1) / workers)
+    assert predicted["output_tokens_per_s"] == pytest.approx(1000 * predicted["requests_per_s"])
     bare = plan(client, LONG_PROMPTS)
     assert all(p["disaggregation"][role]["extra_workers"] == 0 for p in bare["plans"]
                if p["deployment"] == "disaggregated" for role in ("prefill", "decode"))

@@ -689,7 +689,7 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
         e2e=_combined_percentiles(measured, "e2e", slo.percentile),
         goodput_ratio=float(meets.mean()),
         requests_per_s=planner.peak_load * inputs.peak_to_mean_ratio,
-        output_tokens_per_s=tokens_per_s,
+        output_tokens_per_s=planner.peak_load * inputs.peak_to_mean_ratio * planner.lengths.output_mean,  # as sized
         preemptions=prefill_result.preemptions + decode_result.preemptions)
     worst = max(checks, key=lambda check: check[3])
     spares = f", {prefill.extra_workers} of each spare" if prefill.extra_workers else ""
