@@ -315,10 +315,10 @@ def draw_slo_plan(plan: SloPlanResponse, metric: PlanMetric) -> bytes:
         targets = f"TTFT ≤ {slo.ttft_ms:,g} ms, TPOT ≤ {slo.tpot_ms:,g} ms"
         if slo.e2e_ms is not None:
             targets += f", E2E ≤ {slo.e2e_ms:,g} ms"
-        ax.set_title(f"SLO plan: {_printable(plan.model)} at {percentile} {targets}\n"
-                     f"GPUs {_listing(sorted({p.gpu for p in plan.plans}))}; "
-                     f"weights {_listing(sorted({p.weight_dtype for p in plan.plans}))}; "
-                     f"KV {_listing(sorted({p.kv_dtype for p in plan.plans}))}")
+        shown = (f"\nGPUs {_listing(sorted({p.gpu for p in plan.plans}))}; "  # what the plans drawn run on
+                 f"weights {_listing(sorted({p.weight_dtype for p in plan.plans}))}; "
+                 f"KV {_listing(sorted({p.kv_dtype for p in plan.plans}))}") if plan.plans else ""
+        ax.set_title(f"SLO plan: {_printable(plan.model)} at {percentile} {targets}{shown}")
         # The legend, and what each frontier plan is, in a column right of the axes: never over a point.
         fig.subplots_adjust(right=0.64)
         handles, labels = ax.get_legend_handles_labels()

@@ -465,11 +465,13 @@ def test_slo_plan_chart_from_query_parameters_is_the_post_chart(client: TestClie
 
 
 def test_an_infeasible_plan_is_still_a_chart(client: TestClient) -> None:
-    """A 0.01 ms TPOT is beyond any GPU: the chart says so instead of failing."""
+    """A 0.01 ms TPOT is beyond any GPU: the chart says so instead of failing, and its title lists no GPUs,
+    weights or KV of plans it has none of (it read "GPUs none" beside the candidates it searched)."""
     body = {**PLAN_BODY, "slo": {"ttft_ms": 1000, "tpot_ms": 0.01}}
     root = chart(client.post(PLAN, json=body))
     assert any(text.startswith("No plan meets the SLO") for text in texts(root))
     assert not has_group(root, "frontier")
+    assert not any("GPUs none" in text or "GPUs " in text for text in texts(root))
 
 
 @pytest.mark.parametrize(("params", "pointer"), [
