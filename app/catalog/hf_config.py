@@ -31,7 +31,7 @@ from app.sizing.specs import LAYER_CHUNKED, LAYER_FULL, LAYER_SLIDING, LAYER_TYP
 # would overflow float arithmetic downstream; no real model dimension comes near.
 MAX_INTEGER = 2**53
 # Guards the per-layer tuples (layer_types, moe_layers); published models have at most ~130 layers. The catalog's
-# bound (schemas.Layers), so a config is refused once, with the limit it is held to.
+# bound too (schemas.Layers), so a config is refused once, with the limit it is held to.
 MAX_LAYERS = 1000
 
 _TEXT_CONFIG = "text_config"

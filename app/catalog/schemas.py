@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
+from app.catalog.hf_config import MAX_LAYERS
 from app.catalog.reference import gpu_spec_from_record, model_spec_from_record, reference_model_rows
 from app.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug, schema_examples
 from app.errors import Unprocessable
@@ -26,7 +27,7 @@ WeightDtype = Literal[tuple(BITS_PER_VALUE)]  # type: ignore[valid-type]
 LayerType = Literal[LAYER_TYPES]  # type: ignore[valid-type]
 Origin = Literal["reference", "user"]
 
-Layers = Annotated[int, Field(ge=1, le=1000)]
+Layers = Annotated[int, Field(ge=1, le=MAX_LAYERS)]
 Width = Annotated[int, Field(ge=1, le=1_000_000)]  # hidden, head and projection widths
 Heads = Annotated[int, Field(ge=1, le=10_000)]
 Tokens = Annotated[int, Field(ge=1, le=1 << 30)]  # context lengths and windows
