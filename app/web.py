@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -57,9 +57,8 @@ class Preconditions:
             if "*" not in self.if_match and current_etag not in self.if_match:
                 raise PreconditionFailed("The row changed since you read it (stale If-Match ETag); "
                                          "GET it again and reapply your change")
-        # Weak comparison (RFC 9110 13.1.2), as a GET's If-None-Match: W/"x" matches "x".
-        if self.if_none_match is not None and current_etag is not None and (
-                "*" in self.if_none_match or current_etag in {tag.removeprefix("W/") for tag in self.if_none_match}):
+        if self.if_none_match is not None and current_etag is not None and _matches_weakly(self.if_none_match,
+                                                                                          current_etag):
             raise PreconditionFailed("The row already exists (If-None-Match)")
 
 
@@ -235,10 +234,10 @@ def preconditions(if_match: IfMatch = None, if_none_match: IfNoneMatch = None) -
 PreconditionsDep = Annotated[Preconditions, Depends(preconditions)]
 
 
-def _matches_weakly(if_none_match: str, etag: str) -> bool:
-    # If-None-Match uses weak comparison (RFC 9110 13.1.2): W/"x" matches "x".
-    tags = {tag.strip().removeprefix("W/") for tag in if_none_match.split(",")}
-    return "*" in tags or etag in tags
+def _matches_weakly(tags: Sequence[str], etag: str) -> bool:
+    """If-None-Match's weak comparison (RFC 9110 13.1.2), on reads and writes alike: W/"x" matches "x"."""
+    stripped = {tag.removeprefix("W/") for tag in tags}
+    return "*" in stripped or etag in stripped
 
 
 def json_with_etag(request: Request, model: BaseModel, *, status_code: int = 200,
@@ -248,7 +247,7 @@ def json_with_etag(request: Request, model: BaseModel, *, status_code: int = 200
     etag = etag_of(model)
     all_headers = {"ETag": etag, "Cache-Control": "no-cache", **(headers or {})}
     if_none_match = request.headers.get("if-none-match")
-    if request.method == "GET" and if_none_match is not None and _matches_weakly(if_none_match, etag):
+    if request.method == "GET" and if_none_match is not None and _matches_weakly(_etags(if_none_match) or (), etag):
         return Response(status_code=304, headers=all_headers)
     return Response(representation(model), status_code=status_code, media_type="application/json",
                     headers=all_headers)
