@@ -430,7 +430,10 @@ class LoadPerReplicaOut(BaseModel):
                                             "replica count)")
     failing: float | None = Field(description="The lowest load simulated that misses it (one replica fewer); "
                                               "null when fewer replicas exceed the analytic ceiling")
-    analytic_ceiling: float = Field(description="Upper bound from the step-time model at the best batch")
+    analytic_ceiling: float = Field(description="Upper bound from the step-time model at the best batch; a "
+                                                "disaggregated plan's is one decode worker's, from its decode steps "
+                                                "alone (a closed loop's: in users, at the plan's mean request and "
+                                                "think time)")
 
 
 class LaunchOut(BaseModel):

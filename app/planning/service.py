@@ -574,7 +574,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
         rank=rank, **_replica_fields(configuration, engine, decode.compute_dtype, max_model_len,
                                      decode.kv_tokens_per_worker),
         load_per_replica=LoadPerReplicaOut(
-            unit=unit, offered=offered, max_verified=sized, failing=None, analytic_ceiling=sized),
+            unit=unit, offered=offered, max_verified=sized, failing=None, analytic_ceiling=decode.ceiling_per_worker),
         replicas=plan.prefill.workers + decode.workers, extra_replicas=plan.prefill.extra_workers + decode.extra_workers,
         gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
         nodes=sum(plan_core.replica_nodes(pool.configuration, pool.workers) for pool in (plan.prefill, decode)),

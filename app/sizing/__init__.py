@@ -40,7 +40,9 @@
 # (was: its share of the workers' whole time, idle included: users thinking a day read "0% prefill"); a disaggregated
 # plan's prediction carries the tokens of the load it was sized for (was: of the mean rate beside the peak's
 # requests), and its decode worker's max_verified load is its share with the spares down (was: with them up).
-CALCULATION_VERSION = "2026.12.07.3"
+# 2026.12.07.4: a disaggregated plan's analytic_ceiling is its decode worker's, from its decode steps alone (in a
+# closed loop's users at the plan's mean request and think time; was: its max_verified load repeated).
+CALCULATION_VERSION = "2026.12.07.4"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

@@ -59,6 +59,11 @@ def test_long_prompts_show_a_disaggregated_plan_beside_the_aggregated_one(client
     assert "toy_proxy_server" in pools["router"]
     # Dynamo between Kubernetes pods moves the KV over RDMA only, whatever link the plan took (ENGINES.md section 3).
     assert "between Kubernetes pods it moves the KV over RDMA, never NVLink" in pools["router"]
+    # A decode worker's analytic ceiling is its decode steps' alone (test_plan: a decode worker's ceiling), not
+    # the load verified; the load verified stays within the 10% the planner lets a simulation beat it by.
+    load = disaggregated["load_per_replica"]
+    assert load["max_verified"] <= load["analytic_ceiling"] * 1.1
+    assert load["analytic_ceiling"] != pytest.approx(load["max_verified"])
     predicted = disaggregated["predicted"]
     assert predicted["ttft"]["at_slo_percentile_ms"] <= 2000
     assert predicted["tpot"]["at_slo_percentile_ms"] <= 30
@@ -194,6 +199,7 @@ def test_a_closed_loop_gets_disaggregated_plans_sized_for_its_users(client):
         load = item["load_per_replica"]
         assert load["unit"] == "concurrent_users"
         assert load["offered"] == pytest.approx(32 / decode["workers"])
+        assert load["offered"] <= load["analytic_ceiling"]
         assert item["predicted"]["load_per_replica"] == pytest.approx(load["offered"])
         assert item["predicted"]["ttft"]["at_slo_percentile_ms"] <= 2000
         assert item["predicted"]["tpot"]["at_slo_percentile_ms"] <= 30

@@ -602,6 +602,19 @@ def test_the_analytic_ceiling_is_the_rate_at_the_largest_batch_within_the_tpot_s
     assert planner._ceiling(step, SchedulerConfig(1_000_000)) == pytest.approx(36 / 4.96, rel=1e-12)
 
 
+def test_a_decode_workers_ceiling_prefills_nothing():
+    """The example above on a disaggregated deployment's decode worker: its prompts arrive prefilled, so
+    TPOT(B) = decode(B) = 10 + B ms and the largest batch within 50 ms is B = 40 (50 ms; 41 gives 51). A request
+    costs 100 steps of 50 ms shared by 40: 100 x 0.050 / 40 = 0.125 s, a ceiling of 8 req/s (against 7.2581 with
+    each prompt prefilled beside the decode steps)."""
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 0.010 + 0.001 * decode_seqs + 1e-5 * prefill_tokens
+
+    workload = Workload(Fixed(1000), Fixed(101), requests_per_s=1.0)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=0.050), H100))
+    assert planner._ceiling(step, SchedulerConfig(1_000_000), decode_only=True) == pytest.approx(8.0, rel=1e-12)
+
+
 def test_a_band_of_batches_missing_tpot_below_the_largest_does_not_cap_the_ceiling():
     """A closed loop of 1,024 + 1,024-token requests reserved in full, 1,300 blocks of 16 = 20,800
     tokens: 20,800 / 2,048 = 10.2 -> at most 10 users. Steps of 1 ms, except 1 s for batches of 4 to 6

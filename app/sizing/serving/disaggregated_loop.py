@@ -266,10 +266,14 @@ def _seek(users: int, think_s: float, rate: float, at: Callable[[float], _Sized]
 
 def _of_users(plan: DisaggregatedPlan, users: int, think_s: float, rate: float, answer: float) -> DisaggregatedPlan:
     """The open loop's plan as the closed loop's: the users per worker (each worker's share of the rate it was
-    sized for stays), the users' rate through it (`users_rate`), and the tokens and cost per token at that rate."""
+    sized for stays), the users' rate through it (`users_rate`), and the tokens and cost per token at that rate. A
+    decode worker's ceiling in users is its rate's at the plan's mean request time and think time (Little's law:
+    N = rate x (E + Z))."""
     sent = users_rate(users, think_s, plan)
     tokens_per_s = sent * answer
-    pools = [replace(pool, users_per_worker=users / pool.workers) for pool in (plan.prefill, plan.decode)]
+    cycle_s = plan.mean_e2e_s + think_s
+    pools = [replace(pool, users_per_worker=users / pool.workers, ceiling_per_worker=pool.ceiling_per_worker * cycle_s)
+             for pool in (plan.prefill, plan.decode)]
     return replace(
         plan, prefill=pools[0], decode=pools[1], output_tokens_per_s=tokens_per_s,
         cost_per_million_output_tokens_usd=(None if plan.cost_per_hour_usd is None

@@ -354,6 +354,9 @@ class Pool:
     cost_per_hour_usd: float | None
     users_per_worker: float | None = None  # a closed loop's users over the workers; None: an open loop
     extra_workers: int = 0  # spare workers (ha_policy.extra_replicas), included in `workers`
+    # A decode worker's analytic ceiling: `_Planner._ceiling` of its decode steps alone, requests/s (a closed loop's
+    # plan: users, `disaggregated_loop`); 0 for a prefill worker
+    ceiling_per_worker: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -613,6 +616,7 @@ def _pool(planner: _Planner, screened: _Screened, role: str, workers: int, extra
                 efficiency=screened.efficiency, engine=screened.engine,
                 kv_tokens_per_worker=screened.kv_tokens_per_replica, workers=workers, extra_workers=extra_workers,
                 load_per_worker=planner.sized_load / workers, gpus=gpus,
+                ceiling_per_worker=screened.ceiling if role == DECODE_POOL else 0.0,
                 price_per_gpu_hour_usd=screened.price, price_source=screened.price_source,
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
 

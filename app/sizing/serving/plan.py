@@ -871,7 +871,7 @@ class _Planner:
         if pp > 1:
             step_time = timed(True)
         schedulers = dp * pp
-        ceiling = self._ceiling(step_time, scheduler) * schedulers
+        ceiling = self._ceiling(step_time, scheduler, decode_only=role == DECODE_POOL) * schedulers
         price, source = self._price(gpu)
         min_replicas = _base_replicas(self.sized_load, ceiling * CEILING_MARGIN)
         gpus = (min_replicas + inputs.policy.extra_replicas) * configuration.gpus_per_replica
@@ -931,7 +931,7 @@ class _Planner:
                                "at batch 1)")
         return reasons
 
-    def _ceiling(self, step_time: StepTimeFn, scheduler: SchedulerConfig) -> float:
+    def _ceiling(self, step_time: StepTimeFn, scheduler: SchedulerConfig, decode_only: bool = False) -> float:
         """Max load per replica the step-time model allows (requests/s, or users in a closed loop).
 
         At a steady batch B every request spends (OSL − 1) decode steps, each shared by B requests,
@@ -942,6 +942,9 @@ class _Planner:
         1 / ((OSL − 1)·decode(B)/B + p(B)) requests/s, or B users, B·(E + Z)/E of them (whole users, rounded
         down) when each thinks Z between its requests (`Workload.think_time_s`): a user then holds a sequence slot
         E = p(B) + (OSL − 1)·TPOT(B) of every E + Z.
+
+        A disaggregated deployment's decode worker (`decode_only`) prefills nothing: p(B) = 0, its prompts'
+        KV arrives from the prefill pool.
 
         B is found by bisection (a dozen step times, not one per batch size), which assumes TPOT(B)
         grows with B. It can dip where a chunk rides along a compute-bound step (the chunk then costs
@@ -966,8 +969,10 @@ class _Planner:
         def at(batch: int) -> tuple[float, float, float]:
             """The decode step of `batch` sequences, a prompt's prefill riding along it, and TPOT(batch)."""
             context = batch * mean_context
-            chunk = float(max(1, min(new_tokens, scheduler.max_num_batched_tokens - batch)))
             decode = float(step_time(batch, context, 0, 0))
+            if decode_only:
+                return decode, 0.0, decode
+            chunk = float(max(1, min(new_tokens, scheduler.max_num_batched_tokens - batch)))
             with_chunk = float(step_time(batch, context, chunk, chunk * prefix + chunk * (chunk + 1) / 2))
             prefill = (with_chunk - decode) / chunk * new_tokens
             return decode, prefill, decode + batch * prefill / decode_steps
