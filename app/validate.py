@@ -264,8 +264,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "predicting. A latency whose statistic the source does not state is predicted as the mean, and a row that "
          "does not state its weight dtype is predicted at the model's published checkpoint precision (what an engine serves "
          "without a quantization flag); each such row says so. Each row runs with its engine's defaults at the "
-         "release it states (memory accounting, scheduler limits, KV dtype), the latest release the engine "
-         "reference covers where it states none or only the year. A row whose layout columns contradict the run "
+         "release it states (memory accounting, scheduler limits, KV dtype), the engine's default release where "
+         "it states none or only the year (/v1/capacity's: vLLM's latest the engine reference covers). A row whose layout columns contradict the run "
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
          "per-step overhead (added to the step, or in engines that overlap host work with the GPU the least a step "

@@ -47,14 +47,14 @@ View = Literal["steady_state", "admission"]
 
 # Examples: vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16384, 1000 in / 500 out.
 PIPELINE_STAGE_EXAMPLE: dict[str, Any] = {"first_layer": 0, "layers": 32, "weights_bytes_per_gpu": 16060522496,
-                                          "kv_budget_bytes_per_gpu": 55174425149, "kv_blocks": 26309}
+                                          "kv_budget_bytes_per_gpu": 57204632754, "kv_blocks": 27277}
 MEMORY_EXAMPLE: dict[str, Any] = {
-    "total_bytes_per_gpu": 85520809984, "usable_bytes_per_gpu": 76968728985,
+    "total_bytes_per_gpu": 85029615043, "usable_bytes_per_gpu": 76526653538,
     "weights_bytes_per_gpu": 16060522496,
-    "activation_bytes_per_gpu": 5111011082, "overhead_bytes_per_gpu": 622770258,
-    "non_torch_bytes_per_gpu": 139586437, "cuda_graph_bytes_per_gpu": 483183821, "reserved_bytes_per_gpu": 0,
-    "kv_budget_bytes_per_gpu": 55174425149, "weights_bytes_total": 16060522496,
-    "kv_budget_per_gpu": {"gb": 55.174425, "gib": 51.385188},
+    "activation_bytes_per_gpu": 2058907445, "overhead_bytes_per_gpu": 1202590843,
+    "non_torch_bytes_per_gpu": 268435456, "cuda_graph_bytes_per_gpu": 934155387, "reserved_bytes_per_gpu": 0,
+    "kv_budget_bytes_per_gpu": 57204632754, "weights_bytes_total": 16060522496,
+    "kv_budget_per_gpu": {"gb": 57.204633, "gib": 53.275966},
     "weights_total": {"gb": 16.060522, "gib": 14.957527},
     "weight_groups_per_gpu": [
         {"group": "attention", "format": "bf16", "params": 1_342_177_280, "bytes": 2_684_354_560},
@@ -64,22 +64,22 @@ MEMORY_EXAMPLE: dict[str, Any] = {
         {"group": "norms_and_biases", "format": "bf16", "params": 266_240, "bytes": 532_480}],
     "pipeline_stages": [PIPELINE_STAGE_EXAMPLE],
 }
-CONCURRENCY_EXAMPLE: dict[str, Any] = {"sequences": 279, "kv_limited_sequences": 279, "limit": "kv_cache",
+CONCURRENCY_EXAMPLE: dict[str, Any] = {"sequences": 290, "kv_limited_sequences": 290, "limit": "kv_cache",
                                        "tokens_per_request": 1500}
 MAX_CONCURRENCY_EXAMPLE: dict[str, Any] = {
-    "worst_case": {"sequences": 25, "kv_limited_sequences": 25, "limit": "kv_cache",
+    "worst_case": {"sequences": 26, "kv_limited_sequences": 26, "limit": "kv_cache",
                    "tokens_per_request": 16384},
     "admission": CONCURRENCY_EXAMPLE,
-    "steady_state": {"sequences": 334, "kv_limited_sequences": 334, "limit": "kv_cache",
+    "steady_state": {"sequences": 346, "kv_limited_sequences": 346, "limit": "kv_cache",
                      "tokens_per_request": 1257.984},
 }
 OPERATING_POINT_EXAMPLE: dict[str, Any] = {
-    "batch_size": 334, "concurrency_view": "steady_state", "mean_context_tokens": 1249.0,
-    "ideal_decode_step_ms": 21.26, "expected_decode_step_ms": 30.77, "ideal_prefill_ms": 14.37,
-    "expected_prefill_ms": 18.1, "ideal_tpot_ms": 30.86, "expected_tpot_ms": 42.86,
-    "ideal_tokens_per_s_per_user": 32.4, "expected_tokens_per_s_per_user": 23.33,
-    "ideal_output_tokens_per_s": 10822.0, "expected_output_tokens_per_s": 7792.6,
-    "ideal_requests_per_s": 21.64, "expected_requests_per_s": 15.59, "users_at_think_time": None,
+    "batch_size": 346, "concurrency_view": "steady_state", "mean_context_tokens": 1249.0,
+    "ideal_decode_step_ms": 21.86, "expected_decode_step_ms": 35.73, "ideal_prefill_ms": 14.37,
+    "expected_prefill_ms": 27.57, "ideal_tpot_ms": 31.81, "expected_tpot_ms": 54.8,
+    "ideal_tokens_per_s_per_user": 31.44, "expected_tokens_per_s_per_user": 18.25,
+    "ideal_output_tokens_per_s": 10876.8, "expected_output_tokens_per_s": 6313.4,
+    "ideal_requests_per_s": 21.75, "expected_requests_per_s": 12.63, "users_at_think_time": None,
 }
 SUGGESTION_EXAMPLE: dict[str, Any] = {
     "tensor_parallel": 8, "pipeline_parallel": 1, "weight_dtype": "fp8", "num_gpus": 8, "kv_tokens": 333856,
@@ -92,7 +92,7 @@ ENGINE_EXAMPLE: dict[str, Any] = {
     "gpu_memory_utilization": 0.9, "utilization_of": "total_memory", "max_num_seqs": 1024,
     "max_num_batched_tokens": 8192, "block_size": 16, "max_model_len": 16384, "kv_allocation": "on_demand",
     "sources": {"gpu_memory_utilization": "given", "max_model_len": "given",
-                "max_num_seqs": "vLLM default on GPUs with >= 70 GiB other than A100",
+                "max_num_seqs": "vLLM 0.33.0 default on GPUs with >= 70 GiB other than A100",
                 "cuda_graph_bytes_per_gpu": ("median CUDA-graph memory of the vLLM 0.19 llm-d runs on H100 (0.87 "
                                              "GiB; range 0.64-1.85); subtracted before the KV cache from v0.20")},
 }
@@ -139,8 +139,9 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
     engine_version: EngineVersion | None = Field(
         None, description="major.minor[.patch] of the engine, where its rules changed between versions (vLLM: "
                           "utilization 0.90 -> 0.92 and CUDA graphs charged from 0.20, KV dtype from a ModelOpt "
-                          "checkpoint from 0.14; SGLang: from 0.5.5); null = the latest version the service's "
-                          "engine reference covers")
+                          "checkpoint from 0.14; SGLang: from 0.5.5); null = the engine's default release "
+                          "(engine.sources.engine_version says which and why: vLLM's latest the service's engine "
+                          "reference covers)")
     weight_recipe: WeightRecipeName | None = Field(
         None, description="A published checkpoint's quantization recipe: each parameter group (attention, dense "
                           "MLP, experts, router, embedding, LM head) in its own format, e.g. gpt_oss_mxfp4 (MXFP4 "
@@ -243,7 +244,9 @@ class ConcurrencyOut(BaseModel):
     kv_limited_sequences: int = Field(description="What the KV cache alone allows")
     limit: Limit = Field(description="Which of the two binds")
     tokens_per_request: float = Field(description="Tokens each request is charged (before block rounding "
-                                                  "for worst_case and admission)")
+                                                  "for worst_case and admission); for a model with window layers, "
+                                                  "full-attention-equivalent tokens, block-rounded (its bytes over "
+                                                  "kv_bytes_per_token_per_gpu), as kv_tokens counts them")
 
 
 class MaxConcurrencyOut(BaseModel):
@@ -308,8 +311,9 @@ class EngineOut(BaseModel):
 
     engine: Engine
     engine_version: str = Field(description="The version whose rules were applied (empty for generic)")
-    total_bytes_per_gpu: int = Field(description="The memory the engine sizes from: what CUDA reports for vllm "
-                                                 "and trtllm where the catalog has it, else the driver's total")
+    total_bytes_per_gpu: int = Field(description="The memory the engine sizes from: what CUDA reports where the "
+                                                 "catalog has it, else the driver's total (sglang's default "
+                                                 "fraction is picked by the driver's total all the same)")
     gpu_memory_utilization: float
     utilization_of: Literal["total_memory", "free_memory_after_weights_and_activations"]
     max_num_seqs: int | None = Field(description="null = no limit")
@@ -347,9 +351,9 @@ class CapacityAssumptions(BaseModel):
 POOL_CAPACITY_EXAMPLE: dict[str, Any] = {
     "role": "decode", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1, "data_parallel": 1,
     "expert_parallel": 1, "moe_tensor_parallel": 1, "layout": "TP1 PP1", "workers": 1, "gpus_per_worker": 1, "gpus": 1, "fits": True, "reasons": [],
-    "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens_per_worker": 420944,
-    "kv_blocks_per_worker": 26309, "tokens_per_request": 1500, "requests_per_worker": CONCURRENCY_EXAMPLE,
-    "requests": 279, "engine": ENGINE_EXAMPLE,
+    "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens_per_worker": 436432,
+    "kv_blocks_per_worker": 27277, "tokens_per_request": 1500, "requests_per_worker": CONCURRENCY_EXAMPLE,
+    "requests": 290, "engine": ENGINE_EXAMPLE,
 }
 
 
@@ -454,9 +458,9 @@ class CapacityResponse(BaseModel):
         "model": "llama-3.1-8b", "gpu": "h100-sxm", "tensor_parallel": 1, "pipeline_parallel": 1,
         "data_parallel": 1, "expert_parallel": 1, "moe_tensor_parallel": 1, "num_gpus": 1, "input_tokens": 1000, "output_tokens": 500, "fits": True, "reasons": [],
         "suggestion": None,
-        "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens": 420944,
-        "kv_blocks": 26309, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
+        "memory": MEMORY_EXAMPLE, "kv_bytes_per_token_per_gpu": 131072, "kv_tokens": 436432,
+        "kv_blocks": 27277, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
         "operating_point": OPERATING_POINT_EXAMPLE, "engine": ENGINE_EXAMPLE,
         "assumptions": ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.03.4",
+        "calculation_version": "2026.12.07.5",
     })

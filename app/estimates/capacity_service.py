@@ -46,6 +46,7 @@ from app.estimates.schemas import DISAGGREGATED
 from app.sizing import CALCULATION_VERSION
 from app.sizing.engines import ENGINES, EngineConfig, resolve_version
 from app.sizing.engines.base import ResolvedEngine
+from app.sizing.engines.vllm import ACTIVATION_FIT
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import KIND_DISAGGREGATED, Layout
 from app.sizing.model.recipes import RECIPES, SIXTEEN_BIT_OR_WIDER, WeightRecipe, uniform_recipe
@@ -60,9 +61,13 @@ CAPACITY_FORMULAS = (
     ("per GPU: kv_budget = usable - weights - activation - overhead (non-torch + CUDA graphs + reserve); "
      "vllm and generic: usable = gpu_memory_utilization x total memory; sglang: mem_fraction_static x total "
      "holds weights + KV only; trtllm: KV = 0.9 x (total - weights - activation - overhead)"),
-    ("activation peak (vllm, trtllm) = 4.76 GiB (measured: Llama-3.1-8B, 8192 batched tokens, TP1, H100) x "
-     "batched tokens / 8192 x live values per token of one layer / 61,440 (that model's: 2h + attention "
-     "projections + 3 x MLP width, per GPU; MoE: k x (3 x expert width + h))"),
+    (f"activation peak: vllm from 0.8 (V1) = {ACTIVATION_FIT.base_bytes / 2**30:.3f} GiB + max(max_num_batched_tokens "
+     "x live values per token of one layer x model dtype bytes, max_num_seqs x vocab x (model dtype bytes + "
+     f"{ACTIVATION_FIT.float32_bytes_per_logit:.1f} B of float32 copies per logit)) (fitted on vLLM 0.19 H100 "
+     "runs); vllm before 0.8 and trtllm = 4.76 GiB (measured: Llama-3.1-8B, "
+     "8192 batched tokens, TP1, H100) x batched tokens / 8192 x live values per token of one layer / 61,440 "
+     "(that model's); live values per token: 2h + attention projections + 3 x MLP width, per GPU; MoE: k x "
+     "(3 x expert width + h)"),
     ("KV blocks = kv_budget // (block_size x bytes per token in every layer of the most loaded GPU); window "
      "layers take only the blocks their window spans (vLLM's hybrid allocator); MLA's latent is not divided "
      "by TP"),

@@ -42,7 +42,11 @@
 # requests), and its decode worker's max_verified load is its share with the spares down (was: with them up).
 # 2026.12.07.4: a disaggregated plan's analytic_ceiling is its decode worker's, from its decode steps alone (in a
 # closed loop's users at the plan's mean request and think time; was: its max_verified load repeated).
-CALCULATION_VERSION = "2026.12.07.4"
+# 2026.12.07.5: every engine sizes from the memory CUDA reports where the catalog has it (was: SGLang and the generic
+# engine from nvidia-smi's total, 0.49 GB more on an H100; SGLang still picks its default fraction by that total);
+# a model with window layers is charged full-attention-equivalent tokens in the worst-case and admission views as in
+# the steady state (was: raw tokens beside kv_tokens' layer-equivalent count).
+CALCULATION_VERSION = "2026.12.07.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

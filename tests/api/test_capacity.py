@@ -1,7 +1,7 @@
 """/v1/capacity: engine memory accounting, KV capacity and concurrency, fit answers, and bad input.
 
-Expected numbers are worked by hand from the catalog rows (h100-sxm reports 85,520,809,984 bytes,
-h200-sxm 150,754,820,096) and the published architectures; tests/domain/test_capacity.py shows the
+Expected numbers are worked by hand from the catalog rows (h100-sxm: 85,520,809,984 bytes as the driver
+reports them, 85,029,615,043 as CUDA does, what every engine sizes from; h200-sxm 150,754,820,096) and the published architectures; tests/domain/test_capacity.py shows the
 longer derivations these repeat.
 """
 
@@ -34,36 +34,36 @@ def post(client: TestClient, body: dict[str, Any]) -> dict[str, Any]:
 def test_seed_worked_example(client: TestClient) -> None:
     """Seed s11, Llama-3-70B fp16 on 4 x H100 (TP4), 30 GB of overhead given explicitly (7.5e9 per GPU),
     utilization 1.0. Per GPU: weights 17,639,415,808 params x 2 = 35,278,831,616 B; KV budget
-    85,520,809,984 − 35,278,831,616 − 7,500,000,000 = 42,741,978,368 B; 81,920 B per token (2 of 8 KV heads
-    x 128 x 2 B x 80 layers); 42,741,978,368 // (16 x 81,920) = 32,609 blocks; 1,500 tokens = 94 blocks
-    per request -> 32,609 // 94 = 346 admitted (the seed's "~310" assumes 80 GB, not the 85.5 GB the
-    driver reports)."""
+    85,029,615,043 (what CUDA reports, SIZING.md section 7) − 35,278,831,616 − 7,500,000,000 = 42,250,783,427 B;
+    81,920 B per token (2 of 8 KV heads x 128 x 2 B x 80 layers); 42,250,783,427 // (16 x 81,920) = 32,234
+    blocks (42,249,748,480 B); 1,500 tokens = 94 blocks per request -> 32,234 // 94 = 342 admitted (the seed's
+    "~310" assumes 80 GB, not the 79.19 GiB CUDA reports)."""
     data = post(client, SEED_EXAMPLE)
     assert data["fits"] is True and data["reasons"] == [] and data["suggestion"] is None
     assert data["num_gpus"] == 4
     memory = data["memory"]
-    assert memory["total_bytes_per_gpu"] == 85_520_809_984
+    assert memory["total_bytes_per_gpu"] == 85_029_615_043
     assert memory["weights_bytes_per_gpu"] == 35_278_831_616
     assert memory["reserved_bytes_per_gpu"] == memory["overhead_bytes_per_gpu"] == 7_500_000_000
-    assert memory["kv_budget_bytes_per_gpu"] == 42_741_978_368
+    assert memory["kv_budget_bytes_per_gpu"] == 42_250_783_427
     assert data["kv_bytes_per_token_per_gpu"] == 81_920
-    assert (data["kv_tokens"], data["kv_blocks"]) == (521_744, 32_609)
+    assert (data["kv_tokens"], data["kv_blocks"]) == (515_744, 32_234)
     assert data["max_concurrency"]["admission"] == {
-        "sequences": 346, "kv_limited_sequences": 346, "limit": "kv_cache", "tokens_per_request": 1500}
-    assert data["operating_point"]["batch_size"] == 346
+        "sequences": 342, "kv_limited_sequences": 342, "limit": "kv_cache", "tokens_per_request": 1500}
+    assert data["operating_point"]["batch_size"] == 342
     assert data["operating_point"]["concurrency_view"] == "admission"
 
 
 def test_a_think_time_states_the_users_the_operating_point_carries(client: TestClient) -> None:
-    """The seed's example, its 346 running requests of 1,000 in / 500 out, each user thinking 30 s between
-    requests: the users being answered (346) plus those thinking, the rate x 30 s (Little's law over the
-    thinking users), 346 + R x 30 with R the expected requests/s, which the think time leaves as it is. The
-    rate's own arithmetic: 346 / (500 x TPOT). Without a think time: null."""
+    """The seed's example, its 342 running requests of 1,000 in / 500 out, each user thinking 30 s between
+    requests: the users being answered (342) plus those thinking, the rate x 30 s (Little's law over the
+    thinking users), 342 + R x 30 with R the expected requests/s, which the think time leaves as it is. The
+    rate's own arithmetic: 342 / (500 x TPOT). Without a think time: null."""
     thinking = post(client, {**SEED_EXAMPLE, "think_time_s": 30})["operating_point"]
     at_once = post(client, SEED_EXAMPLE)["operating_point"]
     rate = thinking["expected_requests_per_s"]
-    assert rate == pytest.approx(346 / (500 * thinking["expected_tpot_ms"] / 1000))
-    assert thinking["users_at_think_time"] == pytest.approx(346 + rate * 30)
+    assert rate == pytest.approx(342 / (500 * thinking["expected_tpot_ms"] / 1000))
+    assert thinking["users_at_think_time"] == pytest.approx(342 + rate * 30)
     assert at_once["users_at_think_time"] is None and at_once["expected_requests_per_s"] == rate
     negative = client.post("/v1/capacity", json={**SEED_EXAMPLE, "think_time_s": -1})
     assert negative.status_code == 422 and "/body/think_time_s" in [e["pointer"] for e in negative.json()["errors"]]
@@ -75,7 +75,7 @@ def test_inline_specs_give_the_same_answer(client: TestClient) -> None:
     del body["model"], body["gpu"]
     data = post(client, body)
     assert data["model"] == "model_spec (inline)"
-    assert data["max_concurrency"]["admission"]["sequences"] == 346
+    assert data["max_concurrency"]["admission"]["sequences"] == 342
 
 
 def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
@@ -106,7 +106,7 @@ def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
     assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
     assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
-    assert data["calculation_version"] == "2026.12.07.4"
+    assert data["calculation_version"] == "2026.12.07.5"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
@@ -144,6 +144,20 @@ def test_sglang_fraction_on_h200(client: TestClient) -> None:
     assert data["engine"]["block_size"] == 1
     assert data["memory"]["kv_budget_bytes_per_gpu"] == 120_071_080_050
     assert data["kv_tokens"] == 916_069
+
+
+def test_sglang_picks_its_fraction_by_the_drivers_total_and_applies_it_to_what_cuda_reports(
+        client: TestClient) -> None:
+    """SGLang 0.5.10 on one H100: the fraction from nvidia-smi's 81,559 MiB, round((81,559 − 13,904) / 81,559, 3) =
+    0.830 (ENGINES.md's worked example), applied to the memory torch finds free before the weights load (ENGINES.md
+    1.2: KV pool = free after the weights − free before them x (1 − fraction)), at most what CUDA reports:
+    0.830 x 85,029,615,043 = 70,574,580,485 (.69 dropped) − 16,060,522,496 = 54,514,057,989 B of KV;
+    // 131,072 = 415,909 tokens. (Of the driver's 85,520,809,984 it would be 407,691,801 B more.)"""
+    data = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "sglang", **WORKLOAD})
+    assert data["engine"]["gpu_memory_utilization"] == 0.830
+    assert data["memory"]["total_bytes_per_gpu"] == 85_029_615_043
+    assert data["memory"]["kv_budget_bytes_per_gpu"] == 54_514_057_989
+    assert data["kv_tokens"] == 415_909
 
 
 def test_trtllm_rule(client: TestClient) -> None:
@@ -209,11 +223,11 @@ def test_sglang_keeps_a_share_of_the_dense_mlps_under_attention_dp(client: TestC
 
 
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
-    """A 10 GiB KV budget: reserve 85,520,809,984 − 16,060,522,496 − 10,737,418,240 = 58,722,869,248 B.
+    """A 10 GiB KV budget: reserve 85,029,615,043 − 16,060,522,496 − 10,737,418,240 = 58,231,674,307 B.
     bf16: 10,737,418,240 // (16 x 131,072) = 5,120 blocks = 81,920 tokens, 5,120 // 94 = 54 admitted;
     fp8: 10,240 blocks = 163,840 tokens, 108 admitted."""
     body = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "generic", "gpu_memory_utilization": 1.0,
-            "reserved_bytes_per_gpu": 58_722_869_248, **WORKLOAD}
+            "reserved_bytes_per_gpu": 58_231_674_307, **WORKLOAD}
     bf16, fp8 = post(client, body), post(client, {**body, "kv_dtype": "fp8"})
     assert bf16["memory"]["kv_budget_bytes_per_gpu"] == fp8["memory"]["kv_budget_bytes_per_gpu"] == 10 * GIB
     assert (bf16["kv_tokens"], fp8["kv_tokens"]) == (81_920, 163_840)
@@ -484,3 +498,48 @@ def test_a_recipe_that_quantizes_none_of_the_models_weights_is_a_422(client: Tes
     assert "every one would stay bf16, not fp4" in problem["detail"]
     sized = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_recipe": "gpt_oss_mxfp4", **WORKLOAD})
     assert "mxfp4" in {group["format"] for group in sized["memory"]["weight_groups_per_gpu"]}
+
+
+def test_the_documented_answer_is_the_answer_to_the_documented_request(client: TestClient) -> None:
+    """The OpenAPI examples of /v1/capacity (vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16,384,
+    1,000 in / 500 out) show what the service answers to that request: its memory, KV and concurrency figures and
+    engine settings (a fuzzing run found them a release of the accounting behind). The operating point's times
+    follow the calibration profile and are not compared."""
+    request = shapes.CapacityRequest.model_config["json_schema_extra"]["examples"][0]
+    answer = post(client, request)
+    example = shapes.CapacityResponse.model_config["json_schema_extra"]["examples"][0]
+    for field in ("memory", "kv_bytes_per_token_per_gpu", "kv_tokens", "kv_blocks", "max_concurrency",
+                  "max_context_tokens"):
+        assert answer[field] == example[field], field
+    assert answer["operating_point"]["batch_size"] == example["operating_point"]["batch_size"]
+    engine = {key: value for key, value in answer["engine"].items() if key != "sources"}
+    assert engine == {key: value for key, value in example["engine"].items() if key != "sources"}
+    assert example["engine"]["sources"].items() <= answer["engine"]["sources"].items()
+
+
+def test_the_formulas_state_the_activation_rule_the_answer_used(client: TestClient) -> None:
+    """vLLM 0.33, Llama-3.1-8B on one H100: its V1 profile run peaks at the sampler's 1,024 sequences x 128,256
+    vocab = 131,334,144 logits x (2 B + 12.213 B of float32 copies) = 1,866,652,189 B (rounded) + the 192,255,256 B
+    base (0.179 GiB) = 2,058,907,445 B; the formulas say so (they gave only the 4.76 GiB scaling of vLLM before
+    0.8 and TensorRT-LLM, which a fuzzing run found beside this answer)."""
+    answer = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", **WORKLOAD})
+    assert answer["memory"]["activation_bytes_per_gpu"] == 2_058_907_445
+    rule = next(f for f in answer["assumptions"]["formulas"] if f.startswith("activation peak"))
+    assert "vllm from 0.8 (V1) = 0.179 GiB + max(" in rule and "12.2 B of float32 copies per logit" in rule
+
+
+def test_every_view_charges_a_windowed_model_in_full_attention_equivalent_tokens(client: TestClient) -> None:
+    """gpt-oss-120b (36 layers, every other one a 128-token sliding window) on vLLM 0.19, 1,000 in / 1,000 out:
+    kv_tokens counts tokens held in every layer, so each view charges a request the same way. In blocks of 16 a
+    window layer holds at most ceil(127 / 16) + 1 = 9 blocks = 144 slots (its window straddling a block boundary).
+    Admission, 2,000 tokens: (18 x 2,000 + 18 x 144) / 36 = 1,072 per layer; worst case, max_model_len 131,072:
+    (18 x 131,072 + 18 x 144) / 36 = 65,608. kv_tokens / tokens_per_request then gives each view's sequences
+    (a fuzzing run found admission and worst case charged 2,000 and 131,072 raw tokens beside the steady state's
+    826 layer-equivalent ones)."""
+    answer = post(client, {"model": "gpt-oss-120b", "gpu": "h100-sxm", "weight_dtype": "fp4", "engine_version": "0.19.0",
+                           "input_tokens": 1000, "output_tokens": 1000})
+    views, tokens = answer["max_concurrency"], answer["kv_tokens"]
+    assert views["admission"]["tokens_per_request"] == 1072
+    assert views["worst_case"]["tokens_per_request"] == 65_608
+    for view in views.values():
+        assert view["kv_limited_sequences"] == int(tokens / view["tokens_per_request"])

@@ -17,7 +17,8 @@ from fastapi.testclient import TestClient
 
 from tests.api.problems import assert_problem
 
-# The generic engine subtracts only what it is given: utilization 1.0 of 85,520,809,984 B, 5e9 B kept back.
+# The generic engine subtracts only what it is given: utilization 1.0 of 85,029,615,043 B (what CUDA reports),
+# 5e9 B kept back.
 CAPACITY = {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
             "engine": "generic", "gpu_memory_utilization": 1.0, "reserved_bytes_per_gpu": 5_000_000_000,
             "deployment": "disaggregated", "prefill": {"tensor_parallel": 4, "workers": 2},
@@ -40,51 +41,51 @@ def post(client: TestClient, path: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_capacity_of_each_pool_and_the_transfer(client: TestClient) -> None:
-    """Prefill worker (TP4): 85,520,809,984 - 18,166,071,296 weights - 5e9 = 62,354,738,688 B of KV per GPU;
-    40,960 B per token per GPU (2 KV heads), blocks of 16 = 655,360 B: 95,145 blocks = 1,522,320 tokens; a
-    prompt of 8,192 tokens (512 blocks) held until its transfer: 95,145 // 512 = 185 in flight per worker,
-    370 for two workers.
-    Decode worker (TP8): 85,520,809,984 - 9,084,354,560 - 5e9 = 71,436,455,424 B; 20,480 B per token per GPU,
-    blocks of 327,680 B: 218,006 blocks = 3,488,096 tokens; a request of 8,192 + 1,024 = 9,216 tokens (576
-    blocks): 218,006 // 576 = 378 concurrent requests."""
+    """Prefill worker (TP4): 85,029,615,043 - 18,166,071,296 weights - 5e9 = 61,863,543,747 B of KV per GPU;
+    40,960 B per token per GPU (2 KV heads), blocks of 16 = 655,360 B: 94,396 blocks = 1,510,336 tokens; a
+    prompt of 8,192 tokens (512 blocks) held until its transfer: 94,396 // 512 = 184 in flight per worker,
+    368 for two workers.
+    Decode worker (TP8): 85,029,615,043 - 9,084,354,560 - 5e9 = 70,945,260,483 B; 20,480 B per token per GPU,
+    blocks of 327,680 B: 216,507 blocks = 3,464,112 tokens; a request of 8,192 + 1,024 = 9,216 tokens (576
+    blocks): 216,507 // 576 = 375 concurrent requests."""
     answer = post(client, "/v1/capacity", CAPACITY)
     assert answer["deployment"] == "disaggregated" and answer["fits"] and answer["reasons"] == []
     pools = answer["disaggregation"]
     prefill, decode = pools["prefill"], pools["decode"]
     assert (prefill["role"], prefill["tensor_parallel"], prefill["workers"], prefill["gpus"]) == ("prefill", 4, 2, 8)
     assert prefill["memory"]["weights_bytes_per_gpu"] == 18_166_071_296
-    assert prefill["memory"]["kv_budget_bytes_per_gpu"] == 62_354_738_688
-    assert (prefill["kv_bytes_per_token_per_gpu"], prefill["kv_tokens_per_worker"]) == (40_960, 1_522_320)
+    assert prefill["memory"]["kv_budget_bytes_per_gpu"] == 61_863_543_747
+    assert (prefill["kv_bytes_per_token_per_gpu"], prefill["kv_tokens_per_worker"]) == (40_960, 1_510_336)
     assert prefill["tokens_per_request"] == 8192
-    assert prefill["requests_per_worker"] == {"sequences": 185, "kv_limited_sequences": 185, "limit": "kv_cache",
+    assert prefill["requests_per_worker"] == {"sequences": 184, "kv_limited_sequences": 184, "limit": "kv_cache",
                                               "tokens_per_request": 8192.0}
-    assert prefill["requests"] == 370
+    assert prefill["requests"] == 368
     assert (decode["role"], decode["tensor_parallel"], decode["workers"], decode["gpus"]) == ("decode", 8, 1, 8)
     assert decode["memory"]["weights_bytes_per_gpu"] == 9_084_354_560
-    assert decode["memory"]["kv_budget_bytes_per_gpu"] == 71_436_455_424
-    assert (decode["kv_bytes_per_token_per_gpu"], decode["kv_tokens_per_worker"]) == (20_480, 3_488_096)
+    assert decode["memory"]["kv_budget_bytes_per_gpu"] == 70_945_260_483
+    assert (decode["kv_bytes_per_token_per_gpu"], decode["kv_tokens_per_worker"]) == (20_480, 3_464_112)
     assert decode["tokens_per_request"] == 9216
-    assert decode["requests_per_worker"]["sequences"] == decode["requests"] == 378
+    assert decode["requests_per_worker"]["sequences"] == decode["requests"] == 375
     # 2 x 4 prefill GPUs + 8 decode GPUs = 16, past one node: the network.
     assert pools["kv_transfer"] == pytest.approx({
         "link": "network", "mean_prompt_tokens": 8192, "bytes_per_request": PROMPT_KV_BYTES,
         "bytes_per_gpu": PROMPT_KV_BYTES_PER_TP8_GPU, "bandwidth_bytes_per_s": 50e9, "latency_ms": 0.0224,
         "time_ms": NETWORK_TRANSFER_MS})
     # The top level is one decode worker, as in /v1/slo-plan's disaggregated plans.
-    assert (answer["tensor_parallel"], answer["num_gpus"], answer["kv_tokens"]) == (8, 8, 3_488_096)
-    assert answer["max_concurrency"]["admission"]["sequences"] == 378
+    assert (answer["tensor_parallel"], answer["num_gpus"], answer["kv_tokens"]) == (8, 8, 3_464_112)
+    assert answer["max_concurrency"]["admission"]["sequences"] == 375
     point = answer["operating_point"]
     assert point["expected_prefill_ms"] == 0 and point["expected_tpot_ms"] == point["expected_decode_step_ms"]
-    # Users thinking 60 s: the decode worker's 378 being answered plus its requests/s x 60 thinking.
+    # Users thinking 60 s: the decode worker's 375 being answered plus its requests/s x 60 thinking.
     thinking = client.post("/v1/capacity", json={**CAPACITY, "think_time_s": 60}).json()["operating_point"]
-    assert thinking["users_at_think_time"] == pytest.approx(378 + point["expected_requests_per_s"] * 60)
+    assert thinking["users_at_think_time"] == pytest.approx(375 + point["expected_requests_per_s"] * 60)
 
 
 def test_capacity_states_what_each_pool_sustains_and_which_one_limits_the_deployment(client: TestClient) -> None:
     """The deployment sustains the lower of its pools' rates. A prompt of 8,192 tokens fills the 8,192-token budget
     alone, so a prefill worker prefills 1 / (its prompt's time) prompts/s (tests/domain/test_capacity.py); the decode
     pool sustains its workers x the top-level operating point (one decode worker). Two TP4 prefill workers (about
-    2.4 prompts/s each) limit one TP8 decode worker of 378 requests (about 7.3 requests/s); 32 of them do not, and
+    2.4 prompts/s each) limit one TP8 decode worker of 375 requests (about 7.3 requests/s); 32 of them do not, and
     the decode worker's rate is then the deployment's (a fuzzing run found the prefill pool ignored)."""
     answer = post(client, "/v1/capacity", CAPACITY)
     pools, point = answer["disaggregation"], answer["operating_point"]

@@ -21,9 +21,30 @@ def test_versions_parse_from_what_the_data_and_users_write() -> None:
     assert parse_version("1.0") == (1, 0, 0)
     with pytest.raises(ValueError):
         parse_version("nightly")
-    assert resolve_version(EngineConfig()) == ("0.33.0", "the latest vllm release the engine reference covers")
+    assert resolve_version(EngineConfig()) == ("0.33.0", "the latest vLLM release the engine reference covers")
     assert resolve_version(EngineConfig(engine_version="0.19.0")) == ("0.19.0", "given")
     assert resolve_version(EngineConfig(engine="generic")) == ("", "none")
+
+
+def test_a_release_the_engine_reference_does_not_cover_says_whose_rules_it_gets() -> None:
+    """ENGINES.md 1.1's tables run from vLLM 0.6.0 to 0.33, 1.2's from SGLang 0.4.0 to 0.5.23; SGLang's default is
+    0.5.10, the latest whose reserve 1.2 sizes in full (its 0.5.23 row names a DeepEP reserve without a size), and
+    TensorRT-LLM's 1.0.0, the first whose default is the PyTorch backend 1.3 describes at a commit of main."""
+    assert resolve_version(EngineConfig(engine_version="0.5.0")) == (
+        "0.5.0", ("given; older than any vllm release the engine reference covers (0.6.0 to 0.33.0): 0.6.0's "
+                  "rules apply"))
+    assert resolve_version(EngineConfig(engine_version="0.34")) == (
+        "0.34", ("given; newer than any vllm release the engine reference covers (0.6.0 to 0.33.0): 0.33.0's "
+                 "rules apply"))
+    assert resolve_version(EngineConfig(engine_version="0.6.0"))[1] == "given"
+    assert resolve_version(EngineConfig(engine="sglang", engine_version="0.3.0"))[1].endswith(
+        "(0.4.0 to 0.5.23): 0.4.0's rules apply")
+    assert resolve_version(EngineConfig(engine="sglang", engine_version="0.5.23"))[1] == "given"
+    version, source = resolve_version(EngineConfig(engine="sglang"))
+    assert version == "0.5.10" and "0.5.23 adds terms it does not size" in source
+    version, source = resolve_version(EngineConfig(engine="trtllm"))
+    assert version == "1.0.0" and source.startswith("the first TensorRT-LLM release whose default is the PyTorch")
+    assert resolve_version(EngineConfig(engine="trtllm", engine_version="0.17"))[1] == "given"
 
 
 def test_trtllm_with_a_modelopt_fp8_checkpoint_caches_fp8() -> None:

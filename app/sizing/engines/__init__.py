@@ -95,11 +95,20 @@ def dense_over_attention_dp(engine: str | None) -> bool:
 
 
 def resolve_version(config: EngineConfig) -> tuple[str, str]:
-    """The engine version whose rules apply, and where it came from."""
-    if config.engine_version is not None:
-        return config.engine_version, "given"
-    default = ENGINES[config.engine].default_version
-    return default, (f"the latest {config.engine} release the engine reference covers" if default else "none")
+    """The engine version whose rules apply, and where it came from (a given release outside those the engine
+    reference covers says whose rules it gets: the nearest covered release's)."""
+    rules = ENGINES[config.engine]
+    if config.engine_version is None:
+        return rules.default_version, rules.default_version_source
+    first, last = rules.covered_versions
+    at = parse_version(config.engine_version)
+    if first and at < parse_version(first):
+        return config.engine_version, (f"given; older than any {rules.name} release the engine reference covers "
+                                       f"({first} to {last}): {first}'s rules apply")
+    if last and at > parse_version(last):
+        return config.engine_version, (f"given; newer than any {rules.name} release the engine reference covers "
+                                       f"({first} to {last}): {last}'s rules apply")
+    return config.engine_version, "given"
 
 
 def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None = None) -> str:
@@ -195,11 +204,10 @@ def _without(efficiency: Efficiency, host_work: bool, overlapped_host: bool, pre
                    step_overhead_overlapped=hidden)
 
 
-def total_memory(engine: Engine, gpu: GpuSpec) -> tuple[int, str]:
-    """What the engine sizes from: the total CUDA reports for engines that read torch.cuda.mem_get_info
-    (ENGINES.md 1.1, 1.3), else the driver's total (SGLang's default fraction is of nvidia-smi's, 1.2)."""
-    if not engine.sizes_from_cuda_total:
-        return gpu.memory_bytes, "the driver's total (nvidia-smi)"
+def total_memory(gpu: GpuSpec) -> tuple[int, str]:
+    """What an engine sizes from: the total CUDA reports (SIZING.md section 7; vLLM and TensorRT-LLM read
+    torch.cuda.mem_get_info, ENGINES.md 1.1 and 1.3; SGLang applies its fraction to the memory torch finds free,
+    1.2, though the driver's total picks the fraction), the driver's where the catalog has not measured it."""
     if gpu.cuda_memory_bytes is not None:
         return gpu.cuda_memory_bytes, "the memory CUDA reports (torch.cuda.mem_get_info), from the catalog"
     return gpu.memory_bytes, ("the driver's total: what CUDA reports is not measured for this GPU, and is lower "
@@ -231,7 +239,7 @@ def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_
         values["max_num_batched_tokens"] = max(1, values["max_num_batched_tokens"] // data_parallel)
         sources["max_num_batched_tokens"] += (f"; per attention rank: the replica's {config.engine} chunk divided by "
                                               f"its {data_parallel} data-parallel ranks")
-    total, sources["total_bytes_per_gpu"] = total_memory(rules, gpu)
+    total, sources["total_bytes_per_gpu"] = total_memory(gpu)
     sources["engine_version"] = version_source
     return ResolvedEngine(
         engine=config.engine,

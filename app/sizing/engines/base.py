@@ -163,8 +163,10 @@ class Engine(Protocol):
 
     name: str  # the request value: "vllm", "sglang", "trtllm", "generic"
     default_version: str  # what a request without engine_version gets ("" where versions do not matter)
-    # True: sizes from the total CUDA reports (torch.cuda.mem_get_info), False: from the driver's total.
-    sizes_from_cuda_total: bool
+    default_version_source: str  # why that release: what a response names as its source
+    # The first and last releases the engine reference (ENGINES.md section 1) states rules for ("" where it names
+    # none): a release outside them gets the nearest one's rules, and the response says so.
+    covered_versions: tuple[str, str]
     # The checkpoint recipe its published runs of a quantized weight dtype serve (measured runs that do
     # not state their checkpoint), by weight dtype.
     published_checkpoints: tuple[tuple[str, str], ...]

@@ -24,7 +24,8 @@ GENERIC_MAX_NUM_BATCHED_TOKENS = 8192
 class Generic:
     name = "generic"
     default_version = ""
-    sizes_from_cuda_total = False
+    default_version_source = "none"
+    covered_versions = ("", "")
     published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = RESERVE_AT_ADMISSION

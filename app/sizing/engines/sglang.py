@@ -1,6 +1,8 @@
 """SGLang: memory accounting, scheduler defaults and `sglang.launch_server` flags (ENGINES.md, SGLang).
 
-usable = mem_fraction_static × total, which holds weights + KV pool only; activations, CUDA graphs and
+usable = mem_fraction_static × total, which holds weights + KV pool only (the fraction is picked by nvidia-smi's
+total, but SGLang applies it to the memory torch finds free before the weights load: total is what CUDA reports,
+ENGINES.md 1.2); activations, CUDA graphs and
 the context live in the (1 − fraction) that SGLang's own default rule sets aside, so they default to 0
 here. The default fraction reproduces `ServerArgs._handle_gpu_memory_settings` of the release asked for, from
 0.4.0 on (`sglang_mem_fraction_static`). The radix cache allocates token by token (page size 1), on demand.
@@ -162,8 +164,13 @@ def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
 
 class Sglang:
     name = "sglang"
-    default_version = "0.5.10"  # the latest SGLang release the engine reference (ENGINES.md 1.2) covers
-    sizes_from_cuda_total = False  # its default fraction is of nvidia-smi's total
+    default_version = "0.5.10"
+    # ENGINES.md 1.2 covers 0.5.23 too, but not the whole of its reserve: it names a DeepEP reserve and a
+    # prefill server's and a PD-decode server's terms without sizing them, so a request that names no release
+    # gets the latest whose reserve it states in full.
+    default_version_source = ("the latest SGLang release whose memory reserve the engine reference states in full "
+                              "(0.5.23 adds terms it does not size)")
+    covered_versions = ("0.4.0", "0.5.23")  # ENGINES.md 1.2's table
     published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND

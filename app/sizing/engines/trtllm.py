@@ -46,7 +46,11 @@ _FRACTION_SOURCE = ("TensorRT-LLM default free_gpu_memory_fraction 0.9 of the me
 class Trtllm:
     name = "trtllm"
     default_version = "1.0.0"
-    sizes_from_cuda_total = True  # total from torch.cuda.mem_get_info (TRT@0004396 _util.py)
+    # ENGINES.md 1.3 describes the PyTorch backend at a 2026 commit of main, naming no release: the first release
+    # whose default that backend is (PYTORCH_BACKEND_FROM).
+    default_version_source = ("the first TensorRT-LLM release whose default is the PyTorch backend, which the engine "
+                              "reference describes (at a commit, naming no release)")
+    covered_versions = ("", "")
     # NVIDIA's published fp8/fp4 TensorRT-LLM runs serve its ModelOpt checkpoints (perf-overview.md).
     published_checkpoints = (("fp8", "modelopt_fp8"), ("fp4", "modelopt_nvfp4"))
     utilization_of = OF_FREE

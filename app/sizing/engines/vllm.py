@@ -132,7 +132,8 @@ def scheduler_defaults(gpu: GpuSpec, at: tuple[int, int, int], max_model_len: in
 class Vllm:
     name = "vllm"
     default_version = DEFAULT_VERSION
-    sizes_from_cuda_total = True
+    default_version_source = "the latest vLLM release the engine reference covers"
+    covered_versions = ("0.6.0", DEFAULT_VERSION)  # ENGINES.md 1.1's tables
     published_checkpoints: tuple[tuple[str, str], ...] = ()
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND

@@ -39,6 +39,7 @@ from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
+from app.sizing.model.kv import kv_breakpoints, kv_cache_bytes_per_stage
 from app.sizing.model.params import ceil_div, pipeline_stages
 from app.sizing.model.recipes import EMBEDDING, WeightRecipe, resolve_recipe
 from app.sizing.model.weights import (
@@ -76,7 +77,9 @@ class ConcurrencyView:
     sequences: int  # min(kv_limited_sequences, max_num_seqs)
     kv_limited_sequences: int  # what the KV cache alone allows
     limit: str  # LIMIT_KV_CACHE or LIMIT_MAX_NUM_SEQS: which one binds
-    tokens_per_request: float  # context charged to each request (before block rounding for worst/admission)
+    # Context charged to each request (before block rounding for worst/admission); with window layers in
+    # full-attention-equivalent tokens, block-rounded, in every view (`_account`)
+    tokens_per_request: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,9 +336,19 @@ def _account(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, *, tensor_par
     # Each stage's budget over what one request holds there on average (Fraction division: an exact floor).
     steady = 0 if min(budget) <= 0 else min(int(b / held) for b, held in zip(budget, mean_bytes, strict=True))
     mean_live_tokens = float(max(mean_bytes) / deployment.per_token)  # full-attention-equivalent tokens
+
+    def charged(tokens: int) -> float:
+        """A request of `tokens` as the views charge it: its tokens; with window layers, full-attention-equivalent
+        tokens as the steady state and kv_tokens count them (its block-rounded bytes on the most loaded stage over
+        a token in every layer), which its tokens are not."""
+        if not kv_breakpoints(model):
+            return float(tokens)
+        held = kv_cache_bytes_per_stage(model, (tokens,), kv_dtype, tp, pp, engine.block_size, layout["split"])
+        return float(max(held) / deployment.per_token)
+
     concurrency = MaxConcurrency(
-        worst_case=_capped(deployment.worst, engine.max_num_seqs, engine.max_model_len, dp),
-        admission=_capped(admission, engine.max_num_seqs, request_tokens, dp),
+        worst_case=_capped(deployment.worst, engine.max_num_seqs, charged(engine.max_model_len), dp),
+        admission=_capped(admission, engine.max_num_seqs, charged(request_tokens), dp),
         steady_state=_capped(steady, engine.max_num_seqs, mean_live_tokens, dp),
     )
     max_context, kv_tokens = deployment.max_context_tokens, deployment.kv_tokens

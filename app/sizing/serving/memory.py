@@ -7,7 +7,7 @@ under `app.sizing.engines`). Per GPU, every engine leaves the KV cache
 
 and differs in what `usable` is (a fraction of total memory, or for TensorRT-LLM of the memory free after
 everything else) and which parts it subtracts by default. "Total" is what the engine sizes from
-(`ResolvedEngine.total_bytes_per_gpu`: the total CUDA reports for vLLM and TensorRT-LLM, below nvidia-smi's).
+(`ResolvedEngine.total_bytes_per_gpu`: the total CUDA reports, below nvidia-smi's).
 Weights are counted by parameter group in the checkpoint's recipe when one is given (`model.recipes`).
 
 KV capacity is counted in blocks, as paged engines allocate it: one block holds `block_size` tokens in
