@@ -7,12 +7,19 @@ import dataclasses
 import pytest
 
 from app.sizing.calibration.predict import Measurement, prepare
-from app.sizing.engines import ENGINES, EngineConfig, gpu_problems, published_run_kv_dtype, resolve_version
+from app.sizing.engines import (
+    ENGINES,
+    EngineConfig,
+    gpu_problems,
+    published_run_kv_dtype,
+    resolve_engine,
+    resolve_version,
+)
 from app.sizing.engines.base import parse_version
 from app.sizing.engines.vllm import SamplerFit, activation_peak_bytes, scheduler_defaults
 from app.sizing.model.recipes import RECIPES, uniform_recipe
 from app.sizing.specs import GpuSpec
-from tests.domain.models_for_tests import LLAMA_3_8B, QWEN2_5_72B
+from tests.domain.models_for_tests import DEEPSEEK_V3, LLAMA_3_8B, QWEN2_5_72B
 
 
 def test_versions_parse_from_what_the_data_and_users_write() -> None:
@@ -135,6 +142,19 @@ def test_vllm_scheduler_defaults_follow_the_release() -> None:
     assert at("0.25.0", B200) == (1024, 8192)
     assert at("0.33.0", B200) == (1024, 16384)
     assert at("0.33.0", H100) == (1024, 8192)
+
+
+def test_vllm_0_8_0_runs_an_mla_model_in_flashmlas_blocks_of_64() -> None:
+    """ENGINES.md 1.1's defaults table: block_size "16 (FlashMLA forces 64)" in 0.8.0, 16 in 0.8.5's column:
+    DeepSeek-V3 on vLLM 0.8.0 and 0.8.4 gets 64-token blocks, on 0.8.5 and 0.33 the default 16, and a model
+    without MLA 16 throughout."""
+    def block(model, version: str) -> int:
+        return resolve_engine(EngineConfig(engine_version=version), model, H100, 8).block_size
+
+    assert [block(DEEPSEEK_V3, v) for v in ("0.7.3", "0.8.0", "0.8.4", "0.8.5", "0.33.0")] == [16, 64, 64, 16, 16]
+    assert block(LLAMA_3_8B, "0.8.0") == 16
+    assert "FlashMLA" in dict(resolve_engine(EngineConfig(engine_version="0.8.0"), DEEPSEEK_V3, H100, 8).sources)[
+        "block_size"]
 
 
 def test_a_measured_run_is_predicted_with_its_own_releases_defaults() -> None:

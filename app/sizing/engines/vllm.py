@@ -55,6 +55,10 @@ V1_FROM = (0, 8, 0)
 V0_CHUNKED_ABOVE = 32768  # V0 turns chunked prefill on only for a longer max_model_len
 V0_CHUNK_2048_FROM = (0, 7, 0)  # V0's chunked budget: 512 tokens in 0.6.x, 2048 in 0.7.x
 LARGE_GPU_TIER_FROM = (0, 8, 5)  # >= 70 GiB: 8192 tokens, 1024 sequences (0.8.0-0.8.4: by the GPU's name)
+# 0.8.0's FlashMLA backend forces blocks of 64 on an MLA model (ENGINES.md 1.1 defaults table, 0.8.0 column: "16
+# (FlashMLA forces 64)"); the table's 0.8.5 column gives 16 again, with no backend named.
+FLASHMLA_BLOCK_SIZE = 64
+FLASHMLA_BLOCKS = ((0, 8, 0), (0, 8, 5))  # the releases it applies to: from 0.8.0, before 0.8.5
 A100_EXCLUDED_FROM = (0, 9, 0)  # the large tier leaves A100 out
 HUGE_GPU_TIER_FROM = (0, 33, 0)  # >= 160 GiB (B200, B300): 16384 tokens
 
@@ -168,7 +172,9 @@ class Vllm:
             "gpu_memory_utilization": utilization,
             "max_num_seqs": (default_seqs, f"vLLM {version} default {which}"),
             "max_num_batched_tokens": (default_batched, f"vLLM {version} server default {which}"),
-            "block_size": (VLLM_BLOCK_SIZE, "vLLM default block of 16 tokens"),
+            "block_size": ((FLASHMLA_BLOCK_SIZE, f"vLLM {version}: FlashMLA forces blocks of 64 tokens on an MLA model")
+                           if model.is_mla and FLASHMLA_BLOCKS[0] <= at < FLASHMLA_BLOCKS[1]
+                           else (VLLM_BLOCK_SIZE, "vLLM default block of 16 tokens")),
             "activation_bytes_per_gpu": activation,
             "non_torch_bytes_per_gpu": ((NON_TORCH_MULTI_GPU if tensor_parallel * pipeline_parallel * data_parallel
                                          > 1 else NON_TORCH_SINGLE_GPU), _NON_TORCH_SOURCE),
