@@ -31,7 +31,7 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import Layout
-from app.sizing.model.recipes import WeightRecipe, published_recipe
+from app.sizing.model.recipes import SIXTEEN_BIT_OR_WIDER, WeightRecipe, published_recipe, uniform_recipe
 from app.sizing.serving.disaggregation import KvTransfer, deployment_link, kv_transfer
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
@@ -173,11 +173,16 @@ def published_checkpoint(model: ModelSpec, weight_dtype: str | None) -> tuple[We
     """What `weight_dtype` weights of `model` (None: the dtype it serves) are where the request names no
     checkpoint recipe: the recipe of the model's one published checkpoint in that dtype
     (`recipes.published_recipe`: gpt-oss in fp4 is OpenAI's MXFP4 experts with bf16 attention) and the
-    defaults_used line that says so; (None, []) where the plain dtype stands for the weights."""
+    defaults_used line that says so; where the plain dtype stands for the weights, None and, for a quantized dtype,
+    the line saying how it is stored (which fp4, what scales: a checkpoint's own format may differ)."""
     dtype = weight_dtype or served_dtype(model)
     recipe = published_recipe(model.slug, dtype)
     if recipe is None:
-        return None, []
+        if dtype in SIXTEEN_BIT_OR_WIDER:
+            return None, []
+        storage = (f"weight storage = {uniform_recipe(dtype).description} (the plain {dtype} dtype; a published "
+                   "checkpoint's own format may differ)")
+        return None, [storage]
     line = f"weight_recipe = {recipe.name} (the model's one published {dtype} checkpoint: {recipe.description})"
     return recipe, [line]
 

@@ -45,7 +45,8 @@
 # 2026.12.07.5: every engine sizes from the memory CUDA reports where the catalog has it (was: SGLang and the generic
 # engine from nvidia-smi's total, 0.49 GB more on an H100; SGLang still picks its default fraction by that total);
 # a model with window layers is charged full-attention-equivalent tokens in the worst-case and admission views as in
-# the steady state (was: raw tokens beside kv_tokens' layer-equivalent count).
+# the steady state (was: raw tokens beside kv_tokens' layer-equivalent count); vLLM 0.8.0-0.8.4 runs an MLA model in
+# FlashMLA's 64-token blocks (was: 16).
 CALCULATION_VERSION = "2026.12.07.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

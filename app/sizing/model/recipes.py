@@ -131,10 +131,12 @@ def uniform_recipe(dtype: str) -> WeightRecipe:
     except KeyError:
         raise ValueError(f"unknown weight dtype {dtype!r}; expected one of {list(_DTYPE_FORMATS)}") from None
     rest = dtype if dtype in SIXTEEN_BIT_OR_WIDER else "bf16"
+    stored = FORMATS[linear]  # a quantized dtype's storage: its scales, and which fp4 (`_DTYPE_FORMATS`)
+    stored_as = "" if dtype in SIXTEEN_BIT_OR_WIDER else f" ({stored.description}: {float(stored.bits):g} bits a value)"
     return WeightRecipe(
         name=dtype,
         formats=tuple((g, linear if g in LINEAR_GROUPS else rest) for g in GROUPS),
-        description=f"every linear matrix of the decoder layers in {dtype}; embedding, LM head, routers, "
+        description=f"every linear matrix of the decoder layers in {dtype}{stored_as}; embedding, LM head, routers, "
                     f"norms and biases in {rest}",
         source="the service's plain weight dtype",
     )
