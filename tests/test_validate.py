@@ -142,6 +142,20 @@ def test_csv_rows_need_the_required_columns_and_numbers() -> None:
         rows_from_csv("row_id,model,gpu,num_gpus,weight_dtype,engine,scenario,metric,value\n" + "x" * 200_000)
 
 
+def test_an_unclosed_quote_is_named_on_the_row_it_opens() -> None:
+    """A stray double quote on line 3 opens a quoted cell that swallows every later line: the file ends inside it.
+    Read leniently, the rows after it vanished into one cell and the file was reported as missing fields on its
+    line 3; the error names line 3 and what is wrong."""
+    header = "row_id,model,gpu,num_gpus,weight_dtype,engine,scenario,metric,value\n"
+    good = "r1,llama-3.1-8b,h100-sxm,1,bf16,vllm,batch1,ttft_ms,10\n"
+    with pytest.raises(RowsInvalid) as raised:
+        rows_from_csv(header + good + '"r2,llama-3.1-8b,h100-sxm,1,bf16,vllm,batch1,ttft_ms,11\n' + good.replace("r1", "r3"))
+    unclosed = "line 3: a quoted cell on this row is never closed: the file ends inside it (a stray double quote?)"
+    assert raised.value.errors == [("/body/file", unclosed)]
+    quoted = rows_from_csv(header + good + '"r2","llama-3.1-8b",h100-sxm,1,bf16,vllm,batch1,ttft_ms,"11"\n')
+    assert [row.row_id for row in quoted] == ["r1", "r2"]  # closed quotes are read as ever
+
+
 def test_row_ids_must_be_unique() -> None:
     rows = rows_from_csv(SAMPLE.read_text())
     with pytest.raises(RowsInvalid, match="unique"):

@@ -253,7 +253,8 @@ def _records(text: str, pointer: str, max_rows: int | None):
     """(line, cells) per data row of CSV text: cells of the schema's columns and the layout columns,
     stripped, empty ones left out. Lines may end in \n, \r\n or \r alone (universal newlines); a row of empty
     cells (a spreadsheet's trailing ",,,,") is skipped, as a blank line is."""
-    reader = csv.DictReader(io.StringIO(text, newline=None))
+    reader = csv.DictReader(io.StringIO(text, newline=None), strict=True)  # strict: an unclosed quote is an error
+    row_start = 1  # the line the record being read starts on
     try:
         header = [name.strip() for name in reader.fieldnames or []]  # names stripped, as cells are
         reader.fieldnames = header
@@ -267,7 +268,9 @@ def _records(text: str, pointer: str, max_rows: int | None):
             expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
             raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
         count = 0
+        row_start = reader.line_num + 1
         for record in reader:
+            row_start = reader.line_num + 1  # of the record after this one
             cells = {column: value.strip() for column, value in record.items()
                      if column is not None and value is not None and value.strip()}
             if not cells and None not in record:
@@ -280,6 +283,10 @@ def _records(text: str, pointer: str, max_rows: int | None):
         if count == 0:
             raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
     except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
+        if str(exc) == "unexpected end of data":  # the file ended inside a quoted cell
+            unclosed = (f"line {row_start}: a quoted cell on this row is never closed: the file ends inside it "
+                        "(a stray double quote?)")
+            raise RowsInvalid(f"the CSV cannot be read: {unclosed}", [(pointer, unclosed)]) from None
         raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None
 
 
