@@ -77,7 +77,7 @@ openapi: $(RUNTIME)
 accuracy: $(RUNTIME)
 	$(PY) -m app.validate $(MEASUREMENTS) --capacity tests/data/measured-capacity.csv --markdown docs/ACCURACY.md
 
-# Refit the shipped default calibration profile (11-24 minutes on two cores, README: one refit per held-out GPU, model
+# Refit the shipped default calibration profile (20-28 minutes on two cores, README: one refit per held-out GPU, model
 # family and engine; a more specific level ships only where its held-out error is lower beyond sampling noise).
 calibrate: $(RUNTIME)
 	$(PY) -m app.calibrate $(MEASUREMENTS) --name default
