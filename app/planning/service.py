@@ -577,7 +577,7 @@ def _disaggregated_out(rank: int, plan: DisaggregatedPlan, model: ModelSpec, mod
             unit=unit, offered=offered, max_verified=sized, failing=None, analytic_ceiling=decode.ceiling_per_worker),
         replicas=plan.prefill.workers + decode.workers, extra_replicas=plan.prefill.extra_workers + decode.extra_workers,
         gpus_per_replica=configuration.gpus_per_replica, gpus=plan.gpus,
-        nodes=sum(plan_core.replica_nodes(pool.configuration, pool.workers) for pool in (plan.prefill, decode)),
+        nodes=disaggregation.deployment_nodes(plan.prefill, decode),
         price_per_gpu_hour_usd=decode.price_per_gpu_hour_usd, price_source=decode.price_source,
         cost_per_hour_usd=plan.cost_per_hour_usd,
         cost_per_million_output_tokens_usd=plan.cost_per_million_output_tokens_usd,

@@ -46,7 +46,9 @@
 # engine from nvidia-smi's total, 0.49 GB more on an H100; SGLang still picks its default fraction by that total);
 # a model with window layers is charged full-attention-equivalent tokens in the worst-case and admission views as in
 # the steady state (was: raw tokens beside kv_tokens' layer-equivalent count); vLLM 0.8.0-0.8.4 runs an MLA model in
-# FlashMLA's 64-token blocks (was: 16).
+# FlashMLA's 64-token blocks (was: 16); a disaggregated plan's pools of one GPU type share nodes (was: each pool's
+# nodes counted apart, 2 nodes beside an NVLink transfer inside one); launch commands run the KV dtype planned
+# (vLLM/SGLang int8 as fp8, TensorRT-LLM's kv_cache_config dtype fp8; was: 16-bit).
 CALCULATION_VERSION = "2026.12.07.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

@@ -40,6 +40,7 @@ from app.sizing.serving.disaggregation import (
     combine,
     decode_role_requests,
     deployment_link,
+    deployment_nodes,
     fewest_workers,
     kv_transfer,
     plan_disaggregated,
@@ -107,6 +108,25 @@ def test_the_transfer_takes_nvlink_only_inside_one_nvlink_domain() -> None:
     assert transfer_link(H100, 9) == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
     nvl72 = dataclasses.replace(H100, gpus_per_node=72)
     assert transfer_link(nvl72, 72)[0] == NVLINK
+
+
+def test_pools_of_one_gpu_type_share_nodes() -> None:
+    """8-GPU H100 nodes. A TP4 prefill and a TP4 decode worker: 8 GPUs, one node, as the NVLink transfer between
+    them assumes (a review found 2 nodes beside an NVLink transfer: each pool's nodes counted apart). Two TP4
+    prefill workers and a TP8 decode worker: 16 GPUs, 2 nodes. A TP2 DP3 prefill worker (6 GPUs) and a TP4
+    decode worker: 10 GPUs that no node holds together, 2 nodes. Three TP6 workers: 3 nodes (6 + 6 > 8). A
+    DP16 decode worker (TP1, 16 GPUs: two nodes of its own) beside one TP4 prefill worker: 3. On two GPU types
+    each pool counts its own: TP4 + TP4 on H100 and H200, 2."""
+    def pool(tp: int, workers: int, dp: int = 1, gpu: GpuSpec = H100) -> SimpleNamespace:
+        return SimpleNamespace(configuration=Configuration(gpu, tp, 1, "fp8", "fp8", data_parallel=dp),
+                               workers=workers)
+
+    h200 = dataclasses.replace(H100, name="H200 SXM", slug="h200-sxm")
+    cases = [((pool(4, 1), pool(4, 1)), 1), ((pool(4, 2), pool(8, 1)), 2), ((pool(2, 1, dp=3), pool(4, 1)), 2),
+             ((pool(6, 2), pool(6, 1)), 3), ((pool(4, 1), pool(1, 1, dp=16)), 3), ((pool(4, 1), pool(4, 1, gpu=h200)), 2)]
+    for (prefill, decode), nodes in cases:
+        assert deployment_nodes(prefill, decode) == nodes  # type: ignore[arg-type]
+    assert deployment_link(H100, 4, H100, 4)[0] == NVLINK  # the first case: its transfer stays in its one node
 
 
 def test_sglang_moves_the_kv_over_rdma_inside_a_node_and_over_nvlink_only_across_an_nvl72() -> None:

@@ -443,6 +443,34 @@ def test_trtllm_launch_turns_on_the_chunked_prefill_the_plan_simulates():
     assert not any("enable_attention_dp" in note for note in plain.notes)  # no attention DP asked for
 
 
+def test_every_engine_launches_the_kv_cache_the_plan_sized():
+    """A plan's KV dtype must be the one the command runs (a review found int8 and fp8 plans launched 16-bit):
+    - vLLM and SGLang cache one-byte values as fp8: an int8 plan (sized at one byte a value) sets the fp8 flag and
+      says so; `auto` would cache the model's bf16, half the tokens (ENGINES.md 1.1, 1.2).
+    - TensorRT-LLM's kv_cache_config dtype `auto` keeps the checkpoint's KV dtype, `fp8` overrides it (ENGINES.md
+      1.3): an fp8 plan on bf16 weights sets it in the options file; fp8 weights with a bf16 KV cache need a
+      checkpoint that declares no FP8 KV cache; int8 comes only from a checkpoint.
+    - fp32 KV follows a model served in fp32 only: a bf16 model's plan says its engines cache 16-bit."""
+    for engine, flag in (("vllm", "--kv-cache-dtype fp8"), ("sglang", "--kv-cache-dtype fp8_e4m3")):
+        one_byte = launch(engine=engine, kv_dtype="int8")
+        assert flag in one_byte.command
+        assert any(note.startswith("int8 KV cache: launched as fp8, the same size") for note in one_byte.notes)
+        assert "--kv-cache-dtype" not in launch(engine=engine).command
+    fp8_kv = launch(engine="trtllm", kv_dtype="fp8")
+    assert any("kv_cache_config: {dtype: fp8}" in note for note in fp8_kv.notes)
+    assert not any("ModelOpt" in note for note in fp8_kv.notes)  # bf16 weights: no quantized checkpoint asked for
+    fp8_weights = launch(engine="trtllm", weight_dtype="fp8")
+    assert any("fp8 weights from a checkpoint quantized with NVIDIA ModelOpt" in note for note in fp8_weights.notes)
+    assert any("exported without an FP8 KV cache" in note for note in fp8_weights.notes)
+    assert not any("kv_cache_config: {dtype: fp8}" in note for note in fp8_weights.notes)
+    both = launch(engine="trtllm", weight_dtype="fp8", kv_dtype="fp8")
+    assert not any("exported without an FP8 KV cache" in note for note in both.notes)
+    assert any("int8 KV cache: TensorRT-LLM takes it from a checkpoint" in note
+               for note in launch(engine="trtllm", kv_dtype="int8").notes)
+    assert any(note.startswith("fp32 KV cache: the engines cache in the dtype the model is served in")
+               for note in launch(kv_dtype="fp32").notes)
+
+
 def test_trtllm_disaggregated_workers_keep_one_options_file():
     """A worker's role is LLM-API options too: the context servers of TensorRT-LLM's disaggregation recipe add
     cache_transceiver_config and disable_overlap_scheduler: true, the generation servers only the transceiver

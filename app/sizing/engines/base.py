@@ -148,6 +148,14 @@ class LaunchSpec:
     nodes: int = 1  # the nodes one replica (or disaggregated worker) spans
 
 
+def one_byte_kv_note(spec: LaunchSpec, engine_name: str) -> list[str]:
+    """vLLM and SGLang cache one-byte KV values as fp8 only: an int8 KV cache planned is launched as fp8, the same
+    size (their `--kv-cache-dtype` flag is set for either, `launch_words`)."""
+    if spec.kv_dtype != "int8":
+        return []
+    return [f"int8 KV cache: launched as fp8, the same size ({engine_name} caches one-byte values as fp8)"]
+
+
 def online_fp8(spec: LaunchSpec) -> bool:
     """fp8 weights from a 16-bit checkpoint: quantized on load by vLLM and SGLang."""
     return spec.weight_dtype == "fp8" and spec.model_dtype in SIXTEEN_BIT

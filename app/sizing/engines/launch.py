@@ -50,9 +50,9 @@ def _precision_notes(spec: LaunchSpec) -> list[str]:
     if spec.weight_dtype != spec.model_dtype and spec.weight_dtype in CHECKPOINT_FORMATS:
         notes.append(f"serve {CHECKPOINT_FORMATS[spec.weight_dtype]} of the model: the engine reads its "
                      "quantization from the checkpoint")
-    if spec.kv_dtype == "int8":
-        notes.append("int8 KV cache: vLLM and SGLang offer fp8 KV instead (same size); TensorRT-LLM takes int8 "
-                     "KV from a checkpoint quantized with it")
+    if spec.kv_dtype == "fp32" and spec.model_dtype != "fp32":
+        notes.append(f"fp32 KV cache: the engines cache in the dtype the model is served in ('auto'), fp32 only with "
+                     f"the model served in fp32, its weights too; with {spec.weight_dtype} weights they cache 16-bit")
     return notes
 
 

@@ -21,6 +21,7 @@ from app.sizing.engines.base import (
     Default,
     LaunchSpec,
     checkpoint_kv,
+    one_byte_kv_note,
     online_fp8,
     parse_version,
 )
@@ -259,14 +260,14 @@ class Sglang:
         words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens * spec.data_parallel),
                   "--context-length", str(spec.max_model_len),
                   "--mem-fraction-static", f"{spec.gpu_memory_utilization:g}"]
-        if spec.kv_dtype == "fp8":
+        if spec.kv_dtype in ("fp8", "int8"):  # int8: one byte a value, as fp8 (`one_byte_kv_note`)
             words += ["--kv-cache-dtype", "fp8_e4m3"]
         if online_fp8(spec):
             words += ["--quantization", "fp8"]
         return words
 
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
-        return []
+        return one_byte_kv_note(spec, "SGLang")
 
     def disaggregation_words(self, role: str) -> list[str]:
         return ["--disaggregation-mode", role]

@@ -144,10 +144,19 @@ class Trtllm:
         options = ["enable_chunked_prefill: true"]
         if spec.data_parallel > 1:
             options += ["enable_attention_dp: true", f"moe_expert_parallel_size: {spec.expert_parallel}"]
+        if spec.kv_dtype == "fp8":  # `auto` keeps the checkpoint's KV dtype; fp8 overrides it (ENGINES.md 1.3)
+            options.append("kv_cache_config: {dtype: fp8}")
         notes = [(f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
-                  "is false)")]
-        if (spec.weight_dtype == "fp8" and spec.model_dtype != "fp8") or spec.kv_dtype == "fp8":
-            notes.append("TensorRT-LLM takes fp8 weights and fp8 KV from a checkpoint quantized with NVIDIA ModelOpt")
+                  "is false" + ("; the fp8 KV cache planned, whatever the checkpoint declares" if spec.kv_dtype == "fp8"
+                                else "") + ")")]
+        if spec.weight_dtype == "fp8" and spec.model_dtype != "fp8":
+            notes.append("TensorRT-LLM takes fp8 weights from a checkpoint quantized with NVIDIA ModelOpt")
+        if spec.weight_dtype != spec.model_dtype and spec.weight_dtype in ("fp8", "fp4") and spec.kv_dtype != "fp8":
+            notes.append(f"the plan caches {spec.kv_dtype} KV: serve a checkpoint exported without an FP8 KV cache "
+                         "(kv_cache_quant_algo null), as kv_cache_config's dtype auto keeps a checkpoint's FP8 one")
+        if spec.kv_dtype == "int8":
+            notes.append("int8 KV cache: TensorRT-LLM takes it from a checkpoint quantized with it (kv_cache_config's "
+                         "dtype overrides are fp8, fp8_ds_mla and nvfp4)")
         return notes
 
     def disaggregation_words(self, role: str) -> list[str]:

@@ -31,6 +31,7 @@ from app.sizing.engines.base import (
     Default,
     LaunchSpec,
     checkpoint_kv,
+    one_byte_kv_note,
     online_fp8,
     parse_version,
 )
@@ -232,7 +233,7 @@ class Vllm:
         words += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens),
                   "--max-model-len", str(spec.max_model_len),
                   "--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
-        if spec.kv_dtype == "fp8":
+        if spec.kv_dtype in ("fp8", "int8"):  # int8: one byte a value, as fp8 (`one_byte_kv_note`)
             words += ["--kv-cache-dtype", "fp8"]
         if online_fp8(spec):
             words += ["--quantization", "fp8"]
@@ -245,7 +246,7 @@ class Vllm:
         return words
 
     def launch_notes(self, spec: LaunchSpec) -> list[str]:
-        return []
+        return one_byte_kv_note(spec, "vLLM")
 
     def disaggregation_words(self, role: str) -> list[str]:
         # NixlConnector ignores kv_producer/kv_consumer: the proxy assigns the roles (ENGINES.md section 3).

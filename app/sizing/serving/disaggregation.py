@@ -82,6 +82,7 @@ from app.sizing.serving.plan import (
     cached_prompt_tokens,
     cost_per_million_tokens,
     prefill_time_s,
+    replica_nodes,
 )
 from app.sizing.serving.simulate import (
     KvCapacityError,
@@ -619,6 +620,31 @@ def _pool(planner: _Planner, screened: _Screened, role: str, workers: int, extra
                 ceiling_per_worker=screened.ceiling if role == DECODE_POOL else 0.0,
                 price_per_gpu_hour_usd=screened.price, price_source=screened.price_source,
                 cost_per_hour_usd=None if screened.price is None else gpus * screened.price)
+
+
+def deployment_nodes(prefill: Pool, decode: Pool) -> int:
+    """Nodes both pools take. Of one GPU type, workers that fit in a node share nodes across the pools, largest
+    first, each into the first node with room for it (a TP4 prefill and a TP4 decode worker take one 8-GPU node,
+    as the NVLink transfer between them, `deployment_link`, assumes); a worker larger than a node, or pools of two
+    GPU types, take nodes of their own (`replica_nodes`)."""
+    if prefill.configuration.gpu != decode.configuration.gpu:
+        return sum(replica_nodes(pool.configuration, pool.workers) for pool in (prefill, decode))
+    per_node = decode.configuration.gpu.gpus_per_node
+    nodes, sizes = 0, []
+    for pool in (prefill, decode):
+        size = pool.configuration.gpus_per_replica
+        if size > per_node:
+            nodes += replica_nodes(pool.configuration, pool.workers)
+        else:
+            sizes += [size] * pool.workers
+    room: list[int] = []  # free GPUs of each node the workers that fit in one have opened
+    for size in sorted(sizes, reverse=True):
+        node = next((i for i, free in enumerate(room) if free >= size), None)
+        if node is None:
+            room.append(per_node - size)
+        else:
+            room[node] -= size
+    return nodes + len(room)
 
 
 def deployment_link(prefill_gpu: GpuSpec, prefill_gpus: int, decode_gpu: GpuSpec, decode_gpus: int,
