@@ -159,10 +159,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     if status == 405:
         headers["Allow"] = ", ".join(_allowed_methods(request))
     if status == 404 and (repository_id := _CATALOG_PATH_WITH_REPOSITORY_ID.match(request.url.path)):
-        detail = (f"No such resource: {repository_id['id']!r} looks like a Hugging Face repository id, and catalog "
-                  f"slugs have no '/'. GET /{repository_id['kind']} lists each row's slug"
-                  + (" and hf_id; import a model's config.json with POST /v1/models/import?slug=..."
-                     if repository_id["kind"] == "v1/models" else ""))
+        hint = getattr(request.app.state, "repository_id_hint", None)  # the catalog's, set by create_app
+        if repository_id["kind"] == "v1/models" and hint is not None:
+            detail = f"No such resource: {hint(repository_id['id'])}"
+        else:
+            detail = (f"No such resource: {repository_id['id']!r} looks like a Hugging Face repository id, and "
+                      f"catalog slugs have no '/'. GET /{repository_id['kind']} lists each row's slug")
     return problem_response(request, status, detail, headers=headers)
 
 

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.calibration import api as calibration_api
 from app.catalog import api as catalog_api
+from app.catalog.schemas import repository_id_hint
 from app.catalog.service import SpecCache
 from app.charts import api as charts_api
 from app.db import RequestAbandoned, RequestDeadline, make_engine, make_session_factory, memory_only_session
@@ -316,6 +317,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_docs(app)
     for router in ROUTERS:
         app.include_router(router)
+    # A Hugging Face id in a /v1/models path: the 404 names its catalog slug, as a body field's 422 does (app.errors).
+    app.state.repository_id_hint = repository_id_hint
     # For the Allow header of 405 problems (see app.errors).
     app.state.route_methods = [(route.path_regex, set(route.methods), bool(route.param_convertors))
                                for router in ROUTERS for route in router.routes if isinstance(route, APIRoute)]

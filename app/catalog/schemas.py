@@ -88,18 +88,25 @@ def _not_a_repository_id(value: object) -> object:
     catalog slug is, or how to import the model, instead of a bare pattern mismatch."""
     if not (isinstance(value, str) and value.count("/") == 1 and len(value) <= 200):
         return value
-    suggested = re.sub(r"[^a-z0-9._-]+", "-", value.split("/")[1].lower()).strip("-._")[:64] or "my-model"
+    raise ValueError(repository_id_hint(value))
+
+
+def repository_id_hint(value: str) -> str:
+    """What a Hugging Face repository id ("org/name") given where a model slug belongs should have been: the
+    reference catalog's slug of that id, the catalog model a slug made of its name stands for, or how to import it
+    (a request body's field, and a /v1/models path: `app.errors`)."""
+    suggested = re.sub(r"[^a-z0-9._-]+", "-", value.split("/")[-1].lower()).strip("-._")[:64] or "my-model"
     rows = reference_model_rows()
     for row in rows:
         if row["hf_id"].lower() == value.lower():
-            raise ValueError(f"{value!r} is a Hugging Face repository id; its catalog slug is {row['slug']!r}")
+            return f"{value!r} is a Hugging Face repository id; its catalog slug is {row['slug']!r}"
     for row in rows:
         if row["slug"] == suggested:
-            raise ValueError(f"{value!r} is a Hugging Face repository id, not a catalog slug; the catalog's "
-                             f"{suggested!r} is {row['hf_id']!r}")
-    raise ValueError(f"{value!r} is a Hugging Face repository id, not a catalog slug. GET /v1/models lists "
-                     f"each model's hf_id; a model not in the catalog can be imported from its config.json "
-                     f"with POST /v1/models/import?slug={suggested} (or sized inline with model_spec)")
+            return (f"{value!r} is a Hugging Face repository id, not a catalog slug; the catalog's "
+                    f"{suggested!r} is {row['hf_id']!r}")
+    return (f"{value!r} is a Hugging Face repository id, not a catalog slug. GET /v1/models lists "
+            f"each model's hf_id; a model not in the catalog can be imported from its config.json "
+            f"with POST /v1/models/import?slug={suggested} (or sized inline with model_spec)")
 
 
 ModelSlug = Annotated[Slug, BeforeValidator(_not_a_repository_id)]

@@ -66,10 +66,20 @@ def test_a_hugging_face_id_as_a_model_slug_says_where_the_slug_is(client: TestCl
     assert says in problem["errors"][0]["detail"], problem
 
 
-def test_a_hugging_face_id_in_a_catalog_url_says_how_to_import_it(client: TestClient) -> None:
-    problem = assert_problem(client.get("/v1/models/meta-llama/Llama-3.1-8B"), 404)
-    assert "Hugging Face repository id" in problem["detail"]
-    assert "POST /v1/models/import" in problem["detail"]
+@pytest.mark.parametrize(("model", "says"), [
+    ("meta-llama/Meta-Llama-3-8B", "its catalog slug is 'llama-3-8b'"),
+    ("meta-llama/Llama-3.1-8B", "the catalog's 'llama-3.1-8b' is 'meta-llama/Meta-Llama-3.1-8B'"),
+    ("acme/Foo-Bar_7B", "POST /v1/models/import?slug=foo-bar_7b"),
+])
+def test_a_hugging_face_id_in_a_model_url_says_where_the_slug_is(client: TestClient, model: str, says: str) -> None:
+    """As in a body field (a README review found the path's 404 naming no slug where the body's 422 did)."""
+    problem = assert_problem(client.get(f"/v1/models/{model}"), 404)
+    assert problem["detail"].startswith("No such resource: ") and says in problem["detail"], problem
+
+
+def test_a_repository_id_in_a_gpu_url_says_slugs_have_no_slash(client: TestClient) -> None:
+    problem = assert_problem(client.get("/v1/gpus/nvidia/h100"), 404)
+    assert "looks like a Hugging Face repository id, and catalog slugs have no '/'" in problem["detail"]
 
 
 def test_without_api_keys_the_401_and_the_start_up_log_say_writes_are_off(
