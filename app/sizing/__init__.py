@@ -48,7 +48,8 @@
 # the steady state (was: raw tokens beside kv_tokens' layer-equivalent count); vLLM 0.8.0-0.8.4 runs an MLA model in
 # FlashMLA's 64-token blocks (was: 16); a disaggregated plan's pools of one GPU type share nodes (was: each pool's
 # nodes counted apart, 2 nodes beside an NVLink transfer inside one); launch commands run the KV dtype planned
-# (vLLM/SGLang int8 as fp8, TensorRT-LLM's kv_cache_config dtype fp8; was: 16-bit).
+# (vLLM/SGLang int8 as fp8, TensorRT-LLM's kv_cache_config dtype fp8; was: 16-bit), and TensorRT-LLM's options file
+# sets max_input_len to the context where it passes the default 1,024 (was: prompts past 1,024 tokens not admitted).
 CALCULATION_VERSION = "2026.12.07.5"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

@@ -443,6 +443,14 @@ def test_trtllm_launch_turns_on_the_chunked_prefill_the_plan_simulates():
     assert not any("enable_attention_dp" in note for note in plain.notes)  # no attention DP asked for
 
 
+def test_trtllm_launch_admits_the_prompts_the_plan_sends():
+    """TensorRT-LLM's LLM-API max_input_len defaults to 1,024 tokens (ENGINES.md 1.3); a plan whose context reaches
+    1,500 tokens (its prompts up to 1,499) sets it to the context in the options file, one of 1,000 leaves it."""
+    long = launch(engine="trtllm")
+    assert any("max_input_len: 1500" in note for note in long.notes)
+    assert not any("max_input_len:" in note for note in launch(engine="trtllm", max_model_len=1000).notes)
+
+
 def test_every_engine_launches_the_kv_cache_the_plan_sized():
     """A plan's KV dtype must be the one the command runs (a review found int8 and fp8 plans launched 16-bit):
     - vLLM and SGLang cache one-byte values as fp8: an int8 plan (sized at one byte a value) sets the fp8 flag and

@@ -36,6 +36,7 @@ PYTORCH_BACKEND_FROM = (1, 0, 0)  # the PyTorch backend is the default from 1.0
 # TensorRT-LLM LLM-API build defaults: max_batch_size 2048, max_num_tokens 8192, tokens_per_block 32.
 TRTLLM_MAX_BATCH_SIZE = 2048
 TRTLLM_MAX_NUM_TOKENS = 8192
+TRTLLM_MAX_INPUT_LEN = 1024  # the LLM-API default max_input_len (ENGINES.md 1.3, TRT@0004396 BaseLlmArgs)
 TRTLLM_BLOCK_SIZE = 32
 # The YAML of LLM-API options a launch passes (`--extra_llm_api_options`): what trtllm-serve has no flag for.
 LLM_API_OPTIONS_FILE = "extra_llm_api_options.yaml"
@@ -146,9 +147,13 @@ class Trtllm:
             options += ["enable_attention_dp: true", f"moe_expert_parallel_size: {spec.expert_parallel}"]
         if spec.kv_dtype == "fp8":  # `auto` keeps the checkpoint's KV dtype; fp8 overrides it (ENGINES.md 1.3)
             options.append("kv_cache_config: {dtype: fp8}")
+        if spec.max_model_len > TRTLLM_MAX_INPUT_LEN:  # a prompt may be as long as the context, less one token
+            options.append(f"max_input_len: {spec.max_model_len}")
         notes = [(f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
                   "is false" + ("; the fp8 KV cache planned, whatever the checkpoint declares" if spec.kv_dtype == "fp8"
-                                else "") + ")")]
+                                else "")
+                  + (f"; prompts past its default max_input_len of {TRTLLM_MAX_INPUT_LEN} tokens"
+                     if spec.max_model_len > TRTLLM_MAX_INPUT_LEN else "") + ")")]
         if spec.weight_dtype == "fp8" and spec.model_dtype != "fp8":
             notes.append("TensorRT-LLM takes fp8 weights from a checkpoint quantized with NVIDIA ModelOpt")
         if spec.weight_dtype != spec.model_dtype and spec.weight_dtype in ("fp8", "fp4") and spec.kv_dtype != "fp8":
