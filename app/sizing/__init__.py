@@ -59,4 +59,9 @@ CALCULATION_VERSION = "2026.12.07.5"
 # 2026.12.06.6: whether an engine splits dense MLPs and shared experts over the attention DP ranks (SGLang: yes).
 # 2026.12.06.7: SGLang's exchange under attention DP: every feed-forward block gathers the ranks' tokens (its a2a
 # backends are opt-in); its dense split follows from it.
-ENGINE_RULES_VERSION = "2026.12.06.7"
+# 2026.12.07.1: every engine sizes from the memory CUDA reports (SGLang's fraction still picked by the driver's total,
+# the generic engine's by SIZING.md section 7); each engine names why its default release is what it is and the
+# releases the reference covers; vLLM 0.8.0-0.8.4 forces FlashMLA's 64-token blocks on an MLA model; launch flags:
+# vLLM and SGLang launch an int8 KV cache as fp8, TensorRT-LLM's options file sets kv_cache_config dtype fp8 and
+# max_input_len past 1,024, and its notes say what each precision's checkpoint needs.
+ENGINE_RULES_VERSION = "2026.12.07.1"
