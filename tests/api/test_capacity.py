@@ -504,10 +504,20 @@ def test_the_documented_answer_is_the_answer_to_the_documented_request(client: T
     """The OpenAPI examples of /v1/capacity (vLLM, Llama-3.1-8B on one H100, utilization 0.9, max_model_len 16,384,
     1,000 in / 500 out) show what the service answers to that request: its memory, KV and concurrency figures and
     engine settings (a fuzzing run found them a release of the accounting behind). The operating point's times
-    follow the calibration profile and are not compared."""
+    follow the calibration profile and are not compared.
+
+    The example's figures by hand: usable 0.9 x 85,029,615,043 = 76,526,653,538 (.7 dropped); minus the weights
+    16,060,522,496, the activation peak 2,058,907,445 (test_the_formulas_state_the_activation_rule_the_answer_used),
+    the non-torch 0.25 GiB = 268,435,456 and the CUDA graphs 0.87 GiB = 934,155,387 (vLLM 0.33 charges them) =
+    57,204,632,754 B of KV; blocks of 16 x 131,072 = 2,097,152 B: 27,277 blocks = 436,432 tokens; 1,500-token
+    requests take 94 blocks: 27,277 // 94 = 290 admitted; 16,384 take 1,024: 26 at the worst."""
     request = shapes.CapacityRequest.model_config["json_schema_extra"]["examples"][0]
     answer = post(client, request)
     example = shapes.CapacityResponse.model_config["json_schema_extra"]["examples"][0]
+    assert (example["memory"]["kv_budget_bytes_per_gpu"], example["kv_blocks"], example["kv_tokens"]) == (
+        57_204_632_754, 27_277, 436_432)
+    assert (example["max_concurrency"]["admission"]["sequences"], example["max_concurrency"]["worst_case"]["sequences"]) \
+        == (290, 26)
     for field in ("memory", "kv_bytes_per_token_per_gpu", "kv_tokens", "kv_blocks", "max_concurrency",
                   "max_context_tokens"):
         assert answer[field] == example[field], field

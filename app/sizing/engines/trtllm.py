@@ -142,18 +142,16 @@ class Trtllm:
         checkpoint to serve. The plan's simulation splits a prompt over steps whenever it does not fit the
         step's max_num_tokens beside the running decodes; TensorRT-LLM does so only with
         `enable_chunked_prefill: true` (its LLM-API default is false, ENGINES.md 1.3), so the file sets it."""
-        options = ["enable_chunked_prefill: true"]
+        options, why = ["enable_chunked_prefill: true"], ["chunked prefill, as simulated: its default is false"]
         if spec.data_parallel > 1:
             options += ["enable_attention_dp: true", f"moe_expert_parallel_size: {spec.expert_parallel}"]
         if spec.kv_dtype == "fp8":  # `auto` keeps the checkpoint's KV dtype; fp8 overrides it (ENGINES.md 1.3)
             options.append("kv_cache_config: {dtype: fp8}")
+            why.append("the fp8 KV cache planned, whatever the checkpoint declares")
         if spec.max_model_len > TRTLLM_MAX_INPUT_LEN:  # a prompt may be as long as the context, less one token
             options.append(f"max_input_len: {spec.max_model_len}")
-        notes = [(f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} (chunked prefill, as simulated: its default "
-                  "is false" + ("; the fp8 KV cache planned, whatever the checkpoint declares" if spec.kv_dtype == "fp8"
-                                else "")
-                  + (f"; prompts past its default max_input_len of {TRTLLM_MAX_INPUT_LEN} tokens"
-                     if spec.max_model_len > TRTLLM_MAX_INPUT_LEN else "") + ")")]
+            why.append(f"prompts past its default max_input_len of {TRTLLM_MAX_INPUT_LEN} tokens")
+        notes = [f"{LLM_API_OPTIONS_FILE} holds {', '.join(options)} ({'; '.join(why)})"]
         if spec.weight_dtype == "fp8" and spec.model_dtype != "fp8":
             notes.append("TensorRT-LLM takes fp8 weights from a checkpoint quantized with NVIDIA ModelOpt")
         if spec.weight_dtype != spec.model_dtype and spec.weight_dtype in ("fp8", "fp4") and spec.kv_dtype != "fp8":
