@@ -50,6 +50,7 @@ BUILTIN_DESCRIPTION = ("Cited constants, not fitted: the published A100 GEMM cur
 # The numeric parameters of an `Efficiency` (the curve and the source are stored beside them).
 _EFFICIENCY_FIELDS = tuple(field.name for field in fields(Efficiency)
                            if field.init and field.name not in ("compute_curve", "source"))
+_FLAG_FIELDS = frozenset(field.name for field in fields(Efficiency) if field.type in (bool, "bool"))
 
 
 # Documents <-> profiles -----------------------------------------------------------------------
@@ -71,8 +72,8 @@ def profile_from_entries(name: str, entries: list[dict[str, Any]]) -> Calibratio
             family=entry["family"], compute_dtype=entry["compute_dtype"], rows=int(entry["rows"]),
             efficiency=Efficiency(
                 # A parameter a stored entry predates keeps its default (and must have one).
-                **{name: None if entry[name] is None else float(entry[name])
-                   for name in _EFFICIENCY_FIELDS if name in entry},
+                **{name: None if entry[name] is None else bool(entry[name]) if name in _FLAG_FIELDS
+                   else float(entry[name]) for name in _EFFICIENCY_FIELDS if name in entry},
                 compute_curve=tuple((int(tokens), float(fraction)) for tokens, fraction in entry["compute_curve"]),
                 source=entry["source"],
             ),

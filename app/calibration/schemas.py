@@ -540,11 +540,18 @@ class ProvenanceOut(BaseModel):
     calculation_version: str
 
 
+class HeldOutMedians(BaseModel):
+    gpu: float | None = Field(description="Leave one GPU out")
+    model_family: float | None = Field(description="Leave one model family out")
+    engine: float | None = Field(description="Leave one engine out")
+
+
 PROFILE_SUMMARY_EXAMPLE = {
     "name": "default", "description": "Fitted to 1,263 published measurements", "origin": "reference",
     "created_at": "2026-11-29T12:00:00Z", "rows_used": 756,
     "source_sha256": "bddc14f88d4fac48da6c43af63cb604a08ef1f76e5755a7b26f421cfa090be8b",
     "fit_median_abs_pct_error": 8.5,
+    "held_out_median_abs_pct_error": {"gpu": 23.7, "model_family": 17.6, "engine": 28.1},
 }
 
 
@@ -558,7 +565,13 @@ class ProfileSummaryOut(BaseModel):
     created_at: UtcDatetime | None = Field(description="When it was fitted (null for builtin)")
     rows_used: int
     source_sha256: str | None
-    fit_median_abs_pct_error: float | None
+    fit_median_abs_pct_error: float | None = Field(description=(
+        "In-sample: the median absolute % error over the rows the fit used, after the fit (provenance.fit_error."
+        "after). Not an accuracy figure: see held_out_median_abs_pct_error"))
+    held_out_median_abs_pct_error: HeldOutMedians | None = Field(None, description=(
+        "The accuracy figure: median absolute % error over every held-out row, each predicted by a fit that left "
+        "its whole GPU, model family or engine out (provenance.cross_validation.hold_outs); null when the fit was "
+        "not cross-validated (API uploads) and for builtin"))
     written_by: str | None = Field(None, description="Name of the API key that stored it (never the secret); null "
                                                      "for builtin and the shipped default")
 

@@ -90,6 +90,7 @@ from app.sizing.calibration.fit import (
     fit_profile,
     fitted_sources,
     keep_going,
+    mark_pinned,
     parameters_at_bounds,
     same_fits,
 )
@@ -608,6 +609,7 @@ def calibrate(rows: Sequence[ObservedRow], catalog: SpecCatalog, *, name: str, d
         after = evaluate(rows, prepared, skipped, profile, check)
         say(f"cross-validation chose {validation['chosen_level']}: median error on the data "
             f"{_pct(after.summary.overall.median_abs_pct_error)}")
+    profile = mark_pinned(profile)
     copies = same_fits(profile)
     provenance = {
         "source_file": source_file,
@@ -782,7 +784,17 @@ def _summary_fields(record: CalibrationProfileRecord) -> dict[str, Any]:
     """The `ProfileSummaryOut` fields of a stored profile."""
     return {"name": record.name, "description": record.description, "origin": record.origin,
             "created_at": record.created_at, "rows_used": record.rows_used, "source_sha256": record.source_sha256,
-            "fit_median_abs_pct_error": record.fit_median_abs_pct_error, "written_by": record.written_by}
+            "fit_median_abs_pct_error": record.fit_median_abs_pct_error, "written_by": record.written_by,
+            "held_out_median_abs_pct_error": _held_out_medians(record.provenance)}
+
+
+def _held_out_medians(provenance: dict[str, Any] | None) -> dict[str, float | None] | None:
+    """The overall held-out medians of a cross-validated profile, by what each fold left out."""
+    validation = (provenance or {}).get("cross_validation")
+    if not validation:
+        return None
+    medians = {item["held_out"]: item["overall"]["median_abs_pct_error"] for item in validation["hold_outs"]}
+    return {held_out: medians.get(held_out) for held_out in ("gpu", "model_family", "engine")}
 
 
 def profile_out(record: CalibrationProfileRecord) -> ProfileOut:

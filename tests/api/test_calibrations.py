@@ -127,6 +127,35 @@ def test_a_listed_summary_is_the_full_profiles_own_fields(client: TestClient, de
     assert items[1]["rows_used"] > 0 and items[1]["source_sha256"] is not None
 
 
+def test_an_answer_from_an_entry_with_a_pinned_parameter_says_so(client: TestClient,
+                                                                default_profile_loaded: None) -> None:
+    """The shipped profile's provenance lists cdna3's compute_scale at its floor and all-reduce latency at its
+    ceiling, both away from their cited priors: an MI300X answer's efficiency source names them; an H100's
+    (hopper: only its overlapped host work at the floor its prior 0 sits at) names none."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    pinned = {(item["gpu_family"], item["parameter"]) for item in shipped["provenance"]["parameters_at_bounds"]}
+    assert {("cdna3", "compute_scale"), ("cdna3", "allreduce_latency_s")} <= pinned
+    mi300x = roofline_efficiency(client, gpu="mi300x")["source"]
+    assert "entry cdna3/*" in mi300x and "Pinned: compute_scale 0.302 at the low end" in mi300x
+    assert "allreduce_latency_s 3e-05 at the high end" in mi300x
+    assert "Pinned" not in roofline_efficiency(client)["source"]
+
+
+def test_a_listed_profile_gives_its_held_out_error_beside_its_in_sample_one(client: TestClient,
+                                                                           default_profile_loaded: None) -> None:
+    """The fit's error on its own rows is not an accuracy figure: the listing labels it in-sample and gives the
+    cross-validated medians beside it, each the overall median of the fold that left its group out."""
+    shipped = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    hold_outs = {item["held_out"]: item for item in shipped["provenance"]["cross_validation"]["hold_outs"]}
+    builtin, default = client.get("/v1/calibrations").json()["items"]
+    assert builtin["held_out_median_abs_pct_error"] is None
+    assert default["held_out_median_abs_pct_error"] == {
+        held_out: hold_outs[held_out]["overall"]["median_abs_pct_error"] for held_out in ("gpu", "model_family", "engine")}
+    assert default["fit_median_abs_pct_error"] == shipped["provenance"]["fit_error"]["after"]["median_abs_pct_error"]
+    summary = client.get("/openapi.json").json()["components"]["schemas"]["ProfileSummaryOut"]["properties"]
+    assert summary["fit_median_abs_pct_error"]["description"].startswith("In-sample")
+
+
 def test_the_loaded_default_profile_answers_requests_that_name_none(client: TestClient,
                                                                     default_profile_loaded: None) -> None:
     """Once `default` is stored, a request without `calibration` uses it: an H100 (hopper) at bf16 gets
@@ -310,6 +339,7 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     assert profile["written_by"] == "key-1"  # the test key is a bare secret, the first of API_KEYS
     assert created["base_profile"] == "builtin"
     assert profile["rows_used"] == 30  # 35 predicted rows but the 5 Poisson ones
+    assert profile["held_out_median_abs_pct_error"] is None  # an upload is not cross-validated
     assert profile["provenance"]["rows_total"] == 35
     keys = [(entry["gpu_family"], entry["compute_dtype"], entry["rows"]) for entry in profile["entries"]]
     # The global entry is the base's, kept; hopper has 20 fp8 rows and 3 bf16 ones (too few for an entry);

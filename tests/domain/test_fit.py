@@ -32,6 +32,7 @@ from app.sizing.calibration.fit import (
     fit_profile,
     fit_prompt_step_overhead,
     fitted_sources,
+    mark_pinned,
     mean_abs_log_error,
     parameter_value,
     parameters_at_bounds,
@@ -456,6 +457,30 @@ def test_a_parameter_at_a_bound_is_reported_as_a_defect() -> None:
     assert parameters_at_bounds(profile) == [("cdna3", ANY, "bandwidth_fraction", 0.42, "low")]
     with pytest.raises(ValueError, match="prior"):
         ParameterBounds("x", 0.0, 1.0, 2.0, "a prior outside its range")
+
+
+def test_an_entry_whose_fit_pushed_a_parameter_to_a_bound_says_so_in_its_source() -> None:
+    """compute_scale: range 0.30-1.0, margin 0.007, so 0.302 is at the low end, and its cited prior 1.0 at the
+    high end: pinned. allreduce_latency_s: range 2-30 us, margin 0.28 us, so 30 us is at the high end, and its
+    prior 7.5 us at neither: pinned. overlapped_host_per_sequence_s at 0 sits at its floor where its prior 0
+    sits (the rows asked for none of the effect): a result, not pinned. An inherited entry (0 rows) is not
+    marked, nor is an entry with nothing at a bound."""
+    inside = with_parameters(DEFAULT_EFFICIENCY, {"compute_scale": 0.8, "overlapped_host_per_sequence_s": 0.0})
+    pushed = dataclasses.replace(with_parameters(inside, {"compute_scale": 0.302, "allreduce_latency_s": 30e-6}),
+                                 source="cdna3's rows")
+    profile = mark_pinned(CalibrationProfile("p", (
+        ProfileEntry(ANY, ANY, dataclasses.replace(pushed, source="cited")),
+        ProfileEntry("cdna3", ANY, pushed, 50),
+        ProfileEntry("hopper", ANY, dataclasses.replace(inside, source="hopper's rows"), 50))))
+    sources = [entry.efficiency.source for entry in profile.entries]
+    assert sources[0] == "cited" and sources[2] == "hopper's rows"
+    assert sources[1] == (
+        "cdna3's rows. Pinned: compute_scale 0.302 at the low end of its range [0.3, 1] (cited prior 1); "
+        "allreduce_latency_s 3e-05 at the high end of its range [2e-06, 3e-05] (cited prior 7.5e-06). A parameter "
+        "the fit pushes to a bound stands in for something the model lacks for these rows: this entry's "
+        "predictions are less certain than its fit error says")
+    assert [dataclasses.replace(entry.efficiency, source="") for entry in profile.entries][1] == dataclasses.replace(
+        pushed, source="")  # the values untouched
 
 
 def test_an_entry_that_carries_another_entrys_fit_is_known_as_its_copy() -> None:

@@ -665,3 +665,28 @@ def parameters_at_bounds(profile: CalibrationProfile,
             if side:
                 found.append((entry.family, entry.compute_dtype, bound.name, value, side))
     return found
+
+
+def pinned_against_prior(bound: ParameterBounds, value: float) -> str | None:
+    """'low' or 'high' when the fit pushed the parameter to a bound away from its cited prior; None when it is
+    not at a bound or sits at the bound its prior sits at (a prior of 0 at a floor of 0: the rows asked for
+    none of the effect, which is a result)."""
+    side = bound.at_bound(value)
+    return side if side is not None and bound.at_bound(bound.prior) != side else None
+
+
+def mark_pinned(profile: CalibrationProfile) -> CalibrationProfile:
+    """The profile with each fitted entry's `source` saying which of its parameters the fit pushed to a bound
+    away from the cited prior (`pinned_against_prior`), so that every response using the entry says so."""
+    def marked(entry: ProfileEntry) -> ProfileEntry:
+        pinned = [(bound, value, side) for bound in GLOBAL_PARAMETERS if entry.rows
+                  and (side := pinned_against_prior(bound, value := parameter_value(entry.efficiency, bound.name)))]
+        if not pinned:
+            return entry
+        what = "; ".join(f"{bound.name} {value:.4g} at the {side} end of its range [{bound.low:g}, {bound.high:g}] "
+                         f"(cited prior {bound.prior:g})" for bound, value, side in pinned)
+        note = (f". Pinned: {what}. A parameter the fit pushes to a bound stands in for something the model lacks "
+                f"for these rows: this entry's predictions are less certain than its fit error says")
+        return replace(entry, efficiency=replace(entry.efficiency, source=entry.efficiency.source + note))
+
+    return CalibrationProfile(profile.name, tuple(marked(entry) for entry in profile.entries))
