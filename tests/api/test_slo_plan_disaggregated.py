@@ -375,3 +375,12 @@ def test_every_closed_loop_plan_carries_its_users_rate(client, users):
     for item in plans:
         decode = item["disaggregation"]["decode"]
         assert item["predicted"]["requests_per_s"] <= decode["load_per_worker_requests_per_s"] * 1.02
+
+
+def test_one_token_answers_plan_a_decode_pool_of_one_step_a_request(client):
+    """A one-token answer still takes one decode-worker step (the one that streams the prefill worker's token):
+    the decode pool's ceiling divided by zero decode steps and the request was a 500."""
+    body = plan(client, {**CHAT, "workload": {"input_tokens": 2000, "output_tokens": 1, "requests_per_s": 2}})
+    assert {p["deployment"] for p in body["plans"]} == {"aggregated", "disaggregated"}
+    disaggregated = next(p for p in body["plans"] if p["deployment"] == "disaggregated")
+    assert disaggregated["disaggregation"]["decode"]["workers"] >= 1

@@ -651,6 +651,21 @@ def test_a_decode_workers_ceiling_prefills_nothing():
     assert planner._ceiling(step, SchedulerConfig(1_000_000), decode_only=True) == pytest.approx(8.0, rel=1e-12)
 
 
+def test_a_decode_workers_ceiling_for_one_token_answers_counts_the_step_that_streams_the_token():
+    """One-token answers: the decode worker still runs one step a request, the one that streams the prefill
+    worker's token (`decode_role_requests`: at least one step). B = 40 as above (10 + 40 = 50 ms), so a request
+    costs 1 x 0.050 / 40 = 1.25 ms: 800 req/s (it divided by zero steps). An aggregated replica runs no decode
+    step for it: each 1,000-token prompt rides along a step at 10 us a token, p = 10 ms, so whatever batch meets
+    the SLO (B = 3: 10 + 3 + 3 x 10 = 43 ms), its ceiling is 1 / (0 x decode(B) / B + 0.010) = 100 req/s."""
+    def step(decode_seqs, decode_context_tokens, prefill_tokens, prefill_context_tokens):
+        return 0.010 + 0.001 * decode_seqs + 1e-5 * prefill_tokens
+
+    workload = Workload(Fixed(1000), Fixed(1), requests_per_s=1.0)
+    planner = _Planner(inputs_for(LLAMA_3_8B, workload, Slo(ttft_s=100.0, tpot_s=0.050), H100))
+    assert planner._ceiling(step, SchedulerConfig(1_000_000), decode_only=True) == pytest.approx(800.0, rel=1e-12)
+    assert planner._ceiling(step, SchedulerConfig(1_000_000)) == pytest.approx(100.0, rel=1e-12)
+
+
 def test_a_band_of_batches_missing_tpot_below_the_largest_does_not_cap_the_ceiling():
     """A closed loop of 1,024 + 1,024-token requests reserved in full, 1,300 blocks of 16 = 20,800
     tokens: 20,800 / 2,048 = 10.2 -> at most 10 users. Steps of 1 ms, except 1 s for batches of 4 to 6

@@ -992,10 +992,13 @@ class _Planner:
                     else:
                         failing = middle
         decode, prefill, tpot = best
+        # A decode worker runs at least one step a request (`disaggregation.decode_role_requests`: the step that
+        # streams the first token), even for a one-token answer; an aggregated replica none after the prefill.
+        steps = decode_steps if decode_only else max(lengths.output_mean - 1, 0.0)
         if self.closed_loop:
-            think, busy = self.workload.think_time_s, prefill + max(lengths.output_mean - 1, 0.0) * tpot
+            think, busy = self.workload.think_time_s, prefill + steps * tpot
             return float(math.floor(batch * (1 + think / busy) + 1e-9) if think and busy > 0 else batch)
-        return float(1 / (max(lengths.output_mean - 1, 0.0) * decode / batch + prefill))
+        return float(1 / (steps * decode / batch + prefill))
 
     def _price(self, gpu: GpuSpec) -> tuple[float | None, str | None]:
         if gpu.slug in self.inputs.prices:
