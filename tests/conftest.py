@@ -22,6 +22,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
+from app.calibration.profiles import load_default_profile
 from app.catalog.reference import load_reference_catalog
 from app.catalog.repository import bump_catalog_revision
 from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
@@ -70,6 +71,14 @@ def app(settings: Settings) -> FastAPI:
     application = create_app(settings)
     run_migrations(application.state.engine, "upgrade", "head")
     return application
+
+
+@pytest.fixture
+def default_profile_loaded(app: FastAPI) -> None:
+    """The shipped default calibration profile stored, as `make load-catalog` stores it: requests naming no
+    profile then use it."""
+    with app.state.session_factory() as session, session.begin():
+        assert load_default_profile(session) == "inserted"
 
 
 @pytest.fixture(scope="session")

@@ -72,6 +72,20 @@ def test_the_whole_catalog_is_planned(client):
     assert "gpus = every catalog GPU (34)" in body["assumptions"]["defaults_used"]
 
 
+def test_more_candidates_never_give_a_dearer_cheapest_plan(client, default_profile_loaded):
+    """Long prompts at 20 req/s with a tight TTFT: the whole catalog's cheapest plan must cost no more than the
+    cheapest of any subset of its candidates. Under the shipped profile the search used to stop after six
+    simulations (two per GPU type), while a configuration whose cost bound was below the cheapest plan found
+    (MI325X at TP4) waited unsimulated: the whole catalog's rank 1 cost more than that GPU's own."""
+    body = {"model": "llama-3.1-8b", "workload": {"input_tokens": 4000, "output_tokens": 200, "requests_per_s": 20},
+            "slo": {"ttft_ms": 300, "tpot_ms": 40, "percentile": 95}}
+    whole = post(client, body).json()
+    alone = post(client, {**body, "candidates": {"gpus": ["mi325x"], "tensor_parallel": [4]}}).json()
+    assert alone["feasible"] and whole["feasible"]
+    assert whole["plans"][0]["cost_per_hour_usd"] <= alone["plans"][0]["cost_per_hour_usd"]
+    assert not any("its limit" in note for note in whole["assumptions"]["notes"])
+
+
 def test_an_impossible_slo_is_infeasible_with_reasons(client):
     """TPOT 2 ms for a 70B model: a batch-1 decode step reads ~141 GB of weights, 10+ ms even split
     eight ways over H200s (141 GB / 8 / 4.8 TB/s = 3.7 ms at full bandwidth, before efficiency)."""
@@ -274,6 +288,12 @@ def test_an_unknown_draft_model_is_404(client):
     body = {**ISSUE_EXAMPLE, "candidates": HOPPER,
             "speculative": {"draft_model": "no-such-model", "acceptance_rate": 0.7, "draft_tokens": 4}}
     assert post(client, body).status_code == 404
+
+
+def test_an_unknown_calibration_profile_is_404_naming_the_field(client):
+    response = post(client, {**ISSUE_EXAMPLE, "candidates": HOPPER, "calibration": "nope"})
+    assert response.status_code == 404, response.text
+    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/calibration"]
 
 
 def test_tensor_parallel_must_divide_the_heads(client):

@@ -20,7 +20,9 @@ How it stays fast (well under a second over the whole catalog):
      decode step plus the prefills riding along, meets the SLO within KV capacity and max_num_seqs.
 2. Branch and bound: configurations are visited by a cost lower bound (the replicas the ceiling x
    CEILING_MARGIN allows, x GPUs x price) and simulated only while that bound can still beat the
-   PLANS_KEPT-th cheapest plan found, at most PLANS_PER_GPU plans per GPU type and MAX_SIMULATED in all.
+   PLANS_KEPT-th cheapest plan found, at most PLANS_PER_GPU plans per GPU type and MAX_SIMULATED in all, but
+   for a configuration that could be the cheapest plan (its bound at or below the cheapest plan's cost), which
+   is simulated whatever those caps, up to MAX_SIMULATED_FOR_CHEAPEST in all (the plan notes any left over).
    Then the cheapest plan's configuration at the next larger TP degree is simulated too (when the
    budget allows): more money for lower latency, so the cost-latency frontier has a next point.
 3. For each simulated configuration, the fewest replicas whose share of the peak meets the SLO
@@ -113,7 +115,8 @@ EXPERT_LAYOUT_NODES = (2, 4, 8)
 DEFAULT_SIMULATED_REQUESTS = 2000
 PLANS_KEPT = 3  # plans returned per price class; also what a configuration's bound must beat
 PLANS_PER_GPU = 2  # the cheapest few per GPU type, for a meaningful frontier
-MAX_SIMULATED = 6  # configurations simulated per request, at most (keeps a full plan under a second)
+MAX_SIMULATED = 6  # configurations simulated per request, at most, but for those that could be the cheapest ...
+MAX_SIMULATED_FOR_CHEAPEST = 16  # ... which are simulated up to this many in all (past it, the plan says so)
 UNPRICED_PLANS_KEPT = 1  # GPU types without a price, ranked by GPU count after the priced plans
 
 CEILING_MARGIN = 1.1  # the analytic ceiling may be beaten a little: the replica-count bound allows for it
@@ -1252,6 +1255,11 @@ def plan(inputs: PlanInputs, candidates: Sequence[Configuration]) -> PlanResult:
 
     plans = tuple(sorted(found, key=_rank_key))
     notes = []
+    unsearched = sum(1 for candidate in waiting if _could_be_cheapest(candidate, found))
+    if unsearched and simulated >= MAX_SIMULATED_FOR_CHEAPEST:
+        notes.append(f"the search simulated {simulated} configurations, its limit, and {unsearched} more could still "
+                     "be cheaper than the cheapest plan by their cost bounds: narrow the candidates (gpus, "
+                     "tensor_parallel) to have them simulated")
     if any(p.cost_per_hour_usd is None for p in plans):
         notes.append("some GPUs have no price (in the catalog or the request): their plans are ranked by GPU "
                      "count after the priced plans; give gpu_price_per_hour_usd to compare them on cost")
@@ -1270,17 +1278,36 @@ def _rank_key(plan_: Plan) -> tuple[int, float, int, float, str]:
 
 
 def _worth_simulating(candidate: _Screened, found: Sequence[Plan], simulated: int) -> bool:
-    """Branch and bound: can this configuration still make the plans kept?"""
-    if simulated >= MAX_SIMULATED:
+    """Branch and bound: can this configuration still make the plans kept? One that could be the cheapest plan
+    (`_could_be_cheapest`) is simulated past the per-GPU and MAX_SIMULATED caps, up to MAX_SIMULATED_FOR_CHEAPEST."""
+    if simulated >= MAX_SIMULATED_FOR_CHEAPEST:
         return False
-    if sum(1 for p in found if p.configuration.gpu.slug == candidate.configuration.gpu.slug) >= PLANS_PER_GPU:
+    if not _could_be_cheapest(candidate, found) and (simulated >= MAX_SIMULATED or sum(
+            1 for p in found if p.configuration.gpu.slug == candidate.configuration.gpu.slug) >= PLANS_PER_GPU):
         return False
     unpriced, bound = candidate.cost_bound
-    rivals = sorted(float(p.gpus) if unpriced else p.cost_per_hour_usd  # type: ignore[misc]
-                    for p in found if (p.cost_per_hour_usd is None) == bool(unpriced))
+    rivals = _rivals(candidate, found)
     priced_found = any(p.cost_per_hour_usd is not None for p in found)
     kept = UNPRICED_PLANS_KEPT if unpriced and priced_found else PLANS_KEPT
-    return len(rivals) < kept or bound < rivals[kept - 1]
+    return len(rivals) < kept or bound < rivals[kept - 1] or _could_be_cheapest(candidate, found)
+
+
+def _rivals(candidate: _Screened, found: Sequence[Plan]) -> list[float]:
+    """What the candidate's cost bound competes with, cheapest first: the priced plans' costs, or the unpriced
+    plans' GPU counts for an unpriced candidate."""
+    unpriced = candidate.cost_bound[0]
+    return sorted(float(p.gpus) if unpriced else p.cost_per_hour_usd  # type: ignore[misc]
+                  for p in found if (p.cost_per_hour_usd is None) == bool(unpriced))
+
+
+def _could_be_cheapest(candidate: _Screened, found: Sequence[Plan]) -> bool:
+    """Its cost bound is at or below the cheapest plan's cost (a tie may rank first, on fewer GPUs or latency); an
+    unpriced one's GPU count at or below the fewest of the unpriced plans, while no priced plan ranks before them."""
+    unpriced, bound = candidate.cost_bound
+    if unpriced and any(p.cost_per_hour_usd is not None for p in found):
+        return False
+    rivals = _rivals(candidate, found)
+    return not rivals or bound <= rivals[0]
 
 
 def _faster_variant(found: Sequence[Plan], waiting: Sequence[_Screened]) -> _Screened | None:
