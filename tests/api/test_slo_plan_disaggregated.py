@@ -384,3 +384,16 @@ def test_one_token_answers_plan_a_decode_pool_of_one_step_a_request(client):
     assert {p["deployment"] for p in body["plans"]} == {"aggregated", "disaggregated"}
     disaggregated = next(p for p in body["plans"] if p["deployment"] == "disaggregated")
     assert disaggregated["disaggregation"]["decode"]["workers"] >= 1
+
+
+def test_more_gpu_types_never_give_a_dearer_cheapest_disaggregated_plan(client, default_profile_loaded):
+    """Llama-3.1-70B in fp8, 8k in / 1k out at 3 req/s, p95 TTFT 2 s: the prefill pools were sized for the four
+    options of lowest analytic bound (one GPU or two each: back-to-back prefills of the mean prompt), whose TTFTs
+    under load then needed many workers, while B200 at TP4 (bound about $27/h) was never sized: over H100, H200 and
+    B200 the cheapest plan cost $49.88/h where B200 alone gave $40.44/h. More candidates must never cost more."""
+    body = {"model": "llama-3.1-70b", "workload": {"input_tokens": 8000, "output_tokens": 1000, "requests_per_s": 3},
+            "slo": {"ttft_ms": 2000, "tpot_ms": 30, "percentile": 95},
+            "candidates": {"weight_dtypes": ["fp8"], "kv_dtypes": ["fp8"], "deployment": "disaggregated"}}
+    alone = plan(client, {**body, "candidates": {**body["candidates"], "gpus": ["b200"]}})
+    three = plan(client, {**body, "candidates": {**body["candidates"], "gpus": ["h100-sxm", "h200-sxm", "b200"]}})
+    assert three["plans"][0]["cost_per_hour_usd"] <= alone["plans"][0]["cost_per_hour_usd"]
