@@ -226,10 +226,11 @@ class KvTransferOut(BaseModel):
 
     model_config = schema_examples(KV_TRANSFER_EXAMPLE)
 
-    link: Literal["nvlink", "network"] = Field(
+    link: Literal["nvlink", "pcie", "network"] = Field(
         description="nvlink when the deployment fits in one NVLink domain of its GPU and the engine moves the KV over "
                     "it there (SGLang's default Mooncake engine uses RDMA inside a node, NVLink only across an "
-                    "NVL72, with the variables its launch command then sets), else the scale-out network")
+                    "NVL72, with the variables its launch command then sets); pcie for cards without NVLink whose "
+                    "deployment fits in one node; else the scale-out network")
     mean_prompt_tokens: int
     bytes_per_request: int = Field(description="The prompt's whole KV cache")
     bytes_per_gpu: int = Field(description="What the most loaded decode GPU receives (each GPU its own shard)")

@@ -30,6 +30,7 @@ from app.sizing.serving.disaggregation import (
     NETWORK_TRANSFER_LATENCY_S,
     NVLINK,
     NVLINK_TRANSFER_LATENCY_S,
+    PCIE,
     PoolTimes,
     _decode_guess,
     _pool_option,
@@ -108,6 +109,21 @@ def test_the_transfer_takes_nvlink_only_inside_one_nvlink_domain() -> None:
     assert transfer_link(H100, 9) == (NETWORK, 50e9, NETWORK_TRANSFER_LATENCY_S)
     nvl72 = dataclasses.replace(H100, gpus_per_node=72)
     assert transfer_link(nvl72, 72)[0] == NVLINK
+
+
+def test_pcie_cards_move_the_kv_over_pcie_inside_a_node() -> None:
+    """gpus.csv `l40s`: "PCIe Gen4 x16 (64 GB/s bidir; no NVLink)", 32e9 B/s a direction. Inside its node the KV
+    moves over that link, named pcie (it was named nvlink); a ninth card crosses the network. Llama-3.1-70B fp8,
+    8,192 tokens at decode TP4: 80 x 8 x 128 x 2 x 1 B x 8,192 / 4 = 335,544,320 B a GPU, 335,544,320 / 32e9 =
+    10.4858 ms + 11.8 us."""
+    pcie = dataclasses.replace(H100, name="NVIDIA L40S", slug="l40s", interconnect_bandwidth_bytes_per_s=32e9,
+                               pcie_links=True)
+    assert transfer_link(pcie, 8) == (PCIE, 32e9, NVLINK_TRANSFER_LATENCY_S)
+    assert transfer_link(pcie, 9)[0] == NETWORK
+    transfer = kv_transfer(LLAMA_3_1_70B, 8192, "fp8", decode_tensor_parallel=4, decode_pipeline_parallel=1,
+                           link=PCIE, bandwidth_bytes_per_s=32e9, latency_s=11.8e-6)
+    assert transfer.bytes_per_gpu == 335_544_320
+    assert transfer.time_s == pytest.approx(335_544_320 / 32e9 + 11.8e-6, rel=1e-12)
 
 
 def test_pools_of_one_gpu_type_share_nodes() -> None:
@@ -386,7 +402,8 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: p
     """Options by analytic bound ($/h) 10, 11, 12, 30, 40, each sized (stubbed) to: infeasible, 25 GPUs at $2 =
     $50, 10 at $2 = $20, and the rest $15. The first two are always sized (one fails); the third's bound 12 is
     below the cheapest so far ($50), so it is sized ($20); the fourth's 30 is not below $20: the search stops
-    with two pools sized. Had every one failed, it would have gone on to the fourth (the most) and no further."""
+    with two pools sized. Had every one of ten such options failed, it would have gone on to the eighth (the most,
+    MAX_POOL_CONFIGURATIONS_SIMULATED) and no further."""
     sized_to = {0: None, 1: 25, 2: 10, 3: 7.5, 4: 7.5}
     tried = []
 
@@ -403,10 +420,11 @@ def test_pool_options_are_sized_while_they_could_still_be_cheaper(monkeypatch: p
     sized = _size_pools(None, list(reversed(options)), PREFILL_POOL, None, 0.0, refused, {})
     assert tried == [0, 1, 2]
     assert [pool.gpus for pool, _ in sized] == [25, 10] and len(refused) == 1
-    sized_to.update({1: None, 2: None, 3: None, 4: None})
+    sized_to.update({index: None for index in range(10)})
     tried.clear()
+    options = [_PoolOption(None, index, 10.0 * (index + 1)) for index in range(10)]
     assert _size_pools(None, options, PREFILL_POOL, None, 0.0, [], {}) == []
-    assert tried == [0, 1, 2, 3]
+    assert tried == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_closed_loop_workloads_are_refused() -> None:

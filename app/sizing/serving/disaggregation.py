@@ -94,6 +94,7 @@ from app.sizing.serving.workload import Requests
 from app.sizing.specs import GpuSpec, ModelSpec
 
 NVLINK = "nvlink"
+PCIE = "pcie"  # the GPUs' own link in a node of PCIe cards (`GpuSpec.pcie_links`): no NVLink domain
 NETWORK = "network"
 
 # NCCL's latency model of one message (NVIDIA/nccl src/graph/tuning.cc @5067397c, Simple protocol; model
@@ -101,7 +102,8 @@ NETWORK = "network"
 NVLINK_TRANSFER_LATENCY_S = (8.4 + 3.4) * 1e-6
 NETWORK_TRANSFER_LATENCY_S = (8.4 + 14.0) * 1e-6
 TRANSFER_LATENCY_SOURCE = ("NCCL tuner latency model, Simple protocol: base 8.4 us + one hop (NVLink 3.4 us, "
-                           "network 14 us); NVIDIA/nccl src/graph/tuning.cc")
+                           "network 14 us); NVIDIA/nccl src/graph/tuning.cc; between PCIe cards the NVLink hop "
+                           "stands in (the reference gives NCCL's no PCIe hop; microseconds beside the transfer)")
 
 
 Seconds = TypeVar("Seconds", float, np.ndarray)  # one request, or one per request
@@ -114,7 +116,7 @@ class KvTransfer:
     prompt_tokens: int
     bytes_per_request: int  # the whole prompt's KV, unsharded (what the model caches for it)
     bytes_per_gpu: int  # what the most loaded decode GPU receives (its shard; MLA's latent is whole on each)
-    link: str  # NVLINK or NETWORK
+    link: str  # NVLINK, PCIE or NETWORK
     bandwidth_bytes_per_s: float  # per GPU, per direction
     latency_s: float
     time_s: float
@@ -125,12 +127,13 @@ def transfer_link(gpu: GpuSpec, deployment_gpus: int, engine: str | None = None,
     """(link, per-GPU bandwidth, latency) the KV moves over: NVLink when the deployment's GPUs fit in one
     NVLink domain of this GPU and `engine` moves the KV over it there (`kv_transfer_over_nvlink`, with the
     settings its launch command adds when `as_launched`, else its defaults; None: an engine-neutral estimate,
-    which does), else the scale-out network."""
+    which does), else the scale-out network. PCIe cards have no NVLink domain: inside one node their own link
+    is PCIe (PCIE, at the card's PCIe rate, the NVLink hop's latency standing in)."""
     if deployment_gpus < 1:
         raise ValueError("deployment_gpus must be >= 1")
     over_nvlink = engine is None or ENGINES[engine].kv_transfer_over_nvlink(gpu, as_launched)
     if deployment_gpus <= gpu.gpus_per_node and over_nvlink:
-        return NVLINK, gpu.interconnect_bandwidth_bytes_per_s, NVLINK_TRANSFER_LATENCY_S
+        return (PCIE if gpu.pcie_links else NVLINK), gpu.interconnect_bandwidth_bytes_per_s, NVLINK_TRANSFER_LATENCY_S
     return NETWORK, gpu.scale_out_bandwidth_bytes_per_s, NETWORK_TRANSFER_LATENCY_S
 
 
@@ -144,8 +147,8 @@ def kv_transfer(model: ModelSpec, prompt_tokens: int, kv_dtype: str, *, decode_t
         raise ValueError("bandwidth_bytes_per_s must be positive")
     if not (math.isfinite(latency_s) and latency_s >= 0):
         raise ValueError("latency_s must be >= 0")
-    if link not in (NVLINK, NETWORK):
-        raise ValueError(f"link must be {NVLINK!r} or {NETWORK!r}")
+    if link not in (NVLINK, PCIE, NETWORK):
+        raise ValueError(f"link must be {NVLINK!r}, {PCIE!r} or {NETWORK!r}")
     size = kv_cache_size(model, prompt_tokens, kv_dtype, tensor_parallel=decode_tensor_parallel,
                          pipeline_parallel=decode_pipeline_parallel)
     per_gpu = size.bytes_per_sequence_per_gpu
