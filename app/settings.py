@@ -6,12 +6,14 @@ anything.
 
 API keys carry scopes. `API_KEYS` is a comma-separated list of entries, each either
 `name:secret:scope1+scope2` (a named key with those scopes; `*` = every scope) or a bare `secret`
-(the older form: every scope, named `key-1`, `key-2`, ... by position). The name, never the secret,
-is what logs and stored resources record.
+(the older form: every scope, named `key-` and the first 12 hex digits of the secret's SHA-256, a name
+that stays the key's when other keys are added or removed and does not reveal the secret). The name,
+never the secret, is what logs and stored resources record.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Annotated
@@ -42,11 +44,18 @@ class ApiKey(BaseModel):
     scopes: frozenset[str]
 
 
+def bare_key_name(secret: str) -> str:
+    """The name of a bare key: derived from its secret, so that it does not change when other keys are
+    added or removed (a name owns its quotes and Idempotency-Keys); 48 bits of a hash do not give the
+    secret back."""
+    return "key-" + hashlib.sha256(secret.encode()).hexdigest()[:12]
+
+
 def _parse_key(entry: str, position: int) -> dict[str, object]:
     """An API_KEYS entry as ApiKey fields; errors say which entry, never what it holds."""
     parts = entry.split(":", 2)  # scopes contain colons themselves; names and secrets cannot
     if len(parts) == 1:
-        return {"name": f"key-{position}", "secret": entry, "scopes": frozenset(SCOPES)}
+        return {"name": bare_key_name(entry), "secret": entry, "scopes": frozenset(SCOPES)}
     if len(parts) != 3:
         raise ValueError(f"API key #{position} must be name:secret:scope1+scope2 or a bare secret")
     name, secret, scopes = parts
@@ -155,6 +164,15 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"API key #{position} must be 16-256 characters of A-Z a-z 0-9 . _ ~ + / = -"
                 )
+        # One secret under two names would make a request's key (its name and scopes) depend on which
+        # one matched: name the keys, never the secret.
+        by_secret: dict[str, list[str]] = {}
+        for key in keys:
+            by_secret.setdefault(key.secret.get_secret_value(), []).append(key.name)
+        shared = [names for names in by_secret.values() if len(names) > 1]
+        if shared:
+            raise ValueError("API keys must have different secrets: "
+                             + "; ".join(" and ".join(names) for names in shared) + " share one")
         names = [key.name for key in keys]
         if len(set(names)) != len(names):
             raise ValueError("API key names must be unique (they say who wrote what)")

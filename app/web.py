@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
@@ -106,7 +107,37 @@ def json_response(answer: BaseModel) -> Response:
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
-class ComputedRoute(APIRoute):
+class KeyFirstRoute(APIRoute):
+    """The route class of endpoints that take a JSON body and may need a key: a missing or unknown key is a 401
+    (a key without the scope a 403) whatever the body holds.
+
+    FastAPI decodes a JSON body before it solves any dependency, so a body that is not JSON at all was a 422
+    before the key was looked at (a body that is JSON but not the schema's already meets the key check first).
+    When FastAPI's handler finds the body is not JSON, the route's key checks (`requires`, `open_unless_closed`)
+    run, and their refusal is the answer.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        generic = super().get_route_handler()
+        key_checks = [check for dependency in self.dependant.dependencies
+                      if (check := getattr(dependency.call, "key_check", None)) is not None]
+        if not key_checks:
+            return generic
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await generic(request)
+            except RequestValidationError as exc:
+                if any(error["type"] == "json_invalid" for error in exc.errors()):
+                    credentials = await _bearer(request)
+                    for check in key_checks:
+                        check(request, credentials)
+                raise
+
+        return handle
+
+
+class ComputedRoute(KeyFirstRoute):
     """The route class of the sizing answers: endpoints `(request, body)` whose only dependency is the
     open read access (`SizingRead`).
 
@@ -115,7 +146,7 @@ class ComputedRoute(APIRoute):
     When reads are open and the request says exactly `application/json`, this handler validates the body
     in one pass (`model_validate_json`) and calls the endpoint itself. Anything else (reads closed: a key
     to check; another content type; a body that does not validate; a client gone before its body arrived) goes
-    to FastAPI's handler, so every error is exactly FastAPI's.
+    to FastAPI's handler (behind `KeyFirstRoute`'s key check), so every error is exactly FastAPI's.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
@@ -190,18 +221,23 @@ def requires(scope: str) -> Any:
         return authenticate(request, credentials, scope)
 
     key_with_scope.__name__ = f"requires_{scope.replace(':', '_')}"
+    key_with_scope.key_check = key_with_scope  # type: ignore[attr-defined]  # for KeyFirstRoute
     return Depends(key_with_scope)
 
 
 def open_unless_closed(scope: str) -> Any:
     """A dependency for catalog and sizing reads: no key needed unless OPEN_READS is false, in which
     case the key needs `scope`."""
-    # async: no I/O, so no hand-off to a worker thread on every read
-    async def read_access(request: Request, credentials: BearerCredentials) -> None:
+    def check(request: Request, credentials: HTTPAuthorizationCredentials | None) -> None:
         if not request.app.state.settings.open_reads:
             authenticate(request, credentials, scope)
 
+    # async: no I/O, so no hand-off to a worker thread on every read
+    async def read_access(request: Request, credentials: BearerCredentials) -> None:
+        check(request, credentials)
+
     read_access.__name__ = f"reads_{scope.replace(':', '_')}"
+    read_access.key_check = check  # type: ignore[attr-defined]  # for KeyFirstRoute
     return Depends(read_access)
 
 

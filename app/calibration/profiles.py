@@ -110,16 +110,22 @@ def _parsed(session: Session, name: str) -> CalibrationProfile | None:
     return catalog_service.cached(session, ("calibration-profile", name), build)
 
 
-def get_profile(session: Session, name: str | None = None) -> CalibrationProfile:
-    """The named profile (None = the default: `default` once loaded, else `builtin`); 404 if unknown."""
+def get_profile(session: Session, name: str | None = None, pointer: str = "/body/calibration") -> CalibrationProfile:
+    """The named profile (None = the default: `default` once loaded, else `builtin`); 404 if unknown, naming the
+    input (`pointer`: where the request named it; every sizing body calls it `calibration`)."""
     if name is None:
         return _parsed(session, DEFAULT_PROFILE) or builtin_profile()
     if name == BUILTIN_PROFILE:
         return builtin_profile()
     profile = _parsed(session, name)
     if profile is None:
-        raise NotFound(f"calibration profile {name!r} does not exist")
+        raise _unknown_profile(name, pointer)
     return profile
+
+
+def _unknown_profile(name: str, pointer: str) -> NotFound:
+    return NotFound(f"calibration profile {name!r} does not exist",
+                    errors=[(pointer, "unknown calibration profile; GET /v1/calibrations lists them all")])
 
 
 def cross_validation(session: Session, name: str | None = None) -> dict[str, Any] | None:
@@ -218,10 +224,10 @@ def default_profile_name(session: Session) -> str:
     return DEFAULT_PROFILE if session.get(CalibrationProfileRecord, DEFAULT_PROFILE) is not None else BUILTIN_PROFILE
 
 
-def get_record(session: Session, name: str) -> CalibrationProfileRecord:
+def get_record(session: Session, name: str, pointer: str = "/path/name") -> CalibrationProfileRecord:
     record = session.get(CalibrationProfileRecord, name)
     if record is None:
-        raise NotFound(f"calibration profile {name!r} does not exist")
+        raise _unknown_profile(name, pointer)
     return record
 
 

@@ -250,11 +250,21 @@ def _named_sharegpt_lengths(tokenizer: str, fit: str) -> PairedLengths:
 # Reading ----------------------------------------------------------------------------------------
 
 def _records(text: str, pointer: str, max_rows: int | None):
-    """(line, cells) per data row of CSV text: cells of the schema's columns and the layout columns,
-    stripped, empty ones left out. Lines may end in \n, \r\n or \r alone (universal newlines); a row of empty
-    cells (a spreadsheet's trailing ",,,,") is skipped, as a blank line is."""
-    reader = csv.DictReader(io.StringIO(text, newline=None), strict=True)  # strict: an unclosed quote is an error
-    row_start = 1  # the line the record being read starts on
+    """(line, cells) per data row of CSV text, `line` the row's first (a quoted cell may span lines): cells of the
+    schema's columns and the layout columns, stripped, empty ones left out. Lines may end in \n, \r\n or \r alone
+    (universal newlines); a row of empty cells (a spreadsheet's trailing ",,,,") is skipped, as a blank line is."""
+    source = io.StringIO(text, newline=None)
+    lines = source.getvalue().split("\n")  # newlines translated: the reader's physical lines
+
+    def first_line(after: int) -> int:
+        """The line a record read after line `after` starts on: past the blank lines the reader skips."""
+        line = after + 1
+        while line <= len(lines) and lines[line - 1] == "":
+            line += 1
+        return line
+
+    reader = csv.DictReader(source, strict=True)  # strict: an unclosed quote is an error
+    last_read = 0  # the line the reader has read up to
     try:
         header = [name.strip() for name in reader.fieldnames or []]  # names stripped, as cells are
         reader.fieldnames = header
@@ -268,9 +278,9 @@ def _records(text: str, pointer: str, max_rows: int | None):
             expected = f"missing columns: {', '.join(missing)}; the header must name {', '.join(REQUIRED_COLUMNS)}"
             raise RowsInvalid(f"the CSV lacks required columns: {', '.join(missing)}", [(pointer, expected)])
         count = 0
-        row_start = reader.line_num + 1
+        last_read = reader.line_num
         for record in reader:
-            row_start = reader.line_num + 1  # of the record after this one
+            row_start, last_read = first_line(last_read), reader.line_num
             cells = {column: value.strip() for column, value in record.items()
                      if column is not None and value is not None and value.strip()}
             if not cells and None not in record:
@@ -279,12 +289,12 @@ def _records(text: str, pointer: str, max_rows: int | None):
             if max_rows is not None and count > max_rows:
                 raise RowsInvalid(f"more than {max_rows} rows in one upload",
                                   [(pointer, f"at most {max_rows} rows per upload; split the file")])
-            yield reader.line_num, None if None in record else cells  # None: more cells than header columns
+            yield row_start, None if None in record else cells  # None: more cells than header columns
         if count == 0:
             raise RowsInvalid("the CSV has no rows", [(pointer, "no data rows after the header")])
     except csv.Error as exc:  # a NUL byte, an unclosed quote, an oversized cell
         if str(exc) == "unexpected end of data":  # the file ended inside a quoted cell
-            unclosed = (f"line {row_start}: a quoted cell on this row is never closed: the file ends inside it "
+            unclosed = (f"line {first_line(last_read)}: a quoted cell on this row is never closed: the file ends inside it "
                         "(a stray double quote?)")
             raise RowsInvalid(f"the CSV cannot be read: {unclosed}", [(pointer, unclosed)]) from None
         raise RowsInvalid(f"the CSV cannot be read: {exc}", [(pointer, f"line {reader.line_num}: {exc}")]) from None

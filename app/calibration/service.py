@@ -736,7 +736,7 @@ def create_calibration(session: Session, request: CalibrationRequest, *, written
     rows = _observed_or_422(request.rows)
     check_upload_work(rows, request.max_simulated_runs, "python -m app.calibrate FILE.csv --name NAME --write-db",
                       DatabaseCatalog(session))
-    base = get_profile(session, request.base_profile)
+    base = get_profile(session, request.base_profile, pointer="/body/base_profile")
     canonical = json.dumps([row.model_dump(mode="json") for row in request.rows], sort_keys=True,
                            separators=(",", ":")).encode()
     try:

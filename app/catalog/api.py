@@ -29,6 +29,7 @@ from app.web import (
     CatalogRead,
     CatalogWriter,
     FilterText,
+    KeyFirstRoute,
     Limit,
     Offset,
     PreconditionsDep,
@@ -42,7 +43,7 @@ from app.web import (
 )
 
 # /v1/gpus: read the accelerator catalog; create, replace and delete rows with a catalog:write key.
-gpus_router = APIRouter(prefix="/v1/gpus", tags=["gpus"])
+gpus_router = APIRouter(prefix="/v1/gpus", tags=["gpus"], route_class=KeyFirstRoute)
 
 
 @gpus_router.get("", response_model=GpuPage, summary="List GPUs", dependencies=[CatalogRead],
@@ -97,7 +98,7 @@ def delete_gpu(session: SessionDep, slug: SlugPath, preconditions: Preconditions
 
 # /v1/models: read the model-architecture catalog; write rows with a catalog:write key; import a Hugging Face
 # config.json.
-models_router = APIRouter(prefix="/v1/models", tags=["models"])
+models_router = APIRouter(prefix="/v1/models", tags=["models"], route_class=KeyFirstRoute)
 
 RESERVED_SLUGS = frozenset({"import"})  # would shadow POST /v1/models/import
 LOCATION_HEADER = {"Location": {"description": "URL of the new row", "schema": {"type": "string"}}}

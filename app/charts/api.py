@@ -22,12 +22,12 @@ from pydantic_core import PydanticUndefined
 from starlette.responses import Response
 
 from app.charts import service as charts
-from app.errors import Unprocessable, json_pointer, problem_responses
+from app.errors import NotFound, Unprocessable, json_pointer, problem_responses
 from app.estimates.schemas import BatchSweepRequest, RooflineRequest
 from app.planning.schemas import SloPlanRequest
-from app.web import SessionDep, SizingRead, plan_offload
+from app.web import KeyFirstRoute, SessionDep, SizingRead, plan_offload
 
-router = APIRouter(tags=["charts"], dependencies=[SizingRead])
+router = APIRouter(tags=["charts"], dependencies=[SizingRead], route_class=KeyFirstRoute)
 
 
 # Query parameters from a request schema ----------------------------------------------------
@@ -141,10 +141,11 @@ class QueryForm:
 
     @contextmanager
     def query_pointers(self) -> Iterator[None]:
-        """Services name fields by their place in the JSON body; point at the query parameters instead."""
+        """Services name fields by their place in the JSON body (a bad value's 422, an unknown slug's or
+        calibration profile's 404); point at the query parameters instead."""
         try:
             yield
-        except Unprocessable as exc:
+        except (Unprocessable, NotFound) as exc:
             exc.errors = [(self.pointer(_body_location(pointer)) if pointer.startswith("/body") else pointer,
                            text) for pointer, text in exc.errors]
             raise

@@ -9,9 +9,9 @@ from starlette.responses import Response
 from app.errors import problem_responses
 from app.planning import service as planning
 from app.planning.schemas import SloPlanRequest, SloPlanResponse
-from app.web import SizingRead, json_response, plan_offload
+from app.web import KeyFirstRoute, SizingRead, json_response, plan_offload
 
-router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"], dependencies=[SizingRead])
+router = APIRouter(prefix="/v1/slo-plan", tags=["sizing"], dependencies=[SizingRead], route_class=KeyFirstRoute)
 
 
 @router.post("", response_model=SloPlanResponse, summary="Cheapest deployment meeting a latency SLO",

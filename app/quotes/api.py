@@ -30,6 +30,7 @@ from app.quotes.schemas import (
 from app.web import (
     ETAG_HEADER,
     NOT_MODIFIED,
+    KeyFirstRoute,
     Limit,
     Offset,
     QuoteReader,
@@ -39,7 +40,7 @@ from app.web import (
     plan_offload,
 )
 
-router = APIRouter(prefix="/v1/quotes", tags=["quotes"])
+router = APIRouter(prefix="/v1/quotes", tags=["quotes"], route_class=KeyFirstRoute)
 
 QuoteIdPath = Annotated[str, Path(pattern=QUOTE_ID_PATTERN, max_length=36, description="Quote id (UUID4)",
                                   examples=[QUOTE_ID_EXAMPLE])]
@@ -94,8 +95,8 @@ def get_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> R
              responses=problem_responses(401, 403, 404, 409, 422, 503))
 def reprice_quote(request: Request, session: SessionDep, quote_id: QuoteIdPath) -> RepriceOut:
     """Run the stored request against today's catalog and list the differences: catalog rows changed,
-    added or deleted since (a deleted candidate GPU is left out; a deleted model is planned from the
-    architecture stored in the quote), and changed outcomes (feasibility, the cheapest plan's GPU,
+    added or deleted since (a deleted candidate GPU is left out; a deleted model, the speculative draft
+    model too, is planned from the architecture stored in the quote), and changed outcomes (feasibility, the cheapest plan's GPU,
     layout, replicas and $/hour). Stores nothing."""
     return quotes.reprice(session, quote_id, offload=plan_offload(request))
 

@@ -175,11 +175,15 @@ class ReproduceOut(BaseModel):
 
     model_config = schema_examples({"quote_id": QUOTE_ID_EXAMPLE, "identical": True,
                               "stored_calculation_version": "2026.12.03.4", "calculation_version": "2026.12.03.4",
+                              "stored_engine_rules_version": "2026.12.01", "engine_rules_version": "2026.12.01",
                               "result": SLO_PLAN_RESPONSE_EXAMPLE})
 
     quote_id: str = Field(pattern=QUOTE_ID_PATTERN, examples=[QUOTE_ID_EXAMPLE])
     identical: bool = Field(description="Whether the result is byte for byte the stored one (canonical JSON); "
-                                        "expected whenever the calculation version is unchanged")
+                                        "expected whenever the calculation and engine rules versions are unchanged")
     stored_calculation_version: str = Field(description="Version of the formulas that made the quote")
     calculation_version: str = Field(description="Version of the formulas that reproduced it now")
+    stored_engine_rules_version: str | None = Field(
+        description="Version of the engine rules that made the quote (null: a quote made before quotes kept it)")
+    engine_rules_version: str = Field(description="Version of the engine rules that reproduced it now")
     result: SloPlanResponse = Field(description="The plan recomputed from the snapshot")

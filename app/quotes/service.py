@@ -258,8 +258,8 @@ def _stored_request(record: QuoteRecord) -> SloPlanRequest:
 
 def _todays_request(session: Session, stored: SloPlanRequest) -> SloPlanRequest:
     """The stored request, made runnable against today's catalog: listed candidate GPUs deleted
-    since are left out (with their price overrides). A model deleted since is planned from its stored
-    row (`_RepriceSources`); a deleted draft model has no stand-in: that is a 409."""
+    since are left out (with their price overrides). A model deleted since, the speculative draft model
+    too, is planned from its stored row (`_RepriceSources`)."""
     changes: dict[str, Any] = {}
     candidates = stored.candidates
     if candidates.gpus is not None:
@@ -272,10 +272,6 @@ def _todays_request(session: Session, stored: SloPlanRequest) -> SloPlanRequest:
             prices = {slug: price for slug, price in prices.items() if slug in remaining}
         changes["candidates"] = candidates.model_copy(
             update={"gpus": remaining, "gpu_price_per_hour_usd": prices})
-    draft = stored.speculative.draft_model if stored.speculative is not None else None
-    if draft is not None and repository.get(session, ModelRecord, draft) is None:
-        raise Conflict(f"The quote's draft model {draft!r} has been deleted from the catalog since; "
-                       "it cannot be repriced as quoted")
     return stored.model_copy(update=changes) if changes else stored
 
 
@@ -343,8 +339,9 @@ def _outcome_differences(before: dict[str, Any], after: dict[str, Any]) -> Itera
 
 
 class _RepriceSources(planning.DatabaseSources):
-    """Today's catalog and profiles; a model or a named profile deleted since is replaced by the quote's copy of
-    it (`snapshot`): the model keeps its slug and its Hugging Face id (the plan's name and launch commands)."""
+    """Today's catalog and profiles; a model (the main or the draft one) or a named profile deleted since is
+    replaced by the quote's copy of it (`snapshot`): the model keeps its slug and its Hugging Face id (the plan's
+    name and launch commands)."""
 
     def __init__(self, session: Session, snapshot: dict[str, Any]) -> None:
         super().__init__(session)
@@ -478,4 +475,6 @@ def reproduce(session: Session, quote_id: str, offload: planning.Offload = plann
                                offload=offload)
     identical = canonical_json(result.model_dump(mode="json")) == canonical_json(record.result)
     return ReproduceOut(quote_id=record.id, identical=identical, stored_calculation_version=record.calculation_version,
-                        calculation_version=CALCULATION_VERSION, result=result)
+                        calculation_version=CALCULATION_VERSION,
+                        stored_engine_rules_version=record.catalog_snapshot.get("engine_rules_version"),
+                        engine_rules_version=ENGINE_RULES_VERSION, result=result)

@@ -8,6 +8,7 @@ rows without fixed lengths, which are skipped).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +41,7 @@ from app.catalog.repository import bump_catalog_revision
 from app.catalog.schemas import GPU_SPEC_EXAMPLE, MODEL_ARCHITECTURE_EXAMPLE
 from tests.api.problems import assert_problem
 from tests.api.test_slo_plan_disaggregated import LONG_PROMPTS
+from tests.conftest import TEST_API_KEY
 
 SAMPLE = Path(__file__).parents[2] / "examples" / "calibration-sample.csv"
 MEASURED = Path(__file__).parents[1] / "data" / "measured-calibration.csv"
@@ -59,12 +61,6 @@ def no_profiles(app: FastAPI) -> Iterator[None]:
     clear()
     yield
     clear()
-
-
-@pytest.fixture
-def default_profile_loaded(app: FastAPI) -> None:
-    with app.state.session_factory() as session, session.begin():
-        assert load_default_profile(session) == "inserted"
 
 
 def calibrate(client: TestClient, headers: dict[str, str], name: str = "sample-trtllm", **fields: Any) -> Any:
@@ -336,7 +332,8 @@ def test_a_calibration_round_trips_through_the_api_and_the_database(client: Test
     profile = created["profile"]
     assert (profile["name"], profile["origin"], profile["description"]) == (
         "sample-trtllm", "user", "TensorRT-LLM on our H100s")
-    assert profile["written_by"] == "key-1"  # the test key is a bare secret, the first of API_KEYS
+    # The test key is a bare secret, named from its SHA-256 so that the name outlives a rotation of other keys.
+    assert profile["written_by"] == "key-" + hashlib.sha256(TEST_API_KEY.encode()).hexdigest()[:12]
     assert created["base_profile"] == "builtin"
     assert profile["rows_used"] == 30  # 35 predicted rows but the 5 Poisson ones
     assert profile["held_out_median_abs_pct_error"] is None  # an upload is not cross-validated
@@ -405,7 +402,7 @@ def test_a_calibration_can_start_from_another_profile(client: TestClient, write_
     ({"name": "builtin"}, 422, "/body/name"),
     ({"name": "default"}, 422, "/body/name"),
     ({"name": "Not A Name"}, 422, "/body/name"),
-    ({"base_profile": "no-such-profile"}, 404, None),
+    ({"base_profile": "no-such-profile"}, 404, "/body/base_profile"),
     ({"rows": []}, 422, "/body/rows"),
     ({"rows": SAMPLE_ROWS[:3]}, 422, "/body/rows"),  # nothing with 10 rows of one GPU family and precision
     ({"rows": [{**SAMPLE_ROWS[0], "value": "fast"}]}, 422, "/body/rows/0/value"),
@@ -518,6 +515,18 @@ FIRST_ROW = SAMPLE_TEXT.splitlines()[1]
 def test_bad_csv_uploads_are_problems(client: TestClient, text: str, pointer: str) -> None:
     response = client.post("/v1/validate", files={"file": ("rows.csv", text, "text/csv")})
     assert_problem(response, 422, pointer)
+
+
+def test_a_bad_cell_of_a_row_spanning_lines_names_the_rows_first_line() -> None:
+    """Line 1 the header; the first row's quoted notes cell holds a line break: lines 2-3; line 4 blank (skipped);
+    the second row, its notes spanning lines 5-6, has a word for its isl. The error names line 5, where that row
+    starts (it named line 6, where the row ends)."""
+    spanning = FIRST_ROW.replace("synthetic fixed", "synthetic\nfixed")
+    second = spanning.replace("TRTLLM_PERF_V017-2,", "second-row,", 1).replace(",offline,128,128,", ",offline,lots,128,")
+    with pytest.raises(RowsInvalid) as raised:
+        rows_from_csv(HEADER + "\n" + spanning + "\n\n" + second + "\n")
+    assert [pointer for pointer, _ in raised.value.errors] == ["/body/file/5/isl"]
+    assert raised.value.errors[0][1].startswith("line 5: ")
 
 
 def test_old_mac_line_ends_and_a_spreadsheets_empty_rows_read_as_the_plain_file() -> None:
@@ -791,9 +800,17 @@ def test_rows_of_models_outside_the_catalog_take_none_of_the_simulation_budget(c
     assert_problem(client.post("/v1/validate", json={"rows": known}), 422, "/body/rows")
 
 
-def test_unknown_profiles_are_404(client: TestClient) -> None:
-    assert_problem(client.post("/v1/validate", json={"calibration": "nope", "rows": SAMPLE_ROWS[:1]}), 404)
-    assert_problem(client.get("/v1/calibrations/nope"), 404)
+def test_unknown_profiles_are_404_naming_the_field(client: TestClient, write_headers: dict[str, str]) -> None:
+    """As an unknown model or GPU is: the 404 points at where the request named the profile, in a JSON body or a
+    CSV upload's form field."""
+    assert_problem(client.post("/v1/validate", json={"calibration": "nope", "rows": SAMPLE_ROWS[:1]}), 404,
+                   "/body/calibration")
+    assert_problem(client.post("/v1/validate", files={"file": ("rows.csv", SAMPLE.read_bytes(), "text/csv")},
+                               data={"calibration": "nope"}), 404, "/body/calibration")
+    assert_problem(client.post("/v1/calibrations", headers=write_headers,
+                               files={"file": ("rows.csv", SAMPLE.read_bytes(), "text/csv")},
+                               data={"name": "on-nothing", "base_profile": "nope"}), 404, "/body/base_profile")
+    assert_problem(client.get("/v1/calibrations/nope"), 404, "/path/name")
     assert_problem(client.get("/v1/calibrations/Not%20A%20Name"), 422)
 
 

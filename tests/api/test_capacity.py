@@ -308,8 +308,8 @@ def test_unknown_slugs_and_profiles_are_404(client: TestClient) -> None:
                        ).status_code == 404
     assert client.post("/v1/capacity", json={"model": "llama-3-70b", "gpu": "no-such-gpu", **WORKLOAD}
                        ).status_code == 404
-    assert client.post("/v1/capacity", json={"model": "llama-3-70b", "gpu": "h100-sxm", "calibration": "nope",
-                                             **WORKLOAD}).status_code == 404
+    assert_problem(client.post("/v1/capacity", json={"model": "llama-3-70b", "gpu": "h100-sxm", "calibration": "nope",
+                                                     **WORKLOAD}), 404, "/body/calibration")
 
 
 @pytest.mark.parametrize("body", [

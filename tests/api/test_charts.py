@@ -358,7 +358,10 @@ def test_client_given_names_are_plain_text(client: TestClient) -> None:
 
 
 def test_unknown_slugs_are_404_problems(client: TestClient) -> None:
-    assert_problem(get(client, ROOFLINE, {**DECODE_1024, "gpu": "no-such-gpu"}), 404)
+    """In the query form, the 404 points at the query parameter that named the row or profile."""
+    assert_problem(get(client, ROOFLINE, {**DECODE_1024, "gpu": "no-such-gpu"}), 404, "/query/gpu")
+    assert_problem(get(client, ROOFLINE, {**DECODE_1024, "calibration": "nope"}), 404, "/query/calibration")
+    assert_problem(client.post(ROOFLINE, json={**DECODE_1024, "calibration": "nope"}), 404, "/body/calibration")
     unknown_model = {"model": "no-such-model", "gpu": "h100-sxm", "context_tokens": 1}
     assert_problem(client.post(SWEEP, json=unknown_model), 404)
 

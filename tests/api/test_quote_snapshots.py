@@ -154,6 +154,27 @@ def test_reproduce_reads_the_snapshot_and_nothing_else(client: TestClient, engin
             > quote["result"]["plans"][0]["predicted"]["tpot"]["p50_ms"])
 
 
+def test_reproduce_reports_the_stored_and_current_engine_rules_versions(client: TestClient, engine: Engine) -> None:
+    """As a reprice does: the engine rules version the quote was made under next to today's, so a result that is
+    not identical is explained. A quote made now has today's; one whose snapshot says older rules (rewritten here)
+    reports those; one made before snapshots kept the version reports null."""
+    created = client.post("/v1/quotes", json=PLAN)
+    location, today = created.headers["location"], created.json()["catalog_snapshot"]["engine_rules_version"]
+
+    def versions(stored: str | None, *, keep: bool = True) -> tuple[Any, Any]:
+        with Session(engine) as session, session.begin():
+            record = session.get(QuoteRecord, created.json()["id"])
+            assert record is not None
+            snapshot = {key: value for key, value in record.catalog_snapshot.items() if key != "engine_rules_version"}
+            record.catalog_snapshot = {**snapshot, **({"engine_rules_version": stored} if keep else {})}
+        reproduced = client.post(f"{location}/reproduce").json()
+        return reproduced["stored_engine_rules_version"], reproduced["engine_rules_version"]
+
+    assert versions(today) == (today, today)
+    assert versions("2020.01.01.1") == ("2020.01.01.1", today)
+    assert versions(None, keep=False) == (None, today)
+
+
 def test_a_quote_without_a_stored_profile_cannot_be_reproduced(client: TestClient, engine: Engine) -> None:
     created = client.post("/v1/quotes", json=PLAN)
     with Session(engine) as session, session.begin():

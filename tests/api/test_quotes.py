@@ -26,7 +26,7 @@ from app.catalog.schemas import GpuIn, ModelArchitecture
 from app.main import create_app
 from app.quotes.tables import QuoteRecord
 from app.settings import Settings
-from tests.conftest import OTHER_API_KEY
+from tests.conftest import OTHER_API_KEY, TEST_API_KEY
 
 H100_PRICE_USD = 3.64
 H200_PRICE_USD = 4.59
@@ -246,6 +246,14 @@ def test_an_unknown_id_is_a_404(client: TestClient) -> None:
         assert response.headers["content-type"] == "application/problem+json"
 
 
+def test_an_unknown_calibration_profile_is_a_404_naming_the_field(client: TestClient, write_headers: dict[str, str],
+                                                                  engine: Engine) -> None:
+    response = _create(client, write_headers, {**PLAN, "calibration": "nope"})
+    assert response.status_code == 404, response.text
+    assert [error["pointer"] for error in response.json()["errors"]] == ["/body/calibration"]
+    assert _stored_rows(engine) == 0
+
+
 # Idempotency ---------------------------------------------------------------------------------
 
 def test_a_retry_with_the_same_key_returns_the_stored_quote(client: TestClient, write_headers: dict[str, str],
@@ -311,7 +319,10 @@ def test_an_idempotency_key_is_one_api_keys(client: TestClient, write_headers: d
     theirs = _create(client, other, key="order-45")
     assert (first.status_code, theirs.status_code) == (201, 201)
     assert theirs.json()["id"] != first.json()["id"]
-    assert (first.json()["created_by"], theirs.json()["created_by"]) == ("key-1", "key-2")
+    # Both test keys are bare secrets, each named from its own SHA-256.
+    assert (first.json()["created_by"], theirs.json()["created_by"]) == (
+        "key-" + hashlib.sha256(TEST_API_KEY.encode()).hexdigest()[:12],
+        "key-" + hashlib.sha256(OTHER_API_KEY.encode()).hexdigest()[:12])
     assert _create(client, other, {**PLAN, "seed": 7}, key="order-46").status_code == 201
     retry = _create(client, other, key="order-45")
     assert retry.status_code == 200 and retry.json()["id"] == theirs.json()["id"]
@@ -451,6 +462,29 @@ def test_reprice_after_the_model_is_deleted_uses_the_stored_architecture(
     for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted", "launch"):
         assert after[field] == before[field]
     assert body["repriced"]["model"] == body["original"]["model"] == "llama-3.1-8b"
+
+
+def test_reprice_after_the_draft_model_is_deleted_uses_its_stored_row(
+        client: TestClient, write_headers: dict[str, str]) -> None:
+    """The speculative draft model falls back to the quote's copy of its row, as the main model does (it was
+    a 409): the same plan, its launch command naming the draft by the stored Hugging Face id."""
+    speculative = {**PLAN, "speculative": {"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4}}
+    created = _create(client, write_headers, speculative)
+    assert created.status_code == 201, created.text
+    quote = created.json()
+    assert set(quote["catalog_snapshot"]["models"]) == {"llama-3.1-8b", "llama-3.2-1b"}
+    assert client.delete("/v1/models/llama-3.2-1b", headers=write_headers).status_code == 204
+    response = client.post(f"/v1/quotes/{quote['id']}/reprice")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["differences"] == [
+        {"kind": "catalog", "subject": "model llama-3.2-1b", "field": None, "change": "deleted", "before": 1,
+         "after": None, "detail": "model llama-3.2-1b (version 1) was deleted from the catalog since; "
+                                  "the reprice plans with the architecture stored in the quote"},
+    ]
+    before, after = quote["result"]["plans"][0], body["repriced"]["plans"][0]
+    for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted", "launch"):
+        assert after[field] == before[field]
 
 
 def test_reprice_after_the_snapshot_gpu_was_rewritten_unchanged(client: TestClient,

@@ -283,7 +283,7 @@ def test_unknown_slugs_are_404(client: TestClient, field: str) -> None:
 
 
 def test_unknown_calibration_profile_is_404(client: TestClient) -> None:
-    assert_problem(client.post(URL, json={**BASE, "calibration": "no-such-profile"}), 404)
+    assert_problem(client.post(URL, json={**BASE, "calibration": "no-such-profile"}), 404, "/body/calibration")
 
 
 @pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity"])
