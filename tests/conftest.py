@@ -23,6 +23,7 @@ from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from app.calibration.profiles import load_default_profile
+from app.calibration.tables import CalibrationProfileRecord
 from app.catalog.reference import load_reference_catalog
 from app.catalog.repository import bump_catalog_revision
 from app.catalog.tables import CatalogTombstone, GpuRecord, ModelRecord
@@ -74,11 +75,20 @@ def app(settings: Settings) -> FastAPI:
 
 
 @pytest.fixture
-def default_profile_loaded(app: FastAPI) -> None:
+def default_profile_loaded(app: FastAPI) -> Iterator[None]:
     """The shipped default calibration profile stored, as `make load-catalog` stores it: requests naming no
-    profile then use it."""
+    profile then use it. Removed afterwards (other tests expect the builtin default), through the application's
+    own sessions, so its cache sees the change at once."""
+    def clear() -> None:
+        with app.state.session_factory() as session, session.begin():
+            session.execute(delete(CalibrationProfileRecord))
+            bump_catalog_revision(session)  # as every write to what sizing reads
+
+    clear()
     with app.state.session_factory() as session, session.begin():
         assert load_default_profile(session) == "inserted"
+    yield
+    clear()
 
 
 @pytest.fixture(scope="session")

@@ -142,9 +142,10 @@ class WorkloadIn(BaseModel):
         1.0, description="Peak-to-mean scaling: the fleet is sized for requests_per_s x peak_to_mean_ratio "
                          "(open loop only)")
     arrival_cv: Annotated[float, Field(ge=MIN_ARRIVAL_CV, le=MAX_ARRIVAL_CV)] = Field(
-        1.0, description="Arrival burstiness: coefficient of variation of the gaps between arrivals, drawn from "
-                         "a Gamma distribution (1 = Poisson, 2 = clumped, below 1 = more regular); the simulator "
-                         "uses it at every simulated load (open loop only)")
+        1.0, description="Arrival burstiness: coefficient of variation c of the gaps between the arrivals the "
+                         "fleet receives, drawn from a Gamma distribution (1 = Poisson, 2 = clumped, below 1 = more "
+                         "regular); dealt out at random over the fleet's N schedulers, each sees gaps of CV "
+                         "sqrt(1 + (c^2 - 1) / N) (open loop only)")
     burst_factor: Annotated[float, Field(ge=1, le=100)] | None = Field(
         None, exclude=True, json_schema_extra={"deprecated": True},
         description="Deprecated: the old name of peak_to_mean_ratio (it never meant arrival burstiness; that is "

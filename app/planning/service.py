@@ -64,13 +64,14 @@ from app.sizing.specs import GpuSpec, ModelSpec
 # /v1/slo-plan
 
 SLO_PLAN_FORMULAS = (
-    ("replicas = ceil(requests_per_s x peak_to_mean_ratio / (max load per replica x max_utilization_ratio)) + "
-     "extra_replicas; "
-     "the max load is the highest simulated per-replica load meeting every SLO at the percentile"),
+    ("replicas = ceil(load x peak_to_mean_ratio / (max load per replica x max_utilization_ratio)) + "
+     "extra_replicas; the load is requests_per_s (an open loop) or concurrent_users (a closed loop), and "
+     "the max load the highest simulated per-replica load (requests/s, or users) meeting every SLO at the percentile"),
     ("GPUs = replicas x tensor_parallel x pipeline_parallel x data_parallel; nodes: tensor parallelism stays "
      "inside one node and replicas smaller than a node share nodes"),
     ("cost per hour = GPUs x price per GPU-hour; $ per million output tokens = cost per hour / (output tokens per "
-     "hour at the peak load) x 1e6"),
+     "hour at the mean load: requests_per_s x mean output tokens, or a closed loop's users at their simulated pace) "
+     "x 1e6 (the fleet is sized for the peak and paid for every hour)"),
     ("TPOT = (E2E - TTFT) / (output tokens - 1), per request; percentiles over the simulated requests after the "
      "first 10 % (warm-up)"),
     ("TPOT floor = one decode step at batch 1 attending the median prompt; TTFT floor = the percentile prompt "
@@ -384,10 +385,14 @@ def _load_model_text(workload: WorkloadIn, deployment: str) -> str:
         sends = f"{workload.think_time_s:g} s on average after" if workload.think_time_s else "the moment"
         return (f"closed loop: {workload.concurrent_users} users, each sending the next request {sends} the last one "
                 f"finishes{replicas}{pools}")
-    arrivals = ("a Poisson stream" if workload.arrival_cv == 1 else
-                f"a Gamma renewal stream (gaps with coefficient of variation {workload.arrival_cv:g})")
+    if workload.arrival_cv == 1:
+        return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x peak-to-mean ratio "
+                f"{workload.peak_to_mean_ratio:g}; every replica is simulated with a Poisson stream of its share")
     return (f"open loop: the fleet is sized for {workload.requests_per_s:g} req/s x peak-to-mean ratio "
-            f"{workload.peak_to_mean_ratio:g}; every replica is simulated with {arrivals} of its share")
+            f"{workload.peak_to_mean_ratio:g}; the fleet receives a Gamma renewal stream (gaps with coefficient of "
+            f"variation {workload.arrival_cv:g}) dealt out at random over its N schedulers (replicas x attention "
+            f"data-parallel ranks x pipeline micro-batches), so each is simulated with its share at a coefficient of "
+            f"variation of sqrt(1 + ({workload.arrival_cv:g}^2 - 1) / N)")
 
 
 def _workload_notes(workload: WorkloadIn) -> list[str]:

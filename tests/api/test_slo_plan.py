@@ -407,17 +407,21 @@ def test_burst_factor_is_the_deprecated_name_of_peak_to_mean_ratio(client):
 
 
 def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
-    """Same mean rate (40 req/s), gaps with CV 2 instead of Poisson: queues are longer at every load
-    (Kingman: about 4x the wait), so the highest verified load per replica is lower, more replicas
-    are needed, and the load model names the Gamma stream. Closed loops have no arrival process to shape (422)."""
+    """Same mean rate (40 req/s), gaps with CV 8 instead of Poisson. The balancer deals the stream out at random
+    over the fleet's replicas, so each of N sees CV sqrt(1 + 63 / N): 3.2 over the 7 replicas Poisson arrivals
+    need (40 / 5.71 req/s each). Queues are longer at every load (Kingman: the wait grows with CV^2 + the service
+    times' CV^2), so the highest verified load per replica is lower, more replicas are needed, and the load model
+    names the Gamma stream and its split. Closed loops have no arrival process to shape (422)."""
     busy = {**ISSUE_EXAMPLE["workload"], "requests_per_s": 40}
     poisson = post(client, {**BURST_CASE, "workload": busy})
-    bursty = post(client, {**BURST_CASE, "workload": {**busy, "arrival_cv": 2}})
+    bursty = post(client, {**BURST_CASE, "workload": {**busy, "arrival_cv": 8}})
     assert poisson.status_code == bursty.status_code == 200, bursty.text
     calm, clumped = poisson.json()["plans"][0], bursty.json()["plans"][0]
     assert clumped["load_per_replica"]["max_verified"] < calm["load_per_replica"]["max_verified"]
     assert clumped["replicas"] > calm["replicas"]
-    assert "Gamma renewal stream (gaps with coefficient of variation 2)" in bursty.json()["assumptions"]["load_model"]
+    load_model = bursty.json()["assumptions"]["load_model"]
+    assert "Gamma renewal stream (gaps with coefficient of variation 8) dealt out at random" in load_model
+    assert "sqrt(1 + (8^2 - 1) / N)" in load_model
     closed = post(client, {**BURST_CASE, "workload": {"input_tokens": 1000, "output_tokens": 500,
                                                        "concurrent_users": 8, "arrival_cv": 2}})
     assert problem_pointers(closed) == ["/body/workload/arrival_cv"]

@@ -392,8 +392,8 @@ def test_a_pool_worker_with_attention_dp_ranks_is_its_ranks_side_by_side() -> No
     assert _pool_option(planner, ranks, PREFILL_POOL).workers == 1
     assert _pool_option(planner, alone, PREFILL_POOL).workers == 6
     requests = planner._unit_requests(200)
-    worker = _simulate_role(planner, ranks, PREFILL_POOL, requests, 8.0)
-    rank = _simulate_role(planner, alone, PREFILL_POOL, requests, 1.0)
+    worker = _simulate_role(planner, ranks, PREFILL_POOL, requests, 8.0, 1)
+    rank = _simulate_role(planner, alone, PREFILL_POOL, requests, 1.0, 1)
     assert np.array_equal(worker.ttft_s, rank.ttft_s)
     assert screened.kv_tokens_per_replica == 8 * screened.scheduler.kv_capacity_tokens
 

@@ -763,7 +763,7 @@ def _falling_short(planner, meets_up_to: float) -> list[float]:
     makes it), meets the SLO up to `meets_up_to` req/s, and misses the TTFT by 1.23x above; returns the loads run."""
     loads: list[float] = []
 
-    def run(screened, load):
+    def run(screened, load, replicas):
         loads.append(load)
         ratio = 0.5 if load <= meets_up_to else 1.23
         return _Run(load, SimpleNamespace(requests_per_s=0.99 * load), (("ttft", ratio, 1.0, ratio),))

@@ -1,5 +1,6 @@
 """Workload: length distributions (fits worked by hand), arrivals, prefix-cache accounting."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ from app.sizing.serving.workload import (
     Requests,
     Workload,
     sample_requests,
+    split_arrival_cv,
 )
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90 (tables: 1.2816)
@@ -202,6 +204,37 @@ def test_arrival_cv_keeps_the_rate_and_clumps_arrivals():
     gaps = np.diff(sample_requests(w, 100_000, seed=5).arrival_s, prepend=0.0)
     assert gaps.mean() == pytest.approx(0.25, rel=0.03)
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(4.0, rel=0.08)
+
+
+def test_a_stream_dealt_out_at_random_thins_toward_poisson():
+    """Each of N schedulers takes a request with p = 1/N: its gap is a Geometric(p) sum of the stream's gaps,
+    of mean 1/p and variance (1/p)·c² + (1 - p)/p² (gaps of mean 1), so CV² = p·c² + 1 - p = 1 + (c² - 1)/N.
+    CV 4 over 28: 1 + 15/28 = 1.5357, CV 1.2392; over 1, 4 itself; Poisson stays Poisson; CV 0.5 over 4:
+    1 - 0.75/4 = 0.8125, CV 0.9014. Checked against a thinned stream: 200,000 gaps of CV 2 dealt out over 4
+    at random leave about 50,000 of CV² 1 + 3/4 = 1.75 (within 5%)."""
+    assert split_arrival_cv(4.0, 28) == pytest.approx(math.sqrt(1 + 15 / 28), rel=1e-12)
+    assert split_arrival_cv(4.0, 28) == pytest.approx(1.2392, abs=1e-4)
+    assert split_arrival_cv(4.0, 1) == pytest.approx(4.0, rel=1e-12)
+    assert split_arrival_cv(1.0, 50) == 1.0
+    assert split_arrival_cv(0.5, 4) == pytest.approx(math.sqrt(0.8125), rel=1e-12)
+    with pytest.raises(ValueError, match="ways"):
+        split_arrival_cv(2.0, 0)
+    stream = sample_requests(Workload(Fixed(100), Fixed(10), requests_per_s=1, arrival_cv=2), 200_000, seed=3)
+    taken = stream.arrival_s[np.random.default_rng(4).integers(0, 4, stream.arrival_s.size) == 0]
+    gaps = np.diff(taken)
+    assert gaps.var() / gaps.mean() ** 2 == pytest.approx(1.75, rel=0.05)
+
+
+def test_every_arrival_cv_draws_the_same_lengths():
+    """A non-Poisson stream's gaps come from a generator of their own: the lengths are those of the Poisson draw
+    of the same seed, so a plan's runs at different CVs (replica counts) compare like with like."""
+    lengths = Workload(LogNormal(p50=500, p90=1500), LogNormal(p50=100, p90=300), requests_per_s=2)
+    poisson = sample_requests(lengths, 400, seed=9)
+    for cv in (0.5, 2.0, 4.0):
+        bursty = sample_requests(dataclasses.replace(lengths, arrival_cv=cv), 400, seed=9)
+        assert np.array_equal(bursty.input_tokens, poisson.input_tokens)
+        assert np.array_equal(bursty.output_tokens, poisson.output_tokens)
+        assert not np.array_equal(bursty.arrival_s, poisson.arrival_s)
 
 
 def test_rate_scale_scales_arrivals_and_keeps_lengths():

@@ -17,8 +17,8 @@ pool gets its own GPU, layout and worker count.
   first step that carries the request (the decode worker streams the first token with its first step).
   TPOT comes from the decode workers' batch alone.
 - **Simulation** (an open loop; a closed loop's users: `disaggregated_loop.py`): one prefill worker and one
-  decode worker are simulated at their share of the load (each pool's arrivals are a Poisson stream of its
-  share), with the same requests (common random numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
+  decode worker are simulated at their share of the load (each pool's arrivals the workload's stream dealt out
+  over the pool's schedulers: `workload.split_arrival_cv`), with the same requests (common random numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
   arrives with its prompt cached except the last token, whose step emits the first streamed token, and
   generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
   TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.
@@ -491,12 +491,14 @@ def _prefill_busy_s(planner: _Planner, screened: _Screened) -> float:
 
 
 def _simulate_role(planner: _Planner, screened: _Screened, role: str, requests: Requests,
-                   load: float) -> SimulationResult:
-    """One scheduler of a worker at `load` (requests/s per worker): one of its attention data-parallel ranks'
-    pipeline micro-batches (`_Planner.screen`), at its share of the worker's load. Each request runs on one of
-    them, so its times are that scheduler's."""
+                   load: float, workers: int) -> SimulationResult:
+    """One scheduler of one of `workers` workers at `load` (requests/s per worker): one of its attention
+    data-parallel ranks' pipeline micro-batches (`_Planner.screen`), at its share of the worker's load, the
+    stream dealt out over every scheduler of the pool (`_Planner.arrivals`). Each request runs on one of them,
+    so its times are that scheduler's."""
     role_requests = prefill_role_requests(requests) if role == PREFILL_POOL else decode_role_requests(requests)
-    role_requests = replace(role_requests, arrival_s=role_requests.arrival_s / (load / screened.schedulers))
+    arrivals = planner.arrivals(len(requests), workers * screened.schedulers)
+    role_requests = replace(role_requests, arrival_s=arrivals / (load / screened.schedulers))
     planner.simulations += 1
     planner.simulated_requests += len(role_requests)
     return simulate(screened.step_time, screened.scheduler, role_requests)
@@ -557,7 +559,8 @@ def _size_pool(planner: _Planner, option: _PoolOption, role: str, requests: Requ
 
     def run(workers: int) -> SimulationResult:
         if workers not in results:
-            results[workers] = _simulate_role(planner, screened, role, requests, planner.sized_load / workers)
+            results[workers] = _simulate_role(planner, screened, role, requests, planner.sized_load / workers,
+                                              workers)
         return results[workers]
 
     def meets(workers: int) -> bool:
@@ -692,8 +695,8 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     decode_screened = planner.screen(decode.configuration, DECODE_POOL) if inputs.policy.extra_replicas else None
     for _ in range(TTFT_RETRIES + 1):
         link = _link(_spared(planner, prefill, prefill_screened), _spared(planner, decode, decode_screened))
-        offered = planner.peak_load * inputs.peak_to_mean_ratio / prefill.workers
-        prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered)
+        offered = planner.mean_load * inputs.peak_to_mean_ratio / prefill.workers
+        prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered, prefill.workers)
         times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
         combined = combine(times)
         checks = _combined_checks(combined, slo, prefill_result.warmup_requests)
@@ -709,7 +712,7 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     gpus = prefill.gpus + decode.gpus
     priced = prefill.cost_per_hour_usd is not None and decode.cost_per_hour_usd is not None
     cost = prefill.cost_per_hour_usd + decode.cost_per_hour_usd if priced else None  # type: ignore[operator]
-    tokens_per_s = planner.peak_load * planner.lengths.output_mean
+    tokens_per_s = planner.mean_load * planner.lengths.output_mean
     mean_prompt = max(1, round(planner.lengths.input_mean))
     transfer = kv_transfer(inputs.model, mean_prompt, decode.configuration.kv_dtype,
                            decode_tensor_parallel=decode.configuration.tensor_parallel,
@@ -719,13 +722,13 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
     meets = _meets_all(measured, slo)
     prediction = Prediction(
-        load=planner.peak_load * inputs.peak_to_mean_ratio,
+        load=planner.mean_load * inputs.peak_to_mean_ratio,
         ttft=_combined_percentiles(measured, "ttft", slo.percentile),
         tpot=_combined_percentiles(measured, "tpot", slo.percentile),
         e2e=_combined_percentiles(measured, "e2e", slo.percentile),
         goodput_ratio=float(meets.mean()),
-        requests_per_s=planner.peak_load * inputs.peak_to_mean_ratio,
-        output_tokens_per_s=planner.peak_load * inputs.peak_to_mean_ratio * planner.lengths.output_mean,  # as sized
+        requests_per_s=planner.mean_load * inputs.peak_to_mean_ratio,
+        output_tokens_per_s=planner.mean_load * inputs.peak_to_mean_ratio * planner.lengths.output_mean,  # as sized
         preemptions=prefill_result.preemptions + decode_result.preemptions)
     worst = max(checks, key=lambda check: check[3])
     spares = f", {prefill.extra_workers} of each spare" if prefill.extra_workers else ""
@@ -748,7 +751,7 @@ def _prefill_share(planner: _Planner, prefill: _Screened, decode: Pool, decoding
     token to its last: users thinking a day between requests leave the decode workers idle, which is no work)."""
     prefill_s = prefill.configuration.gpus_per_replica * _prefill_busy_s(planner, prefill) / prefill.schedulers
     gpus = decode.configuration.gpus_per_replica
-    decode_s = min((decode.workers - decode.extra_workers) * gpus / (planner.peak_load * planner.inputs.peak_to_mean_ratio),
+    decode_s = min((decode.workers - decode.extra_workers) * gpus / (planner.mean_load * planner.inputs.peak_to_mean_ratio),
                    gpus * decoding_s)
     return prefill_s / (prefill_s + decode_s)
 

@@ -43,7 +43,9 @@ Fleet arithmetic, for a load λ (requests/s, or users), a peak-to-mean ratio p, 
 and N+k spare replicas: replicas = R + k, R = ceil(λ·p / (max load per replica · u)). Two separate
 knobs describe a bursty workload: the peak-to-mean ratio p scales the rate the fleet is sized for
 (peaks above the mean rate), and the workload's `arrival_cv` says how arrivals bunch at a given rate
-(Gamma gaps; 1 = Poisson). Each replica is simulated with a renewal stream of its share at that CV.
+(Gamma gaps; 1 = Poisson) in the stream the fleet receives. A balancer deals it out at random over the fleet's
+schedulers (replicas x attention-DP ranks x pipeline micro-batches), so each replica's scheduler is simulated with
+a renewal stream of its share at the thinned CV (`workload.split_arrival_cv`).
 TPOT is (E2E − TTFT)/(OSL − 1), the mean gap between output tokens after the first.
 
 Longer than 600 lines because the search is one algorithm over shared state (screen by analytic
@@ -97,7 +99,7 @@ from app.sizing.serving.simulate import (
     simulate,
 )
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime
-from app.sizing.serving.workload import Requests, Workload, sample_requests
+from app.sizing.serving.workload import Requests, Workload, sample_requests, split_arrival_cv
 from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 OPEN_LOOP = "requests_per_s"
@@ -586,15 +588,15 @@ def searches_layouts_across_nodes(tensor_parallel: Sequence[int] | None, pipelin
 
 # Fleet arithmetic --------------------------------------------------------------------------------
 
-def replicas_needed(peak_load: float, max_load_per_replica: float, policy: HaPolicy,
+def replicas_needed(mean_load: float, max_load_per_replica: float, policy: HaPolicy,
                     peak_to_mean_ratio: float = 1.0) -> int:
     """ceil(load · peak-to-mean / (max load per replica · max utilization)) + extra replicas.
 
     A relative 1e-9 is forgiven before rounding up, so 6 / (2 · 1.0) is 3 replicas, not 4.
     """
-    if peak_load <= 0 or max_load_per_replica <= 0:
+    if mean_load <= 0 or max_load_per_replica <= 0:
         raise ValueError("loads must be positive")
-    return _base_replicas(peak_load * peak_to_mean_ratio / policy.max_utilization_ratio,
+    return _base_replicas(mean_load * peak_to_mean_ratio / policy.max_utilization_ratio,
                           max_load_per_replica) + policy.extra_replicas
 
 
@@ -763,13 +765,13 @@ class _Planner:
         self.closed_loop = inputs.workload.is_closed_loop
         self.lengths = _Lengths.of(inputs.workload, inputs.slo.percentile)
         self.max_model_len = self.lengths.longest_request
-        self.peak_load = float(inputs.workload.concurrent_users if self.closed_loop
+        self.mean_load = float(inputs.workload.concurrent_users if self.closed_loop
                                else inputs.workload.requests_per_s)  # type: ignore[arg-type]
         # What the base replicas must carry together: the load, x peak-to-mean, over the utilization cap.
-        self.sized_load = self.peak_load * inputs.peak_to_mean_ratio / inputs.policy.max_utilization_ratio
+        self.sized_load = self.mean_load * inputs.peak_to_mean_ratio / inputs.policy.max_utilization_ratio
         self.simulations = 0
         self.simulated_requests = 0
-        self._requests: dict[int, Requests] = {}
+        self._requests: dict[tuple[int, float], Requests] = {}
 
     # Screening ---------------------------------------------------------------------------------
 
@@ -1012,10 +1014,10 @@ class _Planner:
 
     # Simulation --------------------------------------------------------------------------------
 
-    def run(self, screened: _Screened, load: float) -> _Run:
-        """Simulate one replica at `load` (requests/s, or users) with the full request count: one of its
-        `schedulers` side-by-side schedulers at its share of the load (rates and tokens scale back up in
-        `_prediction`)."""
+    def run(self, screened: _Screened, load: float, replicas: int) -> _Run:
+        """Simulate one of `replicas` replicas at `load` (requests/s, or users) with the full request count: one
+        of its `schedulers` side-by-side schedulers at its share of the load (rates and tokens scale back up in
+        `_prediction`), the open loop's stream dealt out over every scheduler of the fleet (`arrivals`)."""
         count = self.inputs.simulated_requests
         users = None
         share = load / screened.schedulers
@@ -1024,21 +1026,29 @@ class _Planner:
             count = max(count, min(CLOSED_LOOP_REQUESTS_PER_USER * users, MAX_CLOSED_LOOP_REQUESTS))
         requests = self._unit_requests(count)
         if not self.closed_loop:
-            requests = replace(requests, arrival_s=requests.arrival_s / share)
+            requests = replace(requests, arrival_s=self.arrivals(count, replicas * screened.schedulers) / share)
         self.simulations += 1
         self.simulated_requests += count
         result = simulate(screened.step_time, screened.scheduler, requests, closed_loop_users=users)
         return _Run(load, result, _checks(result, self.slo), screened.schedulers)
 
-    def _unit_requests(self, count: int) -> Requests:
-        """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run), or none
-        (closed loop). The same draws for every configuration and load (common random numbers)."""
-        if count not in self._requests:
+    def _unit_requests(self, count: int, arrival_cv: float | None = None) -> Requests:
+        """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run) with the
+        workload's arrival CV (or `arrival_cv`), or none (closed loop). The same draws for every configuration
+        and load (common random numbers; the same lengths at every CV, `sample_requests`)."""
+        cv = self.workload.arrival_cv if arrival_cv is None else arrival_cv
+        if (count, cv) not in self._requests:
             workload = self.workload
             if not self.closed_loop:
-                workload = replace(workload, requests_per_s=1.0)  # keeps its arrival_cv
-            self._requests[count] = sample_requests(workload, count, self.inputs.seed)
-        return self._requests[count]
+                workload = replace(workload, requests_per_s=1.0, arrival_cv=cv)
+            self._requests[count, cv] = sample_requests(workload, count, self.inputs.seed)
+        return self._requests[count, cv]
+
+    def arrivals(self, count: int, ways: int) -> np.ndarray:
+        """Unit-rate arrival times at one of the `ways` schedulers the fleet's stream is dealt out to: the
+        workload's `arrival_cv` describes the stream a balancer receives, and each scheduler sees it thinned
+        (`split_arrival_cv`). Poisson stays Poisson."""
+        return self._unit_requests(count, split_arrival_cv(self.workload.arrival_cv, ways)).arrival_s
 
     def load_per_replica(self, replicas: int) -> float:
         """Each of `replicas` base replicas' share of the sized load (whole users in a closed loop)."""
@@ -1063,7 +1073,7 @@ class _Planner:
         def at(replicas: int) -> _Run:
             load = self.load_per_replica(replicas)
             if load not in runs:
-                runs[load] = self.run(screened, load)
+                runs[load] = self.run(screened, load, replicas)
             return runs[load]
 
         lowest = screened.min_replicas
@@ -1328,10 +1338,11 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
     replicas = settled.replicas + inputs.policy.extra_replicas
     offered_run = None
     for _ in range(OFFERED_LOAD_RETRIES + 1):
-        offered = planner.peak_load * inputs.peak_to_mean_ratio / replicas
+        offered = planner.mean_load * inputs.peak_to_mean_ratio / replicas
         if planner.closed_loop:
             offered = float(math.ceil(offered * (1 - 1e-9)))
-        offered_run = settled.passing if offered == settled.passing.load else planner.run(candidate, offered)
+        offered_run = (settled.passing if offered == settled.passing.load
+                       else planner.run(candidate, offered, replicas))
         if offered_run.meets:
             break
         replicas += 1
@@ -1345,9 +1356,9 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
     prediction = _prediction(offered_run, inputs.slo)
     if planner.closed_loop:
         # Each replica serves `offered` users at most; the fleet's users run at the simulated pace.
-        fleet_tokens_per_s = prediction.output_tokens_per_s * planner.peak_load / offered_run.load
+        fleet_tokens_per_s = prediction.output_tokens_per_s * planner.mean_load / offered_run.load
     else:
-        fleet_tokens_per_s = planner.peak_load * planner.lengths.output_mean
+        fleet_tokens_per_s = planner.mean_load * planner.lengths.output_mean
     cost = None if candidate.price is None else gpus * candidate.price
     binding, detail = _binding(settled, inputs.slo, planner.closed_loop)
     return Plan(

@@ -399,11 +399,30 @@ class Requests:
         return picked
 
 
+def split_arrival_cv(arrival_cv: float, ways: int) -> float:
+    """The coefficient of variation of the gaps each of `ways` schedulers sees when a stream whose gaps have
+    CV c is dealt out to them at random (a balancer that keeps no state): each takes a request with p = 1/ways,
+    so its gap is a geometric sum of the stream's gaps, of CV² = 1 + p(c² − 1) (the compound's variance:
+    E[N]·Var(gap) + Var(N)·E[gap]², N ~ Geometric(p)). Bunching thins toward Poisson (c = 1 stays 1): CV 4 over
+    28 schedulers is sqrt(1 + 15/28) = 1.24. A round-robin balancer would leave less (c²/ways, a sum of `ways`
+    gaps): the random deal is the more bunched of the two."""
+    if ways < 1:
+        raise ValueError("ways must be >= 1")
+    return math.sqrt(1 + (arrival_cv ** 2 - 1) / ways)
+
+
+# A non-Poisson stream's gaps come from a generator of their own (seeded by the plan's seed and this): the main
+# generator still draws the Poisson gaps it would, so the lengths after them are those of any CV (common random
+# numbers across the CVs a plan's replica counts see, `split_arrival_cv`).
+GAMMA_GAPS_STREAM = 1
+
+
 def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1.0) -> Requests:
     """`n` requests drawn from the workload with a PCG64 generator seeded by `seed`.
 
     Draw order is fixed (arrival gaps, then input lengths, then output lengths, then a closed loop's think
-    times when it has any), and a gap is a unit draw divided by the rate, so the same seed at another
+    times when it has any; a non-Poisson stream's gaps from a generator of their own, `GAMMA_GAPS_STREAM`, so
+    every arrival CV draws the same lengths), and a gap is a unit draw divided by the rate, so the same seed at another
     `rate_scale` gives the same lengths and arrivals scaled in time: load sweeps compare like with like (common
     random numbers); a closed loop draws the same lengths with any think time, and without one the draws it
     always drew.
@@ -422,8 +441,10 @@ def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1
         cv_squared = workload.arrival_cv ** 2
         # Gamma(shape 1/c², scale c²) has mean 1 and variance c²; shape 1 is the exponential, drawn
         # as such so Poisson arrivals keep the same draws as before this option existed.
-        unit_gaps = (rng.standard_exponential(n) if cv_squared == 1
-                     else rng.gamma(1 / cv_squared, cv_squared, n))
+        unit_gaps = rng.standard_exponential(n)
+        if cv_squared != 1:
+            gaps_rng = np.random.Generator(np.random.PCG64([seed, GAMMA_GAPS_STREAM]))
+            unit_gaps = gaps_rng.gamma(1 / cv_squared, cv_squared, n)
         arrival_s = np.cumsum(unit_gaps / rate)
     input_tokens = workload.input_tokens.sample(rng, n)
     output_tokens = workload.output_tokens.sample(rng, n)
