@@ -41,6 +41,7 @@ from app.estimates.inputs import (
     resolve_model,
     resolve_pools,
     resolve_precisions,
+    served_dtype,
 )
 from app.estimates.schemas import DISAGGREGATED
 from app.sizing import CALCULATION_VERSION
@@ -152,7 +153,8 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     kv_dtype, kv_source = request.kv_dtype, "given"
     if kv_dtype is None:
         version, _ = resolve_version(engine)
-        kv_dtype, kv_source = ENGINES[request.engine].kv_dtype(version, recipe, model.dtype)
+        # 'auto' caches in the dtype the model runs in: an fp32 checkpoint is served in bf16 (`served_dtype`).
+        kv_dtype, kv_source = ENGINES[request.engine].kv_dtype(version, recipe, served_dtype(model))
         if kv_dtype not in KV_DTYPES:
             kv_dtype, kv_source = "bf16", f"{kv_source}; served in bf16"
     requested = request.model_copy(update={

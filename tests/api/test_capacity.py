@@ -553,3 +553,15 @@ def test_every_view_charges_a_windowed_model_in_full_attention_equivalent_tokens
     assert views["worst_case"]["tokens_per_request"] == 65_608
     for view in views.values():
         assert view["kv_limited_sequences"] == int(tokens / view["tokens_per_request"])
+
+
+def test_an_fp32_checkpoint_served_in_bf16_caches_bf16(client: TestClient) -> None:
+    """A model published in fp32 (Gemma-2's config says float32) is served in bf16 (weight dtypes stop at 16 bits),
+    and vLLM's 'auto' KV dtype is the dtype it runs (ENGINES.md 1.1: "--kv-cache-dtype auto = model dtype"). The
+    Llama-3-70B geometry caches 2 x 8 heads x 128 x 80 layers x 2 B = 327,680 B a token in bf16, 163,840 B on each
+    GPU of TP2; it cached fp32 beside the bf16 weights (twice that: half the tokens)."""
+    spec = {**MODEL_ARCHITECTURE_EXAMPLE, "dtype": "fp32"}
+    body = {"model_spec": spec, "gpu": "h200-sxm", "tensor_parallel": 2, "input_tokens": 1000, "output_tokens": 500}
+    served = post(client, body)
+    assert (served["assumptions"]["weight_dtype"], served["assumptions"]["kv_dtype"]) == ("bf16", "bf16")
+    assert served["kv_bytes_per_token_per_gpu"] == 163_840
