@@ -86,3 +86,44 @@ class HeldOutErrorOut(BaseModel):
         "The engine held out: its rows predicted by a fit without any of them; null when the profile's data has "
         "no rows of this engine (the generic engine), and in answers that name no engine (/v1/roofline)"))
     targets: dict[str, float] = Field(description="The target median held-out error per metric kind, percent")
+
+
+HELD_OUT_MEDIANS_EXAMPLE = {"gpu": 23.7, "model_family": 17.6, "engine": 28.1}
+
+
+class HeldOutMedians(BaseModel):
+    """A profile's overall held-out medians, by what each fold left out."""
+
+    model_config = schema_examples(HELD_OUT_MEDIANS_EXAMPLE)
+
+    gpu: float | None = Field(description="Leave one GPU out: median absolute % error")
+    model_family: float | None = Field(description="Leave one model family out: median absolute % error")
+    engine: float | None = Field(description="Leave one engine out: median absolute % error")
+
+
+HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
+                    "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
+                    "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
+                    "by_layout": [{"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}}]}
+
+
+class HeldOutLayoutOut(BaseModel):
+    model_config = schema_examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
+
+    layout_kind: LayoutKind = Field(description=LAYOUT_KIND_DESCRIPTION)
+    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
+
+
+class HoldOutOut(BaseModel):
+    """Each group predicted by a fit that never saw it (at the chosen level)."""
+
+    model_config = schema_examples(HOLD_OUT_EXAMPLE)
+
+    held_out: Literal["gpu", "model_family", "engine"]
+    overall: HeldOutStatsOut
+    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
+    by_group: list[HeldOutGroupOut]
+    by_layout: list[HeldOutLayoutOut] = Field(
+        default_factory=list,
+        description="By the layout the measured run used, per metric kind (empty in profiles fitted before this "
+                    "breakdown existed)")

@@ -17,11 +17,12 @@ from pydantic import BaseModel, Field, model_validator
 from app.calibration.crossval import CHOSEN_BY, LEVEL_DESCRIPTIONS, TARGETS
 from app.calibration.held_out_schemas import (
     ERROR_STATS_EXAMPLE,
-    HELD_OUT_STATS_EXAMPLE,
+    HELD_OUT_MEDIANS_EXAMPLE,
+    HOLD_OUT_EXAMPLE,
     LAYOUT_KIND_DESCRIPTION,
     ErrorStatsOut,
-    HeldOutGroupOut,
-    HeldOutStatsOut,
+    HeldOutMedians,
+    HoldOutOut,
     LayoutKind,
 )
 from app.catalog.schemas import INPUT_CONFIG, ModelSlug, UtcDatetime
@@ -367,10 +368,6 @@ PROFILE_ENTRY_EXAMPLE = {
 }
 ENTRY_FIT_EXAMPLE = {"gpu_family": "hopper", "compute_dtype": "fp8", "rows": 317,
                      "mean_abs_log_error_before": 0.167, "mean_abs_log_error_after": 0.138}
-HOLD_OUT_EXAMPLE = {"held_out": "gpu", "overall": HELD_OUT_STATS_EXAMPLE,
-                    "by_metric": {"throughput": HELD_OUT_STATS_EXAMPLE},
-                    "by_group": [{"group": "mi300x", **HELD_OUT_STATS_EXAMPLE}],
-                    "by_layout": [{"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}}]}
 CROSS_VALIDATION_EXAMPLE = {
     "chosen_level": "family", "chosen_by": CHOSEN_BY, "levels": LEVEL_DESCRIPTIONS,
     "candidates": {"family": {"gpu": 24.1, "model_family": 20.3, "engine": 25.0}},
@@ -430,28 +427,6 @@ class EntryFitOut(BaseModel):
     rows: int
     mean_abs_log_error_before: float = Field(description="Mean |ln(predicted / measured)| with the start values")
     mean_abs_log_error_after: float
-
-
-class HeldOutLayoutOut(BaseModel):
-    model_config = schema_examples({"layout_kind": "dp_ep", "by_metric": {"tpot_itl": HELD_OUT_STATS_EXAMPLE}})
-
-    layout_kind: LayoutKind = Field(description=LAYOUT_KIND_DESCRIPTION)
-    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
-
-
-class HoldOutOut(BaseModel):
-    """Each group predicted by a fit that never saw it (at the chosen level)."""
-
-    model_config = schema_examples(HOLD_OUT_EXAMPLE)
-
-    held_out: Literal["gpu", "model_family", "engine"]
-    overall: HeldOutStatsOut
-    by_metric: dict[str, HeldOutStatsOut] = Field(description="By metric kind: throughput, tpot_itl, ttft, e2e")
-    by_group: list[HeldOutGroupOut]
-    by_layout: list[HeldOutLayoutOut] = Field(
-        default_factory=list,
-        description="By the layout the measured run used, per metric kind (empty in profiles fitted before this "
-                    "breakdown existed)")
 
 
 class LevelStepOut(BaseModel):
@@ -540,18 +515,12 @@ class ProvenanceOut(BaseModel):
     calculation_version: str
 
 
-class HeldOutMedians(BaseModel):
-    gpu: float | None = Field(description="Leave one GPU out")
-    model_family: float | None = Field(description="Leave one model family out")
-    engine: float | None = Field(description="Leave one engine out")
-
-
 PROFILE_SUMMARY_EXAMPLE = {
     "name": "default", "description": "Fitted to 1,263 published measurements", "origin": "reference",
     "created_at": "2026-11-29T12:00:00Z", "rows_used": 756,
     "source_sha256": "bddc14f88d4fac48da6c43af63cb604a08ef1f76e5755a7b26f421cfa090be8b",
     "fit_median_abs_pct_error": 8.5,
-    "held_out_median_abs_pct_error": {"gpu": 23.7, "model_family": 17.6, "engine": 28.1},
+    "held_out_median_abs_pct_error": HELD_OUT_MEDIANS_EXAMPLE,
 }
 
 
