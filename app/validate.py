@@ -240,6 +240,8 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
         "",
     ]
     out += _cross_validation_section(validation)
+    if validation:
+        out += _cross_validation_caveats(provenance)
     out += _defects_section(provenance)
     out += [
         "## Data",
@@ -415,6 +417,26 @@ def _interval(stats: dict[str, Any]) -> str:
     """' [low–high]': a held-out median's 90% interval (`crossval.median_interval`), '' where the profile has none."""
     low, high = stats.get("median_abs_pct_error_low"), stats.get("median_abs_pct_error_high")
     return "" if low is None or high is None else f" [{_pct(low)}–{_pct(high)}]"
+
+
+def _cross_validation_caveats(provenance: dict[str, Any]) -> list[str]:
+    """What the held-out figures above do and do not guard against, and the code they were computed with."""
+    fitted_at = provenance["calculation_version"]
+    version = (f"The held-out fits ran at calculation version {fitted_at}, the code's own." if fitted_at ==
+               CALCULATION_VERSION else
+               f"The held-out fits ran at calculation version {fitted_at}; this page was generated at "
+               f"{CALCULATION_VERSION}, whose changes since leave these predictions as they were (a change that "
+               "moves them comes with a refit, `make calibrate`).")
+    return [
+        ("How far to trust them: no fitted value saw the held-out rows, but these same folds judged the model's "
+         "design as it grew (the rows an entry needs, the split of the V0 host loop's overheads, the rows taken "
+         "from each source, the level shipped; see the comments of app/sizing/calibration/fit.py and "
+         "app/calibration/crossval.py), and nothing was held back for a last look, so the medians are somewhat "
+         "optimistic. The global prior of the bandwidth fraction, 0.70, comes from two A100 batch-1 rows that are "
+         "in the data (at the priors' weight, 0.02), and vLLM's activation and non-torch memory from the vLLM 0.19 "
+         "H100 capacity runs (their section below). " + version),
+        "",
+    ]
 
 
 def _cross_validation_section(validation: dict[str, Any] | None) -> list[str]:

@@ -234,7 +234,10 @@ def capacity_markdown(report: CapacityReport, source: dict[str, str]) -> str:
          f"{fit.base_bytes / GIB:.3f} GiB, {fit.float32_bytes_per_logit} float32 bytes per logit), by least "
          "squares on the single-GPU runs of catalog models (one point per model and dtype). The non-torch "
          "defaults come from the runs of models outside the catalog, which are not predicted here. "
-         "Errors are shown on all predicted runs and on the multi-GPU runs, which the fit did not see."),
+         "Errors are shown on all predicted runs (the fitted ones among them) and on the multi-GPU runs, which the "
+         "fit did not see. Not cross-validated by GPU, model family or engine as the latency figures above are: "
+         "every run is vLLM 0.19 on H100, and some multi-GPU runs are of models whose single-GPU runs were fitted, "
+         "so the held-out column says how the accounting carries across layouts, not to other GPUs or engines."),
         "",
         "| metric | runs | median abs error | multi-GPU runs (held out) | their median abs error |",
         "|---|---:|---:|---:|---:|",
