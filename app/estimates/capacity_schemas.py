@@ -462,5 +462,5 @@ class CapacityResponse(BaseModel):
         "kv_blocks": 27277, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
         "operating_point": OPERATING_POINT_EXAMPLE, "engine": ENGINE_EXAMPLE,
         "assumptions": ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.07.5",
+        "calculation_version": "2026.12.07.6",
     })

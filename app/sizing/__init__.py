@@ -50,7 +50,15 @@
 # nodes counted apart, 2 nodes beside an NVLink transfer inside one); launch commands run the KV dtype planned
 # (vLLM/SGLang int8 as fp8, TensorRT-LLM's kv_cache_config dtype fp8; was: 16-bit), and TensorRT-LLM's options file
 # sets max_input_len to the context where it passes the default 1,024 (was: prompts past 1,024 tokens not admitted).
-CALCULATION_VERSION = "2026.12.07.5"
+# 2026.12.07.6: a plan simulates every configuration that could be the cheapest (its cost bound at or below the
+# cheapest plan found) past the six-simulation and per-GPU caps, up to 16 (was: six in all, two per GPU type: a
+# whole-catalog rank 1 dearer than a single GPU's); a disaggregated plan sizes up to eight pool options (was: four);
+# a decode worker's ceiling counts the step that streams a one-token answer (was: a division by zero, a 500); an
+# open loop's arrival_cv is the fleet's stream, dealt out at random over its N schedulers, each seeing CV
+# sqrt(1 + (c^2 - 1) / N) (was: every scheduler saw c itself: CV 4 at 40 req/s took 28 H100s where 3 do), its gaps
+# drawn from a generator of their own (the same lengths at every CV); KV moved between PCIe cards is named pcie (was:
+# nvlink; same rate); an efficiency entry with a parameter the fit pushed to a bound says so in its source.
+CALCULATION_VERSION = "2026.12.07.6"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).

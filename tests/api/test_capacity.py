@@ -106,7 +106,7 @@ def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
     assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
     assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
-    assert data["calculation_version"] == "2026.12.07.5"
+    assert data["calculation_version"] == "2026.12.07.6"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
