@@ -434,7 +434,7 @@ def _cross_validation_caveats(provenance: dict[str, Any]) -> list[str]:
          "app/calibration/crossval.py), and nothing was held back for a last look, so the medians are somewhat "
          "optimistic. The global prior of the bandwidth fraction, 0.70, comes from two A100 batch-1 rows that are "
          "in the data (at the priors' weight, 0.02), and vLLM's activation and non-torch memory from the vLLM 0.19 "
-         "H100 capacity runs (their section below). " + version),
+         "H100 capacity runs (the capacity section of docs/ACCURACY.md). " + version),
         "",
     ]
 
