@@ -753,8 +753,8 @@ class BatchSweepPoint(BaseModel):
     kv_bytes_per_gpu: int = Field(description="The batch's KV cache on one GPU")
     weights_and_kv_bytes_per_gpu: int = Field(description="Weights + KV on one GPU (before activations and "
                                                           "engine reserves)")
-    fits_in_gpu_memory: bool = Field(description="weights_and_kv_bytes_per_gpu <= the GPU's memory; a "
-                                                 "necessary condition only")
+    fits_in_gpu_memory: bool = Field(description="weights_and_kv_bytes_per_gpu <= the GPU's memory as CUDA reports "
+                                                 "it (SIZING.md section 7); a necessary condition only")
 
 
 class BatchSweepResponse(BaseModel):

@@ -54,7 +54,7 @@ from app.estimates.schemas import (
     RooflineResponse,
 )
 from app.sizing import CALCULATION_VERSION
-from app.sizing.engines import host_adjusted
+from app.sizing.engines import host_adjusted, total_memory
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.hardware.roofline import (
     COMPUTE,
@@ -452,7 +452,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
             ideal_tokens_per_s=batch / ideal, expected_tokens_per_s=batch / expected,
             ideal_tokens_per_s_per_user=1 / ideal, expected_tokens_per_s_per_user=1 / expected,
             kv_bytes_per_gpu=kv, weights_and_kv_bytes_per_gpu=weight_bytes + kv,
-            fits_in_gpu_memory=weight_bytes + kv <= gpu.memory_bytes,
+            fits_in_gpu_memory=weight_bytes + kv <= total_memory(gpu)[0],
         ))
     return BatchSweepResponse(
         model=model_label, gpu=gpu_label, context_tokens=context, tensor_parallel=tp, **ranks,
@@ -476,11 +476,12 @@ def _knee_explanation(model: ModelSpec, gpu: GpuSpec, context_tokens: int, sweep
                 "per step, is shared by enough sequences that their FLOPs outlast the step's memory traffic. Below "
                 "the knee the step is memory-bound and each added sequence costs only its own KV and activation "
                 "traffic.")
-        if weight_bytes + knee * kv_per_sequence > gpu.memory_bytes:
+        total, _ = total_memory(gpu)
+        if weight_bytes + knee * kv_per_sequence > total:
             text += (f" But {knee:,} sequences of {context_tokens:,} tokens need "
                      f"{knee * kv_per_sequence / 1e9:,.1f} GB of KV cache per GPU next to the weights, more than "
-                     f"the GPU's {gpu.memory_bytes / 1e9:,.1f} GB: KV memory caps the batch before the compute "
-                     "roof does.")
+                     f"the GPU's {total / 1e9:,.1f} GB (its total as CUDA reports it, where the catalog has it): "
+                     "KV memory caps the batch before the compute roof does.")
         return text
     # Why never: compare what one more sequence adds to the ideal step's compute and memory times.
     one, two = (

@@ -118,7 +118,7 @@ def test_default_sweep_is_the_money_slide(client: TestClient) -> None:
 def test_kv_memory_is_the_other_ceiling(client: TestClient) -> None:
     """Weights 8,030,261,248 parameters x 2 B = 16,060,522,496 B. At 8,191 cached tokens each sequence
     holds 8,192 tokens after the step: 131,072 x 8,192 = 1,073,741,824 B. 64 sequences:
-    16,060,522,496 + 68,719,476,736 = 84,779,999,232 B fit in the H100's 85,520,809,984 B; 65 need
+    16,060,522,496 + 68,719,476,736 = 84,779,999,232 B fit in the 85,029,615,043 B CUDA reports on an H100; 65 need
     85,853,741,056 B and do not."""
     answer = post(client, {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 8191,
                            "batch_sizes": [64, 65]})
@@ -128,6 +128,18 @@ def test_kv_memory_is_the_other_ceiling(client: TestClient) -> None:
     assert fits["fits_in_gpu_memory"] is True
     assert overflows["weights_and_kv_bytes_per_gpu"] == 85_853_741_056
     assert overflows["fits_in_gpu_memory"] is False
+
+
+def test_memory_is_what_cuda_reports(client: TestClient) -> None:
+    """SIZING.md section 7: "use what CUDA reports (torch.cuda.mem_get_info total)": 85,029,615,043 B on an H100
+    (gpus.csv), not the driver's 85,520,809,984. At 1,024 cached tokens a sequence holds 1,025 after the step:
+    131,072 x 1,025 = 134,348,800 B. 510 sequences: 16,060,522,496 + 68,517,888,000 = 84,578,410,496 B fit; 514:
+    16,060,522,496 + 69,055,283,200 = 85,115,805,696 B, under the driver's total but over CUDA's: they do not."""
+    answer = post(client, {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 1024,
+                           "batch_sizes": [510, 514]})
+    fits, overflows = answer["points"]
+    assert fits["weights_and_kv_bytes_per_gpu"] == 84_578_410_496 and fits["fits_in_gpu_memory"] is True
+    assert overflows["weights_and_kv_bytes_per_gpu"] == 85_115_805_696 and overflows["fits_in_gpu_memory"] is False
 
 
 def test_duplicate_batch_sizes_are_evaluated_once_in_order(client: TestClient) -> None:
