@@ -193,8 +193,8 @@ def draw_batch_sweep(sweep: BatchSweepResponse) -> bytes:
     the knee marked (or why there is none) and the batches whose KV cache does not fit shaded."""
     batches = [point.batch_size for point in sweep.points]
     knee = sweep.knee_batch_size
-    x_high = max(batches[-1], knee or 0)
-    x_limits = (batches[0] / 1.3, x_high * 1.3)
+    x_low, x_high = min(batches[0], knee or batches[0]), max(batches[-1], knee or 0)  # the knee on the axis
+    x_limits = (x_low / 1.3, x_high * 1.3)
     assumptions = sweep.assumptions
 
     def draw(fig: Figure) -> None:

@@ -257,6 +257,16 @@ def test_batch_sweep_chart_marks_the_knee(client: TestClient) -> None:
     assert not has_group(root, "unfit-aggregate")  # 1,024 x 131,072 x 129 B of KV + 16.06e9 B of weights fit
 
 
+def test_a_knee_below_every_swept_batch_stays_on_the_axis(client: TestClient) -> None:
+    """Batches 1,000 and 2,000 at 128 cached tokens: the knee (507, above) lies left of both. The axis starts below
+    it, so its line is drawn left of the first point, inside the plot (it was clipped and its label drawn over
+    the y axis, at a negative x)."""
+    root = chart(client.post(SWEEP, json={"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 128,
+                                          "batch_sizes": [1000, 2000]}))
+    first_x = min(x for x, _ in markers(group(root, "aggregate-expected")))
+    assert 0 < path_x(group(root, "knee-aggregate")) < first_x
+
+
 def test_charts_of_an_attention_dp_layout_say_so(client: TestClient) -> None:
     """DeepSeek-V3 fp8 on H200 as DP8 + EP8: both titles name the layout, and that the batch is one rank's."""
     layout = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "kv_dtype": "bf16",
