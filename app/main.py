@@ -15,7 +15,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.calibration import api as calibration_api
@@ -232,13 +233,31 @@ class RequestContextMiddleware:
         await problem_response(Request(scope), status, detail, headers=headers)(scope, receive, send)
 
     def _observe(self, scope: Scope, status: int, seconds: float) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
+        template = _route_template(scope)
         method = scope["method"]
         self.metrics.requests.labels(method, template, str(status)).inc()
         self.metrics.latency.labels(method, template).observe(seconds)
         access_log.info("request", extra={"method": method, "route": template, "path": scope["path"],
                                           "status": status, "duration_ms": round(seconds * 1000, 3)})
+
+
+def _route_template(scope: Scope) -> str:
+    """The template of the route that served the request, or would have: a request answered before routing (a 503
+    while every slot was taken, a 413 for a declared body over the limit) is matched against the routes here, so
+    that it counts under its route; "unmatched" where no route takes it."""
+    route = scope.get("route")
+    if route is None:
+        routes = _leaf_routes(getattr(getattr(scope.get("app"), "router", None), "routes", ()))
+        route = next((candidate for candidate in routes if candidate.matches(scope)[0] is Match.FULL), None)
+    return getattr(route, "path", None) or "unmatched"
+
+
+def _leaf_routes(routes: Iterable[Any]) -> Iterator[Any]:
+    """The routes of a router, those of the routers it includes among them (FastAPI keeps an included router
+    whole, as `original_router`)."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        yield from _leaf_routes(inner.routes) if inner is not None else (route,)
 
 
 def _log_late_failure(task: asyncio.Future[None]) -> None:

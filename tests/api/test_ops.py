@@ -102,6 +102,16 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert "http_request_duration_seconds_bucket" in text
 
 
+def test_a_request_answered_before_routing_counts_under_its_route(client: TestClient) -> None:
+    """A declared body over the 1 MiB limit is refused before the router sees the request: it counted under
+    "unmatched"; it counts under its route's template, as a 503 of a full queue does."""
+    labels = 'method="POST",route="/v1/kv-cache",status="413"'
+    before = _count(client.get("/metrics").text, labels)
+    response = client.post("/v1/kv-cache", content=b" " * 1_048_577, headers={"content-type": "application/json"})
+    assert response.status_code == 413 and "content-length" in response.request.headers
+    assert _count(client.get("/metrics").text, labels) == before + 1
+
+
 def test_logs_are_json_with_the_request_id_and_no_secrets(client: TestClient) -> None:
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
