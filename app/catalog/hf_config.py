@@ -458,6 +458,8 @@ def _name(r: _Reader) -> str:
     if name is not None and not isinstance(name, str):
         r.problems.append(("/_name_or_path", f"expected a string, got {_describe(name)}"))
         return ""
+    if name:
+        r.located["name"] = "/_name_or_path"  # where a problem with the catalog's name points
     return name or ""
 
 
