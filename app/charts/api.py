@@ -9,6 +9,7 @@ names the query parameter.
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticUndefined
 from starlette.responses import Response
 
@@ -54,7 +55,20 @@ def _query_type(annotation: Any) -> Any:
         return list[item_type]  # type: ignore[valid-type]
     if origin is dict or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
         return None
+    if annotation is int:
+        return QueryInteger
     return annotation
+
+
+def _decimal_integer(value: Any) -> Any:
+    """A query string's integer as the JSON body takes one: digits, an optional sign (not 12.0, " 12" or 1_000,
+    which a lax integer would turn into numbers the body refuses)."""
+    if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]+", value):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+QueryInteger = Annotated[int, BeforeValidator(_decimal_integer)]
 
 
 def _without_default(schema: dict[str, Any]) -> None:

@@ -339,6 +339,10 @@ def test_bad_roofline_chart_bodies(client: TestClient, body: dict[str, Any], poi
     ({**DECODE_1024, "batch_size": 0}, "/query/batch_size"),
     ({**DECODE_1024, "context_tokens": "lots"}, "/query/context_tokens"),
     ({**DECODE_1024, "context_tokens": "1e3"}, "/query/context_tokens"),
+    # Integers as the JSON body takes them (12.0 is a 422 there): these were read as numbers.
+    ({**DECODE_1024, "context_tokens": "12.0"}, "/query/context_tokens"),
+    ({**DECODE_1024, "context_tokens": " 12"}, "/query/context_tokens"),
+    ({**DECODE_1024, "context_tokens": "1_000"}, "/query/context_tokens"),
     ({**DECODE_1024, "phase": "training"}, "/query/phase"),
     ({**DECODE_1024, "context_tokens": None}, "/query/context_tokens"),  # required for decode
     ({**DECODE_1024, "prompt_tokens": 10}, "/query/prompt_tokens"),  # prefill only
@@ -354,6 +358,8 @@ def test_bad_batch_sweep_chart_input(client: TestClient) -> None:
     base = {"model": "llama-3-8b", "gpu": "h100-sxm", "context_tokens": 100}
     assert_problem(client.post(SWEEP, json={**base, "batch_sizes": []}), 422, "/body/batch_sizes")
     assert_problem(get(client, SWEEP, {**base, "batch_sizes": [1, 0]}), 422, "/query/batch_sizes/1")
+    assert_problem(get(client, SWEEP, {**base, "batch_sizes": [1, "2.0"]}), 422, "/query/batch_sizes/1")
+    assert get(client, SWEEP, {**base, "batch_sizes": [1, "+2"]}).status_code == 200
     assert_problem(get(client, SWEEP, {**base, "batch_sizes": list(range(1, 66))}), 422, "/query/batch_sizes")
     assert_problem(get(client, SWEEP, {**base, "context_tokens": 10_000_001}), 422, "/query/context_tokens")
 
