@@ -42,7 +42,7 @@ def _query_type(annotation: Any) -> Any:
     if origin is Annotated:
         base, *metadata = typing.get_args(annotation)
         narrowed = _query_type(base)
-        return None if narrowed is None else Annotated[(narrowed, *metadata)]  # type: ignore[valid-type]
+        return None if narrowed is None else _annotated(narrowed, metadata)
     if origin in (typing.Union, types.UnionType):
         members = [member for member in map(_query_type, typing.get_args(annotation))
                    if member is not None and member is not type(None)]
@@ -68,7 +68,16 @@ def _decimal_integer(value: Any) -> Any:
     return value
 
 
-QueryInteger = Annotated[int, BeforeValidator(_decimal_integer)]
+DECIMAL_INTEGER = BeforeValidator(_decimal_integer)
+QueryInteger = Annotated[int, DECIMAL_INTEGER]
+
+
+def _annotated(base: Any, metadata: Sequence[Any]) -> Any:
+    """`base` with a field's constraints; a query integer's check of its text outside them, so that they stay the
+    integer's own (minimum and maximum in the schema)."""
+    if base is QueryInteger:
+        return Annotated[(int, *metadata, DECIMAL_INTEGER)]  # type: ignore[valid-type]
+    return Annotated[(base, *metadata)] if metadata else base  # type: ignore[valid-type]
 
 
 def _without_default(schema: dict[str, Any]) -> None:
@@ -118,7 +127,7 @@ class QueryForm:
                     default: Any = ...
                 else:
                     default = None if info.default is PydanticUndefined else info.default
-                typed = Annotated[(annotation, *info.metadata)] if info.metadata else annotation
+                typed = _annotated(annotation, info.metadata)
                 example = [examples[name]] if name in examples else info.examples
                 # A parameter left out is not null: the JSON endpoint's default applies, so show none.
                 schema_extra = _without_default if default is None else None
