@@ -446,45 +446,33 @@ def test_reprice_when_every_candidate_gpu_is_gone_is_a_409(client: TestClient,
     assert "deleted" in response.json()["detail"]
 
 
-def test_reprice_after_the_model_is_deleted_uses_the_stored_architecture(
-        client: TestClient, write_headers: dict[str, str]) -> None:
-    quote = _create(client, write_headers).json()
-    client.delete("/v1/models/llama-3.1-8b", headers=write_headers)
-    body = client.post(f"/v1/quotes/{quote['id']}/reprice").json()
-    assert body["differences"] == [
-        {"kind": "catalog", "subject": "model llama-3.1-8b", "field": None, "change": "deleted", "before": 1,
-         "after": None, "detail": "model llama-3.1-8b (version 1) was deleted from the catalog since; "
-                                  "the reprice plans with the architecture stored in the quote"},
-    ]
-    # Same architecture, same GPU, same price: the same plan, named as quoted (its slug, and its Hugging Face id
-    # in the launch command, from the quote's copy of the row: not "model_spec (inline)" and a placeholder path).
-    before, after = quote["result"]["plans"][0], body["repriced"]["plans"][0]
-    for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted", "launch"):
-        assert after[field] == before[field]
-    assert body["repriced"]["model"] == body["original"]["model"] == "llama-3.1-8b"
+SPECULATIVE = {"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4}
 
 
-def test_reprice_after_the_draft_model_is_deleted_uses_its_stored_row(
-        client: TestClient, write_headers: dict[str, str]) -> None:
-    """The speculative draft model falls back to the quote's copy of its row, as the main model does (it was
-    a 409): the same plan, its launch command naming the draft by the stored Hugging Face id."""
-    speculative = {**PLAN, "speculative": {"draft_model": "llama-3.2-1b", "acceptance_rate": 0.7, "draft_tokens": 4}}
-    created = _create(client, write_headers, speculative)
+@pytest.mark.parametrize(("deleted", "extra"), [("llama-3.1-8b", {}), ("llama-3.2-1b", {"speculative": SPECULATIVE})])
+def test_reprice_after_a_model_is_deleted_uses_its_stored_row(client: TestClient, write_headers: dict[str, str],
+                                                               deleted: str, extra: dict[str, Any]) -> None:
+    """The planned model, or the speculative draft model (that was a 409), deleted since: the reprice plans from
+    the quote's copy of its row and lists the deletion. Same architecture, same GPU, same price: the same plan,
+    named as quoted (its slug, and its Hugging Face id in the launch command, from the quote's copy of the row:
+    not "model_spec (inline)" and a placeholder path)."""
+    created = _create(client, write_headers, {**PLAN, **extra})
     assert created.status_code == 201, created.text
     quote = created.json()
-    assert set(quote["catalog_snapshot"]["models"]) == {"llama-3.1-8b", "llama-3.2-1b"}
-    assert client.delete("/v1/models/llama-3.2-1b", headers=write_headers).status_code == 204
+    assert deleted in quote["catalog_snapshot"]["models"]
+    assert client.delete(f"/v1/models/{deleted}", headers=write_headers).status_code == 204
     response = client.post(f"/v1/quotes/{quote['id']}/reprice")
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["differences"] == [
-        {"kind": "catalog", "subject": "model llama-3.2-1b", "field": None, "change": "deleted", "before": 1,
-         "after": None, "detail": "model llama-3.2-1b (version 1) was deleted from the catalog since; "
+        {"kind": "catalog", "subject": f"model {deleted}", "field": None, "change": "deleted", "before": 1,
+         "after": None, "detail": f"model {deleted} (version 1) was deleted from the catalog since; "
                                   "the reprice plans with the architecture stored in the quote"},
     ]
     before, after = quote["result"]["plans"][0], body["repriced"]["plans"][0]
     for field in ("gpu", "replicas", "cost_per_hour_usd", "predicted", "launch"):
         assert after[field] == before[field]
+    assert body["repriced"]["model"] == body["original"]["model"] == "llama-3.1-8b"
 
 
 def test_reprice_after_the_snapshot_gpu_was_rewritten_unchanged(client: TestClient,
