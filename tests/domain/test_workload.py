@@ -14,6 +14,7 @@ from app.sizing.serving.workload import (
     LogNormal,
     Requests,
     Workload,
+    dealt_out_arrivals,
     sample_requests,
     split_arrival_cv,
 )
@@ -223,6 +224,24 @@ def test_a_stream_dealt_out_at_random_thins_toward_poisson():
     taken = stream.arrival_s[np.random.default_rng(4).integers(0, 4, stream.arrival_s.size) == 0]
     gaps = np.diff(taken)
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(1.75, rel=0.05)
+
+
+def test_a_share_of_a_stream_is_drawn_as_the_stream_thinned():
+    """`dealt_out_arrivals`: a gap is a Geometric(1/ways) number of the stream's Gamma gaps, summed, over `ways`
+    (unit rate). Against a CV 2 stream of 200,000 gaps thinned over 4 at random by hand: the same mean gap (1 at
+    unit rate, within 2%), CV^2 1 + 3/4 = 1.75 (within 5%), and the same tail (the 99th percentile gap within 5%:
+    a Gamma of CV^2 1.75, moment matching, has another shape). Poisson gives sample_requests' arrivals."""
+    bursty = Workload(Fixed(100), Fixed(10), requests_per_s=1, arrival_cv=2)
+    stream = sample_requests(bursty, 200_000, seed=3).arrival_s
+    by_hand = np.diff(stream[np.random.default_rng(4).integers(0, 4, stream.size) == 0]) / 4
+    drawn = np.diff(dealt_out_arrivals(bursty, 4, 50_000, seed=5))
+    assert drawn.mean() == pytest.approx(1.0, rel=0.02)
+    assert drawn.var() / drawn.mean() ** 2 == pytest.approx(1.75, rel=0.05)
+    assert np.percentile(drawn, 99) == pytest.approx(np.percentile(by_hand, 99), rel=0.05)
+    poisson = dataclasses.replace(bursty, arrival_cv=1.0)
+    assert np.array_equal(dealt_out_arrivals(poisson, 4, 100, seed=5), sample_requests(poisson, 100, seed=5).arrival_s)
+    with pytest.raises(ValueError, match="ways"):
+        dealt_out_arrivals(bursty, 0, 10, seed=5)
 
 
 def test_every_arrival_cv_draws_the_same_lengths():

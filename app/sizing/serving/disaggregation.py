@@ -18,7 +18,7 @@ pool gets its own GPU, layout and worker count.
   TPOT comes from the decode workers' batch alone.
 - **Simulation** (an open loop; a closed loop's users: `disaggregated_loop.py`): one prefill worker and one
   decode worker are simulated at their share of the load (each pool's arrivals the workload's stream dealt out
-  over the pool's schedulers: `workload.split_arrival_cv`), with the same requests (common random numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
+  over the pool's schedulers: `workload.dealt_out_arrivals`), with the same requests (common random numbers). A prefill worker's request ends with its first token (output of 1); a decode worker's request
   arrives with its prompt cached except the last token, whose step emits the first streamed token, and
   generates the remaining OSL − 1 tokens (at least one). Request i's latencies combine its two parts:
   TTFT_i = prefill TTFT_i + transfer_i + decode first-step delay_i; E2E_i = TTFT_i + decode time after it.

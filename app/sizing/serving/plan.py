@@ -45,7 +45,7 @@ knobs describe a bursty workload: the peak-to-mean ratio p scales the rate the f
 (peaks above the mean rate), and the workload's `arrival_cv` says how arrivals bunch at a given rate
 (Gamma gaps; 1 = Poisson) in the stream the fleet receives. A balancer deals it out at random over the fleet's
 schedulers (replicas x attention-DP ranks x pipeline micro-batches), so each replica's scheduler is simulated with
-a renewal stream of its share at the thinned CV (`workload.split_arrival_cv`).
+its share of the stream so thinned (`workload.dealt_out_arrivals`).
 TPOT is (E2E − TTFT)/(OSL − 1), the mean gap between output tokens after the first.
 
 Longer than 600 lines because the search is one algorithm over shared state (screen by analytic
@@ -99,7 +99,7 @@ from app.sizing.serving.simulate import (
     simulate,
 )
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime
-from app.sizing.serving.workload import Requests, Workload, sample_requests, split_arrival_cv
+from app.sizing.serving.workload import Requests, Workload, dealt_out_arrivals, sample_requests
 from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 OPEN_LOOP = "requests_per_s"
@@ -771,7 +771,8 @@ class _Planner:
         self.sized_load = self.mean_load * inputs.peak_to_mean_ratio / inputs.policy.max_utilization_ratio
         self.simulations = 0
         self.simulated_requests = 0
-        self._requests: dict[tuple[int, float], Requests] = {}
+        self._requests: dict[int, Requests] = {}
+        self._arrivals: dict[tuple[int, int], np.ndarray] = {}
 
     # Screening ---------------------------------------------------------------------------------
 
@@ -1032,23 +1033,26 @@ class _Planner:
         result = simulate(screened.step_time, screened.scheduler, requests, closed_loop_users=users)
         return _Run(load, result, _checks(result, self.slo), screened.schedulers)
 
-    def _unit_requests(self, count: int, arrival_cv: float | None = None) -> Requests:
-        """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run) with the
-        workload's arrival CV (or `arrival_cv`), or none (closed loop). The same draws for every configuration
-        and load (common random numbers; the same lengths at every CV, `sample_requests`)."""
-        cv = self.workload.arrival_cv if arrival_cv is None else arrival_cv
-        if (count, cv) not in self._requests:
+    def _unit_requests(self, count: int) -> Requests:
+        """`count` requests drawn with the plan's seed: arrivals at 1 request/s (scaled per run), or none
+        (closed loop). The same draws for every configuration and load (common random numbers)."""
+        if count not in self._requests:
             workload = self.workload
             if not self.closed_loop:
-                workload = replace(workload, requests_per_s=1.0, arrival_cv=cv)
-            self._requests[count, cv] = sample_requests(workload, count, self.inputs.seed)
-        return self._requests[count, cv]
+                workload = replace(workload, requests_per_s=1.0)  # keeps its arrival_cv
+            self._requests[count] = sample_requests(workload, count, self.inputs.seed)
+        return self._requests[count]
 
     def arrivals(self, count: int, ways: int) -> np.ndarray:
         """Unit-rate arrival times at one of the `ways` schedulers the fleet's stream is dealt out to: the
         workload's `arrival_cv` describes the stream a balancer receives, and each scheduler sees it thinned
-        (`split_arrival_cv`). Poisson stays Poisson."""
-        return self._unit_requests(count, split_arrival_cv(self.workload.arrival_cv, ways)).arrival_s
+        (`workload.dealt_out_arrivals`; the same lengths at every share, `sample_requests`). Poisson stays
+        Poisson."""
+        if self.workload.arrival_cv == 1:
+            return self._unit_requests(count).arrival_s
+        if (count, ways) not in self._arrivals:
+            self._arrivals[count, ways] = dealt_out_arrivals(self.workload, ways, count, self.inputs.seed)
+        return self._arrivals[count, ways]
 
     def load_per_replica(self, replicas: int) -> float:
         """Each of `replicas` base replicas' share of the sized load (whole users in a closed loop)."""

