@@ -54,9 +54,9 @@
 # cheapest plan found) past the six-simulation and per-GPU caps, up to 16 (was: six in all, two per GPU type: a
 # whole-catalog rank 1 dearer than a single GPU's); a disaggregated plan sizes up to eight pool options (was: four);
 # a decode worker's ceiling counts the step that streams a one-token answer (was: a division by zero, a 500); an
-# open loop's arrival_cv is the fleet's stream, dealt out at random over its N schedulers, each seeing CV
-# sqrt(1 + (c^2 - 1) / N) (was: every scheduler saw c itself: CV 4 at 40 req/s took 28 H100s where 3 do), its gaps
-# drawn from a generator of their own (the same lengths at every CV); KV moved between PCIe cards is named pcie (was:
+# open loop's arrival_cv is the fleet's stream, dealt out at random over its N schedulers, each drawing its share
+# as the stream thinned, of CV sqrt(1 + (c^2 - 1) / N) (was: every scheduler saw c itself: CV 4 at 40 req/s took 28
+# H100s where 3 do), its gaps from a generator of their own (the same lengths at every CV); KV moved between PCIe cards is named pcie (was:
 # nvlink; same rate); an efficiency entry with a parameter the fit pushed to a bound says so in its source.
 CALCULATION_VERSION = "2026.12.07.6"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
