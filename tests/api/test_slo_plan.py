@@ -427,6 +427,22 @@ def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
     assert problem_pointers(closed) == ["/body/workload/arrival_cv"]
 
 
+def test_a_bunched_stream_that_misses_at_a_small_fleets_light_load_is_planned_on_a_larger_one(client):
+    """CV 4 at 5 req/s, p99 TTFT 150 ms: each of N replicas sees CV sqrt(1 + 15 / N), 1.66 at the 9 replicas where
+    a replica's load is its light-load share (it was given up there: "misses the SLO even at light load"), 1.12 at
+    60. The search now goes on until the shares are nearly Poisson (CV^2 within 0.1 of 1: 150 replicas) before it
+    gives up: the plan meets the SLO, on more replicas than the same rate's Poisson stream needs."""
+    body = {"model": "llama-3.1-8b", "workload": {"input_tokens": 2000, "output_tokens": 200, "requests_per_s": 5},
+            "slo": {"ttft_ms": 150, "tpot_ms": 50, "percentile": 99},
+            "candidates": {"gpus": ["h100-sxm"], "tensor_parallel": [1]}}
+    poisson = post(client, body).json()
+    bunched = post(client, {**body, "workload": {**body["workload"], "arrival_cv": 4}}).json()
+    assert poisson["feasible"] and bunched["feasible"], bunched["infeasible"]
+    plan = bunched["plans"][0]
+    assert_meets(plan, body["slo"])
+    assert plan["replicas"] > poisson["plans"][0]["replicas"]
+
+
 # Inline GPUs ---------------------------------------------------------------------------------
 
 def inline_h100(client, **changes):
