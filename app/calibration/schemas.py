@@ -535,8 +535,8 @@ class ProfileSummaryOut(BaseModel):
     rows_used: int
     source_sha256: str | None
     fit_median_abs_pct_error: float | None = Field(description=(
-        "In-sample: the median absolute % error over the rows the fit used, after the fit (provenance.fit_error."
-        "after). Not an accuracy figure: see held_out_median_abs_pct_error"))
+        "In-sample: the median absolute % error over the measurements the fit was drawn from, after the fit "
+        "(provenance.fit_error.after). Not an accuracy figure: see held_out_median_abs_pct_error"))
     held_out_median_abs_pct_error: HeldOutMedians | None = Field(None, description=(
         "The accuracy figure: median absolute % error over every held-out row, each predicted by a fit that left "
         "its whole GPU, model family or engine out (provenance.cross_validation.hold_outs); null when the fit was "

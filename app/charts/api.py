@@ -61,8 +61,8 @@ def _query_type(annotation: Any) -> Any:
 
 
 def _decimal_integer(value: Any) -> Any:
-    """A query string's integer as the JSON body takes one: digits, an optional sign (not 12.0, " 12" or 1_000,
-    which a lax integer would turn into numbers the body refuses)."""
+    """A query string's integer: digits, an optional sign (not 12.0, " 12" or 1_000, which a lax integer would turn
+    into numbers the JSON body refuses; a leading + or 0 is read as the number it writes)."""
     if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]+", value):
         raise ValueError("Input should be a valid integer")
     return value
