@@ -56,7 +56,8 @@
 # a decode worker's ceiling counts the step that streams a one-token answer (was: a division by zero, a 500); an
 # open loop's arrival_cv is the fleet's stream, dealt out at random over its N schedulers, each drawing its share
 # as the stream thinned, of CV sqrt(1 + (c^2 - 1) / N) (was: every scheduler saw c itself: CV 4 at 40 req/s took 28
-# H100s where 3 do), its gaps from a generator of their own (the same lengths at every CV); KV moved between PCIe cards is named pcie (was:
+# H100s where 3 do), its gaps from a generator of their own (the same lengths at every CV), and a light-load miss
+# gives a configuration up only once the shares are nearly Poisson (was: at a small fleet's light load); KV moved between PCIe cards is named pcie (was:
 # nvlink; same rate); an efficiency entry with a parameter the fit pushed to a bound says so in its source.
 CALCULATION_VERSION = "2026.12.07.6"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
