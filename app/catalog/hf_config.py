@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from app.sizing.model.recipes import RECIPES, declared_kv_cache, recipe_from_quantization_config
@@ -221,6 +222,12 @@ class ConfigError(ValueError):
         super().__init__("; ".join(f"{pointer or '(root)'}: {message}" for pointer, message in self.problems))
 
 
+def named_field(message: str, names: Iterable[str]) -> str | None:
+    """The first of `names` a spec's error message names (its messages name the offending field first), or None."""
+    known = set(names)
+    return next((word for word in re.split(r"[\s,.:;()]+", message) if word in known), None)
+
+
 def normalize_hf_config(raw: object) -> NormalizedConfig:
     """Turn a parsed config.json into ModelSpec keyword arguments, or raise ConfigError."""
     if not isinstance(raw, dict):
@@ -230,7 +237,8 @@ def normalize_hf_config(raw: object) -> NormalizedConfig:
     try:
         ModelSpec(**fields)
     except ValueError as exc:  # an invariant the reader did not anticipate: still the client's input
-        raise ConfigError([("", str(exc))]) from None
+        named = named_field(str(exc), fields)  # at the key the config states it under, where it does
+        raise ConfigError([(reader.located.get(named, f"/{named}") if named else "", str(exc))]) from None
     return NormalizedConfig(fields, tuple(dict.fromkeys(reader.defaults_applied)),
                             tuple(dict.fromkeys(reader.notes)), dict(reader.located))
 

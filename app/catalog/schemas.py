@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from app.catalog.hf_config import MAX_LAYERS
+from app.catalog.hf_config import MAX_LAYERS, named_field
 from app.catalog.reference import gpu_spec_from_record, model_spec_from_record, reference_model_rows
 from app.common import NO_NUL_PATTERN, Label, LongText, Name, Page, Slug, schema_examples
 from app.errors import Unprocessable
@@ -320,9 +320,7 @@ def _spec_or_problem(build: Callable[[], S], field_names: set[str], pointer: str
         return build()
     except ValueError as exc:
         message = str(exc)
-        # The spec's messages name the offending field; point at it when one is named.
-        words = message.replace(",", " ").replace(".", " ").split()
-        field = next((word for word in words if word in field_names), None)
+        field = named_field(message, field_names)  # point at the field the message names, where it names one
         raise Unprocessable(message, errors=[(f"{pointer}/{field}" if field else pointer, message)]) from None
 
 

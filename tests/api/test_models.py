@@ -358,6 +358,10 @@ def test_an_imported_value_out_of_the_catalogs_range_is_named_by_the_key_sent(cl
         deep = client.post("/v1/models/import", params={"slug": "x1"}, json={**LLAMA_3_70B, "num_hidden_layers": layers})
         problem = assert_problem(deep, 422, "/body/num_hidden_layers")
         assert [error["detail"] for error in problem["errors"]] == [f"must be between 1 and 1000, got {layers}"]
+    # DeepSeek-V3's 61 layers all dense (first_k_dense_replace 61) leave its 256 experts no MoE layer: the problem
+    # names num_experts, which this config states as n_routed_experts (it pointed at /body alone).
+    no_moe = client.post("/v1/models/import", params={"slug": "x1"}, json={**DEEPSEEK_V3, "first_k_dense_replace": 61})
+    assert_problem(no_moe, 422, "/body/n_routed_experts")
     # The catalog's name comes from _name_or_path, at most 200 characters: the key the config sent is named (it
     # was /body/name, a key the body does not have).
     long_name = client.post("/v1/models/import", params={"slug": "x1"}, json={**LLAMA_3_70B, "_name_or_path": "a" * 300})
