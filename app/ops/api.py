@@ -43,6 +43,18 @@ def readyz(request: Request) -> Readiness:
     return Readiness(status="ready", database=engine.dialect.name, migration=", ".join(sorted(current)))
 
 
+# HEAD where GET is (RFC 9110 section 9.1; some monitors probe with it): the GET's status and headers, no body.
+@router.head("/healthz", include_in_schema=False)
+def healthz_head() -> Response:
+    return Response(status_code=200)
+
+
+@router.head("/readyz", include_in_schema=False)
+def readyz_head(request: Request) -> Response:
+    readyz(request)  # a database not ready raises the same 503 problem
+    return Response(status_code=200)
+
+
 @router.get(
     "/metrics", summary="Prometheus metrics", response_class=Response,
     responses={200: {"description": "Prometheus text exposition format",

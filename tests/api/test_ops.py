@@ -52,6 +52,7 @@ def test_readyz_is_503_before_migrations(tmp_path: Path) -> None:
         assert response.headers["content-type"] == "application/problem+json"
         assert "alembic upgrade head" in response.json()["detail"]
         assert client.get("/healthz").status_code == 200  # alive, just not ready
+        assert client.head("/readyz").status_code == 503 and client.head("/healthz").status_code == 200
 
 
 def test_database_outage_is_503_never_500() -> None:
@@ -100,6 +101,13 @@ def test_metrics_count_requests_by_route_template(client: TestClient) -> None:
     assert _count(text, 'method="GET",route="unmatched",status="404"') >= 1
     assert "/v1/gpus/h100-sxm" not in text  # raw paths never become label values
     assert "http_request_duration_seconds_bucket" in text
+
+
+def test_the_probes_answer_head(client: TestClient) -> None:
+    """RFC 9110 section 9.1: HEAD where GET is; some monitors probe with it (it was a 405)."""
+    for path in ("/healthz", "/readyz"):
+        response = client.head(path)
+        assert response.status_code == 200 and response.content == b"", path
 
 
 def test_a_request_answered_before_routing_counts_under_its_route(client: TestClient) -> None:
