@@ -695,7 +695,7 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     decode_screened = planner.screen(decode.configuration, DECODE_POOL) if inputs.policy.extra_replicas else None
     for _ in range(TTFT_RETRIES + 1):
         link = _link(_spared(planner, prefill, prefill_screened), _spared(planner, decode, decode_screened))
-        offered = planner.mean_load * inputs.peak_to_mean_ratio / prefill.workers
+        offered = planner.peak_load / prefill.workers
         prefill_result = _simulate_role(planner, prefill_screened, PREFILL_POOL, requests, offered, prefill.workers)
         times = _pool_times(planner, prefill_result, decode_result, decode, requests, link)
         combined = combine(times)
@@ -722,13 +722,13 @@ def _deployment(planner: _Planner, prefill: Pool, decode: Pool, requests: Reques
     measured = Combined(combined.ttft_s[skip:], combined.tpot_s[skip:], combined.e2e_s[skip:])
     meets = _meets_all(measured, slo)
     prediction = Prediction(
-        load=planner.mean_load * inputs.peak_to_mean_ratio,
+        load=planner.peak_load,
         ttft=_combined_percentiles(measured, "ttft", slo.percentile),
         tpot=_combined_percentiles(measured, "tpot", slo.percentile),
         e2e=_combined_percentiles(measured, "e2e", slo.percentile),
         goodput_ratio=float(meets.mean()),
-        requests_per_s=planner.mean_load * inputs.peak_to_mean_ratio,
-        output_tokens_per_s=planner.mean_load * inputs.peak_to_mean_ratio * planner.lengths.output_mean,  # as sized
+        requests_per_s=planner.peak_load,
+        output_tokens_per_s=planner.peak_load * planner.lengths.output_mean,  # as sized
         preemptions=prefill_result.preemptions + decode_result.preemptions)
     worst = max(checks, key=lambda check: check[3])
     spares = f", {prefill.extra_workers} of each spare" if prefill.extra_workers else ""
@@ -751,7 +751,7 @@ def _prefill_share(planner: _Planner, prefill: _Screened, decode: Pool, decoding
     token to its last: users thinking a day between requests leave the decode workers idle, which is no work)."""
     prefill_s = prefill.configuration.gpus_per_replica * _prefill_busy_s(planner, prefill) / prefill.schedulers
     gpus = decode.configuration.gpus_per_replica
-    decode_s = min((decode.workers - decode.extra_workers) * gpus / (planner.mean_load * planner.inputs.peak_to_mean_ratio),
+    decode_s = min((decode.workers - decode.extra_workers) * gpus / planner.peak_load,
                    gpus * decoding_s)
     return prefill_s / (prefill_s + decode_s)
 

@@ -772,8 +772,9 @@ class _Planner:
         self.max_model_len = self.lengths.longest_request
         self.mean_load = float(inputs.workload.concurrent_users if self.closed_loop
                                else inputs.workload.requests_per_s)  # type: ignore[arg-type]
-        # What the base replicas must carry together: the load, x peak-to-mean, over the utilization cap.
-        self.sized_load = self.mean_load * inputs.peak_to_mean_ratio / inputs.policy.max_utilization_ratio
+        self.peak_load = self.mean_load * inputs.peak_to_mean_ratio  # what the fleet is offered at its peak
+        # What the base replicas must carry together: the peak load over the utilization cap.
+        self.sized_load = self.peak_load / inputs.policy.max_utilization_ratio
         self.simulations = 0
         self.simulated_requests = 0
         self._requests: dict[int, Requests] = {}
@@ -1304,14 +1305,16 @@ def _worth_simulating(candidate: _Screened, found: Sequence[Plan], simulated: in
     (`_could_be_cheapest`) is simulated past the per-GPU and MAX_SIMULATED caps, up to MAX_SIMULATED_FOR_CHEAPEST."""
     if simulated >= MAX_SIMULATED_FOR_CHEAPEST:
         return False
-    if not _could_be_cheapest(candidate, found) and (simulated >= MAX_SIMULATED or sum(
-            1 for p in found if p.configuration.gpu.slug == candidate.configuration.gpu.slug) >= PLANS_PER_GPU):
+    if _could_be_cheapest(candidate, found):
+        return True
+    if simulated >= MAX_SIMULATED or sum(
+            1 for p in found if p.configuration.gpu.slug == candidate.configuration.gpu.slug) >= PLANS_PER_GPU:
         return False
     unpriced, bound = candidate.cost_bound
     rivals = _rivals(candidate, found)
     priced_found = any(p.cost_per_hour_usd is not None for p in found)
     kept = UNPRICED_PLANS_KEPT if unpriced and priced_found else PLANS_KEPT
-    return len(rivals) < kept or bound < rivals[kept - 1] or _could_be_cheapest(candidate, found)
+    return len(rivals) < kept or bound < rivals[kept - 1]
 
 
 def _rivals(candidate: _Screened, found: Sequence[Plan]) -> list[float]:
@@ -1350,7 +1353,7 @@ def _fleet(planner: _Planner, candidate: _Screened, settled: _Settled) -> Plan |
     replicas = settled.replicas + inputs.policy.extra_replicas
     offered_run = None
     for _ in range(OFFERED_LOAD_RETRIES + 1):
-        offered = planner.mean_load * inputs.peak_to_mean_ratio / replicas
+        offered = planner.peak_load / replicas
         if planner.closed_loop:
             offered = float(math.ceil(offered * (1 - 1e-9)))
         offered_run = (settled.passing if offered == settled.passing.load
