@@ -408,8 +408,8 @@ def test_burst_factor_is_the_deprecated_name_of_peak_to_mean_ratio(client):
 
 def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
     """Same mean rate (40 req/s), gaps with CV 8 instead of Poisson. The balancer deals the stream out at random
-    over the fleet's replicas, so each of N sees CV sqrt(1 + 63 / N): 3.2 over the 7 replicas Poisson arrivals
-    need (40 / 5.71 req/s each). Queues are longer at every load (Kingman: the wait grows with CV^2 + the service
+    over the fleet's replicas, so each of N sees CV sqrt(1 + 63 / N): sqrt(10) = 3.2 over 7 replicas, 2.3 over 15.
+    Queues are longer at every load (Kingman: the wait grows with CV^2 + the service
     times' CV^2), so the highest verified load per replica is lower, more replicas are needed, and the load model
     names the Gamma stream and its split. Closed loops have no arrival process to shape (422)."""
     busy = {**ISSUE_EXAMPLE["workload"], "requests_per_s": 40}
@@ -428,7 +428,7 @@ def test_bursty_arrivals_lower_what_a_replica_can_carry(client):
 
 
 def test_a_bunched_stream_that_misses_at_a_small_fleets_light_load_is_planned_on_a_larger_one(client):
-    """CV 4 at 5 req/s, p99 TTFT 150 ms: each of N replicas sees CV sqrt(1 + 15 / N), 1.66 at the 9 replicas where
+    """CV 4 at 5 req/s, p99 TTFT 150 ms: each of N replicas sees CV sqrt(1 + 15 / N), 1.63 at the 9 replicas where
     a replica's load is its light-load share (it was given up there: "misses the SLO even at light load"), 1.12 at
     60. The search now goes on until the shares are nearly Poisson (CV^2 within 0.1 of 1: 150 replicas) before it
     gives up: the plan meets the SLO, on more replicas than the same rate's Poisson stream needs."""
