@@ -12,7 +12,9 @@ from app.common import schema_examples
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
+    PLAIN_BF16_RECIPE,
     STEP_TOKENS_DESCRIPTION,
+    WEIGHT_RECIPE_OUT,
     BatchSize,
     BlockSize,
     CalibrationRef,
@@ -30,13 +32,13 @@ from app.estimates.schemas import (
     Precisions,
     TensorParallel,
     WeightDtype,
+    WeightRecipeRef,
 )
-from app.sizing.model.recipes import FORMATS, GROUPS, RECIPE_NAMES
+from app.sizing.model.recipes import FORMATS, GROUPS
 from app.sizing.serving.workload import MAX_THINK_TIME_S
 
 Engine = Literal["vllm", "sglang", "trtllm", "generic"]
 EngineVersion = Annotated[str, Field(pattern=r"^v?[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?$", max_length=20)]
-WeightRecipeName = Literal[RECIPE_NAMES]  # type: ignore[valid-type]
 WeightGroup = Literal[GROUPS]  # type: ignore[valid-type]
 WeightFormat = Literal[tuple(FORMATS)]  # type: ignore[valid-type]
 BytesPerGpu = Annotated[int, Field(ge=0, le=10**13,
@@ -98,8 +100,7 @@ ENGINE_EXAMPLE: dict[str, Any] = {
 }
 ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
     "weight_dtype": "bf16",
-    "weight_recipe": ("bf16: every linear matrix of the decoder layers in bf16; embedding, LM head, routers, norms "
-                      "and biases in bf16 (the service's plain weight dtype)"),
+    "weight_recipe": PLAIN_BF16_RECIPE,
     "kv_dtype": "bf16", "kv_dtype_source": "the model's dtype: the engine's 'auto' KV dtype",
     "compute_dtype": "bf16", "activation_dtype": "bf16",
     "efficiency": EFFICIENCY_EXAMPLE,
@@ -109,7 +110,7 @@ ASSUMPTIONS_EXAMPLE: dict[str, Any] = {
 }
 
 
-class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
+class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions, WeightRecipeRef):
     """A deployment (model, GPU, parallel layout, precisions, serving engine) and a workload's mean
     prompt and answer lengths. Every engine setting left null takes the engine's own default, and
     the response says which one and why. Disaggregated, the engine settings apply to the workers of both
@@ -142,13 +143,6 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions):
                           "checkpoint from 0.14; SGLang: from 0.5.5); null = the engine's default release "
                           "(engine.sources.engine_version says which and why: vLLM's latest the service's engine "
                           "reference covers)")
-    weight_recipe: WeightRecipeName | None = Field(
-        None, description="A published checkpoint's quantization recipe: each parameter group (attention, dense "
-                          "MLP, experts, router, embedding, LM head) in its own format, e.g. gpt_oss_mxfp4 (MXFP4 "
-                          "experts, bf16 rest), meta_fp8, modelopt_fp8, modelopt_nvfp4 (4.5 bits), deepseek_fp8, "
-                          "awq_int4. Overrides weight_dtype for the weight bytes; null = the model's one published "
-                          "checkpoint of weight_dtype where it ships one (gpt-oss in fp4: gpt_oss_mxfp4), else "
-                          "weight_dtype for every linear layer")
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1,
         description="vllm/generic: fraction of TOTAL memory the engine may use (vLLM 0.92, generic 0.9); "
@@ -328,8 +322,7 @@ class CapacityAssumptions(BaseModel):
 
     model_config = schema_examples(ASSUMPTIONS_EXAMPLE)
     weight_dtype: str
-    weight_recipe: str = Field(description="The recipe the weight bytes follow (a plain dtype's name when "
-                                           "none was asked for), its formats and its source")
+    weight_recipe: str = WEIGHT_RECIPE_OUT
     kv_dtype: str
     kv_dtype_source: str = Field(description="given, or the engine and checkpoint rule that picked it")
     compute_dtype: str

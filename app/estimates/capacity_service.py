@@ -30,13 +30,14 @@ from app.estimates.inputs import (
     ResolvedPool,
     ResolvedPrecisions,
     check_parallelism,
+    checkpoint_recipe,
     core_problem,
     efficiency_out,
     held_out_errors,
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
-    published_checkpoint,
+    recipe_out,
     resolve_gpu,
     resolve_model,
     resolve_pools,
@@ -50,8 +51,7 @@ from app.sizing.engines.base import ResolvedEngine
 from app.sizing.engines.vllm import ACTIVATION_FIT
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import KIND_DISAGGREGATED, Layout
-from app.sizing.model.recipes import RECIPES, SIXTEEN_BIT_OR_WIDER, WeightRecipe, uniform_recipe
-from app.sizing.model.weights import weight_groups_per_gpu
+from app.sizing.model.recipes import WeightRecipe
 from app.sizing.serving import capacity as capacity_core
 from app.sizing.serving import disaggregation
 from app.sizing.specs import KV_DTYPES, ModelSpec
@@ -114,17 +114,7 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
     disaggregated deployment, of each pool (`disaggregation.pool_capacity`) and the KV transfer between."""
     model, model_label = resolve_model(session, request)
     gpu, gpu_label = resolve_gpu(session, request)
-    if request.weight_recipe is not None:
-        recipe, recipe_lines = RECIPES[request.weight_recipe], []
-        stored = {group.format for group in weight_groups_per_gpu(model, recipe) if group.params}
-        if recipe.dtype not in SIXTEEN_BIT_OR_WIDER and stored <= set(SIXTEEN_BIT_OR_WIDER):
-            raise Unprocessable(
-                f"weight_recipe {recipe.name} quantizes none of {model_label}'s weights ({recipe.description}): "
-                f"every one would stay {', '.join(sorted(stored))}, not {recipe.dtype}",
-                errors=[("/body/weight_recipe", f"{recipe.name} stores no group {model_label} has in {recipe.dtype}: "
-                         + "choose a recipe for this model, or a weight_dtype")])
-    else:  # the model's one published checkpoint of the dtype (gpt-oss in fp4), else the plain dtype
-        recipe, recipe_lines = published_checkpoint(model, request.weight_dtype)
+    recipe, recipe_lines = checkpoint_recipe(model, model_label, request.weight_dtype, request.weight_recipe)
     pools, layout = None, None
     if request.deployment == DISAGGREGATED:
         pools = resolve_pools(session, model, request, gpu, gpu_label, request.engine, weights=recipe)
@@ -137,10 +127,6 @@ def plan_capacity(session: Session, request: CapacityRequest) -> CapacityRespons
             f"max_model_len {request.max_model_len} exceeds the model's {model.max_position_embeddings} positions",
             errors=[("/body/max_model_len",
                      f"must be at most max_position_embeddings ({model.max_position_embeddings})")])
-    if recipe is not None and request.weight_dtype not in (None, recipe.dtype):
-        raise Unprocessable(
-            f"weight_dtype {request.weight_dtype} contradicts weight_recipe {recipe.name} ({recipe.dtype})",
-            errors=[("/body/weight_dtype", f"leave it null or set {recipe.dtype} with weight_recipe {recipe.name}")])
     engine = EngineConfig(
         engine=request.engine, engine_version=request.engine_version,
         gpu_memory_utilization=request.gpu_memory_utilization,
@@ -249,7 +235,6 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
     defaults = [*precisions.defaults_used, *recipe_lines]
     if request.kv_dtype is None:
         defaults.append(f"kv_dtype = {precisions.kv_dtype} ({kv_source})")
-    weights_recipe = recipe if recipe is not None else uniform_recipe(precisions.weight_dtype)
     if request.calibration is None:
         defaults.append(f"calibration = {profile}")
     defaults += [f"{name} = {getattr(resolved, name)} ({source})" for name, source in resolved.sources
@@ -274,7 +259,7 @@ def _capacity_out(request: CapacityRequest, model_label: str, gpu_label: str, la
         engine=_engine_out(resolved),
         assumptions=CapacityAssumptions(
             weight_dtype=precisions.weight_dtype,
-            weight_recipe=f"{weights_recipe.name}: {weights_recipe.description} ({weights_recipe.source})",
+            weight_recipe=recipe_out(recipe, precisions.weight_dtype),
             kv_dtype=precisions.kv_dtype, kv_dtype_source=kv_source,
             compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
             efficiency=efficiency_out(efficiency, profile), formulas=list(formulas),

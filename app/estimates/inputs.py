@@ -31,7 +31,14 @@ from app.sizing.hardware.roofline import (
     default_compute_dtype,
 )
 from app.sizing.layout import Layout
-from app.sizing.model.recipes import SIXTEEN_BIT_OR_WIDER, WeightRecipe, published_recipe, uniform_recipe
+from app.sizing.model.recipes import (
+    RECIPES,
+    SIXTEEN_BIT_OR_WIDER,
+    WeightRecipe,
+    published_recipe,
+    uniform_recipe,
+)
+from app.sizing.model.weights import weight_groups_per_gpu
 from app.sizing.serving.disaggregation import KvTransfer, deployment_link, kv_transfer
 from app.sizing.serving.plan import DECODE_POOL, PREFILL_POOL
 from app.sizing.specs import COMPUTE_DTYPES, WEIGHT_DTYPES, GpuSpec, ModelSpec
@@ -185,6 +192,35 @@ def published_checkpoint(model: ModelSpec, weight_dtype: str | None) -> tuple[We
         return None, [storage]
     line = f"weight_recipe = {recipe.name} (the model's one published {dtype} checkpoint: {recipe.description})"
     return recipe, [line]
+
+
+def checkpoint_recipe(model: ModelSpec, model_label: str, weight_dtype: str | None,
+                      name: str | None) -> tuple[WeightRecipe | None, list[str]]:
+    """The recipe a request's weights follow and the defaults_used lines that say why: the `weight_recipe` it
+    names (`name`), else `published_checkpoint` of its `weight_dtype`. 422 on a recipe that stores none of the
+    model's weights in its dtype (the groups it quantizes are absent), or on a `weight_dtype` that contradicts
+    the recipe's."""
+    if name is None:  # the model's one published checkpoint of the dtype (gpt-oss in fp4), else the plain dtype
+        return published_checkpoint(model, weight_dtype)
+    recipe = RECIPES[name]
+    stored = {group.format for group in weight_groups_per_gpu(model, recipe) if group.params}
+    if recipe.dtype not in SIXTEEN_BIT_OR_WIDER and stored <= set(SIXTEEN_BIT_OR_WIDER):
+        raise Unprocessable(
+            f"weight_recipe {recipe.name} quantizes none of {model_label}'s weights ({recipe.description}): "
+            f"every one would stay {', '.join(sorted(stored))}, not {recipe.dtype}",
+            errors=[("/body/weight_recipe", (f"{recipe.name} stores no group {model_label} has in {recipe.dtype}: "
+                                             "choose a recipe for this model, or a weight_dtype"))])
+    if weight_dtype not in (None, recipe.dtype):
+        raise Unprocessable(
+            f"weight_dtype {weight_dtype} contradicts weight_recipe {recipe.name} ({recipe.dtype})",
+            errors=[("/body/weight_dtype", f"leave it null or set {recipe.dtype} with weight_recipe {recipe.name}")])
+    return recipe, []
+
+
+def recipe_out(recipe: WeightRecipe | None, weight_dtype: str) -> str:
+    """How answers name the recipe the weight bytes follow: `recipe`, else the plain `weight_dtype`'s."""
+    followed = recipe if recipe is not None else uniform_recipe(weight_dtype)
+    return f"{followed.name}: {followed.description} ({followed.source})"
 
 
 def resolve_precisions(model: ModelSpec, gpu: GpuSpec, gpu_label: str, requested: Precisions) -> ResolvedPrecisions:

@@ -7,6 +7,8 @@ Reusable pieces (compose a request body from them):
 - `CalibrationRef`: the optional `calibration` profile name behind every expected time;
 - `Precisions`: optional `weight_dtype`, `kv_dtype`, `compute_dtype` (`inputs.resolve_precisions` fills
   the nulls and rejects a compute dtype the GPU cannot run);
+- `WeightRecipeRef`: the optional `weight_recipe`, a published checkpoint's quantization recipe
+  (`inputs.checkpoint_recipe` resolves it, or the model's published checkpoint of `weight_dtype`);
 - the bounded scalar types (`ContextTokens`, `BatchSize`, `TensorParallel`, ...) and dtype literals;
 - `EfficiencyOut`, `HumanSize` (and their `*_EXAMPLE`s): how responses echo efficiencies and show sizes
   to people.
@@ -37,6 +39,7 @@ from app.catalog.schemas import (
     ModelSlug,
 )
 from app.common import SLUG_PATTERN, Slug, schema_examples
+from app.sizing.model.recipes import RECIPE_NAMES
 from app.sizing.specs import COMPUTE_DTYPES, KV_DTYPES, WEIGHT_DTYPES
 
 # Scalars -----------------------------------------------------------------------------------
@@ -132,6 +135,30 @@ class Precisions(BaseModel):
         None, description="null = the model's 16-bit dtype (bf16 for fp8/fp4/int4-quantized checkpoints)")
     compute_dtype: ComputeDtype | None = Field(
         None, description="null = the weight dtype where the GPU has that tensor rate, else bf16/fp16")
+
+
+WeightRecipeName = Literal[RECIPE_NAMES]  # type: ignore[valid-type]
+
+
+WEIGHT_RECIPE_OUT = Field(description="The recipe the weight bytes follow (a plain dtype's name when none was "
+                                      "asked for and the model publishes no checkpoint of it), its formats and its "
+                                      "source")
+PLAIN_BF16_RECIPE = ("bf16: every linear matrix of the decoder layers in bf16; embedding, LM head, routers, norms and "
+                     "biases in bf16 (the service's plain weight dtype)")
+
+
+class WeightRecipeRef(BaseModel):
+    """A published checkpoint's quantization recipe, in place of one weight dtype for every linear layer."""
+
+    model_config = INPUT_CONFIG
+
+    weight_recipe: WeightRecipeName | None = Field(
+        None, description="A published checkpoint's quantization recipe: each parameter group (attention, dense "
+                          "MLP, experts, router, embedding, LM head) in its own format, e.g. gpt_oss_mxfp4 (MXFP4 "
+                          "experts, bf16 rest), meta_fp8, modelopt_fp8, modelopt_nvfp4 (4.5 bits), deepseek_fp8, "
+                          "awq_int4. Overrides weight_dtype for the weight bytes; null = the model's one published "
+                          "checkpoint of weight_dtype where it ships one (gpt-oss in fp4: gpt_oss_mxfp4), else "
+                          "weight_dtype for every linear layer")
 
 
 DISAGGREGATED = "disaggregated"
@@ -461,7 +488,7 @@ class KvCacheResponse(BaseModel):
 
 # /v1/roofline ------------------------------------------------------------------------------
 
-class RooflineRequest(PoolsRef, Precisions, CalibrationRef, GpuRef, ModelRef):
+class RooflineRequest(PoolsRef, Precisions, WeightRecipeRef, CalibrationRef, GpuRef, ModelRef):
     """One prefill or decode step of a model on a GPU, against the roofline; or, disaggregated, the
     prefill pool's step of one prompt, the decode pool's step at a batch, and the KV transfer between."""
 
@@ -535,7 +562,7 @@ ATTENTION_TRAFFIC_EXAMPLE = {  # Llama-3-8B decode at 1,024 tokens: the score ro
             "SRAM, so the score matrix never reaches HBM; naive attention writes it and reads it back.",
 }
 ROOFLINE_ASSUMPTIONS_EXAMPLE = {
-    "weight_dtype": "bf16", "kv_dtype": "bf16", "compute_dtype": "bf16", "activation_dtype": "bf16",
+    "weight_dtype": "bf16", "weight_recipe": PLAIN_BF16_RECIPE, "kv_dtype": "bf16", "compute_dtype": "bf16", "activation_dtype": "bf16",
     "efficiency": EFFICIENCY_EXAMPLE,
     "formulas": [("ideal time = max(FLOPs / peak FLOP/s, bytes / HBM bandwidth), per GPU of the tensor-parallel "
                  "group")],
@@ -574,6 +601,7 @@ class RooflineAssumptions(BaseModel):
     model_config = schema_examples(ROOFLINE_ASSUMPTIONS_EXAMPLE)
 
     weight_dtype: str
+    weight_recipe: str = WEIGHT_RECIPE_OUT
     kv_dtype: str
     compute_dtype: str
     activation_dtype: str
@@ -708,7 +736,7 @@ class RooflineResponse(BaseModel):
 
 # /v1/roofline/batch-sweep ------------------------------------------------------------------
 
-class BatchSweepRequest(Precisions, CalibrationRef, GpuRef, ModelRef):
+class BatchSweepRequest(Precisions, WeightRecipeRef, CalibrationRef, GpuRef, ModelRef):
     """Decode step time and throughput against batch size: the seed's money slide. With attention data
     parallelism each batch size is one rank's sequences, every rank decoding as many (as /v1/roofline)."""
 

@@ -18,6 +18,7 @@ from app.estimates.inputs import (
     ResolvedPool,
     ResolvedPrecisions,
     check_parallelism,
+    checkpoint_recipe,
     core_problem,
     default_kv_dtype,
     efficiency_out,
@@ -25,7 +26,7 @@ from app.estimates.inputs import (
     human_size,
     kv_transfer_out,
     pools_kv_transfer,
-    published_checkpoint,
+    recipe_out,
     resolve_gpu,
     resolve_model,
     resolve_pools,
@@ -256,8 +257,9 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
                      held_out: HeldOutErrorOut | None = None) -> RooflineResponse:
     """One step of `phase` on `gpu` with `layout`, as /v1/roofline answers it, with the `held_out` errors of
     predictions like it."""
-    precisions = resolve_precisions(model, gpu, gpu_label, request)
-    recipe, weight_lines = published_checkpoint(model, precisions.weight_dtype)
+    recipe, weight_lines = checkpoint_recipe(model, model_label, request.weight_dtype, request.weight_recipe)
+    precisions = resolve_precisions(model, gpu, gpu_label, request if recipe is None else
+                                    request.model_copy(update={"weight_dtype": recipe.dtype}))
     weights = recipe or precisions.weight_dtype
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = [*precisions.defaults_used, *weight_lines, *defaults_used]
@@ -308,7 +310,7 @@ def _roofline_answer(session: Session, request: RooflineRequest, model: ModelSpe
                                            note=ATTENTION_TRAFFIC_NOTE),
         warnings=sequence_warnings(model, cached + new_tokens, "The sequence (context_tokens + this step's "
                                                               "new tokens)"),
-        assumptions=_roofline_assumptions(precisions, efficiency, profile, ROOFLINE_FORMULAS, defaults, held_out),
+        assumptions=_roofline_assumptions(precisions, recipe, efficiency, profile, ROOFLINE_FORMULAS, defaults, held_out),
         calculation_version=CALCULATION_VERSION,
     )
 
@@ -363,12 +365,13 @@ def _pool_step_out(step: RooflineResponse, pool: ResolvedPool) -> PoolStepOut:
     return PoolStepOut(**own, **{name: getattr(step, name) for name in PoolStepOut.model_fields if name not in own})
 
 
-def _roofline_assumptions(precisions: ResolvedPrecisions, efficiency: Efficiency, profile: str,
-                          formulas: Sequence[str], defaults: Sequence[str],
+def _roofline_assumptions(precisions: ResolvedPrecisions, recipe: WeightRecipe | None, efficiency: Efficiency,
+                          profile: str, formulas: Sequence[str], defaults: Sequence[str],
                           held_out: HeldOutErrorOut | None) -> RooflineAssumptions:
     return RooflineAssumptions(
-        weight_dtype=precisions.weight_dtype, kv_dtype=precisions.kv_dtype,
-        compute_dtype=precisions.compute_dtype, activation_dtype=precisions.activation_dtype,
+        weight_dtype=precisions.weight_dtype, weight_recipe=recipe_out(recipe, precisions.weight_dtype),
+        kv_dtype=precisions.kv_dtype, compute_dtype=precisions.compute_dtype,
+        activation_dtype=precisions.activation_dtype,
         efficiency=efficiency_out(efficiency, profile), formulas=list(formulas), defaults_used=list(defaults),
         held_out_error=held_out,
     )
@@ -419,8 +422,9 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
     layout = check_parallelism(model, tp, data_parallel=request.data_parallel,
                                expert_parallel=request.expert_parallel)
     ranks = {"data_parallel": layout.data_parallel, "expert_parallel": layout.expert_parallel}
-    precisions = resolve_precisions(model, gpu, gpu_label, request)
-    recipe, weight_lines = published_checkpoint(model, precisions.weight_dtype)
+    recipe, weight_lines = checkpoint_recipe(model, model_label, request.weight_dtype, request.weight_recipe)
+    precisions = resolve_precisions(model, gpu, gpu_label, request if recipe is None else
+                                    request.model_copy(update={"weight_dtype": recipe.dtype}))
     weights = recipe or precisions.weight_dtype
     efficiency, profile = resolve_efficiency(session, gpu, precisions.compute_dtype, request.calibration)
     defaults = [*precisions.defaults_used, *weight_lines]
@@ -460,7 +464,7 @@ def batch_sweep(session: Session, request: BatchSweepRequest) -> BatchSweepRespo
         points=points, knee_batch_size=sweep.knee_batch_size, knee_explanation=explanation,
         warnings=sequence_warnings(model, context + 1, "The sequence (context_tokens + the decoded token)"),
         assumptions=_roofline_assumptions(
-            precisions, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA), defaults,
+            precisions, recipe, efficiency, profile, (*ROOFLINE_FORMULAS, KNEE_FORMULA), defaults,
             held_out_errors(session, request, request.calibration, None).out(layout.kind, [gpu.slug])),
         calculation_version=CALCULATION_VERSION,
     )

@@ -303,3 +303,17 @@ def test_any_layout_is_swept_or_refused_and_agrees_with_the_roofline(
     knee = answer["knee_batch_size"]
     checks = {points[0]["batch_size"], points[-1]["batch_size"]} | ({knee - 1, knee} - {0} if knee else set())
     assert_roofline_steps(client, deployment, post(client, {**deployment, "batch_sizes": sorted(checks)})["points"])
+
+
+def test_a_checkpoint_recipe_sets_the_weights_each_gpu_holds(client: TestClient) -> None:
+    """Llama-3.1-405B at TP8 (126 layers, hidden 16,384, 128 heads and 8 KV heads of 128, SwiGLU width 53,248):
+    Meta's FP8 checkpoint (weight_recipe meta_fp8) keeps attention and the first and last layers' MLPs in bf16,
+    so each GPU holds, over a plain fp8 weight_dtype, one more byte for each of its attention weights,
+    126 x (16,384 x (16 + 2) x 128 + 16 x 128 x 16,384) = 126 x 71,303,168 = 8,984,199,168, and for each
+    weight of two MLPs, 2 x 3 x 16,384 x 53,248 / 8 = 654,311,424: 9,638,510,592 bytes in all."""
+    base = {"model": "llama-3.1-405b", "gpu": "h100-sxm", "context_tokens": 1024, "tensor_parallel": 8,
+            "batch_sizes": [1]}
+    plain = post(client, {**base, "weight_dtype": "fp8"})["points"][0]
+    meta = post(client, {**base, "weight_recipe": "meta_fp8"})["points"][0]
+    assert meta["weights_and_kv_bytes_per_gpu"] - plain["weights_and_kv_bytes_per_gpu"] == 9_638_510_592
+    assert meta["kv_bytes_per_gpu"] == plain["kv_bytes_per_gpu"]

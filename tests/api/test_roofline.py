@@ -357,3 +357,38 @@ def test_a_plain_fp4_dtype_says_how_its_weights_are_stored(client: TestClient) -
     assert 2_994_733_056 < mlp["bytes"] < 2_994_733_056 * 1.001  # the weights, and the few activations beside them
     bf16 = post(client, {"model": "llama-3-8b", "gpu": "b200", "phase": "decode", "context_tokens": 100})
     assert not any(line.startswith("weight storage") for line in bf16["assumptions"]["defaults_used"])
+
+
+# Llama-3.1-405B (meta-llama/Llama-3.1-405B config): 126 layers, hidden 16,384, 128 query heads and 8 KV heads
+# of 128, SwiGLU width 53,248. At TP8 one GPU holds per layer: QKV 16,384 x (16 + 2 x 1) x 128 = 37,748,736
+# weights, O 16 x 128 x 16,384 = 33,554,432, MLP 3 x 16,384 x 53,248 / 8 = 327,155,712. Meta's FP8 checkpoint
+# (recipe meta_fp8) keeps attention and the first and last layers' MLPs in bf16, the rest of the MLPs fp8.
+LLAMA_405B_TP8_DECODE = {"model": "llama-3.1-405b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1,
+                         "context_tokens": 0, "tensor_parallel": 8}
+
+
+def test_a_checkpoint_recipe_sets_each_groups_bytes(client: TestClient) -> None:
+    """weight_recipe meta_fp8 against a plain fp8 weight_dtype, one decode step at TP8: the step reads the
+    attention weights in bf16 (2 bytes, not 1) and two of the 126 MLPs in bf16. Per GPU:
+    QKV 126 x 37,748,736 = 4,756,340,736 bytes more; O 126 x 33,554,432 = 4,227,858,432 more;
+    MLP 2 x 327,155,712 = 654,311,424 more. The activations and the KV of the step are the same."""
+    plain = post(client, {**LLAMA_405B_TP8_DECODE, "weight_dtype": "fp8"})
+    meta = post(client, {**LLAMA_405B_TP8_DECODE, "weight_recipe": "meta_fp8"})
+    by_name = {name: {op["name"]: op["bytes"] for op in answer["operators"]}
+               for name, answer in (("plain", plain), ("meta", meta))}
+    assert by_name["meta"]["qkv"] - by_name["plain"]["qkv"] == 4_756_340_736
+    assert by_name["meta"]["out"] - by_name["plain"]["out"] == 4_227_858_432
+    assert by_name["meta"]["mlp"] - by_name["plain"]["mlp"] == 654_311_424
+    assert meta["bytes"] - plain["bytes"] == 4_756_340_736 + 4_227_858_432 + 654_311_424
+    assert meta["assumptions"]["weight_dtype"] == "fp8"
+    assert meta["assumptions"]["weight_recipe"].startswith("meta_fp8: ")
+    assert plain["assumptions"]["weight_recipe"].startswith("fp8: ")
+
+
+@pytest.mark.parametrize(("change", "pointer"), [
+    ({"weight_recipe": "meta_fp8", "weight_dtype": "fp4"}, "/body/weight_dtype"),  # the recipe's dtype is fp8
+    ({"weight_recipe": "gpt_oss_mxfp4"}, "/body/weight_recipe"),  # MXFP4 experts: a dense model has none
+    ({"weight_recipe": "no_such_recipe"}, "/body/weight_recipe"),
+])
+def test_a_recipe_the_request_contradicts_is_a_422(client: TestClient, change: dict[str, Any], pointer: str) -> None:
+    assert_problem(client.post(URL, json={**LLAMA_405B_TP8_DECODE, **change}), 422, pointer)
