@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal, get_args
 from pydantic import BaseModel, Field, model_validator
 
 from app.calibration.crossval import CHOSEN_BY, LEVEL_DESCRIPTIONS, TARGETS
+from app.calibration.examples import CALIBRATION_ROWS_EXAMPLE, LATENCY_ROW_EXAMPLE, ROW_EXAMPLE
 from app.calibration.held_out_schemas import (
     ERROR_STATS_EXAMPLE,
     HELD_OUT_MEDIANS_EXAMPLE,
@@ -80,22 +81,6 @@ Count = Annotated[int, Field(ge=1, le=1_000_000)]
 
 
 # A real row of measured-calibration.csv: TensorRT-LLM 0.17, Llama-3.1-8B FP8 on one H100, 128/128.
-ROW_EXAMPLE: dict[str, Any] = {
-    "row_id": "TRTLLM_PERF_V017-2", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-8b", "gpu": "h100-sxm",
-    "num_gpus": 1, "tp": 1, "pp": 1, "weight_dtype": "fp8", "compute_dtype": "fp8", "kv_dtype": "fp8",
-    "engine": "trtllm", "engine_version": "TensorRT-LLM 0.17", "scenario": "offline", "isl": 128, "osl": 128,
-    "batch": None, "concurrency": None, "num_requests": None, "request_rate": None,
-    "metric": "output_tokens_per_s", "stat": None, "value": 28836.77,
-    "notes": "trtllm-bench throughput, all requests at once",
-}
-LATENCY_ROW_EXAMPLE: dict[str, Any] = {
-    "row_id": "TRTLLM_PERF_V017-375", "source_id": "TRTLLM_PERF_V017", "model": "llama-3.1-70b",
-    "gpu": "h100-sxm", "num_gpus": 4, "tp": 4, "pp": 1, "weight_dtype": "bf16", "compute_dtype": "bf16",
-    "kv_dtype": "bf16", "engine": "trtllm", "scenario": "poisson", "isl": 467, "osl": 256, "request_rate": 2,
-    "metric": "itl_ms", "stat": "mean", "value": 21,
-}
-
-
 class MeasurementRowIn(BaseModel):
     """One published measurement, in the columns of measured-calibration.csv."""
 
@@ -221,7 +206,7 @@ class CalibrationRequest(BaseModel):
 
     model_config = INPUT_CONFIG | schema_examples({
         "name": "my-trtllm-h100", "description": "Our TensorRT-LLM 0.17 runs on the H100 cluster",
-        "base_profile": "default", "rows": [ROW_EXAMPLE, LATENCY_ROW_EXAMPLE]})
+        "base_profile": "default", "rows": CALIBRATION_ROWS_EXAMPLE})
 
     name: ProfileName
     description: LongText = ""

@@ -17,14 +17,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import PydanticUndefined
 from starlette.responses import Response
 
 from app.charts import service as charts
 from app.errors import NotFound, Unprocessable, json_pointer, problem_responses
-from app.estimates.schemas import BatchSweepRequest, RooflineRequest
+from app.estimates.schemas import AGGREGATED_ROOFLINE_EXAMPLES, BatchSweepRequest, RooflineRequest
 from app.planning.schemas import SloPlanRequest
 from app.web import KeyFirstRoute, SessionDep, SizingRead, plan_offload
 
@@ -213,7 +213,9 @@ ROOFLINE_DESCRIPTION = (
     "steps at their arithmetic intensity and the FLOP/s their expected step time achieves (from "
     "/v1/roofline). The request describes one phase; the other is its companion: a prefill of p tokens "
     "after c cached is followed by decode at c + p tokens, and a decode at c tokens follows the prefill "
-    "of a c-token prompt. The query form takes catalog slugs only; inline specs need the POST body.")
+    "of a c-token prompt. One GPU's roofline: a disaggregated deployment's pools are drawn one at a time, each "
+    "pool's layout as an aggregated request (the POST body's deployment is aggregated; the query form has no "
+    "deployment). The query form takes catalog slugs only; inline specs need the POST body.")
 BATCH_SWEEP_DESCRIPTION = (
     "Aggregate and per-user decode tokens/s against batch size (log scale), ideal and expected, from "
     "/v1/roofline/batch-sweep; the knee where decode turns compute-bound is marked, and batches whose "
@@ -235,7 +237,9 @@ def roofline_chart_get(session: SessionDep,
 
 @router.post("/v1/roofline/chart", response_class=Response, responses=SVG_RESPONSES,
              summary="Roofline chart (SVG), from the /v1/roofline body", description=ROOFLINE_DESCRIPTION)
-def roofline_chart_post(session: SessionDep, body: RooflineRequest) -> Response:
+def roofline_chart_post(session: SessionDep, body: Annotated[RooflineRequest, Body(openapi_examples={
+        f"example {number}": {"value": example}
+        for number, example in enumerate(AGGREGATED_ROOFLINE_EXAMPLES, 1)})]) -> Response:
     return svg(charts.roofline_chart(session, body))
 
 

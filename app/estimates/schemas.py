@@ -488,20 +488,24 @@ class KvCacheResponse(BaseModel):
 
 # /v1/roofline ------------------------------------------------------------------------------
 
+# One GPU's step (what /v1/roofline/chart draws too), and a disaggregated deployment's two pools.
+AGGREGATED_ROOFLINE_EXAMPLES: tuple[dict[str, Any], ...] = (
+    {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "context_tokens": 1024},
+    {"model": "llama-3-70b", "gpu": "h100-sxm", "phase": "prefill", "prompt_tokens": 2048, "tensor_parallel": 4},
+    {"model": "mixtral-8x7b", "gpu_spec": GPU_SPEC_EXAMPLE, "phase": "decode", "batch_size": 64,
+     "context_tokens": 2048, "weight_dtype": "fp8", "kv_dtype": "fp8"},
+)
+DISAGGREGATED_ROOFLINE_EXAMPLE: dict[str, Any] = {
+    "model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
+    "deployment": "disaggregated", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 8},
+    "prompt_tokens": 8192, "batch_size": 64}
+
+
 class RooflineRequest(PoolsRef, Precisions, WeightRecipeRef, CalibrationRef, GpuRef, ModelRef):
     """One prefill or decode step of a model on a GPU, against the roofline; or, disaggregated, the
     prefill pool's step of one prompt, the decode pool's step at a batch, and the KV transfer between."""
 
-    model_config = schema_examples(
-        {"model": "llama-3-8b", "gpu": "h100-sxm", "phase": "decode", "batch_size": 1, "context_tokens": 1024},
-        {"model": "llama-3-70b", "gpu": "h100-sxm", "phase": "prefill", "prompt_tokens": 2048,
-         "tensor_parallel": 4},
-        {"model": "mixtral-8x7b", "gpu_spec": GPU_SPEC_EXAMPLE, "phase": "decode", "batch_size": 64,
-         "context_tokens": 2048, "weight_dtype": "fp8", "kv_dtype": "fp8"},
-        {"model": "llama-3.1-70b", "gpu": "h100-sxm", "weight_dtype": "fp8", "kv_dtype": "fp8",
-         "deployment": "disaggregated", "prefill": {"tensor_parallel": 4}, "decode": {"tensor_parallel": 8},
-         "prompt_tokens": 8192, "batch_size": 64},
-    )
+    model_config = schema_examples(*AGGREGATED_ROOFLINE_EXAMPLES, DISAGGREGATED_ROOFLINE_EXAMPLE)
 
     phase: Phase | None = Field(None, validate_default=True,
                                 description="The step to time (required); omit with deployment disaggregated, "

@@ -149,7 +149,7 @@ def test_charts_are_documented_as_svg_images(client: TestClient) -> None:
     roofline_parameters = {p["name"] for p in spec["paths"][ROOFLINE]["get"]["parameters"]}
     assert {"model", "gpu", "phase", "batch_size", "prompt_tokens", "context_tokens", "tensor_parallel",
             "data_parallel", "expert_parallel", "weight_dtype", "kv_dtype", "compute_dtype",
-            "calibration"} == roofline_parameters
+            "weight_recipe", "calibration"} == roofline_parameters
 
 
 # /v1/roofline/chart ------------------------------------------------------------------------
