@@ -164,8 +164,10 @@ class CapacityRequest(PoolsRef, ModelRef, GpuRef, CalibrationRef, Precisions, We
                           "the KV cache: 0), 0 otherwise (engine.sources states the one applied)")
     max_model_len: ContextTokens | None = Field(
         None, description="Longest request the engine accepts; null = the model's max_position_embeddings")
-    max_num_seqs: BatchSize | None = Field(None, description="Scheduler cap on running requests; null = the "
-                                                             "engine's default")
+    max_num_seqs: BatchSize | None = Field(
+        None, description="Cap on running requests as the engine is launched with it (sglang divides it among "
+                          "attention data-parallel ranks and caps each rank's at its request pool; the other "
+                          "engines give each rank the whole of it); null = the engine's default")
     max_num_batched_tokens: ContextTokens | None = Field(
         None, description="Tokens per engine step (prefill chunk) as the engine is launched with it (sglang "
                           "divides it among attention data-parallel ranks); null = the engine's default")
@@ -455,5 +457,5 @@ class CapacityResponse(BaseModel):
         "kv_blocks": 27277, "max_concurrency": MAX_CONCURRENCY_EXAMPLE, "max_context_tokens": 16384,
         "operating_point": OPERATING_POINT_EXAMPLE, "engine": ENGINE_EXAMPLE,
         "assumptions": ASSUMPTIONS_EXAMPLE,
-        "calculation_version": "2026.12.07.6",
+        "calculation_version": "2026.12.07.7",
     })

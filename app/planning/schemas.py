@@ -263,7 +263,9 @@ class CandidatesIn(BaseModel):
                                             description="null = the model's 16-bit dtype")
     engine: Engine = Field("vllm", description="Whose memory accounting and scheduler to model")
     max_num_seqs: list[Annotated[int, Field(ge=1, le=65_536)]] | None = Field(
-        None, min_length=1, max_length=8, description="Running-sequence limits to try; null = the engine default")
+        None, min_length=1, max_length=8, description=(
+            "Running-sequence limits to try, as the engine is launched with them (sglang divides one among "
+            "attention data-parallel ranks); null = the engine default"))
     max_num_batched_tokens: list[Annotated[int, Field(ge=1, le=1_048_576)]] | None = Field(
         None, min_length=1, max_length=8, description="Tokens-per-step limits to try; null = the engine default")
     gpu_price_per_hour_usd: dict[Slug, Annotated[float, Field(ge=0, le=100_000)]] | None = Field(
@@ -520,7 +522,8 @@ class PlanOut(BaseModel):
     kv_dtype: KvDtype
     compute_dtype: str
     engine: Engine
-    max_num_seqs: int | None = Field(description="null = no limit (generic engine)")
+    max_num_seqs: int | None = Field(description="One scheduler's limit on running requests (an attention "
+                                                 "data-parallel rank's); null = no limit (generic engine)")
     max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     block_size: int
     gpu_memory_utilization_ratio: float

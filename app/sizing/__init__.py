@@ -59,7 +59,10 @@
 # H100s where 3 do), its gaps from a generator of their own (the same lengths at every CV), and a light-load miss
 # gives a configuration up only once the shares are nearly Poisson (was: at a small fleet's light load); KV moved between PCIe cards is named pcie (was:
 # nvlink; same rate); an efficiency entry with a parameter the fit pushed to a bound says so in its source.
-CALCULATION_VERSION = "2026.12.07.6"
+# 2026.12.07.7: SGLang runs a given running-request limit divided among its attention data-parallel ranks and capped
+# at its request pool (was: taken whole per rank and never capped), and plans launch it with the replica's limit,
+# dp times one rank's (was: one rank's, which SGLang divided again).
+CALCULATION_VERSION = "2026.12.07.7"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
 # 2026.12.06.4: each engine's default MoE exchange under attention DP (vLLM: allgather_reducescatter).
@@ -73,4 +76,6 @@ CALCULATION_VERSION = "2026.12.07.6"
 # releases the reference covers; vLLM 0.8.0-0.8.4 forces FlashMLA's 64-token blocks on an MLA model; launch flags:
 # vLLM and SGLang launch an int8 KV cache as fp8, TensorRT-LLM's options file sets kv_cache_config dtype fp8 and
 # max_input_len past 1,024, and its notes say what each precision's checkpoint needs.
-ENGINE_RULES_VERSION = "2026.12.07.1"
+# 2026.12.07.2: SGLang divides a given --max-running-requests among the attention DP ranks and caps each rank's at its
+# request pool (SGLang 0.5.10 `_resolve_max_num_reqs`); its launch flag is the replica's.
+ENGINE_RULES_VERSION = "2026.12.07.2"

@@ -106,7 +106,7 @@ def test_vllm_measurement_is_reproduced(client: TestClient) -> None:
     assert "CUDA reports" in engine["sources"]["total_bytes_per_gpu"]
     assert "after sizing the KV cache" in engine["sources"]["cuda_graph_bytes_per_gpu"]
     assert data["operating_point"]["concurrency_view"] == "steady_state"
-    assert data["calculation_version"] == "2026.12.07.6"
+    assert data["calculation_version"] == "2026.12.07.7"
     assumptions = data["assumptions"]
     assert assumptions["efficiency"]["calibration_profile"] == "builtin"
     assert (assumptions["weight_dtype"], assumptions["kv_dtype"]) == ("bf16", "bf16")
@@ -565,3 +565,29 @@ def test_an_fp32_checkpoint_served_in_bf16_caches_bf16(client: TestClient) -> No
     served = post(client, body)
     assert (served["assumptions"]["weight_dtype"], served["assumptions"]["kv_dtype"]) == ("bf16", "bf16")
     assert served["kv_bytes_per_token_per_gpu"] == 163_840
+
+
+def test_sglang_caps_a_given_running_limit_at_its_request_pool(client: TestClient) -> None:
+    """SGLang 0.5.10 sizes one scheduler's request pool at clamp(KV tokens / context_len x 512, 2048, 4096) slots
+    and caps a given --max-running-requests there (`_resolve_max_num_reqs`). Llama-3.1-8B on an H200 with
+    max_model_len 8,192 holds far more than 8 x 8,192 = 65,536 KV tokens (16 GB of its 141 GB at 131,072 B a
+    token), so the pool is 4,096 slots and 8,192 runs as 4,096; vLLM runs the 8,192 it is given."""
+    body = {"model": "llama-3.1-8b", "gpu": "h200-sxm", "max_model_len": 8192, "max_num_seqs": 8192,
+            "input_tokens": 1000, "output_tokens": 200}
+    sglang = post(client, {**body, "engine": "sglang"})["engine"]
+    assert sglang["max_num_seqs"] == 4096
+    assert "caps it at its request pool: 4096 requests" in sglang["sources"]["max_num_seqs"]
+    assert post(client, {**body, "engine": "vllm"})["engine"]["max_num_seqs"] == 8192
+
+
+def test_sglang_divides_a_given_running_limit_among_the_attention_ranks(client: TestClient) -> None:
+    """Under --enable-dp-attention SGLang gives each rank max_running_requests // dp_size (SGLang 0.5.10
+    `_resolve_max_num_reqs`), as it divides the prefill chunk: DeepSeek-V3 over 8 ranks launched with 1,024 runs
+    1,024 / 8 = 128 a rank, under the pool's 2,048 floor; vLLM gives each rank the whole 1,024."""
+    body = {"model": "deepseek-v3", "gpu": "h200-sxm", "tensor_parallel": 1, "data_parallel": 8,
+            "expert_parallel": 8, "weight_dtype": "fp8", "max_num_seqs": 1024, "input_tokens": 1000,
+            "output_tokens": 200}
+    sglang = post(client, {**body, "engine": "sglang"})["engine"]
+    assert sglang["max_num_seqs"] == 128
+    assert "divided by its 8 data-parallel ranks" in sglang["sources"]["max_num_seqs"]
+    assert post(client, {**body, "engine": "vllm"})["engine"]["max_num_seqs"] == 1024

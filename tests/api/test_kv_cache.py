@@ -53,7 +53,7 @@ def test_llama_3_70b_matches_the_seed(client: TestClient) -> None:
     assert answer["kv_dtype"] == "bf16"
     assert "kv_dtype = bf16" in " ".join(answer["assumptions"]["defaults_used"])
     assert "2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes (bf16) = 4,096 B" in answer["formula"]
-    assert answer["calculation_version"] == "2026.12.07.6"
+    assert answer["calculation_version"] == "2026.12.07.7"
 
 
 @pytest.mark.parametrize("tensor_parallel", [8, 16])

@@ -91,7 +91,7 @@ def test_create_stores_request_snapshot_and_result(client: TestClient, write_hea
     quote = created.json()
     assert created.headers["location"] == f"/v1/quotes/{quote['id']}"
     assert created.headers["etag"].startswith('"')
-    assert quote["calculation_version"] == "2026.12.07.6"
+    assert quote["calculation_version"] == "2026.12.07.7"
     assert quote["created_at"].endswith("Z")
 
     # The request as validated: the body's values plus every default, spelled out.
@@ -366,7 +366,7 @@ def test_list_is_newest_first_with_summaries(client: TestClient, write_headers: 
     newest = page["items"][0]
     # Both GPUs fit the model on one GPU; the cheaper per hour wins: H100 $3.64 < H200 $4.59.
     assert newest == {**newest, "model": "llama-3.1-8b", "feasible": True, "cheapest_gpu": "h100-sxm",
-                      "calculation_version": "2026.12.07.6"}
+                      "calculation_version": "2026.12.07.7"}
     assert newest["cheapest_cost_per_hour_usd"] == pytest.approx(H100_PRICE_USD)
     assert page["items"][1]["feasible"] is False
 

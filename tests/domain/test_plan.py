@@ -527,6 +527,16 @@ def test_sglangs_prefill_chunk_flag_is_the_replicas_which_it_divides_among_the_d
     assert "--chunked-prefill-size 1024 " in launch(engine="sglang", max_num_batched_tokens=1024).command
 
 
+def test_sglangs_running_requests_flag_is_the_replicas_which_it_divides_among_the_dp_ranks():
+    """The plan's max_num_seqs is one scheduler's: each of 8 attention ranks runs up to 512 requests. SGLang
+    0.5.10 sets each rank's limit to max_running_requests // dp_size (`_resolve_max_num_reqs`), so the flag that
+    gives 512 a rank is 8 x 512 = 4,096; without DP the flag is the limit itself."""
+    dep8 = {"model_id": "deepseek-ai/DeepSeek-V3", "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8,
+            "max_num_seqs": 512}
+    assert "--max-running-requests 4096 " in launch(engine="sglang", **dep8).command
+    assert "--max-running-requests 512 " in launch(engine="sglang", max_num_seqs=512).command
+
+
 def test_a_replica_larger_than_a_node_says_it_spans_nodes():
     """TP8 x PP2 is 8 x 2 = 16 GPUs on 2 nodes; DP16 at TP1, 16 GPUs on 2; one node's TP4 says nothing. A
     disaggregated worker says it of the worker."""

@@ -62,15 +62,15 @@ PROTOCOL_MEMBERS = sorted(
 
 def test_the_protocol_has_the_members_the_callers_use() -> None:
     assert PROTOCOL_MEMBERS == sorted([
-        "covered_versions", "default_version", "default_version_source", "defaults", "derived_max_num_seqs", "disaggregation_env", "disaggregation_notes",
-        "disaggregation_router", "divides_prefill_chunk_by_dp",
+        "covered_versions", "default_version", "default_version_source", "defaults", "disaggregation_env", "disaggregation_notes",
+        "disaggregation_router", "divides_limits_by_dp",
         "disaggregation_words", "gpu_vendors", "graphs_prefill_steps", "kv_allocation", "kv_dtype", "kv_transfer_over_nvlink",
         "launch_notes", "launch_words",
         "layout_problems",
         "mixes_prefill_into_decode", "moe_exchange", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
         "pipeline_split",
         "overlaps_host_work_in_prefill_pool",
-        "published_checkpoints",
+        "published_checkpoints", "running_limit",
         "speculative_flags", "start_refusals", "utilization_of"])
 
 

@@ -524,9 +524,7 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
             f"the weights leave no KV cache: by {resolved.engine}'s memory accounting on TP{tp} x PP{pp}, "
             f"{budget / 1e9:.1f} GB per GPU after weights, activations and overhead")
     rules = engines.ENGINES[resolved.engine]
-    max_num_seqs = resolved.max_num_seqs
-    if max_num_seqs is None:
-        max_num_seqs = rules.derived_max_num_seqs(rank_tokens, resolved.max_model_len)
+    max_num_seqs = engines.with_running_limit(resolved, rank_tokens).max_num_seqs
     # No sequence limit (generic engine), or decodes that share the steps with prompt chunks: every running
     # sequence needs a token of the step budget (SGLang's decode batches are not chunked).
     if not max_num_seqs or rules.mixes_prefill_into_decode():

@@ -214,6 +214,21 @@ def total_memory(gpu: GpuSpec) -> tuple[int, str]:
                               "by what the driver reserves (0.46 GiB on H100)")
 
 
+def with_running_limit(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEngine:
+    """`engine` with one scheduler's running-sequence limit as its engine applies it to a pool of `kv_tokens`
+    (`Engine.running_limit`): derived from the pool where the engine's default is, a given one capped where the
+    engine caps it (the cap named in its source)."""
+    limit = ENGINES[engine.engine].running_limit(engine.max_num_seqs, kv_tokens, engine.max_model_len)
+    if limit == engine.max_num_seqs:
+        return engine
+    if engine.max_num_seqs is None:
+        return replace(engine, max_num_seqs=limit)
+    sources = tuple((name, f"{source} ({engine.max_num_seqs}); {engine.engine} caps it at its request pool: "
+                           f"{limit} requests for {kv_tokens:,} KV tokens" if name == "max_num_seqs" else source)
+                    for name, source in engine.sources)
+    return replace(engine, max_num_seqs=limit, sources=sources)
+
+
 def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_parallel: int,
                    pipeline_parallel: int = 1, model_dtype_bytes: int = 2, data_parallel: int = 1) -> ResolvedEngine:
     """Fill in every default of `config` for this model, GPU and parallel layout, naming each source
@@ -235,10 +250,14 @@ def resolve_engine(config: EngineConfig, model: ModelSpec, gpu: GpuSpec, tensor_
     for name, (default, source) in settings.items():
         given = getattr(config, name)
         values[name], sources[name] = (default, source) if given is None else (given, "given")
-    if data_parallel > 1 and rules.divides_prefill_chunk_by_dp:
+    if data_parallel > 1 and rules.divides_limits_by_dp:
         values["max_num_batched_tokens"] = max(1, values["max_num_batched_tokens"] // data_parallel)
         sources["max_num_batched_tokens"] += (f"; per attention rank: the replica's {config.engine} chunk divided by "
                                               f"its {data_parallel} data-parallel ranks")
+        if values["max_num_seqs"] is not None:
+            values["max_num_seqs"] = max(1, values["max_num_seqs"] // data_parallel)
+            sources["max_num_seqs"] += (f"; per attention rank: the replica's {config.engine} limit divided by its "
+                                        f"{data_parallel} data-parallel ranks")
     total, sources["total_bytes_per_gpu"] = total_memory(gpu)
     sources["engine_version"] = version_source
     return ResolvedEngine(

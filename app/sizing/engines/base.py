@@ -181,9 +181,9 @@ class Engine(Protocol):
     utilization_of: str  # OF_TOTAL or OF_FREE: what its memory fraction is a fraction of
     kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
     speculative_flags: bool  # True when `launch_words` spells out speculative decoding
-    # True when its max_num_batched_tokens (prefill chunk) is the replica's, split among the attention
-    # data-parallel ranks; False when each rank's scheduler gets the whole of it.
-    divides_prefill_chunk_by_dp: bool
+    # True when its max_num_batched_tokens (prefill chunk) and max_num_seqs, as launched, are the replica's,
+    # split among the attention data-parallel ranks; False when each rank's scheduler gets the whole of each.
+    divides_limits_by_dp: bool
     # How its feed-forward blocks move tokens between attention data-parallel ranks by default: `comm.PER_EXPERT`
     # or `comm.ALL_GATHER` (the MoE layers only), or `comm.FFN_ALL_GATHER` (every block, dense MLPs and shared
     # experts split over all tp·dp GPUs: `dense_over_attention_dp`) (`comm.moe_exchange_bytes_per_token`).
@@ -205,8 +205,9 @@ class Engine(Protocol):
         """The KV dtype `--kv-cache-dtype auto` (or its equivalent) picks for this checkpoint, and why."""
         ...
 
-    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
-        """The sequence limit when it follows from the KV pool (None: no limit of its own)."""
+    def running_limit(self, given: int | None, kv_tokens: int, max_model_len: int) -> int | None:
+        """One scheduler's limit on running sequences with `kv_tokens` in its KV pool: `given` (one rank's; None
+        where the engine's default follows from the pool) as the engine applies it (None: no limit of its own)."""
         ...
 
     def mixes_prefill_into_decode(self) -> bool:

@@ -30,7 +30,7 @@ class Generic:
     utilization_of = OF_TOTAL
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
-    divides_prefill_chunk_by_dp = False
+    divides_limits_by_dp = False
     moe_exchange = PER_EXPERT
     gpu_vendors = ()
     pipeline_split = SPLIT_BEFORE_LAST
@@ -53,8 +53,8 @@ class Generic:
     def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
         return model_dtype_kv(model_dtype)
 
-    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
-        return None  # no limit: a step's token budget is then the only cap on running sequences
+    def running_limit(self, given: int | None, kv_tokens: int, max_model_len: int) -> int | None:
+        return given  # None: no limit, a step's token budget is then the only cap on running sequences
 
     def mixes_prefill_into_decode(self) -> bool:
         return True

@@ -155,11 +155,15 @@ def _earlier_mem_fraction_static(memory_mib: float, tensor_parallel: int, pipeli
     return round((memory_mib - reserved_mib) / memory_mib, 3), chunk, graph_bs
 
 
-def sglang_max_running_requests(kv_tokens: int, context_len: int) -> int:
-    """SGLang's default max_running_requests: min(pool tokens // 2, request-pool size), the request
-    pool holding min(max(⌊tokens / context_len · 512⌋, 2048), 4096) slots (SGLang 0.5 tp_worker and
-    model_runner)."""
+def sglang_max_running_requests(kv_tokens: int, context_len: int, given: int | None = None) -> int:
+    """One scheduler's running-request limit in SGLang, its request pool holding
+    min(max(⌊tokens / context_len · 512⌋, 2048), 4096) slots: by default min(pool tokens // 2, slots) (SGLang 0.5
+    tp_worker and model_runner; ENGINES.md 1.2), a `given` one (one rank's) capped at the slots (SGLang 0.5.10
+    model_runner_kv_cache_mixin.py `_resolve_max_num_reqs`: "used as upper bound when user specifies
+    max_running_requests")."""
     pool_slots = min(max(int(kv_tokens / context_len * 512), 2048), 4096)
+    if given is not None:
+        return min(given, pool_slots)
     return max(1, min(kv_tokens // 2, pool_slots))
 
 
@@ -178,7 +182,7 @@ class Sglang:
     speculative_flags = False
     # `_handle_data_parallelism` divides chunked_prefill_size by dp_size under --enable-dp-attention, given
     # or default ("to avoid MoE kernel issues"; ENGINES.md 1.2, SGL 0.5.10 `server_args.py`).
-    divides_prefill_chunk_by_dp = True
+    divides_limits_by_dp = True
     # Under --enable-dp-attention only attention is kept per rank: "MoE/FFN still spans all TP ranks" and
     # "shared experts/dense MLP follow TP (or --moe-dense-tp-size)", its TP group being the tp·dp GPUs; the a2a
     # backends (deepep, mooncake, ...) are opt-in (ENGINES.md section 2, SGL 0.5.10 `server_args.py`,
@@ -215,8 +219,8 @@ class Sglang:
         model_runner.py configure_kv_cache_dtype; absent in 0.5.2)."""
         return checkpoint_kv("SGLang", version, recipe, model_dtype, since=SGLANG_KV_FROM_CHECKPOINT)
 
-    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
-        return sglang_max_running_requests(kv_tokens, max_model_len)
+    def running_limit(self, given: int | None, kv_tokens: int, max_model_len: int) -> int | None:
+        return sglang_max_running_requests(kv_tokens, max_model_len, given)
 
     def mixes_prefill_into_decode(self) -> bool:
         """No: SGLang's scheduler runs a prefill batch (chunks of `chunked_prefill_size` tokens) whenever one
@@ -254,9 +258,12 @@ class Sglang:
             words += ["--dp-size", str(spec.data_parallel), "--enable-dp-attention"]
         if spec.expert_parallel > 1:
             words += ["--ep-size", str(spec.expert_parallel)]
+        # Both flags are the replica's: under --enable-dp-attention SGLang divides each among the attention
+        # data-parallel ranks (`_handle_data_parallelism` the chunk, ENGINES.md 1.2; `_resolve_max_num_reqs` the
+        # running requests, `max_running_requests // dp_size`, SGL 0.5.10 model_runner_kv_cache_mixin.py), and
+        # the plan's limits are one rank's.
         if spec.max_num_seqs is not None:
-            words += ["--max-running-requests", str(spec.max_num_seqs)]
-        # The flag is the replica's: SGLang divides it among the attention data-parallel ranks.
+            words += ["--max-running-requests", str(spec.max_num_seqs * spec.data_parallel)]
         words += ["--chunked-prefill-size", str(spec.max_num_batched_tokens * spec.data_parallel),
                   "--context-length", str(spec.max_model_len),
                   "--mem-fraction-static", f"{spec.gpu_memory_utilization:g}"]

@@ -57,7 +57,7 @@ class Trtllm:
     utilization_of = OF_FREE
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
-    divides_prefill_chunk_by_dp = False
+    divides_limits_by_dp = False
     # ENGINES.md states no default MoE exchange for it under DP + EP: each token goes to its experts, as DeepEP
     # sends them (with top-8 routing at dp = ep, the same bytes as an all-gather).
     moe_exchange = PER_EXPERT
@@ -89,8 +89,8 @@ class Trtllm:
         return recipe.checkpoint_kv_dtype, (f"the {recipe.name} checkpoint declares an {recipe.checkpoint_kv_dtype} "
                                             "KV cache; TensorRT-LLM's kv_cache_config.dtype 'auto' keeps it")
 
-    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
-        return None  # max_batch_size is a fixed default, never derived
+    def running_limit(self, given: int | None, kv_tokens: int, max_model_len: int) -> int | None:
+        return given  # max_batch_size: given or a fixed default, never derived nor capped
 
     def mixes_prefill_into_decode(self) -> bool:
         return True

@@ -143,7 +143,7 @@ class Vllm:
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = True
-    divides_prefill_chunk_by_dp = False
+    divides_limits_by_dp = False
     moe_exchange = ALL_GATHER  # `--all2all-backend allgather_reducescatter` by default (ENGINES.md section 2)
     pipeline_split = SPLIT_BEFORE_LAST  # `get_pp_indices` (ENGINES.md section 2)
     # Only the MoE layers see the flattened DP x TP group; every other layer is each DP rank's own (ENGINES.md
@@ -186,8 +186,8 @@ class Vllm:
     def kv_dtype(self, version: str, recipe: WeightRecipe | None, model_dtype: str) -> tuple[str, str]:
         return checkpoint_kv("vLLM", version, recipe, model_dtype, since=KV_FROM_CHECKPOINT_FROM)
 
-    def derived_max_num_seqs(self, kv_tokens: int, max_model_len: int) -> int | None:
-        return None  # vLLM's max_num_seqs is a fixed default, never derived
+    def running_limit(self, given: int | None, kv_tokens: int, max_model_len: int) -> int | None:
+        return given  # max_num_seqs: given or a fixed default, never derived nor capped
 
     def mixes_prefill_into_decode(self) -> bool:
         """Yes: the V1 engine (0.8 on) always chunks prompts into steps that carry every running decode.

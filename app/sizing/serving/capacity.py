@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -32,6 +32,7 @@ from app.sizing.engines import (
     host_adjusted,
     pipeline_split,
     resolve_engine,
+    with_running_limit,
 )
 from app.sizing.engines.base import ADMISSION, ResolvedEngine
 from app.sizing.hardware.comm import PER_EXPERT
@@ -311,9 +312,7 @@ def _deployment(model: ModelSpec, gpu: GpuSpec, config: EngineConfig, tp: int, p
             pipeline_stages(model.num_hidden_layers, pp, split), memory.weights_bytes_per_stage, budget,
             stage_kv_blocks(model, budget, kv_dtype, **layout), strict=True))
     kv_tokens, kv_blocks = kv_token_capacity(model, budget, kv_dtype, **layout, data_parallel=dp)
-    if engine.max_num_seqs is None:  # one rank's pool: every rank holds as many blocks
-        derived = ENGINES[engine.engine].derived_max_num_seqs(kv_tokens // dp, engine.max_model_len)
-        engine = replace(engine, max_num_seqs=derived)
+    engine = with_running_limit(engine, kv_tokens // dp)  # one rank's pool: every rank holds as many blocks
     return _Deployment(
         engine, memory, kv_tokens, kv_blocks, requests_fitting(model, budget, engine.max_model_len, kv_dtype, **layout),
         kv_bytes_per_token_per_gpu(model, kv_dtype, tensor_parallel=tp, pipeline_parallel=pp),

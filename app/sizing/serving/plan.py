@@ -71,6 +71,7 @@ from app.sizing.engines import (
     layout_problems,
     pipeline_split,
     resolve_engine,
+    with_running_limit,
 )
 from app.sizing.engines.base import DRAFT_MODEL, NGRAM, ResolvedEngine
 from app.sizing.hardware.efficiency import Efficiency
@@ -1183,17 +1184,14 @@ def _binding(settled: _Settled, slo: Slo, closed_loop: bool) -> tuple[str, str]:
 
 def _resolve_max_num_seqs(engine: ResolvedEngine, kv_tokens: int) -> ResolvedEngine:
     """An engine whose limit follows from the KV pool (SGLang) gets it, capped by a step's token budget where
-    its decodes share the steps with prompt chunks (SGLang's do not: its decode batches are not chunked); an
-    engine without a limit keeps none (a step's token budget is then the only cap on running sequences)."""
-    if engine.max_num_seqs is not None:
-        return engine
-    rules = ENGINES[engine.engine]
-    derived = rules.derived_max_num_seqs(kv_tokens, engine.max_model_len)
-    if derived is None:
-        return engine
-    if rules.mixes_prefill_into_decode():
-        derived = min(derived, engine.max_num_batched_tokens)
-    return replace(engine, max_num_seqs=derived)
+    its decodes share the steps with prompt chunks (SGLang's do not: its decode batches are not chunked), and a
+    given limit as the engine applies it (SGLang caps it at its request pool); an engine without a limit keeps
+    none (a step's token budget is then the only cap on running sequences)."""
+    limited = with_running_limit(engine, kv_tokens)
+    derived = engine.max_num_seqs is None and limited.max_num_seqs is not None
+    if derived and ENGINES[engine.engine].mixes_prefill_into_decode():
+        return replace(limited, max_num_seqs=min(limited.max_num_seqs, engine.max_num_batched_tokens))
+    return limited
 
 
 def _percentiles(result: SimulationResult, metric: str, slo_percentile: float) -> Percentiles:
