@@ -10,6 +10,7 @@ import pytest
 
 from app.catalog.reference import model_spec_from_record, reference_gpu_rows, reference_model_rows
 from app.sizing.engines import ENGINES, EngineConfig, dense_over_attention_dp, layout_problems, resolve_engine
+from app.sizing.engines.base import DRAFT_MODEL, EAGLE, NGRAM
 from app.sizing.hardware.comm import (
     ALL_GATHER,
     FFN_ALL_GATHER,
@@ -23,6 +24,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.roofline import roofline
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import (
+    DATA_PARALLEL,
     EXPERT_PARALLEL,
     KIND_DP_EP,
     KIND_PP,
@@ -107,6 +109,20 @@ def test_expert_rules_per_engine():
     assert [p.field for p in layout_problems(DEEPSEEK_V3, tp2_dp4, "trtllm")] == [TENSOR_PARALLEL]
     assert layout_problems(DEEPSEEK_V3, tp2_dp4, "sglang") == []
     assert layout_problems(DEEPSEEK_V3, Layout(tensor_parallel=1, data_parallel=8, expert_parallel=8), "trtllm") == []
+
+
+def test_sglang_runs_a_draft_model_only_without_attention_dp():
+    """SGLang 0.5.10 refuses to start a draft model's speculative decoding (its STANDALONE algorithm) with
+    --enable-dp-attention ("Currently standalone speculative decoding does not support dp attention",
+    server_args.py), so DeepSeek-V3 at TP1 DP8 EP8 with a draft model breaks a rule on data_parallel; n-gram
+    lookup, EAGLE and TP8 EP8 with the draft are accepted, and the other engines state no such rule."""
+    dep8, tep8 = Layout(tensor_parallel=1, data_parallel=8, expert_parallel=8), Layout(8, expert_parallel=8)
+    assert [p.field for p in layout_problems(DEEPSEEK_V3, dep8, "sglang", speculative=DRAFT_MODEL)] == [DATA_PARALLEL]
+    for kind in (NGRAM, EAGLE, None):
+        assert layout_problems(DEEPSEEK_V3, dep8, "sglang", speculative=kind) == []
+    assert layout_problems(DEEPSEEK_V3, tep8, "sglang", speculative=DRAFT_MODEL) == []
+    for engine in ("vllm", "trtllm"):
+        assert layout_problems(DEEPSEEK_V3, dep8, engine, speculative=DRAFT_MODEL) == []
 
 
 # Qwen/Qwen3-235B-A22B config.json: 94 layers, all MoE (decoder_sparse_step 1, no mlp_only_layers), 64 heads of

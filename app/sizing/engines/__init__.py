@@ -63,12 +63,13 @@ class EngineConfig:
 
 
 def layout_problems(model: ModelSpec, layout: Layout, engine: str | None = None,
-                    gpus_per_node: int | None = None, weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+                    gpus_per_node: int | None = None, weights: WeightRecipe | None = None,
+                    speculative: str | None = None) -> list[LayoutProblem]:
     """Every rule `layout` breaks: the generic ones (`layout.layout_problems`), then the engine's own (with
-    `weights`, the checkpoint recipe's too)."""
+    `weights`, the checkpoint recipe's too; with `speculative`, the speculative decoding's)."""
     problems = generic_layout_problems(model, layout, gpus_per_node)
     if engine is not None:
-        problems += ENGINES[engine].layout_problems(model, layout, weights)
+        problems += ENGINES[engine].layout_problems(model, layout, weights, speculative)
     return problems
 
 

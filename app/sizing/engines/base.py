@@ -274,8 +274,9 @@ class Engine(Protocol):
         plan assumes (`kv_over_nvlink`)."""
         ...
 
-    def layout_problems(self, model: ModelSpec, layout: Layout,
-                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout, weights: WeightRecipe | None = None,
+                        speculative: str | None = None) -> list[LayoutProblem]:
         """The engine's own rules a parallel layout breaks, beyond `layout.layout_problems`' generic ones;
-        with `weights`, a checkpoint's recipe, also the rules its storage formats put on the split."""
+        with `weights`, a checkpoint's recipe, also the rules its storage formats put on the split; with
+        `speculative` (`SPECULATIVE_KINDS`), those of the speculative decoding it runs beside the model."""
         ...

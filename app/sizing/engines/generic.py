@@ -96,8 +96,8 @@ class Generic:
     def disaggregation_env(self, kv_over_nvlink: bool) -> list[str]:
         return []
 
-    def layout_problems(self, model: ModelSpec, layout: Layout,
-                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout, weights: WeightRecipe | None = None,
+                        speculative: str | None = None) -> list[LayoutProblem]:
         return []  # no engine of its own: the generic rules only
 
 

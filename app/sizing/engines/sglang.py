@@ -26,7 +26,7 @@ from app.sizing.engines.base import (
     parse_version,
 )
 from app.sizing.hardware.comm import FFN_ALL_GATHER
-from app.sizing.layout import EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
+from app.sizing.layout import DATA_PARALLEL, EXPERT_PARALLEL, PIPELINE_PARALLEL, Layout, LayoutProblem
 from app.sizing.model.params import SPLIT_BEFORE_LAST
 from app.sizing.model.recipes import WeightRecipe
 from app.sizing.specs import GpuSpec, ModelSpec
@@ -297,11 +297,12 @@ class Sglang:
         return ("python -m sglang_router.launch_router --pd-disaggregation --prefill PREFILL_URL ... "
                 "--decode DECODE_URL ...")
 
-    def layout_problems(self, model: ModelSpec, layout: Layout,
-                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout, weights: WeightRecipe | None = None,
+                        speculative: str | None = None) -> list[LayoutProblem]:
         """SGLang spells attention DP inside its TP group (`--tp tp·dp --dp dp --enable-dp-attention`), gives
         each EP rank E/ep experts, and does not combine DP attention with pipeline stages (SGL 0.5.10
-        `server_args.py`)."""
+        `server_args.py`), nor with a draft model's speculative decoding (its STANDALONE algorithm: "Currently
+        standalone speculative decoding does not support dp attention", SGL 0.5.10 `server_args.py`)."""
         problems = []
         ep = layout.expert_parallel
         if model.is_moe and ep > 1 and model.num_experts % ep:
@@ -310,6 +311,9 @@ class Sglang:
         if layout.data_parallel > 1 and layout.pipeline_parallel > 1:
             problems.append(LayoutProblem(PIPELINE_PARALLEL, "SGLang does not combine DP attention with "
                                           "pipeline stages; use pipeline_parallel 1"))
+        if layout.data_parallel > 1 and speculative == DRAFT_MODEL:
+            problems.append(LayoutProblem(DATA_PARALLEL, "SGLang does not combine DP attention with a draft "
+                                          "model's speculative decoding; use data_parallel 1"))
         return problems
 
 

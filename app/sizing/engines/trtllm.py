@@ -182,8 +182,8 @@ class Trtllm:
         return ("trtllm-serve disaggregated -c disagg_config.yaml (context_servers and generation_servers URLs), "
                 f"or {DYNAMO_PODS}")
 
-    def layout_problems(self, model: ModelSpec, layout: Layout,
-                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout, weights: WeightRecipe | None = None,
+                        speculative: str | None = None) -> list[LayoutProblem]:
         """Each EP rank takes `num_experts // moe_ep` contiguous experts (`mapping.py` @05ebebb2), so ep must
         divide the experts. `enable_attention_dp` makes every GPU of `tp_size` its own attention rank, holding
         all the KV heads of its own requests (the KV per token is sized with tp_size 1, ENGINES.md section 2):

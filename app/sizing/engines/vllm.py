@@ -267,8 +267,8 @@ class Vllm:
         return ("vLLM's NIXL proxy (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --prefiller-hosts "
                 f"PREFILL_HOSTS --decoder-hosts DECODE_HOSTS), or llm-d / {DYNAMO_PODS}")
 
-    def layout_problems(self, model: ModelSpec, layout: Layout,
-                        weights: WeightRecipe | None = None) -> list[LayoutProblem]:
+    def layout_problems(self, model: ModelSpec, layout: Layout, weights: WeightRecipe | None = None,
+                        speculative: str | None = None) -> list[LayoutProblem]:
         """`--enable-expert-parallel` is all or nothing: ep = DP·TP and each rank owns whole experts;
         without it experts are TP-sharded over all DP·TP ranks (vLLM 0.13.0 `FusedMoEParallelConfig.make`).
         `E mod ep` need not be 0: the first ranks take one more expert (`determine_expert_map`). A checkpoint

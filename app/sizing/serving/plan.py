@@ -801,7 +801,8 @@ class _Planner:
             return infeasible(*unsupported)
         checkpoint = published_recipe(model.slug, configuration.weight_dtype)  # None: the plain dtype throughout
         weights = checkpoint or configuration.weight_dtype
-        problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node, checkpoint)
+        problems = layout_problems(model, configuration.layout, inputs.engine, gpu.gpus_per_node, checkpoint,
+                                   inputs.speculative_kind)
         if problems:
             return infeasible(*(f"{configuration.layout.label} on {gpu.slug or gpu.name}: {problem.rule}"
                                 for problem in problems))
