@@ -368,6 +368,7 @@ def load_reference_catalog(session: Session, *, now: datetime | None = None) -> 
     Idempotent: a second run reports everything unchanged. Does not commit.
     """
     now = now or datetime.now(UTC)
+    repository.lock_catalog(session)  # a user's write commits before these reads or after this load
     deleted_by_user = repository.tombstones(session)
     inserted = updated = unchanged = kept = 0
     for kind, record_class, rows in (("gpu", GpuRecord, reference_gpu_rows()),

@@ -51,6 +51,19 @@ def catalog_revision(session: Session) -> int:
     return session.scalar(select(CatalogRevision.revision).where(CatalogRevision.id == CATALOG_REVISION_ID)) or 0
 
 
+def lock_catalog(session: Session) -> None:
+    """Call first in every transaction that writes catalog rows: takes the revision row's write lock (PostgreSQL:
+    its row lock; SQLite: the database's write lock) without changing it, so catalog writers run one at a time:
+    what one reads next is what every writer before it committed. Without it a replica's DELETE that committed
+    between the reference loader's read of the tombstones and of the rows was undone (the loader inserted the row
+    again), and of two racing writes of one row the later answered 409 or 412 for a conflict it could not see."""
+    session.execute(
+        update(CatalogRevision)
+        .where(CatalogRevision.id == CATALOG_REVISION_ID)
+        .values(revision=CatalogRevision.revision)
+    )
+
+
 def bump_catalog_revision(session: Session) -> None:
     """Call in the same transaction as every write to what sizing reads (catalog rows, calibration
     profiles): invalidates every replica's spec cache, this replica's as soon as the session commits."""

@@ -311,6 +311,7 @@ def put(session: Session, kind: CatalogKind[OutT], slug: str, columns: dict[str,
     """Create or replace a row (origin 'user') on behalf of the key named `written_by`; returns the
     stored row and whether it was created. `echoed`: read-only fields sent back with the body (see
     `check_echoed`)."""
+    repository.lock_catalog(session)
     record = repository.get(session, kind.record, slug)
     preconditions.check(None if record is None else etag_of(kind.to_out(record)))
     check_echoed(kind, slug, None if record is None else kind.to_out(record), echoed or {})
@@ -360,6 +361,7 @@ def check_echoed(kind: CatalogKind[OutT], slug: str, stored: OutT | None, echoed
 
 
 def delete(session: Session, kind: CatalogKind[Any], slug: str, preconditions: Preconditions) -> None:
+    repository.lock_catalog(session)
     record = _record_or_404(session, kind, slug)
     preconditions.check(etag_of(kind.to_out(record)))
     if slug in reference_slugs(kind.name):

@@ -1,10 +1,12 @@
 """Catalog writes and sizing reads under real concurrency, and a database outage with recovery.
 
 Requests go to a live uvicorn server from several threads, each with its own HTTP client and so
-its own database connection from the server's pool: what happens in production. On PostgreSQL
-the row lock makes the loser of a write race wait for the winner's commit and then match no
-row; on SQLite the file lock serializes the writers. Either way exactly one writer wins and no
-write is ever half-applied. The outage tests need PostgreSQL: the service reaches it through a
+its own database connection from the server's pool: what happens in production. Catalog writers
+run one at a time (`repository.lock_catalog`: the revision row's lock on PostgreSQL, the file's
+write lock on SQLite, taken before the row is read), so the later of two racing writers reads
+what the earlier committed: exactly one of two conditional writes wins, the other's condition
+fails against the row it sees (412), an unconditional write never fails for a race it cannot see,
+and no write is ever half-applied or undone. The outage tests need PostgreSQL: the service reaches it through a
 TCP proxy the test can cut and restore.
 """
 
@@ -26,8 +28,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
-from app import web
 from app.catalog import repository
+from app.catalog.reference import load_reference_catalog
 from app.main import create_app
 from app.settings import Settings
 from tests.api.test_quotes_concurrency import server_url  # noqa: F401  (the live-server fixture)
@@ -70,31 +72,16 @@ def at_once(url: str, calls: list[Callable[[httpx.Client], httpx.Response]]) -> 
         return list(pool.map(run, calls))
 
 
-def both_pass_their_checks_before_either_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hold each writer right after it checked its precondition against the row it read, until
-    the other writer got there too: both then race on the database itself, having read the same
-    version (or both no row), which the service's own check can no longer tell apart."""
-    checked = threading.Barrier(2)
-    real = web.Preconditions.check
-
-    def check_then_wait_for_the_other(self: web.Preconditions, current_etag: str | None) -> None:
-        real(self, current_etag)
-        checked.wait(timeout=30)
-
-    monkeypatch.setattr(web.Preconditions, "check", check_then_wait_for_the_other)
-
-
 # Conditional writes --------------------------------------------------------------------------
 
 def test_two_puts_with_the_same_if_match_one_wins_the_other_gets_412(
-        server_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        server_url: str, engine: Engine) -> None:  # noqa: F811
     with httpx.Client(base_url=server_url) as client:
         current = client.get("/v1/gpus/h100-sxm")
     etag, row = current.headers["etag"], current.json()
     revision_before = revision(engine)
     bodies = [{**writable(row), "name": "Writer A", "tdp_w": 650.0},
               {**writable(row), "name": "Writer B", "tdp_w": 600.0}]
-    both_pass_their_checks_before_either_writes(monkeypatch)
     responses = at_once(server_url, [
         lambda client, body=body: client.put("/v1/gpus/h100-sxm", json=body,
                                              headers={**WRITE_HEADERS, "If-Match": etag})
@@ -102,7 +89,7 @@ def test_two_puts_with_the_same_if_match_one_wins_the_other_gets_412(
     assert sorted(response.status_code for response in responses) == [200, 412]
     loser = next(response for response in responses if response.status_code == 412)
     assert loser.headers["content-type"] == "application/problem+json"
-    assert "another writer" in loser.json()["detail"]
+    assert "If-Match" in loser.json()["detail"]
     winner_body = bodies[[response.status_code for response in responses].index(200)]
     with httpx.Client(base_url=server_url) as client:
         stored = client.get("/v1/gpus/h100-sxm").json()
@@ -114,7 +101,7 @@ def test_two_puts_with_the_same_if_match_one_wins_the_other_gets_412(
 
 
 def test_a_put_and_a_delete_with_the_same_if_match_one_wins(
-        server_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        server_url: str, engine: Engine) -> None:  # noqa: F811
     with httpx.Client(base_url=server_url) as client:
         current = client.get("/v1/models/llama-3-8b")
     etag, row = current.headers["etag"], current.json()
@@ -122,7 +109,6 @@ def test_a_put_and_a_delete_with_the_same_if_match_one_wins(
     body = {**writable(row), "name": "Llama 3 8B (renamed)"}
     for derived in ("architecture", "attention_type"):  # computed by the service, not writable
         body.pop(derived)
-    both_pass_their_checks_before_either_writes(monkeypatch)
     put, delete = at_once(server_url, [
         lambda client: client.put("/v1/models/llama-3-8b", json=body, headers={**WRITE_HEADERS, "If-Match": etag}),
         lambda client: client.delete("/v1/models/llama-3-8b", headers={**WRITE_HEADERS, "If-Match": etag}),
@@ -137,23 +123,74 @@ def test_a_put_and_a_delete_with_the_same_if_match_one_wins(
     assert revision(engine) == revision_before + 1
 
 
-def test_two_creates_of_one_new_row_one_wins(
-        server_url: str, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """Both saw no row (If-None-Match: *) and both insert: the primary key admits one; the other
-    is a 409 problem, and the stored row is entirely the winner's."""
+def test_two_creates_of_one_new_row_one_wins(server_url: str, engine: Engine) -> None:  # noqa: F811
+    """Both create only (If-None-Match: *): the later reads the earlier's row, so its condition fails (412, as
+    a create of an existing row gets; was a 409 "retry" when both had read no row), and the stored row is
+    entirely the winner's."""
     with httpx.Client(base_url=server_url) as client:
         template = writable(client.get("/v1/gpus/h100-sxm").json())
     bodies = [{**template, "name": "New accelerator A"}, {**template, "name": "New accelerator B"}]
-    both_pass_their_checks_before_either_writes(monkeypatch)
     responses = at_once(server_url, [
         lambda client, body=body: client.put("/v1/gpus/new-accelerator", json=body,
                                              headers={**WRITE_HEADERS, "If-None-Match": "*"})
         for body in bodies])
-    assert sorted(response.status_code for response in responses) == [201, 409]
+    assert sorted(response.status_code for response in responses) == [201, 412]
     winner_body = bodies[[response.status_code for response in responses].index(201)]
     with httpx.Client(base_url=server_url) as client:
         stored = client.get("/v1/gpus/new-accelerator").json()
     assert writable(stored) == winner_body and stored["version"] == 1
+
+
+def test_unconditional_writes_of_one_row_all_succeed_one_after_another(server_url: str, engine: Engine) -> None:  # noqa: F811
+    """Six PUTs of one new row with no condition: each replaces what the one before it wrote (one 201, five 200;
+    was: 412s and 409s for a race no request had asked to be told of), the version counts every one; then six
+    DELETEs of it: one 204, five 404 (the row is gone; was: 412)."""
+    with httpx.Client(base_url=server_url) as client:
+        template = writable(client.get("/v1/gpus/h100-sxm").json())
+    revision_before = revision(engine)
+    responses = at_once(server_url, [
+        lambda client, number=number: client.put("/v1/gpus/raced", json={**template, "name": f"Writer {number}"},
+                                                 headers=WRITE_HEADERS)
+        for number in range(6)])
+    assert sorted(response.status_code for response in responses) == [200] * 5 + [201]
+    with httpx.Client(base_url=server_url) as client:
+        assert client.get("/v1/gpus/raced").json()["version"] == 6
+    assert revision(engine) == revision_before + 6
+    deletes = at_once(server_url, [lambda client: client.delete("/v1/gpus/raced", headers=WRITE_HEADERS)] * 6)
+    assert sorted(response.status_code for response in deletes) == [204] + [404] * 5
+
+
+def test_a_delete_during_a_reference_load_stays_deleted(server_url: str, engine: Engine,  # noqa: F811
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica deletes the reference GPU l4 while `make load-catalog` runs, between the loader's read of the
+    deletions users made and its read of the rows: the delete waits for the load's commit (was: it committed in
+    between, the loader saw neither the row nor its deletion and inserted it again, undoing a 204), and the
+    next load keeps it deleted."""
+    real_tombstones = repository.tombstones
+    deleting: dict[str, Any] = {}
+
+    def tombstones_then_a_delete(session: Session) -> set[tuple[str, str]]:
+        found = real_tombstones(session)
+
+        def delete() -> None:
+            deleting["response"] = httpx.delete(f"{server_url}/v1/gpus/l4", headers=WRITE_HEADERS, timeout=30)
+
+        deleting["thread"] = threading.Thread(target=delete)
+        deleting["thread"].start()
+        deleting["thread"].join(timeout=2)  # a delete the load does not hold back commits meanwhile
+        return found
+
+    monkeypatch.setattr(repository, "tombstones", tombstones_then_a_delete)
+    with Session(engine) as session, session.begin():
+        load_reference_catalog(session)
+    deleting["thread"].join(timeout=30)
+    monkeypatch.undo()
+    assert deleting["response"].status_code == 204
+    with Session(engine) as session, session.begin():
+        report = load_reference_catalog(session)
+    assert report.inserted == 0
+    with httpx.Client(base_url=server_url) as client:
+        assert client.get("/v1/gpus/l4").status_code == 404
 
 
 # Many clients at once -------------------------------------------------------------------------
