@@ -107,22 +107,34 @@ def catalog_snapshot(session: Session, request: SloPlanRequest, profile: dict[st
 
 
 def plan_with_snapshot(session: Session, request: SloPlanRequest, sources: planning.DatabaseSources | None = None,
-                       offload: planning.Offload = planning.in_this_thread) -> tuple[SloPlanResponse, dict[str, Any]]:
+                       offload: planning.Offload = planning.in_this_thread,
+                       runnable: Callable[[Session, SloPlanRequest], SloPlanRequest] | None = None,
+                       ) -> tuple[SloPlanResponse, dict[str, Any]]:
     """The plan and the snapshot of what it read, both from one catalog revision.
 
     Every catalog write bumps the revision in its own transaction, so an unchanged revision
     before and after means no write landed in between. The profile is the one the plan itself
     resolved (profiles are never rewritten, except the default by the reference loader). Its spec
-    lookups read the revision in this transaction too (never a cached one).
+    lookups read the revision in this transaction too (never a cached one). `runnable` makes the request
+    plannable against the catalog of each attempt (a reprice leaves out the GPUs deleted since); a row it
+    kept that a write deleted during the attempt (a 404 under a revision that moved) is another attempt.
     """
     session.info[catalog_service.CONSISTENT_READS] = True
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         attempt = sources or planning.DatabaseSources(session)
         revision = repository.catalog_revision(session)
-        result = planning.plan_slo(session, request, attempt, offload=offload)
-        snapshot = catalog_snapshot(session, request, attempt.profile_documents[request.calibration])
+        planned = request if runnable is None else runnable(session, request)
+        try:
+            result = planning.plan_slo(session, planned, attempt, offload=offload)
+        except NotFound:
+            if repository.catalog_revision(session) == revision:
+                raise
+            session.expire_all()  # what the attempt read is from before the write
+            continue
+        snapshot = catalog_snapshot(session, planned, attempt.profile_documents[planned.calibration])
         if repository.catalog_revision(session) == revision:
             return result, snapshot
+        session.expire_all()
     raise Conflict("The catalog kept changing while the plan ran; retry")
 
 
@@ -418,9 +430,8 @@ def reprice(session: Session, quote_id: str, offload: planning.Offload = plannin
     nothing."""
     record = _record_or_404(session, quote_id)
     stored = record.catalog_snapshot
-    todays = _todays_request(session, _stored_request(record))
     sources = _RepriceSources(session, stored)
-    result, snapshot = plan_with_snapshot(session, todays, sources, offload)
+    result, snapshot = plan_with_snapshot(session, _stored_request(record), sources, offload, _todays_request)
     differences = [
         *_row_differences("model", stored["models"], snapshot["models"]),
         *_row_differences("gpu", stored["gpus"], snapshot["gpus"]),

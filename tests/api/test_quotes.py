@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.catalog.schemas import GpuIn, ModelArchitecture
 from app.main import create_app
+from app.quotes import service as quotes
 from app.quotes.tables import QuoteRecord
 from app.settings import Settings
 from tests.conftest import OTHER_API_KEY, TEST_API_KEY
@@ -435,6 +436,27 @@ def test_reprice_after_the_cheapest_gpu_is_deleted(client: TestClient, write_hea
         {"kind": "outcome", "subject": "cheapest plan", "field": "cost_per_hour_usd", "change": "changed",
          "before": 3.64, "after": 4.59, "detail": "cheapest plan cost_per_hour_usd: 3.64 -> 4.59"},
     ]
+
+
+def test_a_gpu_deleted_while_the_reprice_plans_is_left_out_as_one_deleted_before(
+        client: TestClient, write_headers: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """h100-sxm is deleted after the reprice left out the GPUs deleted before it and before its plan reads
+    them: the plan's 404 under a catalog revision that moved is another attempt, which leaves h100-sxm out
+    (was: a 404 for a quote that exists)."""
+    quote = _create(client, write_headers, TWO_GPUS).json()
+    real_plan = quotes.planning.plan_slo
+    deletes: list[int] = []
+
+    def delete_then_plan(*args: Any, **kwargs: Any) -> Any:
+        if not deletes:
+            deletes.append(client.delete("/v1/gpus/h100-sxm", headers=write_headers).status_code)
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(quotes.planning, "plan_slo", delete_then_plan)
+    response = client.post(f"/v1/quotes/{quote['id']}/reprice")
+    assert deletes == [204]
+    assert response.status_code == 200, response.text
+    assert [plan["gpu"] for plan in response.json()["repriced"]["plans"]] == ["h200-sxm"]
 
 
 def test_reprice_when_every_candidate_gpu_is_gone_is_a_409(client: TestClient,
