@@ -212,10 +212,10 @@ def resolve_efficiency(
 # Storage --------------------------------------------------------------------------------------
 
 def page_of_records(session: Session, limit: int, offset: int) -> tuple[list[CalibrationProfileRecord], int]:
-    """Stored profiles ordered by name (one page), and how many there are."""
+    """Stored profiles in the byte order of their names (one page), and how many there are."""
     total = session.scalar(select(func.count()).select_from(CalibrationProfileRecord)) or 0
-    records = session.scalars(select(CalibrationProfileRecord).order_by(CalibrationProfileRecord.name)
-                              .limit(limit).offset(offset))
+    name = catalog_repository.in_byte_order(session, CalibrationProfileRecord.name)
+    records = session.scalars(select(CalibrationProfileRecord).order_by(name).limit(limit).offset(offset))
     return list(records), total
 
 

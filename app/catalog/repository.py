@@ -21,12 +21,16 @@ def get(session: Session, record_class: type[R], slug: str) -> R | None:
     return session.get(record_class, slug)
 
 
-def _by_slug(session: Session, record_class: type[R]) -> Any:
-    # Byte order on every backend: PostgreSQL's locale collation would ignore punctuation and
-    # put "llama-3.1-8b" before "llama-3-70b"; SQLite compares bytes already.
+def in_byte_order(session: Session, column: Any) -> Any:
+    """`column` to order by in byte order on every backend: PostgreSQL's locale collation would ignore
+    punctuation and put "llama-3.1-8b" before "llama-3-70b"; SQLite compares bytes already."""
     if session.get_bind().dialect.name == "postgresql":
-        return record_class.slug.collate("C")
-    return record_class.slug
+        return column.collate("C")
+    return column
+
+
+def _by_slug(session: Session, record_class: type[R]) -> Any:
+    return in_byte_order(session, record_class.slug)
 
 
 def page(session: Session, record_class: type[R], filters: Sequence[ColumnElement[bool]],

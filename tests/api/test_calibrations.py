@@ -21,6 +21,7 @@ from sqlalchemy import Engine, delete
 from sqlalchemy.orm import Session
 
 from app.calibration import service as calibration
+from app.calibration.examples import CALIBRATION_ROWS_EXAMPLE
 from app.calibration.profiles import (
     DEFAULT_PROFILE_PATH,
     builtin_profile,
@@ -842,3 +843,21 @@ def test_validation_checks_before_each_row_it_prepares_and_each_it_predicts() ->
     with pytest.raises(TimeoutError):
         calibration.validate(rows, calibration.ReferenceCatalog(), builtin_profile(), check=stop_at_the_first_prediction)
     assert len(calls) == 70 + 35
+
+
+def test_profiles_are_listed_in_the_byte_order_of_their_names(client: TestClient, write_headers: dict[str, str],
+                                                              engine: Engine) -> None:
+    """'-' (0x2D) < '.' (0x2E) < '_' (0x5F) < 'a' (0x61): fit-b, fit.c, fit_a, fita, whatever the database's
+    collation (the PostgreSQL test database sorts text by ICU's en-US, which ignores punctuation and put fit_a
+    first), as the catalog lists its slugs."""
+    for name in ("fita", "fit_a", "fit.c", "fit-b"):
+        response = client.post("/v1/calibrations", json={"name": name, "rows": CALIBRATION_ROWS_EXAMPLE},
+                               headers=write_headers)
+        assert response.status_code == 201, response.text
+    try:
+        names = [profile["name"] for profile in client.get("/v1/calibrations?limit=100").json()["items"]]
+        assert [name for name in names if name.startswith("fit")] == ["fit-b", "fit.c", "fit_a", "fita"]
+    finally:
+        with Session(engine) as session, session.begin():
+            session.execute(delete(CalibrationProfileRecord).where(CalibrationProfileRecord.name.like("fit%")))
+            bump_catalog_revision(session)
