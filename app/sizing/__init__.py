@@ -62,7 +62,9 @@
 # 2026.12.07.7: SGLang runs a given running-request limit divided among its attention data-parallel ranks and capped
 # at its request pool (was: taken whole per rank and never capped), and plans launch it with the replica's limit,
 # dp times one rank's (was: one rank's, which SGLang divided again); SGLang plans with a draft model keep attention DP
-# out (SGLang refuses the pair).
+# out (SGLang refuses the pair); SGLang 0.5.10 runs no piecewise CUDA graphs under attention DP, pipeline stages,
+# speculative decoding, PD disaggregation or on AMD GPUs: there it reserves nothing for them and its prompt steps
+# pay the per-MoE-layer launch overhead (was: graphs and their reserve wherever the release had them).
 CALCULATION_VERSION = "2026.12.07.7"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.
@@ -79,5 +81,6 @@ CALCULATION_VERSION = "2026.12.07.7"
 # max_input_len past 1,024, and its notes say what each precision's checkpoint needs.
 # 2026.12.07.2: SGLang divides a given --max-running-requests among the attention DP ranks and caps each rank's at its
 # request pool (SGLang 0.5.10 `_resolve_max_num_reqs`); its launch flag is the replica's; SGLang refuses attention DP
-# with a draft model's speculative decoding (SGLang 0.5.10 `server_args.py`).
+# with a draft model's speculative decoding (SGLang 0.5.10 `server_args.py`); SGLang's piecewise CUDA graphs are off
+# under attention DP, pipeline stages, speculative decoding, PD disaggregation and on AMD (`_handle_piecewise_cuda_graph`).
 ENGINE_RULES_VERSION = "2026.12.07.2"

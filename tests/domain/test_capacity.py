@@ -306,20 +306,28 @@ def test_sglang_from_0_5_10_reserves_its_piecewise_cuda_graphs() -> None:
     assert sglang_mem_fraction_static(H200.memory_bytes, 8, 1, None, mla=True) == (0.886, 8192, 512)
     assert sglang_mem_fraction_static(H200.memory_bytes, 8, 1, None, version="0.5.9", mla=True)[0] == 0.897
     assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, 2048) == (0.874, 2048, 256)
+    # Where SGLang turns them off (`_handle_piecewise_cuda_graph`), nothing is reserved for them: H100 TP1 on two
+    # pipeline stages 13,440 + 1/8·1024 = 13,568 -> 67,991 / 81,559 = 0.83364 -> 0.834 (0.5.5's rule and value);
+    # on an AMD GPU of H100's size the 0.5.5 reserve, 0.835.
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 2, None)[0] == 0.834
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 2, None, version="0.5.5")[0] == 0.834
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, vendor="AMD")[0] == 0.835
 
 
 def test_sglang_sets_memory_aside_for_speculative_decoding() -> None:
     """ENGINES.md 1.2: from 0.5.5 SGLang reserves 4 GiB more for EAGLE and 6 GiB for a standalone draft model
-    (after the 10 GiB floor; nothing named for n-gram drafting); 0.4.9-0.5.2 reserve 2 GiB for any.
-    H100 TP1, 0.5.10: 13,904 + 4,096 = 18,000 MiB -> 63,559 / 81,559 = 0.77930 -> 0.779 (EAGLE);
-    13,904 + 6,144 = 20,048 -> 61,511 / 81,559 = 0.75419 -> 0.754 (draft model); n-gram 0.830 as without.
+    (after the 10 GiB floor; nothing named for n-gram drafting); 0.4.9-0.5.2 reserve 2 GiB for any. With any
+    speculative decoding 0.5.10 turns its piecewise CUDA graphs off (`_handle_piecewise_cuda_graph`), so their
+    464 MiB are not reserved: H100 TP1, 0.5.10: 13,440 + 4,096 = 17,536 MiB -> 64,023 / 81,559 = 0.78499 ->
+    0.785 (EAGLE); 13,440 + 6,144 = 19,584 -> 61,975 / 81,559 = 0.75988 -> 0.760 (draft model); n-gram 13,440 ->
+    68,119 / 81,559 = 0.83521 -> 0.835 (0.830 without speculative decoding).
     0.5.2: (9.5 + 1/2)·1024 = 10,240 + 2,048 = 12,288 -> 69,271 / 81,559 = 0.84933 -> 0.849 (n-gram too)."""
-    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="eagle")[0] == 0.779
-    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="draft_model")[0] == 0.754
-    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="ngram")[0] == 0.830
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="eagle")[0] == 0.785
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="draft_model")[0] == 0.760
+    assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, speculative="ngram")[0] == 0.835
     assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, version="0.5.2", speculative="ngram")[0] == 0.849
     drafted = resolve_engine(EngineConfig(engine="sglang", speculative="draft_model"), LLAMA_3_1_8B, H100, 1)
-    assert drafted.gpu_memory_utilization == 0.754
+    assert drafted.gpu_memory_utilization == 0.760
     assert resolve_engine(EngineConfig(speculative="draft_model"), LLAMA_3_1_8B, H100, 1).gpu_memory_utilization == \
         resolve_engine(EngineConfig(), LLAMA_3_1_8B, H100, 1).gpu_memory_utilization  # vLLM: no such reserve
     with pytest.raises(ValueError, match="speculative"):
@@ -350,9 +358,9 @@ def test_sglang_reserves_more_under_dp_attention_and_splits_the_chunk_among_the_
     """
     assert sglang_mem_fraction_static(H200.memory_bytes, 1, 1, None, 8, version="0.5.5") == (0.769, 8192, 512)
     assert sglang_mem_fraction_static(H100.memory_bytes, 1, 1, None, 2, version="0.5.5") == (0.815, 8192, 256)
-    # 0.5.10 (the default) adds the piecewise graphs' 464 MiB: 33,744 -> 110,027 / 143,771 = 0.76529 -> 0.765.
+    # 0.5.10 (the default) turns its piecewise graphs off under DP attention, so reserves nothing for them: 0.769.
     sglang = resolve_engine(EngineConfig(engine="sglang"), LLAMA_3_1_8B, H200, 1, data_parallel=8)
-    assert (sglang.gpu_memory_utilization, sglang.max_num_batched_tokens) == (0.765, 1024)
+    assert (sglang.gpu_memory_utilization, sglang.max_num_batched_tokens) == (0.769, 1024)
     given = resolve_engine(EngineConfig(engine="sglang", max_num_batched_tokens=4096), LLAMA_3_1_8B, H200, 1,
                            data_parallel=4)
     assert given.max_num_batched_tokens == 1024

@@ -28,6 +28,7 @@ from app.sizing.calibration.fit import (
 )
 from app.sizing.calibration.predict import PoolLayout, _disaggregated_run
 from app.sizing.engines import ENGINES, NO_ENGINE, EngineConfig, HostRules, host_adjusted, host_rules
+from app.sizing.engines.base import GraphSetup
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY
 from app.sizing.hardware.step_time import build_step_time_model
 from app.sizing.layout import Layout
@@ -509,6 +510,24 @@ def test_an_engines_host_rules_are_its_own_answers_at_the_version() -> None:
     assert host_rules("vllm", "0.19.0").overlapped_host and host_rules("vllm", "0.19.0").hidden_in_prefill_pool
     assert host_rules("trtllm", "1.0").overlapped_host and not host_rules("trtllm", "1.0").hidden_in_prefill_pool
     assert host_rules(None) == NO_ENGINE == HostRules(False, False, False, False, False)
+
+
+def test_sglang_runs_prompt_steps_outside_graphs_where_it_turns_its_piecewise_graphs_off() -> None:
+    """SGLang 0.5.10 replays piecewise CUDA graphs for prompt steps on an NVIDIA GPU with plain TP (ENGINES.md
+    1.2), and turns them off under attention DP, pipeline stages, speculative decoding, PD disaggregation and on
+    AMD's HIP (`_handle_piecewise_cuda_graph`): there a prompt step pays its overhead per MoE layer. Before 0.5.10
+    no setup graphs prompt steps. A maker not stated (an inline spec) is not taken for AMD."""
+    graphed = GraphSetup()
+    assert not host_rules("sglang", "0.5.10", graphed).prefill_overhead
+    assert not host_rules("sglang", "0.5.10", GraphSetup(vendor="")).prefill_overhead
+    for setup in (GraphSetup(data_parallel=8), GraphSetup(pipeline_parallel=2), GraphSetup(speculative="ngram"),
+                  GraphSetup(vendor="AMD"), GraphSetup(disaggregated=True)):
+        assert host_rules("sglang", "0.5.10", setup).prefill_overhead, setup
+    assert host_rules("sglang", "0.5.9", graphed).prefill_overhead
+    efficiency = dataclasses.replace(DEFAULT_EFFICIENCY, prefill_moe_layer_overhead_s=1e-3)
+    assert host_adjusted(efficiency, "sglang", "0.5.10").prefill_moe_layer_overhead_s == 0.0
+    assert host_adjusted(efficiency, "sglang", "0.5.10", data_parallel=8).prefill_moe_layer_overhead_s == 1e-3
+    assert host_adjusted(efficiency, "sglang", "0.5.10", vendor="AMD").prefill_moe_layer_overhead_s == 1e-3
 
 
 def test_only_the_engine_rules_decide_whether_host_work_is_hidden() -> None:

@@ -353,19 +353,20 @@ def test_speculative_decoding_reports_its_tokens_per_pass():
 
 def test_an_sglang_plan_keeps_the_memory_sglang_sets_aside_for_its_draft_model():
     """SGLang 0.5.10 (the default) sets 6 GiB more aside for a standalone draft model and nothing more for
-    n-gram drafting (ENGINES.md 1.2). H100, 81,559 MiB, chunks of 8,192, cuda_graph_max_bs 256 (tp < 4):
-    TP1 reserves 512 + 12,288 + 512 + 128 + the piecewise graphs' 464 = 13,904 MiB; with the draft model
-    20,048: (81,559 − 20,048) / 81,559 = 0.75419 -> 0.754; n-gram 67,655 / 81,559 = 0.82952 -> 0.830.
-    TP2: 512 + 12,288 + 512 + 256 + 464 = 14,032; with the draft 20,176: 61,383 / 81,559 = 0.75262 -> 0.753;
-    n-gram 67,527 / 81,559 = 0.82795 -> 0.828."""
+    n-gram drafting (ENGINES.md 1.2), and runs no piecewise CUDA graphs with either, so reserves nothing for them
+    (`_handle_piecewise_cuda_graph`). H100, 81,559 MiB, chunks of 8,192, cuda_graph_max_bs 256 (tp < 4):
+    TP1 reserves 512 + 12,288 + 512 + 128 = 13,440 MiB; with the draft model 19,584: (81,559 − 19,584) / 81,559
+    = 0.75988 -> 0.760; n-gram 68,119 / 81,559 = 0.83521 -> 0.835.
+    TP2: 512 + 12,288 + 512 + 256 = 13,568; with the draft 19,712: 61,847 / 81,559 = 0.75831 -> 0.758;
+    n-gram 67,991 / 81,559 = 0.83364 -> 0.834."""
     drafted = eight_b_plan(engine="sglang", speculative=SpeculativeDecoding(3, 0.6),
                            draft=DraftModel(QWEN2_5_0_5B, "bf16"))
     ngram = eight_b_plan(engine="sglang", speculative=SpeculativeDecoding(3, 0.6, has_draft_model=False))
     assert drafted.plans and ngram.plans
     for found in drafted.plans:
-        assert found.engine.gpu_memory_utilization == {1: 0.754, 2: 0.753}[found.configuration.tensor_parallel]
+        assert found.engine.gpu_memory_utilization == {1: 0.760, 2: 0.758}[found.configuration.tensor_parallel]
     for found in ngram.plans:
-        assert found.engine.gpu_memory_utilization == {1: 0.830, 2: 0.828}[found.configuration.tensor_parallel]
+        assert found.engine.gpu_memory_utilization == {1: 0.835, 2: 0.834}[found.configuration.tensor_parallel]
 
 
 def test_a_request_longer_than_the_model_is_refused():

@@ -76,6 +76,7 @@ from app.sizing import engines
 from app.sizing import layout as layouts
 from app.sizing.engines import EngineConfig, resolve_engine
 from app.sizing.engines.base import ON_DEMAND as ENGINE_ON_DEMAND
+from app.sizing.engines.base import GraphSetup
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
@@ -277,14 +278,16 @@ class PreparedPrediction:
     """
 
     def __init__(self, measurement: Measurement, runs: tuple[_Run, ...], assumptions: tuple[str, ...] = (),
-                 moe: bool = False, pcie_links: bool = False) -> None:
+                 moe: bool = False, pcie_links: bool = False, vendor: str = "NVIDIA") -> None:
         self.measurement = measurement
         self.runs = runs
         self.assumptions = assumptions  # what the prediction assumes that the measurement does not state
         rules = engines.ENGINES[MODELLED_AS[measurement.engine]]
         # How the measured engine pays host work and prefill steps outside CUDA graphs (read once: `predict`
         # runs thousands of times in a fit); each run adjusts the efficiency it is timed at by these rules.
-        self.host = engines.host_rules(rules.name, measurement.engine_version or rules.default_version)
+        setup = GraphSetup(measurement.dp or 1, measurement.pp or 1, vendor=vendor,
+                           disaggregated=measurement.disaggregated)
+        self.host = engines.host_rules(rules.name, measurement.engine_version or rules.default_version, setup)
         # Whether the measured engine adds host work per sequence to every step (or, overlapping it with the
         # GPU, lasts at least that work), and whether the overhead per MoE layer of steps with prompt tokens
         # applies: what a fit can measure on this row.
@@ -382,7 +385,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")
         run = _disaggregated_run(model, gpu, replace(m, metric=TTFT_MS, stat=None), kv_dtype, weights, compute_dtype)
         return PreparedPrediction(m, (run,),
-                                  tuple(assumptions), model.is_moe, gpu.pcie_links)
+                                  tuple(assumptions), model.is_moe, gpu.pcie_links, gpu.vendor)
     key = (m.scenario, m.num_gpus, m.pp or 1, weights, compute_dtype, kv_dtype, m.engine, m.isl, m.osl,
            m.batch, m.concurrency, m.num_requests, m.request_rate)
     dp, ep = m.dp or 1, m.ep or 1
@@ -394,7 +397,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
         raise Unpredictable(f"inconsistent layout: tp {m.tp} x dp {dp} != ep {ep} x moe_tp {m.moe_tp}")
     if m.tp is not None:
         return PreparedPrediction(m, (_prepared_run(model, gpu, m.tp, *key, dp, ep, m.lengths, m.release),),
-                                  tuple(assumptions), model.is_moe, gpu.pcie_links)
+                                  tuple(assumptions), model.is_moe, gpu.pcie_links, gpu.vendor)
     runs, reasons = [], []
     for tp in _tensor_parallel_candidates(model, m.num_gpus // (m.pp or 1)):
         try:
@@ -403,7 +406,7 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
             reasons.append(f"TP{tp}: {exc}")
     if not runs:
         raise Unpredictable("no layout on the GPUs can run it: " + "; ".join(reasons or ["none divides the heads"]))
-    return PreparedPrediction(m, tuple(runs), tuple(assumptions), model.is_moe, gpu.pcie_links)
+    return PreparedPrediction(m, tuple(runs), tuple(assumptions), model.is_moe, gpu.pcie_links, gpu.vendor)
 
 
 def _tensor_parallel_candidates(model: ModelSpec, gpus: int) -> list[int]:

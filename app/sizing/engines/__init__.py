@@ -9,7 +9,14 @@ from functools import lru_cache
 from typing import Any
 
 from app.sizing.engines import generic, sglang, trtllm, vllm
-from app.sizing.engines.base import SPECULATIVE_KINDS, Engine, ResolvedEngine, parse_version
+from app.sizing.engines.base import (
+    DEFAULT_GRAPH_SETUP,
+    SPECULATIVE_KINDS,
+    Engine,
+    GraphSetup,
+    ResolvedEngine,
+    parse_version,
+)
 from app.sizing.hardware.comm import FFN_ALL_GATHER
 from app.sizing.hardware.efficiency import Efficiency
 from app.sizing.layout import Layout, LayoutProblem
@@ -124,10 +131,12 @@ def published_run_kv_dtype(engine: str, weight_dtype: str, version: str | None =
 
 
 def host_adjusted(efficiency: Efficiency, engine: str | None, version: str = "",
-                  pipeline_parallel: int = 1, prefill_pool: bool = False, decode_pool: bool = False) -> Efficiency:
-    """The efficiency an engine runs at (`HostRules.adjusted` under `host_rules(engine, version)`); `engine`
-    None: the GPU's own time, each engine-dependent overhead zero."""
-    return host_rules(engine, version).adjusted(efficiency, pipeline_parallel, prefill_pool, decode_pool)
+                  pipeline_parallel: int = 1, prefill_pool: bool = False, decode_pool: bool = False, *,
+                  data_parallel: int = 1, speculative: str | None = None, vendor: str = "NVIDIA") -> Efficiency:
+    """The efficiency an engine runs at (`HostRules.adjusted` under `host_rules`, in the deployment's
+    `GraphSetup`); `engine` None: the GPU's own time, each engine-dependent overhead zero."""
+    setup = GraphSetup(data_parallel, pipeline_parallel, speculative, vendor, prefill_pool or decode_pool)
+    return host_rules(engine, version, setup).adjusted(efficiency, pipeline_parallel, prefill_pool, decode_pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,17 +186,17 @@ NO_ENGINE = HostRules(host_work=False, overlapped_host=False, prefill_overhead=F
                       hidden_in_prefill_pool=False)  # the GPU's own time: no engine loop around its steps
 
 
-@lru_cache(maxsize=64)
-def host_rules(engine: str | None, version: str = "") -> HostRules:
-    """The engine's rules at `version` ("": its default); `NO_ENGINE` for None. Cached: every /v1/capacity
-    request and every configuration a plan screens adjusts an efficiency (measured per `host_adjusted` call:
-    6.8-8.6 us reading the four rules each time, 1.7-1.9 us cached)."""
+@lru_cache(maxsize=256)
+def host_rules(engine: str | None, version: str = "", setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> HostRules:
+    """The engine's rules at `version` ("": its default) in the deployment `setup`; `NO_ENGINE` for None.
+    Cached: every /v1/capacity request and every configuration a plan screens adjusts an efficiency (measured
+    per `host_adjusted` call: 6.8-8.6 us reading the four rules each time, 1.7-1.9 us cached)."""
     if engine is None:
         return NO_ENGINE
     rules = ENGINES[engine]
     overlaps = rules.overlaps_host_work(version)
     return HostRules(host_work=not overlaps, overlapped_host=overlaps,
-                     prefill_overhead=not rules.graphs_prefill_steps(version),
+                     prefill_overhead=not rules.graphs_prefill_steps(version, setup),
                      hidden_in_pipeline=rules.overlaps_host_work_in_pipeline(version),
                      hidden_in_prefill_pool=rules.overlaps_host_work_in_prefill_pool(version))
 

@@ -127,6 +127,21 @@ DECODE_ROLE = "decode"
 
 
 @dataclass(frozen=True, slots=True)
+class GraphSetup:
+    """What of a deployment, beyond the engine release, decides whether its prompt steps replay CUDA graphs
+    (`Engine.graphs_prefill_steps`)."""
+
+    data_parallel: int = 1  # attention data-parallel ranks
+    pipeline_parallel: int = 1
+    speculative: str | None = None  # SPECULATIVE_KINDS, or None
+    vendor: str = "NVIDIA"  # the GPU's maker (the catalog's `vendor`)
+    disaggregated: bool = False  # a prefill or decode worker of a disaggregated deployment
+
+
+DEFAULT_GRAPH_SETUP = GraphSetup()
+
+
+@dataclass(frozen=True, slots=True)
 class LaunchSpec:
     """What a launch command must set; `speculative_*` only with speculative decoding."""
 
@@ -233,9 +248,10 @@ class Engine(Protocol):
         its per-step overhead and per-sequence host work on top of the GPU's time). `version` as above."""
         ...
 
-    def graphs_prefill_steps(self, version: str) -> bool:
+    def graphs_prefill_steps(self, version: str, setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> bool:
         """Whether a step that carries prompt tokens replays CUDA graphs too (False: it launches its kernels from
-        the host, and pays `Efficiency.prefill_moe_layer_overhead_s` per MoE layer). `version` as above."""
+        the host, and pays `Efficiency.prefill_moe_layer_overhead_s` per MoE layer), at `version` (as above) in
+        the deployment `setup`."""
         ...
 
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:

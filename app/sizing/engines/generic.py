@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.sizing.engines.base import OF_TOTAL, RESERVE_AT_ADMISSION, Default, LaunchSpec, model_dtype_kv
+from app.sizing.engines.base import (
+    DEFAULT_GRAPH_SETUP,
+    OF_TOTAL,
+    RESERVE_AT_ADMISSION,
+    Default,
+    GraphSetup,
+    LaunchSpec,
+    model_dtype_kv,
+)
 from app.sizing.hardware.comm import PER_EXPERT
 from app.sizing.layout import Layout, LayoutProblem
 from app.sizing.model.params import SPLIT_BEFORE_LAST
@@ -68,7 +76,7 @@ class Generic:
     def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
         return True  # unknown engine: as in an aggregated replica
 
-    def graphs_prefill_steps(self, version: str) -> bool:
+    def graphs_prefill_steps(self, version: str, setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> bool:
         return True  # unknown engine: nothing charged beyond the per-step and per-layer overheads
 
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:

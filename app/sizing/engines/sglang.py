@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DEFAULT_GRAPH_SETUP,
     DRAFT_MODEL,
     EAGLE,
     MIB,
     OF_TOTAL,
     ON_DEMAND,
     Default,
+    GraphSetup,
     LaunchSpec,
     checkpoint_kv,
     one_byte_kv_note,
@@ -65,18 +67,31 @@ _MAX_RUNNING_SOURCE = ("SGLang default max_running_requests: min(KV tokens // 2,
                        "clamp(KV tokens / context_len x 512, 2048, 4096))")
 
 
+def piecewise_graphs(at: tuple[int, ...], setup: GraphSetup) -> bool:
+    """Whether SGLang at release `at` runs piecewise CUDA graphs in `setup`: on by default from 0.5.10 (ENGINES.md
+    1.2), and turned off under attention DP, pipeline stages, speculative decoding, PD disaggregation and on a
+    non-CUDA GPU (AMD's HIP), among settings the service does not plan (SGL 0.5.10 `server_args.py`
+    `_handle_piecewise_cuda_graph`, which runs before the memory settings: their piecewise reserve is then left
+    out)."""
+    cuda = setup.vendor.casefold() in ("", "nvidia")  # a maker not stated (an inline spec) is not refused
+    return (at >= PIECEWISE_GRAPHS_FROM and setup.data_parallel == 1 and setup.pipeline_parallel == 1
+            and setup.speculative is None and not setup.disaggregated and cuda)
+
+
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
                                chunked_prefill_size: int | None, data_parallel: int = 1,
                                version: str | None = None, mla: bool = False,
-                               speculative: str | None = None) -> tuple[float, int, int]:
+                               speculative: str | None = None, vendor: str = "NVIDIA") -> tuple[float, int, int]:
     """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies, at
     release `version` (None: the default version, 0.5.10; before 0.5.5: `_earlier_mem_fraction_static`), for
-    a model with multi-head latent attention when `mla`, running `speculative` decoding (`EngineConfig`).
+    a model with multi-head latent attention when `mla`, running `speculative` decoding (`EngineConfig`), on a GPU
+    of `vendor`.
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
     buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (`_size_defaults`), then reserved = 512
     + 1.5·max(chunked_prefill_size, 2048) + 2·cuda_graph_max_bs + tp·pp/8·1024 MiB, from 0.5.10 plus the
-    piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA), at least 10 GiB on GPUs over 60 GiB, then 4 GiB
+    piecewise CUDA graphs' 8 MiB x 58 sizes (1.5 GiB with MLA) where it runs them (`piecewise_graphs`), at least
+    10 GiB on GPUs over 60 GiB, then 4 GiB
     more for EAGLE or 6 GiB for a draft model, and fraction = round((mem − reserved)/mem, 3). H100 (81,559 MiB)
     at TP1: reserved 13,440 MiB, fraction 0.835 in 0.5.5; 13,904 MiB and 0.830 in 0.5.10 (ENGINES.md's worked
     example).
@@ -97,7 +112,7 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
                     + tensor_parallel * pipeline_parallel / 8 * 1024)
     if data_parallel > 1:
         reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
-    if at >= PIECEWISE_GRAPHS_FROM:
+    if piecewise_graphs(at, GraphSetup(data_parallel, pipeline_parallel, speculative, vendor)):
         reserved_mib += PIECEWISE_MLA_MIB if mla else PIECEWISE_GRAPH_SIZES * PIECEWISE_MIB_PER_SIZE
     if memory_mib > 60 * 1024:
         reserved_mib = max(reserved_mib, 10 * 1024)
@@ -198,7 +213,7 @@ class Sglang:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens,
                                                                data_parallel, version, model.is_mla,
-                                                               config.speculative)
+                                                               config.speculative, gpu.vendor)
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "
@@ -238,12 +253,12 @@ class Sglang:
     def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
         return True  # `--disaggregation-mode prefill` keeps the scheduler's defaults (ENGINES.md section 3)
 
-    def graphs_prefill_steps(self, version: str) -> bool:
-        """Piecewise CUDA graphs, which cover prefill (extend) batches, are on by default from 0.5.10
-        (ENGINES.md 1.2, SGL 0.5.10 `server_args.py`); before, only decode batches replayed graphs."""
+    def graphs_prefill_steps(self, version: str, setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> bool:
+        """Piecewise CUDA graphs, which cover prefill (extend) batches (`piecewise_graphs`); before 0.5.10 and
+        where SGLang turns them off, only decode batches replay graphs."""
         if version.isdigit():  # only the year of the install is known
             return False
-        return parse_version(version) >= PIECEWISE_GRAPHS_FROM
+        return piecewise_graphs(parse_version(version), setup)
 
     def start_refusals(self, max_model_len: int, max_context_tokens: int, kv_tokens: int) -> tuple[str, ...]:
         return ()

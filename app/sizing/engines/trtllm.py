@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DEFAULT_GRAPH_SETUP,
     DYNAMO_PODS,
     OF_FREE,
     PREFILL_ROLE,
     RESERVE_AT_ADMISSION,
     Default,
+    GraphSetup,
     LaunchSpec,
     model_dtype_kv,
     non_torch_default,
@@ -113,7 +115,7 @@ class Trtllm:
         this service prints for them (`disaggregation_notes`)."""
         return False
 
-    def graphs_prefill_steps(self, version: str) -> bool:
+    def graphs_prefill_steps(self, version: str, setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> bool:
         """The PyTorch backend (the default from 1.0) replays CUDA graphs for generation-only batches and runs
         a batch with context requests eagerly; the TensorRT engines before it ran every step as one
         compiled engine (no per-layer host work)."""

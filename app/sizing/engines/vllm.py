@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.sizing.engines.base import (
+    DEFAULT_GRAPH_SETUP,
     DYNAMO_PODS,
     GIB,
     OF_TOTAL,
     ON_DEMAND,
     Default,
+    GraphSetup,
     LaunchSpec,
     checkpoint_kv,
     one_byte_kv_note,
@@ -209,7 +211,7 @@ class Vllm:
     def overlaps_host_work_in_prefill_pool(self, version: str) -> bool:
         return True  # a KV-connector prefiller runs the same engine loop (ENGINES.md section 3 sets nothing else)
 
-    def graphs_prefill_steps(self, version: str) -> bool:
+    def graphs_prefill_steps(self, version: str, setup: GraphSetup = DEFAULT_GRAPH_SETUP) -> bool:
         """The V1 engine captures piecewise CUDA graphs around attention, which mixed and prefill steps
         replay too; V0 replayed graphs for decode-only batches alone."""
         return self.overlaps_host_work(version)  # both follow the engine generation (V1 from 0.8.0)

@@ -485,7 +485,8 @@ def capacity(model: ModelSpec, gpu: GpuSpec, *, tensor_parallel: int, pipeline_p
             input_tokens=input_tokens, output_tokens=output_tokens, tensor_parallel=tensor_parallel,
             pipeline_parallel=pipeline_parallel, weight_dtype=stored, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
             efficiency=host_adjusted(efficiency, resolved.engine, resolved.engine_version, pipeline_parallel,
-                                     prefill_pool=prefill_only, decode_pool=decode_only),
+                                     prefill_pool=prefill_only, decode_pool=decode_only, data_parallel=data_parallel,
+                                     speculative=engine.speculative, vendor=gpu.vendor),
             activation_dtype=activation_dtype, max_num_batched_tokens=resolved.max_num_batched_tokens,
             data_parallel=data_parallel, expert_parallel=expert_parallel, decode_only=decode_only,
             moe_exchange=ENGINES[resolved.engine].moe_exchange)

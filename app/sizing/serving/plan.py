@@ -818,7 +818,8 @@ class _Planner:
                               max_model_len=self.max_model_len, speculative=inputs.speculative_kind)
         engine = resolve_engine(config, model, gpu, tp, pp, data_parallel=dp)
         efficiency = host_adjusted(efficiency, engine.engine, engine.engine_version, pp, role == PREFILL_POOL,
-                                   role == DECODE_POOL)
+                                   role == DECODE_POOL, data_parallel=dp, speculative=inputs.speculative_kind,
+                                   vendor=gpu.vendor)
         engine = replace(engine, sources=tuple(
             (name, MAX_MODEL_LEN_SOURCE if name == "max_model_len" else source) for name, source in engine.sources))
         memory = memory_budget(model, gpu, engine, tensor_parallel=tp, pipeline_parallel=pp,
