@@ -221,16 +221,20 @@ DEEPSEEK_H200 = {"model": "deepseek-v3", "gpu": "h200-sxm", "context_tokens": 20
 def test_dp8_ep8_sweeps_one_ranks_batch_beside_its_weights(client: TestClient) -> None:
     """DeepSeek-V3 fp8 on H200 (150,754,820,096 B), bf16 MLA cache: 576 values x 2 B x 61 layers = 70,272 B per
     token on every GPU of a rank (the latent is not split by TP), 2,048 tokens after the step: 143,917,056 B a
-    sequence. Weights per GPU (tests/domain/test_layout.py, by hand): TP8 85,119,449,088 B, DP8 + EP8
-    100,817,025,024 B (the attention replicated on every rank).
-    - TP8: (150,754,820,096 - 85,119,449,088) / 143,917,056 = 456.06: 456 sequences fit, for the whole replica.
-    - DP8 + EP8: (150,754,820,096 - 100,817,025,024) / 143,917,056 = 346.99: 346 fit (49,795,301,376 B of KV),
+    sequence. Weights per GPU (tests/domain/test_layout.py, by hand, in plain fp8): TP8 85,119,449,088 B, DP8 +
+    EP8 100,817,025,024 B (the attention replicated on every rank). DeepSeek's fp8 checkpoint (deepseek_fp8) adds
+    an FP32 scale per 128 x 128 block, 4 B per 16,384 weights, to its linear weights (attention, dense MLPs,
+    routed and shared experts): at TP8 2,234,712,064 + 148,635,648 + 81,738,596,352 + 319,291,392 =
+    84,441,235,456 of them, 20,615,536 B more: 85,140,064,624 B; at DP8 + EP8 11,413,422,080 + 1,189,085,184
+    + 81,738,596,352 + 2,554,331,136 = 96,895,434,752, 23,656,112 B more: 100,840,681,136 B.
+    - TP8: (150,754,820,096 - 85,140,064,624) / 143,917,056 = 455.92: 455 sequences fit, for the whole replica.
+    - DP8 + EP8: (150,754,820,096 - 100,840,681,136) / 143,917,056 = 346.83: 346 fit (49,795,301,376 B of KV),
       347 need 49,939,218,432 B and do not; each of the 8 ranks holds its own, 2,768 in the replica."""
-    tp8 = post(client, {**DEEPSEEK_H200, "tensor_parallel": 8, "batch_sizes": [456, 457]})
+    tp8 = post(client, {**DEEPSEEK_H200, "tensor_parallel": 8, "batch_sizes": [455, 456]})
     dep8 = post(client, {**DEEPSEEK_H200, "data_parallel": 8, "expert_parallel": 8, "batch_sizes": [346, 347]})
     assert (tp8["tensor_parallel"], tp8["data_parallel"], tp8["expert_parallel"]) == (8, 1, 1)
     assert (dep8["tensor_parallel"], dep8["data_parallel"], dep8["expert_parallel"]) == (1, 8, 8)
-    for answer, weights, fitting in ((tp8, 85_119_449_088, 456), (dep8, 100_817_025_024, 346)):
+    for answer, weights, fitting in ((tp8, 85_140_064_624, 455), (dep8, 100_840_681_136, 346)):
         fits, overflows = answer["points"]
         assert fits["kv_bytes_per_gpu"] == fitting * 143_917_056
         assert fits["weights_and_kv_bytes_per_gpu"] == weights + fitting * 143_917_056

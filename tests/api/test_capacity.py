@@ -192,34 +192,48 @@ def test_tensorrt_llm_puts_the_leftover_layer_on_the_first_stage(client: TestCli
 
 
 def test_each_pipeline_stage_is_listed_and_the_fewest_blocks_bind(client: TestClient) -> None:
-    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100 (worked in tests/domain/test_capacity.py): the
-    first stage (16 layers, 19,406,979,072 B of weights) keeps 51,844,223,338 B for 87,897 blocks of 32 x 1,152
-    x 16 B; the others (15 layers each) fit 89,818, 89,818 and 89,441. The replica holds the fewest: 87,897
-    blocks = 2,812,704 tokens, while `memory` shows the heaviest stage (the last: 22,058,612,736 B)."""
+    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100, worked in plain fp8 in tests/domain/test_capacity.py
+    (stage weights 19,406,979,072, 21,826,928,640 twice, 22,058,612,736 B; KV = 0.9 x (85,029,615,043 - weights -
+    7,373,698,279 - 644,245,094)). DeepSeek's fp8 checkpoint (deepseek_fp8) adds 4 B per 16,384 linear weights:
+    a GPU's dense layer holds 36,634,624 attention + 49,545,216 MLP = 86,179,840 of them (21,040 B more), a MoE
+    layer 36,634,624 + 1,409,286,144 routed + 5,505,024 shared = 1,451,425,792 (354,352 B more). So:
+    - first (3 dense + 13 MoE): 19,406,979,072 + 63,120 + 4,606,576 = 19,411,648,768 B; KV 0.9 x 57,600,022,902
+      = 51,840,020,611 B // (32 x 1,152 x 16 = 589,824) = 87,890 blocks;
+    - middle (15 MoE): 21,826,928,640 + 5,315,280 = 21,832,243,920 B; 0.9 x 55,179,427,750 = 49,661,484,975 B
+      // 552,960 = 89,810 blocks;
+    - last: 22,058,612,736 + 5,315,280 = 22,063,928,016 B; 0.9 x 54,947,743,654 = 49,452,969,288 B // 552,960 =
+      89,433 blocks.
+    The replica holds the fewest, 87,890 blocks = 2,812,480 tokens, while `memory` shows the heaviest stage (the
+    last)."""
     data = post(client, {"model": "deepseek-v3", "gpu": "h100-sxm", "tensor_parallel": 8, "pipeline_parallel": 4,
                          "weight_dtype": "fp8", "engine": "trtllm", "input_tokens": 1000, "output_tokens": 1000})
     stages = data["memory"]["pipeline_stages"]
     assert [(s["first_layer"], s["layers"], s["weights_bytes_per_gpu"], s["kv_blocks"]) for s in stages] == [
-        (0, 16, 19_406_979_072, 87_897), (16, 15, 21_826_928_640, 89_818), (31, 15, 21_826_928_640, 89_818),
-        (46, 15, 22_058_612_736, 89_441)]
-    assert stages[0]["kv_budget_bytes_per_gpu"] == 51_844_223_338
-    assert data["memory"]["weights_bytes_per_gpu"] == 22_058_612_736
-    assert (data["kv_blocks"], data["kv_tokens"]) == (87_897, 2_812_704)
+        (0, 16, 19_411_648_768, 87_890), (16, 15, 21_832_243_920, 89_810), (31, 15, 21_832_243_920, 89_810),
+        (46, 15, 22_063_928_016, 89_433)]
+    assert stages[0]["kv_budget_bytes_per_gpu"] == 51_840_020_611
+    assert data["memory"]["weights_bytes_per_gpu"] == 22_063_928_016
+    assert (data["kv_blocks"], data["kv_tokens"]) == (87_890, 2_812_480)
     single = post(client, {"model": "llama-3.1-8b", "gpu": "h100-sxm", **WORKLOAD})
     assert [(s["first_layer"], s["layers"], s["kv_blocks"]) for s in single["memory"]["pipeline_stages"]] == [
         (0, 32, single["kv_blocks"])]
 
 
 def test_sglang_keeps_a_share_of_the_dense_mlps_under_attention_dp(client: TestClient) -> None:
-    """DeepSeek-V3 fp8 as DP8 + EP8 on H200 (tests/domain/test_layout.py): SGLang splits the 3 dense MLPs and the 58
-    shared experts over all 8 GPUs, 3,275,489,280 B less on each than vLLM, which keeps them whole on every rank."""
+    """DeepSeek-V3 fp8 as DP8 + EP8 on H200 (tests/domain/test_layout.py, in plain fp8: vLLM 100,817,025,024 B a
+    GPU, SGLang 97,541,535,744): SGLang splits the 3 dense MLPs and the 58 shared experts over all 8 GPUs, which
+    vLLM keeps whole on every rank. DeepSeek's fp8 checkpoint (deepseek_fp8) adds 4 B per 16,384 linear weights:
+    vLLM's 96,895,434,752 of them (the batch sweep's test), 23,656,112 B -> 100,840,681,136; SGLang's 11,413,422,080
+    attention + 148,635,648 dense + 81,738,596,352 routed + 319,291,392 shared = 93,619,945,472, 22,856,432 B ->
+    97,564,392,176 (the dense 148,635,648 + 36,288 = 148,671,936 B, the shared 319,291,392 + 77,952 =
+    319,369,344 B): 3,276,288,960 B less than vLLM's."""
     layout = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "tensor_parallel": 1,
               "data_parallel": 8, "expert_parallel": 8, "input_tokens": 1000, "output_tokens": 1000}
     vllm = post(client, {**layout, "engine": "vllm"})["memory"]
     sglang = post(client, {**layout, "engine": "sglang"})["memory"]
-    assert (vllm["weights_bytes_per_gpu"], sglang["weights_bytes_per_gpu"]) == (100_817_025_024, 97_541_535_744)
+    assert (vllm["weights_bytes_per_gpu"], sglang["weights_bytes_per_gpu"]) == (100_840_681_136, 97_564_392_176)
     groups = {g["group"]: g["bytes"] for g in sglang["weight_groups_per_gpu"]}
-    assert (groups["dense_mlp"], groups["shared_experts"]) == (148_635_648, 319_291_392)
+    assert (groups["dense_mlp"], groups["shared_experts"]) == (148_671_936, 319_369_344)
 
 
 def test_fp8_kv_doubles_concurrency(client: TestClient) -> None:
@@ -372,17 +386,29 @@ def test_a_block_fp8_checkpoint_that_vllm_cannot_split_is_a_422(client: TestClie
         422, "/body/decode/tensor_parallel")
 
 
+def test_deepseek_v3_in_fp8_is_its_block_scaled_checkpoint(client: TestClient) -> None:
+    """DeepSeek-V3 ships in FP8 only as DeepSeek's 128 x 128 block checkpoint (models.json notes), so fp8 weights
+    are that checkpoint's (deepseek_fp8, said in defaults_used), and vLLM refuses it where a rank would hold part of
+    a block: at TP32 each 2,048-wide expert is 64 columns a rank (TP16: 128, one whole block, loads)."""
+    body = {"model": "deepseek-v3", "gpu": "h100-sxm", "weight_dtype": "fp8", "engine": "vllm", **WORKLOAD}
+    tp16 = post(client, {**body, "tensor_parallel": 16})
+    assert tp16["assumptions"]["weight_recipe"].startswith("deepseek_fp8: ")
+    assert any(line.startswith("weight_recipe = deepseek_fp8") for line in tp16["assumptions"]["defaults_used"])
+    assert_problem(client.post("/v1/capacity", json={**body, "tensor_parallel": 32}), 422, "/body/tensor_parallel")
+
+
 def test_deepseek_v3_dp8_ep8_keeps_each_ranks_own_kv(client: TestClient) -> None:
-    """DeepSeek-V3 fp8 on 8 x H200 under vLLM's accounting. Weights per GPU (derived by hand in
-    tests/domain/test_layout.py): TP8 85,119,449,088 B, DP8+EP8 100,817,025,024 B. The MLA latent costs
+    """DeepSeek-V3 fp8 on 8 x H200 under vLLM's accounting. Weights per GPU (derived by hand in plain fp8 in
+    tests/domain/test_layout.py; DeepSeek's fp8 checkpoint adds its block scales, the batch sweep's test): TP8
+    85,140,064,624 B, DP8+EP8 100,840,681,136 B. The MLA latent costs
     61 x 576 x 2 = 70,272 B per token on a GPU, 1,124,352 B per 16-token block: TP8 copies every token onto all
     8 GPUs, DP8 keeps each rank's own, so the replica holds 8 x (budget // 1,124,352) blocks."""
     body = {"model": "deepseek-v3", "gpu": "h200-sxm", "weight_dtype": "fp8", "kv_dtype": "bf16", **WORKLOAD}
     tp8 = post(client, {**body, "tensor_parallel": 8})
     dep8 = post(client, {**body, "tensor_parallel": 1, "data_parallel": 8, "expert_parallel": 8})
     assert (dep8["num_gpus"], dep8["moe_tensor_parallel"], tp8["moe_tensor_parallel"]) == (8, 1, 8)
-    assert tp8["memory"]["weights_bytes_per_gpu"] == 85_119_449_088
-    assert dep8["memory"]["weights_bytes_per_gpu"] == 100_817_025_024
+    assert tp8["memory"]["weights_bytes_per_gpu"] == 85_140_064_624
+    assert dep8["memory"]["weights_bytes_per_gpu"] == 100_840_681_136
     assert tp8["kv_bytes_per_token_per_gpu"] == dep8["kv_bytes_per_token_per_gpu"] == 70_272
     assert tp8["kv_blocks"] == tp8["memory"]["kv_budget_bytes_per_gpu"] // 1_124_352
     assert dep8["kv_blocks"] == 8 * (dep8["memory"]["kv_budget_bytes_per_gpu"] // 1_124_352)

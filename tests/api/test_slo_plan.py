@@ -594,10 +594,10 @@ def test_gpt_oss_fp4_is_planned_as_its_published_mxfp4_checkpoint(client):
 
 
 def test_a_pipeline_plan_holds_the_fewest_blocks_any_stage_fits(client):
-    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100: the first stage (16 layers, 19,406,979,072 B of
-    weights) fits 87,897 blocks of 32 tokens, the fewest of the four (tests/domain/test_capacity.py works them out),
-    so the plan's replica holds 87,897 x 32 = 2,812,704 tokens, /v1/capacity's figure, not the 83,851 blocks of the
-    heaviest stage's budget over the most layers."""
+    """DeepSeek-V3 fp8 at TP8 x PP4 under TensorRT-LLM on H100: the first stage (16 layers, 19,411,648,768 B of
+    weights in DeepSeek's block-scaled fp8 checkpoint) fits 87,890 blocks of 32 tokens, the fewest of the four
+    (tests/api/test_capacity.py works them out), so the plan's replica holds 87,890 x 32 = 2,812,480 tokens,
+    /v1/capacity's figure, not the heaviest stage's budget over the most layers."""
     body = {"model": "deepseek-v3", "workload": {"input_tokens": 1000, "output_tokens": 1000, "requests_per_s": 5},
             "slo": {"ttft_ms": 2000, "tpot_ms": 200, "percentile": 95},
             "candidates": {"gpus": ["h100-sxm"], "engine": "trtllm", "weight_dtypes": ["fp8"], "tensor_parallel": [8],
@@ -606,4 +606,4 @@ def test_a_pipeline_plan_holds_the_fewest_blocks_any_stage_fits(client):
     assert response.status_code == 200, response.text
     plans = response.json()["plans"]
     assert plans and plans[0]["layout"] == "TP8 PP4"
-    assert plans[0]["kv_tokens_per_replica"] == 87_897 * 32 == 2_812_704
+    assert plans[0]["kv_tokens_per_replica"] == 87_890 * 32 == 2_812_480

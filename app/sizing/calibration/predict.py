@@ -82,7 +82,7 @@ from app.sizing.hardware.efficiency import DEFAULT_EFFICIENCY, Efficiency
 from app.sizing.hardware.roofline import default_compute_dtype
 from app.sizing.hardware.step_time import StepTimeModel, build_step_time_model
 from app.sizing.model.kv import layer_mix
-from app.sizing.model.recipes import RECIPES, WeightRecipe
+from app.sizing.model.recipes import PUBLISHED_RECIPES, RECIPES, WeightRecipe
 from app.sizing.serving import disaggregated_loop, disaggregation
 from app.sizing.serving.memory import kv_token_capacity, memory_budget
 from app.sizing.serving.simulate import (
@@ -377,9 +377,11 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     if m.lengths is not None:
         assumptions.append(f"lengths drawn from {m.lengths.name or 'the dataset'}; output lengths are the dataset's "
                            "completions (the benchmark's max_tokens: a model that stops earlier writes fewer)")
-    weights = RECIPES[m.weight_recipe] if m.weight_recipe else weight_dtype  # a recipe or a plain dtype
-    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], m.weight_recipe or weight_dtype,
-                                                            m.release)
+    # The checkpoint: the row's recipe, else (its dtype unstated) the published checkpoint's, as a row stating
+    # that dtype gets it (`recipes.PUBLISHED_RECIPES`: DeepSeek-R1's fp8 is DeepSeek's block-scaled checkpoint).
+    recipe = m.weight_recipe if m.weight_dtype is not None else PUBLISHED_RECIPES.get((model.slug, weight_dtype))
+    weights = RECIPES[recipe] if recipe else weight_dtype  # a recipe or a plain dtype
+    kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], recipe or weight_dtype, m.release)
     if m.disaggregated:
         if m.lengths is not None:
             raise Unpredictable("a disaggregated run with a dataset's lengths is not modelled")

@@ -201,8 +201,12 @@ RECIPE_NAMES = tuple(RECIPES)
 # (catalog model, weight dtype) -> the recipe of the one checkpoint of that precision the model ships as, which a
 # run or a plan of the model at that dtype serves unless it names another checkpoint. gpt-oss ships only as
 # OpenAI's MXFP4 checkpoint: experts MXFP4, attention, router and embeddings bf16 (models.json notes,
-# ENGINES.md section 4), not every decoder matrix in fp4 as the plain dtype would read.
-PUBLISHED_RECIPES = {("gpt-oss-120b", "fp4"): "gpt_oss_mxfp4", ("gpt-oss-20b", "fp4"): "gpt_oss_mxfp4"}
+# ENGINES.md section 4), not every decoder matrix in fp4 as the plain dtype would read. DeepSeek-V3 and R1 ship
+# in FP8 only as DeepSeek's 128 x 128 block-scaled checkpoint (models.json notes "Released weights are FP8 (block
+# 128x128)"; ENGINES.md section 4), whose FP32 block scales add bytes and whose blocks vLLM loads only whole per
+# rank.
+PUBLISHED_RECIPES = {("gpt-oss-120b", "fp4"): "gpt_oss_mxfp4", ("gpt-oss-20b", "fp4"): "gpt_oss_mxfp4",
+                     ("deepseek-v3", "fp8"): "deepseek_fp8", ("deepseek-r1", "fp8"): "deepseek_fp8"}
 
 
 def published_recipe(model_slug: str, weight_dtype: str) -> WeightRecipe | None:
