@@ -131,11 +131,15 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
                                 errors=[("/header/content-type", "must be application/json")])
     errors = []
     for error in exc.errors():
-        location = error.get("loc", ())
+        location, message = error.get("loc", ()), str(error.get("msg", "invalid"))
         if error.get("type") == "json_invalid":
-            # FastAPI locates a JSON syntax error by character offset; point at the body itself.
+            # FastAPI locates a JSON syntax error by character offset: point at the body, and say what the
+            # parser expected where (a trailing comma, single quotes) in words.
+            offset, reason = location[1:2], (error.get("ctx") or {}).get("error")
             location = location[:1]
-        errors.append((json_pointer(location), str(error.get("msg", "invalid"))))
+            message = (f"{message}: {reason}" if reason else message) + (
+                f" at character {offset[0]} (counting from 0)" if offset else "")
+        errors.append((json_pointer(location), message))
     noun = "input" if len(errors) == 1 else "inputs"
     listed = f" (the first {MAX_LISTED_ERRORS} are listed)" if len(errors) > MAX_LISTED_ERRORS else ""
     return problem_response(request, 422, f"{len(errors)} invalid {noun}{listed}", errors=errors)

@@ -59,11 +59,19 @@ def test_a_body_that_does_not_validate_gets_fastapis_problem(client: TestClient,
     assert generic_calls == [1]
 
 
-def test_malformed_json_gets_fastapis_problem(client: TestClient) -> None:
-    """FastAPI's handler reports a JSON syntax error as `JSON decode error` (it fails before the dependencies)."""
-    response = client.post("/v1/capacity", content=b'{"model": ', headers={"content-type": "application/json"})
+@pytest.mark.parametrize(("body", "detail"), [
+    (b'{"model": ', "JSON decode error: Expecting value at character 10 (counting from 0)"),
+    # {"model": "llama-3-8b",} : the brace after the trailing comma is character 23.
+    (b'{"model": "llama-3-8b",}',
+     "JSON decode error: Expecting property name enclosed in double quotes at character 23 (counting from 0)"),
+])
+def test_malformed_json_gets_fastapis_problem_saying_what_and_where(client: TestClient, body: bytes,
+                                                                    detail: str) -> None:
+    """FastAPI's handler reports a JSON syntax error (it fails before the dependencies); the problem says what
+    the parser expected and at which character (was: only "JSON decode error")."""
+    response = client.post("/v1/capacity", content=body, headers={"content-type": "application/json"})
     problem = assert_problem(response, 422, "/body")
-    assert problem["errors"] == [{"pointer": "/body", "detail": "JSON decode error"}]
+    assert problem["errors"] == [{"pointer": "/body", "detail": detail}]
 
 
 def test_a_client_gone_before_its_body_gets_fastapis_answer(app: FastAPI, fresh_catalog: None,
