@@ -91,6 +91,11 @@ def _not_a_repository_id(value: object) -> object:
     raise ValueError(repository_id_hint(value))
 
 
+# What a fine-tuned release adds to its base model's repository name (Llama-3.1-8B-Instruct, gemma-2-9b-it,
+# Llama-2-7b-chat-hf), stripped to find the base model in the catalog.
+FINE_TUNE_SUFFIX = r"(-(instruct|chat|it|hf|base))+$"
+
+
 def repository_id_hint(value: str) -> str:
     """What a Hugging Face repository id ("org/name") given where a model slug belongs should have been: the
     reference catalog's slug of that id, the catalog model a slug made of its name stands for, or how to import it
@@ -104,6 +109,12 @@ def repository_id_hint(value: str) -> str:
         if row["slug"] == suggested:
             return (f"{value!r} is a Hugging Face repository id, not a catalog slug; the catalog's "
                     f"{suggested!r} is {row['hf_id']!r}")
+    base = re.sub(r"^meta-", "", re.sub(FINE_TUNE_SUFFIX, "", suggested))
+    for row in rows:
+        if row["slug"] == base:
+            return (f"{value!r} is a Hugging Face repository id, not a catalog slug; its base model is the catalog's "
+                    f"{base!r} ({row['hf_id']!r}), whose architecture a fine-tune such as this keeps (compare the "
+                    f"two config.json files, or import this one with POST /v1/models/import?slug={suggested})")
     return (f"{value!r} is a Hugging Face repository id, not a catalog slug. GET /v1/models lists "
             f"each model's hf_id; a model not in the catalog can be imported from its config.json "
             f"with POST /v1/models/import?slug={suggested} (or sized inline with model_spec)")

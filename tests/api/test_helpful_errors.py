@@ -59,6 +59,11 @@ def test_the_same_body_as_json_is_answered(client: TestClient) -> None:
     ("meta-llama/Meta-Llama-3-8B", "its catalog slug is 'llama-3-8b'"),  # the catalog row's hf_id
     ("meta-llama/Llama-3.1-8B", "the catalog's 'llama-3.1-8b' is 'meta-llama/Meta-Llama-3.1-8B'"),  # renamed repo
     ("acme/Foo-Bar_7B", "POST /v1/models/import?slug=foo-bar_7b"),
+    # Fine-tunes: the base model is named, as is how to import the fine-tune itself.
+    ("meta-llama/Llama-3.1-8B-Instruct", "its base model is the catalog's 'llama-3.1-8b'"),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", "its base model is the catalog's 'llama-3.1-8b'"),
+    ("Qwen/Qwen2.5-7B-Instruct", "import?slug=qwen2.5-7b-instruct"),
+    ("google/gemma-2-9b-it", "its base model is the catalog's 'gemma-2-9b'"),
 ])
 def test_a_hugging_face_id_as_a_model_slug_says_where_the_slug_is(client: TestClient, model: str, says: str) -> None:
     problem = assert_problem(client.post("/v1/kv-cache", json={"model": model, "context_tokens": 8}), 422,
