@@ -23,7 +23,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import get_route_path
 
-from app.common import FieldProblem, Problem
+from app.common import SLUG_PATTERN, FieldProblem, Problem
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
@@ -120,6 +120,17 @@ def _is_json(content_type: str) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
 
 
+def error_message(error: Any) -> str:
+    """pydantic's message for one validation error (an item of `ValidationError.errors()`), with the key a
+    catalog key given with capitals ("H100-SXM", "Llama-3-70B") stands for."""
+    message = str(error.get("msg", "invalid"))
+    value = error.get("input")
+    if (error.get("type") == "string_pattern_mismatch" and (error.get("ctx") or {}).get("pattern") == SLUG_PATTERN
+            and isinstance(value, str) and re.fullmatch(SLUG_PATTERN, value.lower())):
+        return f"{message}: catalog keys are lower-case, {value.lower()!r}"
+    return message
+
+
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     content_type = request.headers.get("content-type", "")
@@ -131,7 +142,7 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
                                 errors=[("/header/content-type", "must be application/json")])
     errors = []
     for error in exc.errors():
-        location, message = error.get("loc", ()), str(error.get("msg", "invalid"))
+        location, message = error.get("loc", ()), error_message(error)
         if error.get("type") == "json_invalid":
             # FastAPI locates a JSON syntax error by character offset: point at the body, and say what the
             # parser expected where (a trailing comma, single quotes) in words.

@@ -23,7 +23,7 @@ from pydantic_core import PydanticUndefined
 from starlette.responses import Response
 
 from app.charts import service as charts
-from app.errors import NotFound, Unprocessable, json_pointer, problem_responses
+from app.errors import NotFound, Unprocessable, error_message, json_pointer, problem_responses
 from app.estimates.schemas import AGGREGATED_ROOFLINE_EXAMPLES, BatchSweepRequest, RooflineRequest
 from app.planning.schemas import SloPlanRequest
 from app.web import KeyFirstRoute, SessionDep, SizingRead, plan_offload
@@ -149,7 +149,7 @@ class QueryForm:
         try:
             return self.request_model.model_validate(body)
         except ValidationError as exc:
-            errors = [(self.pointer(error["loc"]), error["msg"]) for error in exc.errors()]
+            errors = [(self.pointer(error["loc"]), error_message(error)) for error in exc.errors()]
             noun = "input" if len(errors) == 1 else "inputs"
             raise Unprocessable(f"{len(errors)} invalid {noun}", errors=errors) from None
 

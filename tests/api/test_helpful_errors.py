@@ -130,3 +130,18 @@ def test_a_sequence_beyond_the_models_positions_is_answered_with_a_warning(
 def test_a_sequence_within_the_models_positions_has_no_warning(client: TestClient, path: str,
                                                                body: dict[str, Any]) -> None:
     assert client.post(path, json=body).json()["warnings"] == []
+
+
+@pytest.mark.parametrize(("method", "path", "body", "pointer", "key"), [
+    ("POST", "/v1/kv-cache", {"model": "Llama-3-70B", "context_tokens": 8}, "/body/model", "llama-3-70b"),
+    ("GET", "/v1/gpus/H100-SXM", None, "/path/slug", "h100-sxm"),
+    ("GET", "/v1/roofline/chart?model=llama-3-8b&gpu=H100-SXM&phase=decode&context_tokens=8", None, "/query/gpu",
+     "h100-sxm"),
+])
+def test_a_catalog_key_with_capitals_names_the_lower_case_key(client: TestClient, method: str, path: str,
+                                                              body: dict[str, Any] | None, pointer: str,
+                                                              key: str) -> None:
+    """Catalog keys are lower-case; one typed as the model card writes it gets the key it stands for, not the
+    pattern alone (a newcomer's review typed 'H100-SXM' and 'Llama-3-70B')."""
+    problem = assert_problem(client.request(method, path, json=body), 422, pointer=pointer)
+    assert f"catalog keys are lower-case, {key!r}" in problem["errors"][0]["detail"], problem
