@@ -58,6 +58,13 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+    # SQLite's lower() folds ASCII letters only, PostgreSQL's every letter: a case-insensitive filter found
+    # "ÜBERCHIP Ltd" on PostgreSQL and not on SQLite. Python's str.lower, as the value compared is lowered.
+    dbapi_connection.create_function("lower", 1, _lower, deterministic=True)
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
 
 
 def make_session_factory(engine: Engine, info: dict[str, Any] | None = None) -> sessionmaker[Session]:

@@ -61,6 +61,17 @@ def test_filters(client: TestClient, params: dict[str, str], total: int) -> None
     assert client.get("/v1/gpus", params=params).json()["total"] == total
 
 
+def test_a_vendor_outside_ascii_is_found_whatever_its_case(client: TestClient, write_headers: dict[str, str]) -> None:
+    """The filter is case-insensitive for every letter on both databases: SQLite's own lower() folds ASCII
+    only, so 'ÜBERCHIP Ltd' was found on PostgreSQL and not on SQLite, even as stored."""
+    body = {**{key: value for key, value in client.get("/v1/gpus/h100-sxm").json().items()
+               if key not in ("slug", "origin", "version", "created_at", "updated_at", "written_by")},
+            "vendor": "ÜBERCHIP Ltd"}
+    assert client.put("/v1/gpus/u-gpu", json=body, headers=write_headers).status_code == 201
+    for vendor in ("ÜBERCHIP Ltd", "überchip ltd", "ÜBERCHIP LTD"):
+        assert client.get("/v1/gpus", params={"vendor": vendor}).json()["total"] == 1, vendor
+
+
 def test_get_one(client: TestClient) -> None:
     response = client.get("/v1/gpus/b200")
     assert response.status_code == 200
