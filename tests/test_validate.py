@@ -207,9 +207,10 @@ def test_rows_outside_the_vocabulary_are_skipped_with_the_reason_never_the_file(
         "ok": None,
         "hf": QWEN2_HF_ID_REASON,
         "gpu": None,  # a slug: the catalog decides, when the rows are predicted
-        "cap": "scenario not predicted: 'capacity'",
+        "cap": "scenario not predicted: 'capacity' (expected 'offline', 'static_batch', 'batch1', 'closed_loop' or "
+               "'poisson')",
         "nodtype": None,
-        "fp32": "weight_dtype not predicted: 'fp32'",
+        "fp32": "weight_dtype not predicted: 'fp32' (expected 'bf16', 'fp16', 'fp8', 'int8', 'int4' or 'fp4')",
         "disagg": "layout not stated: a disaggregated run without its worker counts",
         "adp": None,  # layouts are predicted (or refused by prepare, with the reason)
         "ep": None,

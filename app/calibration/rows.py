@@ -540,4 +540,6 @@ def _vocabulary_reason(errors: Sequence[Any], cells: Mapping[str, str]) -> str:
         hint = next((str(error["msg"]).removeprefix("Value error, ") for error in errors
                      if error["loc"][0] == column and error["type"] == "value_error"), None)
         return f"unknown {'model' if column == 'model' else 'GPU'} slug {value!r}" + (f": {hint}" if hint else "")
-    return f"{column} not predicted: {value!r}"
+    expected = next(((error.get("ctx") or {}).get("expected") for error in errors
+                     if error["loc"][0] == column and error["type"] == "literal_error"), None)
+    return f"{column} not predicted: {value!r}" + (f" (expected {expected})" if expected else "")

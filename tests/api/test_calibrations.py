@@ -651,13 +651,19 @@ OUTSIDE_THE_VOCABULARY = [
      ("unknown model slug 'meta-llama/Meta-Llama-3.1-8B': 'meta-llama/Meta-Llama-3.1-8B' is a Hugging Face "
      "repository id; its catalog slug is 'llama-3.1-8b'")),
     ("gpu", "H100", "unknown GPU slug 'H100'"),
-    ("engine", "foo", "engine not predicted: 'foo'"),
-    ("scenario", "burst", "scenario not predicted: 'burst'"),
-    ("metric", "capacity", "metric not predicted: 'capacity'"),
-    ("weight_dtype", "fp32", "weight_dtype not predicted: 'fp32'"),
-    ("compute_dtype", "int4", "compute_dtype not predicted: 'int4'"),
-    ("kv_dtype", "fp4", "kv_dtype not predicted: 'fp4'"),
-    ("stat", "p95", "stat not predicted: 'p95'"),
+    ("engine", "foo",
+     "engine not predicted: 'foo' (expected 'trtllm', 'vllm', 'sglang', 'lmdeploy', 'gpt-fast' or 'other')"),
+    ("scenario", "burst",
+     "scenario not predicted: 'burst' (expected 'offline', 'static_batch', 'batch1', 'closed_loop' or 'poisson')"),
+    ("metric", "capacity",
+     ("metric not predicted: 'capacity' (expected 'output_tokens_per_s', 'output_tokens_per_s_per_gpu', "
+     "'total_tokens_per_s', 'requests_per_s', 'ttft_ms', 'tpot_ms', 'itl_ms' or 'e2e_ms')")),
+    ("weight_dtype", "fp32",
+     "weight_dtype not predicted: 'fp32' (expected 'bf16', 'fp16', 'fp8', 'int8', 'int4' or 'fp4')"),
+    ("compute_dtype", "int4",
+     "compute_dtype not predicted: 'int4' (expected 'fp32', 'tf32', 'bf16', 'fp16', 'fp8', 'int8' or 'fp4')"),
+    ("kv_dtype", "fp4", "kv_dtype not predicted: 'fp4' (expected 'bf16', 'fp16', 'fp8', 'int8' or 'fp32')"),
+    ("stat", "p95", "stat not predicted: 'p95' (expected 'mean', 'median', 'p50', 'p90' or 'p99')"),
 ]
 
 
