@@ -26,7 +26,7 @@ from app.calibration.schemas import (
     ValidationResponse,
 )
 from app.common import SLUG_PATTERN
-from app.errors import Unprocessable, json_pointer, problem_responses
+from app.errors import Unprocessable, error_message, json_pointer, problem_responses
 from app.sizing.calibration.fit import MIN_ROWS_PER_ENTRY
 from app.web import (
     CalibrationWriter,
@@ -81,7 +81,7 @@ def _parse(model: type[Upload], data: dict[str, Any] | bytes) -> Upload:
             return model.model_validate_json(data)
         return model.model_validate(data)
     except ValidationError as exc:
-        errors = [(json_pointer(("body", *error["loc"])), error["msg"]) for error in exc.errors()]
+        errors = [(json_pointer(("body", *error["loc"])), error_message(error)) for error in exc.errors()]
         raise Unprocessable(f"{len(errors)} invalid input{'s' if len(errors) > 1 else ''}", errors=errors) from None
 
 

@@ -13,6 +13,7 @@ from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
     PLAIN_BF16_RECIPE,
+    RUNNING_LIMIT_DESCRIPTION,
     STEP_TOKENS_DESCRIPTION,
     WEIGHT_RECIPE_OUT,
     BatchSize,
@@ -312,7 +313,7 @@ class EngineOut(BaseModel):
                                                  "fraction is picked by the driver's total all the same)")
     gpu_memory_utilization: float
     utilization_of: Literal["total_memory", "free_memory_after_weights_and_activations"]
-    max_num_seqs: int | None = Field(description="null = no limit")
+    max_num_seqs: int | None = Field(description=RUNNING_LIMIT_DESCRIPTION)
     max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     block_size: int
     max_model_len: int

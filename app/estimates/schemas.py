@@ -280,6 +280,10 @@ class ComputeCurvePoint(BaseModel):
     compute_fraction_ratio: float = Field(description="Achieved fraction of peak FLOP/s at this many tokens")
 
 
+RUNNING_LIMIT_DESCRIPTION = (
+    "Running requests of one scheduler at most. Under attention data parallelism each rank has its own: sglang "
+    "divides the --max-running-requests it is launched with among the ranks (and caps each rank's at its request "
+    "pool), the other engines give each rank the whole of it; null = no limit (the generic engine)")
 STEP_TOKENS_DESCRIPTION = (
     "Tokens per step of one scheduler (prefill chunk). Under attention data parallelism each rank has its own "
     "scheduler: sglang divides the --chunked-prefill-size it is launched with among the ranks, the other engines "

@@ -20,6 +20,7 @@ from app.common import Slug, schema_examples
 from app.estimates.schemas import (
     EFFICIENCY_EXAMPLE,
     KV_TRANSFER_EXAMPLE,
+    RUNNING_LIMIT_DESCRIPTION,
     STEP_TOKENS_DESCRIPTION,
     CalibrationRef,
     DataParallel,
@@ -488,7 +489,7 @@ class PoolOut(BaseModel):
         description="Its share of the rate sized for (open loop: peak x burst; closed loop: the users' rate)")
     users_per_worker: float | None = Field(None, description="Closed loop: the users over its workers; else null")
     kv_tokens_per_worker: int
-    max_num_seqs: int | None
+    max_num_seqs: int | None = Field(description=RUNNING_LIMIT_DESCRIPTION)
     max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     cost_per_hour_usd: float | None
     launch: LaunchOut
@@ -522,8 +523,7 @@ class PlanOut(BaseModel):
     kv_dtype: KvDtype
     compute_dtype: str
     engine: Engine
-    max_num_seqs: int | None = Field(description="One scheduler's limit on running requests (an attention "
-                                                 "data-parallel rank's); null = no limit (generic engine)")
+    max_num_seqs: int | None = Field(description=RUNNING_LIMIT_DESCRIPTION)
     max_num_batched_tokens: int = Field(description=STEP_TOKENS_DESCRIPTION)
     block_size: int
     gpu_memory_utilization_ratio: float

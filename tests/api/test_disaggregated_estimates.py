@@ -251,3 +251,28 @@ def test_a_pool_layout_its_engine_refuses(client: TestClient) -> None:
     decode, prefill = answer["disaggregation"]["decode"], answer["disaggregation"]["prefill"]
     assert (decode["moe_tensor_parallel"], decode["layout"]) == (2, "TP4 EP2 PP1")
     assert (prefill["moe_tensor_parallel"], prefill["layout"]) == (4, "TP4 PP1")
+
+
+def test_sglang_workers_set_nothing_aside_for_piecewise_graphs(client: TestClient) -> None:
+    """SGLang 0.5.10 turns its piecewise CUDA graphs off under PD disaggregation (`_handle_piecewise_cuda_graph`),
+    before it sizes its reserve, so a worker of either pool sets nothing aside for them. Llama-3.1-8B on H100 at
+    TP1 (81,559 MiB, chunks of 8,192, cuda_graph_max_bs 256): 512 + 1.5 x 8,192 + 2 x 256 + 1/8 x 1,024 = 13,440
+    MiB, (81,559 - 13,440) / 81,559 = 0.83521 -> 0.835 (aggregated, with the graphs' 464 MiB: 0.830).
+    DeepSeek-V3 fp8 at TP8 on H200 (143,771 MiB, cuda_graph_max_bs 512): 512 + 12,288 + 1,024 + 1,024 = 14,848
+    MiB, (143,771 - 14,848) / 143,771 = 0.89672 -> 0.897 (aggregated, with MLA's 1,536 MiB: 0.886)."""
+    pools = {"deployment": "disaggregated", "prefill": {"tensor_parallel": 1}, "decode": {"tensor_parallel": 1}}
+    body = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine": "sglang", "input_tokens": 1000,
+            "output_tokens": 200}
+    answer = client.post("/v1/capacity", json={**body, **pools}).json()["disaggregation"]
+    assert answer["prefill"]["engine"]["gpu_memory_utilization"] == answer["decode"]["engine"][
+        "gpu_memory_utilization"] == 0.835
+    assert "no piecewise CUDA graphs" in answer["decode"]["engine"]["sources"]["gpu_memory_utilization"]
+    assert client.post("/v1/capacity", json=body).json()["engine"]["gpu_memory_utilization"] == 0.830
+    deepseek = {"model": "deepseek-v3", "gpu": "h200-sxm", "engine": "sglang", "weight_dtype": "fp8",
+                "input_tokens": 1000, "output_tokens": 200}
+    answer = client.post("/v1/capacity", json={**deepseek, "deployment": "disaggregated",
+                                               "prefill": {"tensor_parallel": 8},
+                                               "decode": {"tensor_parallel": 8}}).json()["disaggregation"]
+    assert answer["prefill"]["engine"]["gpu_memory_utilization"] == 0.897
+    aggregated = client.post("/v1/capacity", json={**deepseek, "tensor_parallel": 8}).json()
+    assert aggregated["engine"]["gpu_memory_utilization"] == 0.886

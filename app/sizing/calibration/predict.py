@@ -499,9 +499,11 @@ def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
 
 
 def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str | WeightRecipe,
-            kv_dtype: str, engine: str, dp: int = 1, ep: int = 1, release: str | None = None) -> Layout:
+            kv_dtype: str, engine: str, dp: int = 1, ep: int = 1, release: str | None = None,
+            disaggregated: bool = False) -> Layout:
     """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules) at its
-    `release` (None: the default version), split into the side-by-side schedulers of `Layout`."""
+    `release` (None: the default version), split into the side-by-side schedulers of `Layout`; `disaggregated`:
+    a worker of a disaggregated deployment's pool."""
     if model.num_attention_heads % tp:
         raise Unpredictable(f"tensor parallelism does not divide the attention heads: TP{tp}, "
                             f"{model.num_attention_heads} heads")
@@ -515,8 +517,8 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
         raise Unpredictable(f"EP{ep} on a model without experts")
     if num_gpus % layout.gpus:
         raise Unpredictable(f"{num_gpus} GPUs are not a whole number of {layout.label} replicas")
-    resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine], engine_version=release), model, gpu, tp, pp,
-                              data_parallel=dp)
+    resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine], engine_version=release,
+                                           disaggregated=disaggregated), model, gpu, tp, pp, data_parallel=dp)
     memory = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
     budget = memory.kv_budget_bytes_per_gpu
@@ -822,7 +824,8 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         if pool.pp > 1:
             raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
         rank_gpus = pool.tp * pool.dp
-        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep, m.release)
+        layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep, m.release,
+                         disaggregated=True)
         scheduler = layout.scheduler
         # A prefill pool's stated batch is not read as a limit: its ranks batch the prompts waiting for
         # them up to the engine's token budget, as the planner's prefill workers do. Read as one prompt per

@@ -47,6 +47,9 @@ class EngineConfig:
     # The speculative decoding the engine runs beside the model, which some engines reserve memory for:
     # DRAFT_MODEL (a separate draft model), EAGLE (a draft head) or NGRAM (prompt lookup); None: none.
     speculative: str | None = None
+    # A prefill or decode worker of a disaggregated deployment (the engines' rules that differ for one apply:
+    # SGLang runs no piecewise CUDA graphs there, so sets no memory aside for them).
+    disaggregated: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

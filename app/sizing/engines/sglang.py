@@ -81,11 +81,12 @@ def piecewise_graphs(at: tuple[int, ...], setup: GraphSetup) -> bool:
 def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipeline_parallel: int,
                                chunked_prefill_size: int | None, data_parallel: int = 1,
                                version: str | None = None, mla: bool = False,
-                               speculative: str | None = None, vendor: str = "NVIDIA") -> tuple[float, int, int]:
+                               speculative: str | None = None, vendor: str = "NVIDIA",
+                               disaggregated: bool = False) -> tuple[float, int, int]:
     """SGLang's default mem_fraction_static, with the chunked_prefill_size and cuda_graph_max_bs it implies, at
     release `version` (None: the default version, 0.5.10; before 0.5.5: `_earlier_mem_fraction_static`), for
     a model with multi-head latent attention when `mla`, running `speculative` decoding (`EngineConfig`), on a GPU
-    of `vendor`.
+    of `vendor`, as a worker of a disaggregated deployment when `disaggregated`.
 
     SGLang 0.5 (`ServerArgs._handle_gpu_memory_settings`), with GPU memory in MiB as the driver reports it:
     buckets by memory pick chunked_prefill_size and cuda_graph_max_bs (`_size_defaults`), then reserved = 512
@@ -112,7 +113,7 @@ def sglang_mem_fraction_static(gpu_memory_bytes: int, tensor_parallel: int, pipe
                     + tensor_parallel * pipeline_parallel / 8 * 1024)
     if data_parallel > 1:
         reserved_mib += graph_bs * data_parallel * (3 + (1.5 if graph_bs > 300 else 0))
-    if piecewise_graphs(at, GraphSetup(data_parallel, pipeline_parallel, speculative, vendor)):
+    if piecewise_graphs(at, GraphSetup(data_parallel, pipeline_parallel, speculative, vendor, disaggregated)):
         reserved_mib += PIECEWISE_MLA_MIB if mla else PIECEWISE_GRAPH_SIZES * PIECEWISE_MIB_PER_SIZE
     if memory_mib > 60 * 1024:
         reserved_mib = max(reserved_mib, 10 * 1024)
@@ -213,13 +214,19 @@ class Sglang:
         fraction, chunk, graph_bs = sglang_mem_fraction_static(gpu.memory_bytes, tensor_parallel,
                                                                pipeline_parallel, config.max_num_batched_tokens,
                                                                data_parallel, version, model.is_mla,
-                                                               config.speculative, gpu.vendor)
+                                                               config.speculative, gpu.vendor,
+                                                               config.disaggregated)
+        setup = GraphSetup(data_parallel, pipeline_parallel, config.speculative, gpu.vendor, config.disaggregated)
+        graphs = ("" if version.isdigit() or parse_version(version) < PIECEWISE_GRAPHS_FROM
+                  or piecewise_graphs(parse_version(version), setup) else
+                  ", no piecewise CUDA graphs (off under attention DP, pipeline stages, speculative decoding, "
+                  "PD disaggregation and on AMD)")
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "
                                                   f"(chunked_prefill_size {chunk}, cuda_graph_max_bs {graph_bs}"
                                                   + (f", speculative decoding: {config.speculative}"
-                                                     if config.speculative else "") + ")")),
+                                                     if config.speculative else "") + graphs + ")")),
             "max_num_seqs": (None, _MAX_RUNNING_SOURCE),
             "max_num_batched_tokens": (chunk, "SGLang default chunked_prefill_size for this GPU size"),
             "block_size": (SGLANG_PAGE_SIZE, "SGLang default page_size 1"),

@@ -211,7 +211,8 @@ def pool_capacity(role: str, model: ModelSpec, gpu: GpuSpec, *, workers: int, la
     prefill = role == PREFILL_POOL
     worker = capacity(
         model, gpu, tensor_parallel=layout.tensor_parallel, pipeline_parallel=layout.pipeline_parallel,
-        weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype, engine=engine,
+        weight_dtype=weight_dtype, kv_dtype=kv_dtype, compute_dtype=compute_dtype,
+        engine=replace(engine, disaggregated=True),
         input_tokens=input_tokens, output_tokens=1 if prefill else output_tokens, efficiency=efficiency,
         activation_dtype=activation_dtype, data_parallel=layout.data_parallel,
         expert_parallel=layout.expert_parallel, weight_recipe=weight_recipe, decode_only=not prefill,

@@ -815,7 +815,8 @@ class _Planner:
             return infeasible(f"no efficiency for {gpu.slug or gpu.name} at {compute_dtype}")
         config = EngineConfig(engine=inputs.engine, max_num_seqs=configuration.max_num_seqs,
                               max_num_batched_tokens=configuration.max_num_batched_tokens,
-                              max_model_len=self.max_model_len, speculative=inputs.speculative_kind)
+                              max_model_len=self.max_model_len, speculative=inputs.speculative_kind,
+                              disaggregated=role != AGGREGATED)
         engine = resolve_engine(config, model, gpu, tp, pp, data_parallel=dp)
         efficiency = host_adjusted(efficiency, engine.engine, engine.engine_version, pp, role == PREFILL_POOL,
                                    role == DECODE_POOL, data_parallel=dp, speculative=inputs.speculative_kind,
