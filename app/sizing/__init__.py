@@ -66,7 +66,8 @@
 # speculative decoding, PD disaggregation or on AMD GPUs: there it reserves nothing for them and its prompt steps
 # pay the per-MoE-layer launch overhead (was: graphs and their reserve wherever the release had them); DeepSeek-V3
 # and R1 in fp8 are DeepSeek's block-scaled checkpoint (deepseek_fp8: its FP32 block scales, vLLM's whole-block
-# rule; was: plain fp8), and a measured row stating no weight dtype takes the published checkpoint's recipe.
+# rule; was: plain fp8), and a measured row stating no weight dtype takes the published checkpoint's recipe; under
+# attention DP SGLang's LM head is split over the whole TP group (was: over the attention TP ranks), in memory.
 CALCULATION_VERSION = "2026.12.07.7"
 # Version of the engine rules (each engine's memory defaults, scheduler defaults, layout checks and
 # launch flags in app/sizing/engines/); bumped with them, and stored in every quote's snapshot.

@@ -256,7 +256,10 @@ def test_sglang_splits_dense_mlps_and_shared_experts_over_the_attention_dp_ranks
     whole on every rank (above: 100,817,025,024 B).
     Dense MLP 3 layers · 3·7168·(18,432/8 = 2,304) = 148,635,648 B instead of 3·396,361,728 = 1,189,085,184;
     shared experts 58 · 3·7168·(2,048/8 = 256) = 319,291,392 B instead of 58·44,040,192 = 2,554,331,136.
-    That is 1,040,449,536 + 2,235,039,744 = 3,275,489,280 B less: 97,541,535,744 B per GPU, and as much more KV."""
+    That is 1,040,449,536 + 2,235,039,744 = 3,275,489,280 B less. Its LM head follows the whole TP group too
+    (SGLang 0.5.10 `ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)`, off by default): 129,280 / 8 = 16,160
+    vocabulary rows of 7,168 in bf16, 231,669,760 B instead of 1,853,358,080, 1,621,688,320 B less.
+    In all 4,897,177,600 B less: 95,919,847,424 B per GPU, and as much more KV."""
     dep8 = {"tensor_parallel": 1, "pipeline_parallel": 1, "expert_parallel": 8, "data_parallel": 8}
     split = weight_groups_per_gpu(DEEPSEEK_V3, "fp8", **dep8, dense_over_dp=True)
     whole = weight_groups_per_gpu(DEEPSEEK_V3, "fp8", **dep8)
@@ -264,7 +267,9 @@ def test_sglang_splits_dense_mlps_and_shared_experts_over_the_attention_dp_ranks
         "dense_mlp": 148_635_648, "shared_experts": 319_291_392}
     assert {g.group: g.bytes for g in whole if g.group in ("dense_mlp", "shared_experts")} == {
         "dense_mlp": 1_189_085_184, "shared_experts": 2_554_331_136}
-    assert sum(g.bytes for g in split) == 100_817_025_024 - 3_275_489_280 == 97_541_535_744
+    assert {g.group: g.bytes for g in split if g.group == "lm_head"} == {"lm_head": 231_669_760}
+    assert {g.group: g.bytes for g in whole if g.group == "lm_head"} == {"lm_head": 1_853_358_080}
+    assert sum(g.bytes for g in split) == 100_817_025_024 - 4_897_177_600 == 95_919_847_424
     assert [engine for engine in ("vllm", "sglang", "trtllm", "generic") if dense_over_attention_dp(engine)] == [
         "sglang"]
     # Without attention DP the flag changes nothing: TP8 splits them over the same 8 GPUs.
@@ -371,7 +376,8 @@ def test_sglangs_feed_forward_blocks_span_every_gpu_of_its_attention_dp_group():
       layer, memory-bound either way; its activations are the same: 2 · 2,048 = 2 · 256 · 8).
     - The dense layers gather and scatter too: 3 · 2 · (7.5 us + 64 · 100,352 / 450e9 = 14.272 us) = 0.130634 ms.
     vLLM's step is 0.126688 + 0.665190 − 0.130634 = 0.661244 ms longer. The weights placed this way are what
-    /v1/capacity counts for SGLang (`weights.weight_groups_per_stage`, 97,541,535,744 B per GPU)."""
+    /v1/capacity counts for SGLang (`weights.weight_groups_per_stage`, which also splits the LM head: 95,919,847,424 B
+    per GPU; this step keeps the head's read per rank)."""
     steps = {exchange: build_step_time_model(DEEPSEEK_V3, H200, weight_dtype="fp8", kv_dtype="bf16",
                                              data_parallel=8, expert_parallel=8, moe_exchange=exchange)
              for exchange in (ALL_GATHER, FFN_ALL_GATHER)}

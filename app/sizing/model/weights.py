@@ -119,7 +119,9 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
     - Attention data parallelism (`data_parallel` ranks of `tp` GPUs each) replicates all of that on
       every rank: only the routed experts are shared between ranks, unless `dense_over_dp` (an engine whose
       dense MLPs and shared experts follow a TP group spanning the ranks, SGLang's:
-      `engines.dense_over_attention_dp`), which splits those two over all tp·dp GPUs.
+      `engines.dense_over_attention_dp`), which splits those two, and the LM head, over all tp·dp GPUs (SGLang
+      0.5.10's models build `ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)`, off by default: the head
+      follows the whole TP group; models/deepseek_v2.py, qwen3_moe.py, llama.py).
     - Expert parallelism: the MoE layers span all tp·dp GPUs; routed experts are dealt out to `ep`
       groups (ceil(E/ep) experts per GPU) and each expert is split over the remaining tp·dp/ep ranks
       (`layout.Layout.moe_tensor_parallel`: SGLang's `--tp 16 --ep 4` is 4; vLLM's
@@ -143,6 +145,7 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
     moe_layer = (_layer_shard(model, True, tensor_parallel, expert_parallel, ranks_per_expert, dense_ranks)
                  if model.is_moe else dense_layer)
     vocabulary_shard = ceil_div(model.vocab_size, tensor_parallel) * model.hidden_size
+    head_shard = ceil_div(model.vocab_size, dense_ranks) * model.hidden_size
     stages = pipeline_stages(model.num_hidden_layers, pipeline_parallel, pipeline_split)
     moe_layers = model.moe_layer_indices
     answer = []
@@ -155,7 +158,7 @@ def weight_groups_per_stage(model: ModelSpec, weights: str | WeightRecipe, tenso
             _add(params, recipe.format_of(EMBEDDING), EMBEDDING, vocabulary_shard)
         if index == len(stages) - 1:
             has_own_head = not model.tie_word_embeddings or pipeline_parallel > 1
-            _add(params, recipe.format_of(LM_HEAD), LM_HEAD, vocabulary_shard if has_own_head else 0)
+            _add(params, recipe.format_of(LM_HEAD), LM_HEAD, head_shard if has_own_head else 0)
             _add(params, recipe.format_of(NORMS_AND_BIASES), NORMS_AND_BIASES, model.hidden_size)
         groups = tuple(
             GroupWeights(group, fmt, count, _bytes(count, FORMATS[fmt].bits))
