@@ -17,6 +17,7 @@ from app.sizing.serving.workload import (
     dealt_out_arrivals,
     sample_requests,
     split_arrival_cv,
+    ways_to_poisson_like,
 )
 
 Z90 = 1.2815515655446004  # standard normal quantile at 0.90 (tables: 1.2816)
@@ -205,6 +206,19 @@ def test_arrival_cv_keeps_the_rate_and_clumps_arrivals():
     gaps = np.diff(sample_requests(w, 100_000, seed=5).arrival_s, prepend=0.0)
     assert gaps.mean() == pytest.approx(0.25, rel=0.03)
     assert gaps.var() / gaps.mean() ** 2 == pytest.approx(4.0, rel=0.08)
+
+
+def test_the_ways_a_stream_needs_to_be_nearly_poisson_invert_the_split():
+    """CV² of a share is 1 + (c² - 1)/N <= 1 + t once N >= (c² - 1)/t: CV 4 within 0.1, (16 - 1)/0.1 = 150
+    schedulers, where the share's CV² is 1 + 15/150 = 1.1 and at 149 1 + 15/149 = 1.1007; CV 2 within 0.1:
+    3/0.1 = 30; a stream no more bunched than Poisson needs one."""
+    assert ways_to_poisson_like(4.0, 0.1) == 150
+    assert split_arrival_cv(4.0, 150) ** 2 == pytest.approx(1.1, rel=1e-12)
+    assert split_arrival_cv(4.0, 149) ** 2 > 1.1
+    assert ways_to_poisson_like(2.0, 0.1) == 30
+    assert ways_to_poisson_like(1.0, 0.1) == ways_to_poisson_like(0.5, 0.1) == 1
+    with pytest.raises(ValueError, match="tolerance"):
+        ways_to_poisson_like(2.0, 0.0)
 
 
 def test_a_stream_dealt_out_at_random_thins_toward_poisson():

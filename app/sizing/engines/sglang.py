@@ -216,11 +216,11 @@ class Sglang:
                                                                data_parallel, version, model.is_mla,
                                                                config.speculative, gpu.vendor,
                                                                config.disaggregated)
+        at = parse_version(version)  # as sglang_mem_fraction_static reads it
         setup = GraphSetup(data_parallel, pipeline_parallel, config.speculative, gpu.vendor, config.disaggregated)
-        graphs = ("" if version.isdigit() or parse_version(version) < PIECEWISE_GRAPHS_FROM
-                  or piecewise_graphs(parse_version(version), setup) else
-                  ", no piecewise CUDA graphs (off under attention DP, pipeline stages, speculative decoding, "
-                  "PD disaggregation and on AMD)")
+        graphs = (", no piecewise CUDA graphs (off under attention DP, pipeline stages, speculative decoding, "
+                  "PD disaggregation and on AMD)" if at >= PIECEWISE_GRAPHS_FROM and not piecewise_graphs(at, setup)
+                  else "")
         outside = (0, "outside mem_fraction_static, in the share SGLang's default fraction sets aside")
         return {
             "gpu_memory_utilization": (fraction, (f"{_FRACTION_SOURCE.format(version=version)} "

@@ -100,7 +100,13 @@ from app.sizing.serving.simulate import (
     simulate,
 )
 from app.sizing.serving.speculative import SpeculativeDecoding, SpeculativeStepTime
-from app.sizing.serving.workload import Requests, Workload, dealt_out_arrivals, sample_requests
+from app.sizing.serving.workload import (
+    Requests,
+    Workload,
+    dealt_out_arrivals,
+    sample_requests,
+    ways_to_poisson_like,
+)
 from app.sizing.specs import WEIGHT_DTYPES, GpuSpec, ModelSpec
 
 OPEN_LOOP = "requests_per_s"
@@ -127,7 +133,7 @@ LOAD_STEP = 1.25  # after a miss, add replicas by at least this factor ...
 MAX_LOAD_STEP = 4.0  # ... and at most this one (the factor is the miss ratio in between)
 LIGHT_LOAD_FRACTION = 0.05  # a configuration missing the SLO at this fraction of its ceiling is given up ...
 # ... and, where arrivals bunch (arrival_cv > 1), only once the fleet is large enough for each scheduler's share to be
-# nearly Poisson (its CV^2 within this of 1, `workload.split_arrival_cv`): a bunched stream thins as replicas are
+# nearly Poisson (its CV^2 within this of 1, `workload.ways_to_poisson_like`): a bunched stream thins as replicas are
 # added, so a miss at a light load of a small fleet proves nothing (CV 4 at 5 req/s, p99 TTFT 150 ms: Llama-3.1-8B
 # on H100 missed at 9 replicas and met at 60).
 POISSON_LIKE = 0.1
@@ -1106,7 +1112,8 @@ class _Planner:
             light = max(screened.ceiling * LIGHT_LOAD_FRACTION, 1.0 if self.closed_loop else 0.0)
             most = _base_replicas(self.sized_load, light)
             if not self.closed_loop and self.workload.arrival_cv > 1:  # bunching thins as the fleet grows
-                most = max(most, math.ceil((self.workload.arrival_cv ** 2 - 1) / (POISSON_LIKE * screened.schedulers)))
+                ways = ways_to_poisson_like(self.workload.arrival_cv, POISSON_LIKE)
+                most = max(most, math.ceil(ways / screened.schedulers))
             held = False  # whether a step was held to a replica's finishing rate already
             while passing is None:  # more replicas, by the miss ratio, until the SLO holds
                 factor = min(max(at(failing).worst[3], LOAD_STEP), MAX_LOAD_STEP)

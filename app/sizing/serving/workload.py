@@ -411,6 +411,15 @@ def split_arrival_cv(arrival_cv: float, ways: int) -> float:
     return math.sqrt(1 + (arrival_cv ** 2 - 1) / ways)
 
 
+def ways_to_poisson_like(arrival_cv: float, tolerance: float) -> int:
+    """The fewest schedulers a stream of gaps of CV c must be dealt out to for each one's share to be nearly
+    Poisson, its CV² within `tolerance` of 1: `split_arrival_cv` solved for the ways, 1 + (c² − 1)/ways <= 1 +
+    tolerance, so ceil((c² − 1) / tolerance) (CV 4 within 0.1: 150). A stream no more bunched than Poisson needs 1."""
+    if tolerance <= 0:
+        raise ValueError("tolerance must be > 0")
+    return max(1, math.ceil((arrival_cv ** 2 - 1) / tolerance))
+
+
 # A non-Poisson stream's gaps come from a generator of their own (seeded by the plan's seed and this): the main
 # generator still draws the Poisson gaps it would, so the lengths after them are those of any CV (common random
 # numbers across the shares of a stream a plan's replica counts see, `dealt_out_arrivals`).
