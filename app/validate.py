@@ -267,7 +267,10 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "does not state its weight dtype is predicted at the model's published checkpoint precision (what an engine serves "
          "without a quantization flag); each such row says so. Each row runs with its engine's defaults at the "
          "release it states (memory accounting, scheduler limits, KV dtype), the engine's default release where "
-         "it states none or only the year (/v1/capacity's: vLLM's latest the engine reference covers). A row whose layout columns contradict the run "
+         "it states none or only the year (/v1/capacity's: vLLM's latest the engine reference covers). A closed loop "
+         "whose source states no request count is 10 requests per user, at most 1,000 simulated on its busiest "
+         "scheduler and every one counted (past 100 users a scheduler the first round, all sent at once, weighs "
+         "more than a tenth). A row whose layout columns contradict the run "
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
          "per-step overhead (added to the step, or in engines that overlap host work with the GPU the least a step "
