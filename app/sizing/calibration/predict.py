@@ -4,10 +4,6 @@ A `Measurement` is a published benchmark result minus its value: how it was run 
 load, layout, precisions, engine) and what it reports (metric and statistic). The value itself never
 enters this module, so a prediction cannot depend on it.
 
-Longer than 600 lines because every scenario (batch 1, static batch, offline, closed loop, Poisson, and
-disaggregated prefill/decode pools) is predicted from the same prepared layouts and cached step models;
-split apart, each part would need the others' caches.
-
 The answer comes from the same core the API uses: the engine's memory accounting and KV capacity
 (`capacity.py`, the /v1/capacity rules), the step-time model (`perf.py`, roofline + efficiencies) for
 every engine step, and the serving simulator (`simulate.py`, the /v1/slo-plan path) for runs with a
@@ -36,7 +32,18 @@ queue. Per scenario:
   t = 0; the row's num_requests, else CLOSED_LOOP_REQUESTS_PER_USER per user, at most MAX_SIMULATED_REQUESTS
   for the simulated replica or rank (at least one per user); the statistic is over every request simulated,
   the first round's included (past 100 users a scheduler it weighs more than a tenth). A disaggregated run is
-  the same loop through its two pools (`disaggregated_loop.closed_loop`).
+  the same loop through its two pools (`disaggregated_loop.closed_loop`). Users starting together stay in
+  step (requests of fixed lengths finish together), and the measurements agree: predicting the 2,886
+  aggregated closed-loop TTFT and TPOT rows of AIC_SILICON_SAMPLE with the shipped profile (2026-12-07; a
+  closed loop's TTFT is not fitted on) with the users' first requests spread evenly, or at random, over one
+  request's time alone instead raised the median TTFT error from 39.2% to 67.4% / 66.0% (TP only) and from
+  21.4% to 40.8% / 39.4% (DP+EP), predicted / measured falling from x0.98 to x0.36 / x0.38 (TP only): measured
+  first tokens wait behind the other users' prompts as users in step do. Nor are a harness's repeated
+  prompts served from the prefix cache: aiperf 0.3.0 to 0.8.0 draws every request from 100 synthetic
+  prompts (`--num-dataset-entries`, default 100; from 0.9.0 as many as `--request-count` asks for), which
+  SGLang's radix cache and vLLM's prefix caching would serve again, and predicting every prompt after the first 100
+  (warm-up included) as cached raised the SGLang and vLLM TTFT median error from 44.6% to 71.4% (TP only;
+  x0.98 to x0.40).
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
 Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
 joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
