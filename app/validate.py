@@ -60,7 +60,11 @@ from app.calibration.service import (
 )
 from app.sizing import CALCULATION_VERSION
 from app.sizing.calibration.fit import MIN_LATENCY_ROWS, SMALL_M_FLATNESS, CalibrationProfile, parameter_value
-from app.sizing.calibration.predict import LATENCY_METRICS
+from app.sizing.calibration.predict import (
+    CLOSED_LOOP_REQUESTS_PER_USER,
+    LATENCY_METRICS,
+    MAX_SIMULATED_REQUESTS,
+)
 from app.sizing.layout import KIND_DISAGGREGATED, KIND_DP_EP, KIND_PP, KIND_TP
 
 WORST_ROWS = 10
@@ -268,9 +272,10 @@ def markdown_report(report: Report, source: dict[str, str], document: dict[str, 
          "without a quantization flag); each such row says so. Each row runs with its engine's defaults at the "
          "release it states (memory accounting, scheduler limits, KV dtype), the engine's default release where "
          "it states none or only the year (/v1/capacity's: vLLM's latest the engine reference covers). A closed loop "
-         "whose source states no request count is 10 requests per user, at most 1,000 simulated on its busiest "
-         "scheduler and every one counted (past 100 users a scheduler the first round, all sent at once, weighs "
-         "more than a tenth). A row whose layout columns contradict the run "
+         f"whose source states no request count is {CLOSED_LOOP_REQUESTS_PER_USER} requests per user, at most "
+         f"{MAX_SIMULATED_REQUESTS:,} simulated on its busiest scheduler and every one counted (past "
+         f"{MAX_SIMULATED_REQUESTS // CLOSED_LOOP_REQUESTS_PER_USER} users a scheduler the first round, all sent at "
+         "once, weighs more than a tenth). A row whose layout columns contradict the run "
          "(its own run id, or its source's pattern of such rows) is skipped."),
         ("- The efficiencies (achieved HBM-bandwidth fraction, compute-curve scale and its flatness below 64 rows, "
          "per-step overhead (added to the step, or in engines that overlap host work with the GPU the least a step "

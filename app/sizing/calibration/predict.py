@@ -33,17 +33,16 @@ queue. Per scenario:
   for the simulated replica or rank (at least one per user); the statistic is over every request simulated,
   the first round's included (past 100 users a scheduler it weighs more than a tenth). A disaggregated run is
   the same loop through its two pools (`disaggregated_loop.closed_loop`). Users starting together stay in
-  step (requests of fixed lengths finish together), and the measurements agree: predicting the 2,886
-  aggregated closed-loop TTFT and TPOT rows of AIC_SILICON_SAMPLE with the shipped profile (2026-12-07; a
-  closed loop's TTFT is not fitted on) with the users' first requests spread evenly, or at random, over one
-  request's time alone instead raised the median TTFT error from 39.2% to 67.4% / 66.0% (TP only) and from
-  21.4% to 40.8% / 39.4% (DP+EP), predicted / measured falling from x0.98 to x0.36 / x0.38 (TP only): measured
-  first tokens wait behind the other users' prompts as users in step do. Nor are a harness's repeated
-  prompts served from the prefix cache: aiperf 0.3.0 to 0.8.0 draws every request from 100 synthetic
-  prompts (`--num-dataset-entries`, default 100; from 0.9.0 as many as `--request-count` asks for), which
-  SGLang's radix cache and vLLM's prefix caching would serve again, and predicting every prompt after the first 100
-  (warm-up included) as cached raised the SGLang and vLLM TTFT median error from 44.6% to 71.4% (TP only;
-  x0.98 to x0.40).
+  step (requests of fixed lengths finish together), and the measurements agree. The 2,886 aggregated closed-loop
+  TTFT and TPOT rows of AIC_SILICON_SAMPLE (all on H100, H200, B200 and GB200) were predicted with a profile fitted
+  on every other GPU's rows (2026-12-07). Spreading the users' first requests evenly, or at random, over one
+  request's time alone instead raised the median TTFT error from 45.7% to 76.6% / 75.4% (TP only) and from 41.0%
+  to 67.7% / 66.2% (DP+EP), predicted / measured falling from x0.76 to x0.25 / x0.26 (TP only): measured first
+  tokens wait behind the other users' prompts as users in step do. Nor are a harness's repeated prompts served
+  from the prefix cache: aiperf 0.3.0 to 0.8.0 draws every request from 100 synthetic prompts
+  (`--num-dataset-entries`, default 100; from 0.9.0 as many as `--request-count` asks for), which SGLang's radix
+  cache and vLLM's prefix caching would serve again, and predicting every prompt after the first 100 (warm-up
+  included) as cached raised the SGLang and vLLM TTFT median error from 47.9% to 73.7% (TP only; x0.89 to x0.34).
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
 Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
 joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
