@@ -82,7 +82,9 @@ class ParameterBounds:
 # (2 GPUs) to 15.0 us (8), NVLS at 25 us flat (ENGINES.md, NVIDIA/nccl src/graph/tuning.cc); vLLM's
 # custom all-reduce replaces NCCL below it for small messages; 2-30 us spans both. The fitted alpha is the
 # two-GPU one: a ring over more GPUs takes NCCL's ratio longer (`comm.ring_latency_scale`), so rows at TP2,
-# TP4 and TP8 measure one parameter instead of each wanting its own.
+# TP4 and TP8 measure one parameter instead of each wanting its own. A flat alpha (one-shot custom all-reduce
+# kernels wait on every peer at once, not along a ring) fitted worse with each of H100, H200, B200 and GB200
+# held out (2026-12-07): the DP+EP TPOT median error rose from 10.4% to 13.4%, H100's TPOT from 8.5% to 10.3%.
 # Small matmuls: the published GEMM sweep starts at M = 64 rows (33% of peak) and below its first point
 # the curve is proportional to M, i.e. a matmul of 1 row costs as long as one of 64. That sweep's small-M
 # points are themselves weight-read-bound, which the roofline already charges as memory time, so for

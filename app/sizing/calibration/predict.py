@@ -43,6 +43,16 @@ queue. Per scenario:
   (`--num-dataset-entries`, default 100; from 0.9.0 as many as `--request-count` asks for), which SGLang's radix
   cache and vLLM's prefix caching would serve again, and predicting every prompt after the first 100 (warm-up
   included) as cached raised the SGLang and vLLM TTFT median error from 47.9% to 73.7% (TP only; x0.89 to x0.34).
+  Nor does an idle engine take the first of simultaneous requests alone, as vLLM 0.12.0's engine core could (an
+  idle `_process_input_queue` blocks for one request, drains only what is already queued, then steps, while the API
+  server prepares each request in turn in `AsyncLLM.add_request`; tested 2026-12-07 by admitting all but the first
+  user 1 ns late, each of H100, H200, B200 and GB200 predicted by a fit without its rows): the DP+EP TPOT median
+  error rose from 10.4% to 15.2% and all four GPUs' from 18.5% to 19.7%, although vLLM's dense TTFT at up to 4 users
+  came closer (x1.70 to x1.35). Some of those vLLM first tokens are faster than users in step allow:
+  AIC_SILICON_SAMPLE-7407 (Llama-3.1-70B fp8, one H200, 4 users, 1k prompts) measures 203 ms, where four 1,024-token
+  prompts take 4,096 x 2 x 68.45e9 weights = 560.8 TFLOP plus 4 prompts x 80 layers x 64 heads x 4 x 128 FLOPs x
+  524,800 positions = 5.5 TFLOP of attention, 286 ms at the H200's whole FP8 rate (1,979 TFLOP/s); no source says
+  how they drifted.
 - `poisson`: open-loop Poisson arrivals at `request_rate` (seeded, so predictions are reproducible).
 Lengths: the row's fixed isl/osl, or (`Measurement.lengths`) (input, output) pairs drawn from a dataset's
 joint length histogram (ShareGPT as vLLM's benchmark samples it, app/data/datasets) for the simulated
