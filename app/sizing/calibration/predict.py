@@ -403,10 +403,11 @@ def prepare(measurement: Measurement, model: ModelSpec, gpu: GpuSpec) -> Prepare
     weights = RECIPES[recipe] if recipe else weight_dtype  # a recipe or a plain dtype
     # aiconfigurator launches a checkpoint quantized to FP8, FP8 blocks or NVFP4 with an FP8 KV cache (aiconfigurator-core
     # 0.12.0 `sdk/models/helpers.py` `_infer_quant_modes_from_raw_config`; aiconfigurator 0.12.0
-    # `generator/config/backend_config_mapping.yaml`), and AIC_SILICON_SAMPLE-865's decode batch (B200, DeepSeek fp8,
-    # 4,096 sequences of 2,048 tokens) fits FP8 KV and not 16-bit. Predicting its DeepSeek and Qwen3-235B-FP8 rows so
-    # (2026-12-07) raised the held-out error by GPU from 22.8% to 24.9% and left 28 fitted parameters at a bound (10
-    # before): the engine's default stands here until the model explains that.
+    # `generator/config/backend_config_mapping.yaml`). Predicting its DeepSeek and Qwen3-235B-FP8 rows so (2026-12-07)
+    # raised the held-out error by GPU from 22.8% to 24.9% and left 28 fitted parameters at a bound (10 before): the
+    # engine's default stands here until the model explains that. The decode batches that looked to need FP8 KV fit
+    # 16-bit KV at the decode worker's own max_num_tokens (`decode_worker_limits`): AIC_SILICON_SAMPLE-865 (B200,
+    # DeepSeek fp8, attention DP 8, 512 sequences of 2,048 tokens a rank) holds 561 a rank so, 462 at 8,192 tokens.
     kv_dtype = m.kv_dtype or engines.published_run_kv_dtype(MODELLED_AS[m.engine], recipe or weight_dtype, m.release)
     if m.disaggregated:
         if m.lengths is not None:
@@ -526,7 +527,8 @@ def _retimed(steps: StepTimeModel, efficiency: Efficiency) -> StepTimeModel:
 
 def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, weight_dtype: str | WeightRecipe,
             kv_dtype: str, engine: str, dp: int = 1, ep: int = 1, release: str | None = None,
-            disaggregated: bool = False) -> Layout:
+            disaggregated: bool = False, max_num_seqs: int | None = None,
+            max_num_batched_tokens: int | None = None) -> Layout:
     """The engine's memory accounting and scheduler limits for one layout (capacity.py's rules) at its
     `release` (None: the default version), split into the side-by-side schedulers of `Layout`; `disaggregated`:
     a worker of a disaggregated deployment's pool."""
@@ -544,7 +546,9 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     if num_gpus % layout.gpus:
         raise Unpredictable(f"{num_gpus} GPUs are not a whole number of {layout.label} replicas")
     resolved = resolve_engine(EngineConfig(engine=MODELLED_AS[engine], engine_version=release,
-                                           disaggregated=disaggregated), model, gpu, tp, pp, data_parallel=dp)
+                                           disaggregated=disaggregated, max_num_seqs=max_num_seqs,
+                                           max_num_batched_tokens=max_num_batched_tokens),
+                              model, gpu, tp, pp, data_parallel=dp)
     memory = memory_budget(model, gpu, resolved, tensor_parallel=tp, pipeline_parallel=pp,
                            weight_dtype=weight_dtype, data_parallel=dp, expert_parallel=ep)
     budget = memory.kv_budget_bytes_per_gpu
@@ -850,8 +854,9 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         if pool.pp > 1:
             raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
         rank_gpus = pool.tp * pool.dp
+        limits = decode_worker_limits(m.engine, pool.batch) if role == "decode" else {}
         layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep, m.release,
-                         disaggregated=True)
+                         disaggregated=True, **limits)
         scheduler = layout.scheduler
         # A prefill pool's stated batch is not read as a limit: its ranks batch the prompts waiting for
         # them up to the engine's token budget, as the planner's prefill workers do. Read as one prompt per
@@ -881,6 +886,28 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
     return _DisaggregatedRun(pools["prefill"], pools["decode"], transfer_s, users=m.concurrency, isl=m.isl,
                              osl=m.osl, num_gpus=deployment_gpus,
                              requests=closed_loop_requests(m.concurrency, busiest, m.num_requests))
+
+
+AIC_TOKENS_PER_BLOCK = 32  # aiconfigurator's tokens_per_block unless a run sets its own (TensorRT-LLM's default too)
+
+
+def decode_worker_limits(engine: str, batch: int | None) -> dict[str, int]:
+    """The launch limits of a published disaggregated run's TensorRT-LLM decode worker whose batch the run states:
+    max_batch_size = the batch, and max_num_tokens = the batch rounded up to a whole block (aiconfigurator 0.12.0
+    `generator/rule_plugin/benchmark/trtllm.rule` and `trtllm.rule`: "decode max_num_tokens = ((max_batch_size +
+    tokens_per_block - 1) // tokens_per_block) * tokens_per_block"). A decode-only step holds one token per
+    sequence, and TensorRT-LLM profiles its activation peak at max_num_tokens, so the KV cache gets what the
+    default 8,192 tokens would have set aside: DeepSeek-V3 fp8 on 8 H200s as attention DP 8 + EP 8 keeps 16.8 GB
+    of activations at 8,192 tokens and 0.13 GB at 64, 68 sequences of 9,216 tokens a rank where it held 45
+    (AIC_SILICON_SAMPLE-1079: 64 a rank, measured TTFT 4.0 s, predicted 23.6 s with the default and 2.9 s so).
+    Held out by GPU on H100, H200, B200 and GB200 (2026-12-07), the disaggregated TTFT error went 47.2% -> 46.2%
+    and the TPOT error 9.4% -> 9.3%, no other row moved. The same rule's prefill budget (isl + 1,500 tokens,
+    rounded up to a block) raised the disaggregated TTFT error to 51.0%, so the prefill pool keeps the engine's
+    default budget. Other engines' and unstated batches: {} (the engine's defaults)."""
+    if batch is None or MODELLED_AS[engine] != "trtllm":
+        return {}
+    return {"max_num_seqs": batch,
+            "max_num_batched_tokens": -(-batch // AIC_TOKENS_PER_BLOCK) * AIC_TOKENS_PER_BLOCK}
 
 
 class _DisaggregatedRun(_Run):
