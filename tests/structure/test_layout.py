@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import types
 import typing
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def test_the_protocol_has_the_members_the_callers_use() -> None:
         "mixes_prefill_into_decode", "moe_exchange", "name", "overlaps_host_work", "overlaps_host_work_in_pipeline",
         "pipeline_split",
         "overlaps_host_work_in_prefill_pool",
-        "published_checkpoints", "running_limit",
+        "published_checkpoints", "published_decode_worker_block", "running_limit",
         "speculative_flags", "start_refusals", "utilization_of"])
 
 
@@ -82,7 +83,8 @@ def test_every_engine_implements_the_whole_protocol(name: str) -> None:
     for member in PROTOCOL_MEMBERS:
         assert hasattr(engine, member), f"{name} lacks {member}"
         if member in hints:  # a data attribute: its value has the declared type
-            declared = typing.get_origin(hints[member]) or hints[member]  # tuple[...] -> tuple
+            origin = typing.get_origin(hints[member])  # tuple[...] -> tuple; int | None -> UnionType
+            declared = typing.get_args(hints[member]) if origin is types.UnionType else origin or hints[member]
             assert isinstance(getattr(engine, member), declared), f"{name}.{member}"
         else:  # a method: same parameters as the protocol's
             expected = list(inspect.signature(getattr(Engine, member)).parameters)[1:]

@@ -888,14 +888,11 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
                              requests=closed_loop_requests(m.concurrency, busiest, m.num_requests))
 
 
-AIC_TOKENS_PER_BLOCK = 32  # aiconfigurator's tokens_per_block unless a run sets its own (TensorRT-LLM's default too)
-
-
 def decode_worker_limits(engine: str, batch: int | None) -> dict[str, int]:
-    """The launch limits of a published disaggregated run's TensorRT-LLM decode worker whose batch the run states:
-    max_batch_size = the batch, and max_num_tokens = the batch rounded up to a whole block (aiconfigurator 0.12.0
-    `generator/rule_plugin/benchmark/trtllm.rule` and `trtllm.rule`: "decode max_num_tokens = ((max_batch_size +
-    tokens_per_block - 1) // tokens_per_block) * tokens_per_block"). A decode-only step holds one token per
+    """The launch limits of a published disaggregated run's decode worker whose batch the run states, in engines
+    whose published runs set its token budget by it (`Engine.published_decode_worker_block`: TensorRT-LLM's,
+    aiconfigurator 0.12.0 `generator/rule_plugin/benchmark/trtllm.rule` and `trtllm.rule`): max_batch_size = the
+    batch, and max_num_tokens = the batch rounded up to a whole block. A decode-only step holds one token per
     sequence, and TensorRT-LLM profiles its activation peak at max_num_tokens, so the KV cache gets what the
     default 8,192 tokens would have set aside: DeepSeek-V3 fp8 on 8 H200s as attention DP 8 + EP 8 keeps 16.8 GB
     of activations at 8,192 tokens and 0.13 GB at 64, 68 sequences of 9,216 tokens a rank where it held 45
@@ -904,10 +901,10 @@ def decode_worker_limits(engine: str, batch: int | None) -> dict[str, int]:
     and the TPOT error 9.4% -> 9.3%, no other row moved. The same rule's prefill budget (isl + 1,500 tokens,
     rounded up to a block) raised the disaggregated TTFT error to 51.0%, so the prefill pool keeps the engine's
     default budget. Other engines' and unstated batches: {} (the engine's defaults)."""
-    if batch is None or MODELLED_AS[engine] != "trtllm":
+    block = engines.ENGINES[MODELLED_AS[engine]].published_decode_worker_block
+    if batch is None or block is None:
         return {}
-    return {"max_num_seqs": batch,
-            "max_num_batched_tokens": -(-batch // AIC_TOKENS_PER_BLOCK) * AIC_TOKENS_PER_BLOCK}
+    return {"max_num_seqs": batch, "max_num_batched_tokens": -(-batch // block) * block}
 
 
 class _DisaggregatedRun(_Run):

@@ -193,6 +193,9 @@ class Engine(Protocol):
     # The checkpoint recipe its published runs of a quantized weight dtype serve (measured runs that do
     # not state their checkpoint), by weight dtype.
     published_checkpoints: tuple[tuple[str, str], ...]
+    # Its published disaggregated runs launch a decode worker with max_num_tokens = the worker's max batch rounded up
+    # to a whole number of this many tokens (None: at the engine's default token budget).
+    published_decode_worker_block: int | None
     utilization_of: str  # OF_TOTAL or OF_FREE: what its memory fraction is a fraction of
     kv_allocation: str  # ON_DEMAND or RESERVE_AT_ADMISSION
     speculative_flags: bool  # True when `launch_words` spells out speculative decoding

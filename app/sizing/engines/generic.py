@@ -35,6 +35,7 @@ class Generic:
     default_version_source = "none"
     covered_versions = ("", "")
     published_checkpoints: tuple[tuple[str, str], ...] = ()
+    published_decode_worker_block: int | None = None
     utilization_of = OF_TOTAL
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False

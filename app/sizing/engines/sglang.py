@@ -193,6 +193,7 @@ class Sglang:
                               "(0.5.23 adds terms it does not size)")
     covered_versions = ("0.4.0", "0.5.23")  # ENGINES.md 1.2's table
     published_checkpoints: tuple[tuple[str, str], ...] = ()
+    published_decode_worker_block: int | None = None
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = False
@@ -248,7 +249,11 @@ class Sglang:
         """No: SGLang's scheduler runs a prefill batch (chunks of `chunked_prefill_size` tokens) whenever one
         can be formed and the running decodes wait for it; decodes join prefill batches only under
         `--enable-mixed-chunk`, off by default (SGLang `managers/scheduler.py` `get_next_batch_to_run`,
-        `server_args.py` `enable_mixed_chunk`)."""
+        `server_args.py` `enable_mixed_chunk`). aiconfigurator's benchmark rule turns it on for an aggregated
+        worker (aiconfigurator 0.12.0 `generator/rule_plugin/benchmark/sglang.rule`), but predicting the published
+        SGLang runs (all of them AIC_SILICON_SAMPLE's, aggregated ones with mixed batches) so, held out by GPU on
+        H100, H200, B200 and GB200 (2026-12-07), raised SGLang's TTFT error from 45.4% to 62.7% and its TPOT error
+        from 12.6% to 16.8% (those four GPUs' rows from 18.5% to 19.9%): they read as the default."""
         return False
 
     def overlaps_host_work(self, version: str) -> bool:

@@ -142,6 +142,7 @@ class Vllm:
     default_version_source = "the latest vLLM release the engine reference covers"
     covered_versions = ("0.6.0", DEFAULT_VERSION)  # ENGINES.md 1.1's tables
     published_checkpoints: tuple[tuple[str, str], ...] = ()
+    published_decode_worker_block: int | None = None
     utilization_of = OF_TOTAL
     kv_allocation = ON_DEMAND
     speculative_flags = True
