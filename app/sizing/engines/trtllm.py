@@ -57,8 +57,9 @@ class Trtllm:
     # NVIDIA's published fp8/fp4 TensorRT-LLM runs serve its ModelOpt checkpoints (perf-overview.md).
     published_checkpoints = (("fp8", "modelopt_fp8"), ("fp4", "modelopt_nvfp4"))
     # aiconfigurator 0.12.0 `generator/rule_plugin/benchmark/trtllm.rule`: "decode max_num_tokens = ((max_batch_size
-    # + tokens_per_block - 1) // tokens_per_block) * tokens_per_block", tokens_per_block 32 unless the run sets one.
-    published_decode_worker_block: int | None = 32
+    # + tokens_per_block - 1) // tokens_per_block) * tokens_per_block", tokens_per_block 32 (its default) unless the
+    # run sets one.
+    published_decode_worker_block: int | None = TRTLLM_BLOCK_SIZE
     utilization_of = OF_FREE
     kv_allocation = RESERVE_AT_ADMISSION
     speculative_flags = False
