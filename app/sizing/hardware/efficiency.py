@@ -67,7 +67,11 @@ class Efficiency:
     # Fixed cost per MoE layer of a step that carries prompt tokens, in engines that run such steps outside
     # the CUDA graphs they replay for decode-only steps (`Engine.graphs_prefill_steps`: TensorRT-LLM's PyTorch
     # backend, SGLang before 0.5.10, vLLM's V0 engine): launches and host work the GPU waits for. Never on a
-    # disaggregated decode worker, which runs no prompt step (`engines.HostRules.adjusted`).
+    # disaggregated decode worker, which runs no prompt step (`engines.HostRules.adjusted`). Added to the step's
+    # GPU time. Taken instead as launch work the GPU's time hides (the step lasting the larger of the two, as an
+    # eager step's asynchronous launches might), held out by GPU on H100, H200, B200 and GB200 (2026-12-07), it
+    # took the disaggregated TTFT error from 46.2% to 55.1%, the DP+EP TTFT error from 30.5% to 35.4% and all
+    # four GPUs' rows from 18.5% to 19.5%: rejected.
     prefill_moe_layer_overhead_s: float = 0.0
     # What each step of a disaggregated deployment's decode worker costs beyond an aggregated worker's: its loop
     # tracks the KV transfers in flight every step (SGLang's decode scheduler polls its transfer queue and agrees
