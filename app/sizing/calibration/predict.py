@@ -862,6 +862,11 @@ def _disaggregated_run(model: ModelSpec, gpu: GpuSpec, m: Measurement, kv_dtype:
         if pool.pp > 1:
             raise Unpredictable(f"pipeline stages in the {role} pool are not modelled")
         rank_gpus = pool.tp * pool.dp
+        # The KV fraction stays the engine's default (TensorRT-LLM 0.9). aiconfigurator 0.12.0's TensorRT-LLM
+        # templates default free_gpu_memory_fraction to 0.80 where a run sets none, and the data do not say whether
+        # these runs set one: 0.80 on both pools, held out by GPU on H100, H200, B200 and GB200 (2026-12-07), moved
+        # 23 TTFT and 23 TPOT rows, 11 of each better and 12 worse (TTFT median 46.2% -> 45.9%, TPOT 9.3% as it
+        # was): too little to tell.
         limits = decode_worker_limits(m.engine, pool.batch) if role == "decode" else {}
         layout = _layout(model, gpu, pool.tp, 1, rank_gpus, weights, kv_dtype, m.engine, pool.dp, pool.ep, m.release,
                          disaggregated=True, **limits)
