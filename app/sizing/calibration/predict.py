@@ -571,11 +571,13 @@ def _layout(model: ModelSpec, gpu: GpuSpec, tp: int, pp: int, num_gpus: int, wei
     # Every engine's published runs are simulated with chunked prefill (SchedulerConfig's default), TensorRT-LLM's
     # too, although its LLM-API default enable_chunked_prefill is false and aiconfigurator 0.12.0's templates
     # (`generator/config/backend_templates/trtllm/extra_engine_args.*.yaml.j2`) keep it so. Simulating its runs
-    # without chunks (a prompt whole in one step), held out by GPU on H100, H200, B200 and GB200 (2026-12-07), took
-    # the DP+EP TTFT error from 30.5% to 24.2% but the DP+EP TPOT error from 10.4% to 11.7%, the TP-only TTFT error
-    # from 37.8% to 45.6% and all four GPUs' rows from 18.5% to 20.3%. With the aggregated budget of aiconfigurator's
-    # benchmark rule as well (max_batch_size = the stated batch, max_num_tokens = batch + isl + 1,500 in whole
-    # blocks), the DP+EP TPOT error went to 23.0%. Both rejected: the published launch predicted worse than this one.
+    # without chunks (a prompt whole in one step wherever it fits the budget; aggregated runs and prefill pools
+    # alike), held out by GPU on H100, H200, B200 and GB200 (2026-12-07), took the DP+EP TTFT error from 30.5% to
+    # 24.2% but the DP+EP TPOT error from 10.4% to 11.7%, the TP-only TTFT error from 37.8% to 45.6%, the
+    # disaggregated TPOT error from 9.3% to 10.7% and all four GPUs' rows from 18.5% to 20.3%. With the aggregated
+    # budget of aiconfigurator's benchmark rule as well (max_batch_size = the stated batch, max_num_tokens = batch
+    # + isl + 1,500 in whole blocks), the DP+EP TPOT error went to 23.0%. Both rejected: the published launch
+    # predicted worse than this one.
     scheduler = SchedulerConfig(
         kv_capacity_tokens=kv_tokens, block_size=resolved.block_size, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=resolved.max_num_batched_tokens,
