@@ -187,20 +187,7 @@ class PhaseCost:
         raise KeyError(f"no operator {name!r} in this step; it has {[op.name for op in self.operators]}")
 
 
-# Skewed routing was tried on 2026-12-08, held out by GPU on H100, H200, B200 and GB200: expert i chosen by a token
-# with probability q_i proportional to i^-s (capped at 1, summing to k), distinct experts sum_i 1 - (1 - q_i)^T, s set
-# by hand, not fitted. At s = 0.6 (DeepSeek: 139.5 of 256 experts at T = 32, against 163.3 uniform) the DP+EP TPOT
-# error went 10.4% -> 9.4% (SGLang DeepSeek-R1 15.6% -> 9.9%), DP+EP TTFT 30.5% -> 25.3%, disaggregated TPOT
-# 9.3% -> 9.0%; but the refit moved the dense rows, H100's TP-only end-to-end latencies and throughputs 18.5% ->
-# 21.3%, and all four GPUs' rows 18.5% -> 19.6%. At s = 1.0: DP+EP TPOT 7.4%, all rows 20.4%. A separate
-# bandwidth fraction for expert reads, fitted on the MoE rows, made things worse with the skew (all rows 21.8%,
-# DP+EP TPOT 15.1%) and without it (21.1%, 13.2%). What points at skew: TensorRT-LLM DeepSeek-R1 fp8 on H200 at
-# TP8 EP8, 1k in / 8k out, measures 7.11, 9.33, 11.39 and 15.82 ms TPOT at 4, 8, 16 and 32 users; uniform routing
-# reads 30.5, 57.4, 102.0 and 163.3 experts a layer, each 44.0e6 fp8 weights x 58 layers / 8 GPUs = 319 MB a GPU:
-# 2.03-10.86 ms at the full 4.8 TB/s, leaving 5.1, 5.5, 4.6 and 5.0 ms. The measured slope is the datasheet's
-# bandwidth, which no kernel reaches unless fewer experts are read (or MTP ran, which no field states). SGLang's
-# NVFP4 (4.5-bit) DeepSeek-R1 on B200 at TP4 EP4, same lengths, rises 7.9 ms from 4 to 32 users: uniform routing at
-# 0.75 of bandwidth, which needs no skew.
+# Skewed routing instead of uniform: tried on 2026-12-08, recorded at step_time._experts_table.
 def expected_distinct_experts(num_experts: int, experts_per_token: int,
                               routed_tokens: ArrayLike) -> float | np.ndarray:
     """Expected distinct routed experts T tokens touch in one MoE layer: E·(1 − (1 − k/E)^T).
