@@ -160,6 +160,10 @@ class Efficiency:
     @property
     def attention_compute_fraction(self) -> float:
         """Achieved fraction of peak FLOP/s in attention kernels (scaled, never above 1)."""
+        # Unscaled instead (the kernel papers' fractions are of the datasheet peak already, and the fitted scale is
+        # the matmuls'), held out by GPU on H100, H200, B200 and GB200 (2026-12-08): all four GPUs' rows 18.5% ->
+        # 18.3% and TensorRT-LLM's DP+EP TPOT on B200 x1.34 -> x1.20, but GB200 throughput 10.0% -> 32.2%, the
+        # disaggregated TPOT 9.3% -> 10.1% and TTFT 46.2% -> 57.5% (x0.61 -> x0.52: prompts faster still): rejected.
         return min(self.attention_fraction * self.compute_scale, 1.0)
 
     def link_fraction(self, pcie_links: bool) -> float:
